@@ -1,0 +1,22 @@
+//! Compiles `proto/loragate/v1/loragate.proto` with protox (pure Rust, no system `protoc`) into `OUT_DIR`, and
+//! writes the encoded descriptor set next to it for gRPC reflection.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto_root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let proto_file = proto_root.join("loragate/v1/loragate.proto");
+    println!("cargo:rerun-if-changed={}", proto_root.display());
+
+    let descriptors = protox::compile([&proto_file], [&proto_root])?;
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out_dir.join("loragate_descriptor.bin"),
+        prost::Message::encode_to_vec(&descriptors),
+    )?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(descriptors)?;
+    Ok(())
+}
