@@ -10,13 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let descriptors = protox::compile([&proto_file], [&proto_root])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(
-        out_dir.join("loragate_descriptor.bin"),
-        prost::Message::encode_to_vec(&descriptors),
-    )?;
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .compile_fds(descriptors)?;
+    std::fs::write(out_dir.join("loragate_descriptor.bin"), prost::Message::encode_to_vec(&descriptors))?;
+    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(descriptors)?;
     Ok(())
 }

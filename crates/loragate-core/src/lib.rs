@@ -1,1 +1,64 @@
-//! placeholder
+//! The loragate coordinator: swap a LoRA adapter's weights while rollouts keep sampling, safely and per adapter.
+//!
+//! Every adapter (and the base model) is a [ractor] actor that owns
+//! - a **pause gate**: while it is closed nothing of that adapter is admitted; held submissions and
+//!   `WaitLoraUnpaused` callers wait on a `watch` receiver outside the actor, each with its own deadline;
+//! - an **in-flight registry**: every admitted request with the `CancellationToken` that aborts it, entered through
+//!   an RAII [`Admission`] guard, so completion, abort, client disconnect and panic all leave the same way;
+//! - the adapter's **version**, bumped by every weight load and stamped (by the engine) on every token.
+//!
+//! A manager actor supervises them and is the single writer of the name → [`AdapterHandle`] map that request paths
+//! read. A failed actor is restarted on the same durable cell, keeping its pause and version.
+//!
+//! The model itself sits behind the [`Engine`] trait, defined here so that this crate and the fronts are tested
+//! without candle. Requests cross into this crate only as validated types ([`SampleRequest`], [`AdapterName`]);
+//! errors leave it only as [`CoreError`], which each front maps to its transport in one place.
+//!
+//! ```no_run
+//! # async fn demo(engine: std::sync::Arc<dyn loragate_core::Engine>) -> Result<(), Box<dyn std::error::Error>> {
+//! use loragate_core::{AdapterName, Coordinator, CoordinatorConfig, RawSampleRequest};
+//!
+//! let coordinator = Coordinator::start(engine, CoordinatorConfig::default()).await?;
+//! let meow = AdapterName::parse("meow")?;
+//!
+//! // A trainer's swap: pause and abort (returns once every aborted request was handed back), load, reopen.
+//! let report = coordinator.abort(&meow).await?;
+//! # let new_weights = loragate_core::AdapterSource::trusted("/adapters/meow-step-2");
+//! let version = coordinator.load_adapter(&meow, new_weights).await?;
+//! coordinator.resume(&meow).await?;
+//! println!("aborted {} requests, now serving {version}", report.aborted.len());
+//!
+//! // A rollout's sample.
+//! let raw = RawSampleRequest { lora_name: "meow".into(), prompt_token_ids: vec![72, 105], ..Default::default() };
+//! let request = coordinator.parse_sample(raw)?;
+//! let output = coordinator.sample(request, coordinator.gate_deadline(None)).await?.collect_output().await?;
+//! # let _ = output;
+//! # Ok(())
+//! # }
+//! ```
+
+mod adapter;
+mod adapter_source;
+mod coordinator;
+mod engine;
+mod error;
+mod ids;
+mod manager;
+mod output;
+mod sample_stream;
+mod sampling;
+#[cfg(test)]
+mod test_engine;
+
+pub use adapter::{
+    AbortReport, AdapterHandle, AdapterStatus, Admission, Ending, GateState, MAX_WAIT_TIMEOUT, Retirement,
+    parse_timeout_s,
+};
+pub use adapter_source::{AdapterRoot, AdapterSource};
+pub use coordinator::{Coordinator, CoordinatorConfig};
+pub use engine::{Engine, EngineError, EngineEvent, EngineStream, ModelInfo};
+pub use error::{CoreError, Field};
+pub use ids::{AdapterKey, AdapterName, AdapterVersion, MAX_ADAPTER_NAME_LEN, MAX_REQUEST_ID_LEN, RequestId};
+pub use output::{FinishReason, SampleOutput, Segment, SegmentsBuilder, SequenceOutput};
+pub use sample_stream::{SampleEvent, SampleStream};
+pub use sampling::{MAX_NUM_SAMPLES, RawSampleRequest, SampleRequest, SamplingParams};

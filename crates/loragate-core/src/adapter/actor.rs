@@ -1,0 +1,208 @@
+//! The adapter actor: the single writer of one adapter's gate, registry and version. Every handler is short and
+//! non-blocking: waits happen on the gate's `watch` outside the actor, weight loads run on a spawned task that
+//! reports back with a message, and per-request failures travel on reply ports (an `Err` from `handle` would kill
+//! the actor).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
+
+use super::cell::AdapterCell;
+use super::gate::Retirement;
+use super::registry::{Admission, InFlightRegistry, PendingHandBacks, Ticket};
+use super::status::AdapterStatus;
+use crate::adapter_source::AdapterSource;
+use crate::engine::{Engine, EngineError};
+use crate::error::CoreError;
+use crate::ids::{AdapterKey, AdapterVersion, RequestId};
+use crate::manager::ManagerMsg;
+
+/// The commands an adapter actor serves. Only [`super::AdapterHandle`] and the manager build them.
+pub(crate) enum AdapterMsg {
+    /// Registers a request if the gate is open.
+    Admit { request_id: RequestId, reply: RpcReplyPort<AdmitReply> },
+    /// Forgets a request whose [`Admission`] was dropped.
+    Release { ticket: Ticket },
+    /// Closes the gate, then cancels every admitted request.
+    Abort { reply: RpcReplyPort<PendingHandBacks> },
+    /// Opens the gate; answers whether it was closed.
+    Resume { reply: RpcReplyPort<bool> },
+    /// Queues a weight load; answers with the new version once installed.
+    Load { source: AdapterSource, reply: RpcReplyPort<Result<AdapterVersion, CoreError>> },
+    /// A load task finished.
+    LoadFinished {
+        version: AdapterVersion,
+        result: Result<(), EngineError>,
+        reply: RpcReplyPort<Result<AdapterVersion, CoreError>>,
+    },
+    /// Marks the adapter retired and cancels every admitted request (before the actor is drained). The reply is
+    /// always `Ok` from the actor; the manager answers on the same port with an error for an unknown adapter.
+    Retire { why: Retirement, reply: RpcReplyPort<Result<PendingHandBacks, CoreError>> },
+    /// A snapshot of the adapter's state.
+    Status { reply: RpcReplyPort<AdapterStatus> },
+    /// Makes the handler fail, so tests can watch the supervisor restart the actor.
+    #[cfg(test)]
+    FailForTest,
+}
+
+/// The answer to [`AdapterMsg::Admit`].
+pub(crate) enum AdmitReply {
+    /// Registered.
+    Admitted(Admission),
+    /// The gate is closed; wait on it and try again.
+    Paused,
+    /// The adapter stopped serving.
+    Retired(Retirement),
+}
+
+/// The actor's behaviour (stateless; its state is [`AdapterState`]).
+pub(crate) struct AdapterActor;
+
+/// What an adapter actor starts from. The same cell is handed to every incarnation of the actor.
+pub(crate) struct AdapterArgs {
+    pub(crate) cell: Arc<AdapterCell>,
+    pub(crate) engine: Arc<dyn Engine>,
+    pub(crate) manager: ActorRef<ManagerMsg>,
+}
+
+/// One incarnation's state. The durable part (gate, version) lives in the cell; the registry dies with the
+/// incarnation, and aborts what it held when it does (see [`InFlightRegistry`]'s `Drop`).
+pub(crate) struct AdapterState {
+    cell: Arc<AdapterCell>,
+    engine: Arc<dyn Engine>,
+    manager: ActorRef<ManagerMsg>,
+    registry: InFlightRegistry,
+    loads: LoadQueue,
+}
+
+/// Weight loads of this adapter run one at a time, in arrival order.
+#[derive(Default)]
+struct LoadQueue {
+    running: bool,
+    queued: VecDeque<(AdapterSource, RpcReplyPort<Result<AdapterVersion, CoreError>>)>,
+}
+
+impl Actor for AdapterActor {
+    type Msg = AdapterMsg;
+    type State = AdapterState;
+    type Arguments = AdapterArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<AdapterMsg>,
+        args: AdapterArgs,
+    ) -> Result<AdapterState, ActorProcessingErr> {
+        let AdapterArgs { cell, engine, manager } = args;
+        Ok(AdapterState { cell, engine, manager, registry: InFlightRegistry::default(), loads: LoadQueue::default() })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<AdapterMsg>,
+        message: AdapterMsg,
+        state: &mut AdapterState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            AdapterMsg::Admit { request_id, reply } => {
+                let gate = state.cell.gate_state();
+                let answer = if let Some(why) = gate.retired {
+                    AdmitReply::Retired(why)
+                } else if gate.paused {
+                    AdmitReply::Paused
+                } else {
+                    AdmitReply::Admitted(state.registry.admit(request_id, gate.version, myself))
+                };
+                // If the caller is gone the admission drops here, and its guard releases it again.
+                let _ = reply.send(answer);
+            }
+            AdapterMsg::Release { ticket } => state.registry.release(ticket),
+            AdapterMsg::Abort { reply } => {
+                state.cell.close_gate();
+                let _ = reply.send(state.registry.cancel_all());
+            }
+            AdapterMsg::Resume { reply } => {
+                let _ = reply.send(state.cell.open_gate());
+            }
+            AdapterMsg::Load { source, reply } => {
+                state.loads.queued.push_back((source, reply));
+                state.start_next_load();
+            }
+            AdapterMsg::LoadFinished { version, result, reply } => state.finish_load(version, result, reply),
+            AdapterMsg::Retire { why, reply } => {
+                state.cell.retire(why);
+                let _ = reply.send(Ok(state.registry.cancel_all()));
+            }
+            AdapterMsg::Status { reply } => {
+                let _ = reply.send(state.cell.status(state.registry.len()));
+            }
+            #[cfg(test)]
+            AdapterMsg::FailForTest => return Err("failure injected by a test".into()),
+        }
+        Ok(())
+    }
+}
+
+impl AdapterState {
+    /// Starts the oldest queued load unless one is running. The load itself runs on a task; it reports back to
+    /// whichever incarnation of this actor is current when it finishes.
+    fn start_next_load(&mut self) {
+        if self.loads.running {
+            return;
+        }
+        let Some((source, reply)) = self.loads.queued.pop_front() else {
+            return;
+        };
+        let AdapterKey::Lora(name) = self.cell.key().clone() else {
+            let _ = reply.send(Err(CoreError::UnknownAdapter(AdapterKey::Base)));
+            return;
+        };
+        self.loads.running = true;
+        let version = self.cell.reserve_version();
+        let (cell, engine) = (self.cell.clone(), self.engine.clone());
+        tokio::spawn(async move {
+            let result = engine.load_adapter(&name, version, &source).await;
+            if result.is_ok() && cell.gate_state().retired.is_some() {
+                // Unloaded while loading: do not leave weights behind in the engine.
+                let _ = engine.unload_adapter(&name).await;
+            }
+            match cell.current_actor() {
+                Some(actor) => {
+                    let finished = AdapterMsg::LoadFinished { version, result, reply };
+                    if let Err(MessagingErr::SendErr(AdapterMsg::LoadFinished { reply, .. })) = actor.cast(finished) {
+                        // The actor is stopping (unloaded): the caller learns the adapter is gone.
+                        let _ = reply.send(Err(CoreError::UnknownAdapter(cell.key().clone())));
+                    }
+                }
+                None => {
+                    let _ = reply.send(Err(CoreError::UnknownAdapter(cell.key().clone())));
+                }
+            }
+        });
+    }
+
+    fn finish_load(
+        &mut self,
+        version: AdapterVersion,
+        result: Result<(), EngineError>,
+        reply: RpcReplyPort<Result<AdapterVersion, CoreError>>,
+    ) {
+        self.loads.running = false;
+        let result = match result {
+            Ok(()) => {
+                self.cell.install_version(version);
+                Ok(version)
+            }
+            Err(err) => {
+                self.cell.release_version(version);
+                Err(err.into())
+            }
+        };
+        // The manager answers the caller once its bookkeeping is done (a new adapter is published first).
+        let settled = ManagerMsg::LoadSettled { key: self.cell.key().clone(), result, reply };
+        if let Err(MessagingErr::SendErr(ManagerMsg::LoadSettled { result, reply, .. })) = self.manager.cast(settled) {
+            let _ = reply.send(result);
+        }
+        self.start_next_load();
+    }
+}

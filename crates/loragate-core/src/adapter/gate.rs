@@ -1,0 +1,130 @@
+//! The pause gate: an adapter's durable state on a `watch` channel. Only the adapter's actor writes it; anyone
+//! waits on it outside the actor, with their own deadline, so a long-poll never occupies the actor's mailbox.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::ids::AdapterVersion;
+
+/// What every observer of an adapter's gate sees. It outlives actor restarts: a restarted actor reads it back, so a
+/// pause is never lost (a lost pause is a torn swap).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GateState {
+    /// The gate is closed: nothing of this adapter is admitted.
+    pub paused: bool,
+    /// The adapter's current weights version.
+    pub version: AdapterVersion,
+    /// Set once the adapter stops serving (unloaded, or the server is shutting down); waiters give up.
+    pub retired: Option<Retirement>,
+}
+
+/// Why an adapter stopped serving.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retirement {
+    /// `UnloadLoraAdapter` removed it.
+    Unloaded,
+    /// The server is shutting down.
+    ShuttingDown,
+}
+
+/// How a wait at the gate ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GateWait {
+    /// The gate is open.
+    Open,
+    /// The deadline passed with the gate still closed.
+    TimedOut,
+    /// The adapter stopped serving.
+    Retired(Retirement),
+}
+
+/// Waits until the gate is open, the adapter is retired, or `deadline` passes (`None`: no deadline).
+pub(crate) async fn wait_until_open(mut gate: watch::Receiver<GateState>, deadline: Option<Instant>) -> GateWait {
+    let settled = gate.wait_for(|state| state.retired.is_some() || !state.paused);
+    let outcome = match deadline {
+        Some(deadline) => match tokio::time::timeout_at(deadline, settled).await {
+            Ok(outcome) => outcome.map(|state| *state),
+            Err(_elapsed) => return GateWait::TimedOut,
+        },
+        None => settled.await.map(|state| *state),
+    };
+    match outcome {
+        Ok(GateState { retired: Some(why), .. }) => GateWait::Retired(why),
+        Ok(_) => GateWait::Open,
+        // The sender lives in the adapter's cell, which the waiter's handle keeps alive; a closed channel means the
+        // adapter is gone.
+        Err(_closed) => GateWait::Retired(Retirement::Unloaded),
+    }
+}
+
+/// Counts something while it exists (a held submission, a waiter) and uncounts it when dropped, whatever ends it:
+/// release, timeout, or the caller going away.
+#[derive(Debug)]
+pub(crate) struct Counted<'a> {
+    counter: &'a AtomicU32,
+}
+
+impl<'a> Counted<'a> {
+    /// Counts one more.
+    pub(crate) fn new(counter: &'a AtomicU32) -> Self {
+        counter.fetch_add(1, Ordering::AcqRel);
+        Self { counter }
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn gate(paused: bool) -> (watch::Sender<GateState>, watch::Receiver<GateState>) {
+        watch::channel(GateState { paused, version: AdapterVersion(1), retired: None })
+    }
+
+    #[tokio::test]
+    async fn an_open_gate_answers_at_once() {
+        let (_tx, rx) = gate(false);
+        assert_eq!(wait_until_open(rx, Some(Instant::now())).await, GateWait::Open);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_gate_times_out_at_the_deadline() {
+        let (_tx, rx) = gate(true);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        assert_eq!(wait_until_open(rx, Some(deadline)).await, GateWait::TimedOut);
+        assert!(Instant::now() >= deadline);
+    }
+
+    #[tokio::test]
+    async fn reopening_and_retirement_release_waiters() {
+        let (tx, rx) = gate(true);
+        let waiter = tokio::spawn(wait_until_open(rx.clone(), None));
+        tx.send_modify(|state| state.paused = false);
+        assert_eq!(waiter.await.ok(), Some(GateWait::Open));
+
+        tx.send_modify(|state| state.paused = true);
+        let waiter = tokio::spawn(wait_until_open(rx, None));
+        tx.send_modify(|state| state.retired = Some(Retirement::Unloaded));
+        assert_eq!(waiter.await.ok(), Some(GateWait::Retired(Retirement::Unloaded)));
+    }
+
+    #[test]
+    fn counted_uncounts_on_drop() {
+        let counter = AtomicU32::new(0);
+        let first = Counted::new(&counter);
+        let second = Counted::new(&counter);
+        assert_eq!(counter.load(Ordering::Acquire), 2);
+        drop(first);
+        drop(second);
+        assert_eq!(counter.load(Ordering::Acquire), 0);
+    }
+}

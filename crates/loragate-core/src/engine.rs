@@ -1,0 +1,117 @@
+//! The `Engine` trait: what the coordinator needs from whatever runs the model. It lives here, in the crate that
+//! consumes it, so the coordinator and the fronts are tested without candle (with scripted engines in test code),
+//! and so an in-process candle engine and a remote engine worker reached over gRPC fit the same seam.
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::adapter_source::AdapterSource;
+use crate::ids::{AdapterName, AdapterVersion};
+use crate::output::FinishReason;
+use crate::sampling::SampleRequest;
+
+/// What the coordinator must know about the served model to validate requests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// Token ids must be below this.
+    pub vocab_size: u32,
+    /// Prompt plus generated tokens may not exceed this.
+    pub context_length: u32,
+    /// The model's end-of-sequence tokens (generation stops after one unless `ignore_eos`).
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// One step of a request's output, in the order the engine produced it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EngineEvent {
+    /// With `include_prompt_logprobs`, once, before any token: one entry per prompt token, the first NaN.
+    PromptLogprobs(Vec<f32>),
+    /// Tokens newly produced for one sequence, all by the same adapter version.
+    Tokens {
+        /// The sequence's index within the request (`0..num_samples`).
+        sequence: u32,
+        /// The adapter version whose weights produced these tokens.
+        version: AdapterVersion,
+        /// The new tokens.
+        token_ids: Vec<u32>,
+        /// The logprob of each new token.
+        logprobs: Vec<f32>,
+    },
+    /// A sequence ended; it produces nothing more.
+    Finished {
+        /// The sequence's index within the request.
+        sequence: u32,
+        /// Why it ended.
+        reason: FinishReason,
+    },
+}
+
+/// The events of one request. It ends after every sequence's [`EngineEvent::Finished`].
+pub type EngineStream = BoxStream<'static, Result<EngineEvent, EngineError>>;
+
+/// Runs the model: samples requests and holds adapter weights.
+///
+/// Contract for implementors:
+/// - `generate` starts work and returns at once; the work runs off the async runtime (its own thread or process).
+/// - When `cancel` fires, every unfinished sequence ends within one engine step with [`FinishReason::Abort`], after
+///   the tokens it had produced (nothing produced is lost). A request whose token is cancelled before it starts ends
+///   the same way with no tokens.
+/// - Dropping the stream means the caller is gone; the engine stops that request's sequences.
+/// - A sequence keeps the adapter weights it started with until it ends, even if the adapter is reloaded or unloaded
+///   meanwhile, and stamps each token with their version.
+/// - `load_adapter` validates everything before installing: on error the previously installed weights of that name
+///   stay in service.
+#[async_trait]
+pub trait Engine: Send + Sync + 'static {
+    /// The served model's limits.
+    fn model_info(&self) -> &ModelInfo;
+
+    /// Starts sampling `request`; cancelling `cancel` aborts it.
+    async fn generate(&self, request: SampleRequest, cancel: CancellationToken) -> Result<EngineStream, EngineError>;
+
+    /// Validates and installs the adapter at `source` under `name`, as `version`, for sequences started from now on.
+    async fn load_adapter(
+        &self,
+        name: &AdapterName,
+        version: AdapterVersion,
+        source: &AdapterSource,
+    ) -> Result<(), EngineError>;
+
+    /// Removes `name`'s weights for sequences started from now on.
+    async fn unload_adapter(&self, name: &AdapterName) -> Result<(), EngineError>;
+}
+
+/// What an engine can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The adapter's files are missing, unreadable or malformed.
+    #[error("bad adapter files: {0}")]
+    AdapterFiles(String),
+    /// The adapter's files are well-formed but do not fit the base model (unknown target modules, wrong shapes).
+    #[error("adapter does not fit the base model: {0}")]
+    AdapterIncompatible(String),
+    /// The engine holds no weights of that name (it was unloaded meanwhile).
+    #[error("adapter '{0}' is not loaded in the engine")]
+    AdapterNotLoaded(AdapterName),
+    /// The engine has stopped and serves nothing more.
+    #[error("the engine has stopped")]
+    Stopped,
+    /// Anything else (a model computation failed).
+    #[error("engine failure: {0}")]
+    Internal(String),
+}
+
+impl EngineError {
+    /// A stable, low-cardinality label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::AdapterFiles(_) => "adapter_files",
+            Self::AdapterIncompatible(_) => "adapter_incompatible",
+            Self::AdapterNotLoaded(_) => "adapter_not_loaded",
+            Self::Stopped => "engine_stopped",
+            Self::Internal(_) => "engine_internal",
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! The adapter manager: supervisor of every adapter actor and the single writer of the name → handle map that
+//! request paths read. It publishes an adapter once its first load succeeded, retires it on unload, and restarts a
+//! failed actor on the same durable cell, so the restart keeps the adapter's pause and version.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+
+use crate::adapter::{AdapterActor, AdapterArgs, AdapterCell, AdapterHandle, AdapterMsg, PendingHandBacks, Retirement};
+use crate::adapter_source::AdapterSource;
+use crate::engine::Engine;
+use crate::error::CoreError;
+use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
+
+/// The published adapters, read lock-free by request paths. Written only by the manager.
+pub(crate) type AdapterMap = Arc<DashMap<AdapterKey, AdapterHandle>>;
+
+/// The commands the manager serves. Only the coordinator and adapter actors build them.
+pub(crate) enum ManagerMsg {
+    /// Loads weights under `name`, creating the adapter (unpublished until the load succeeds) if it is new.
+    Load { name: AdapterName, source: AdapterSource, reply: RpcReplyPort<Result<AdapterVersion, CoreError>> },
+    /// An adapter actor finished one load. The manager updates its bookkeeping (publishing a new adapter on its
+    /// first success) before answering the load's caller, so a caller told "loaded" finds the adapter.
+    LoadSettled {
+        key: AdapterKey,
+        result: Result<AdapterVersion, CoreError>,
+        reply: RpcReplyPort<Result<AdapterVersion, CoreError>>,
+    },
+    /// Unpublishes `name`, marks it removed and cancels its admitted requests; the actor stops once it has
+    /// answered. The reply says what to wait on.
+    Unload { name: AdapterName, reply: RpcReplyPort<Result<PendingHandBacks, CoreError>> },
+}
+
+/// The manager's behaviour.
+pub(crate) struct AdapterManager;
+
+/// What the manager starts from.
+pub(crate) struct ManagerArgs {
+    pub(crate) engine: Arc<dyn Engine>,
+    pub(crate) published: AdapterMap,
+}
+
+/// One adapter under supervision.
+struct Supervised {
+    cell: Arc<AdapterCell>,
+    actor: ActorRef<AdapterMsg>,
+    published: bool,
+    loads_outstanding: u32,
+}
+
+/// The manager's state.
+pub(crate) struct ManagerState {
+    engine: Arc<dyn Engine>,
+    published: AdapterMap,
+    supervised: HashMap<AdapterKey, Supervised>,
+    keys_by_actor: HashMap<ActorId, AdapterKey>,
+    /// The last version of every name ever unloaded, so a reload continues its count.
+    retired_versions: HashMap<AdapterName, AdapterVersion>,
+}
+
+impl Actor for AdapterManager {
+    type Msg = ManagerMsg;
+    type State = ManagerState;
+    type Arguments = ManagerArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ManagerMsg>,
+        args: ManagerArgs,
+    ) -> Result<ManagerState, ActorProcessingErr> {
+        let mut state = ManagerState {
+            engine: args.engine,
+            published: args.published,
+            supervised: HashMap::new(),
+            keys_by_actor: HashMap::new(),
+            retired_versions: HashMap::new(),
+        };
+        // The base model goes through the same gate and registry as any adapter.
+        state.spawn(&myself, AdapterKey::Base, AdapterVersion::BASE).await?;
+        state.publish(&AdapterKey::Base);
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<ManagerMsg>,
+        message: ManagerMsg,
+        state: &mut ManagerState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            ManagerMsg::Load { name, source, reply } => {
+                let key = AdapterKey::Lora(name.clone());
+                if !state.supervised.contains_key(&key) {
+                    let floor = state.retired_versions.get(&name).copied().unwrap_or(AdapterVersion::BASE);
+                    if let Err(err) = state.spawn(&myself, key.clone(), floor).await {
+                        tracing::error!(adapter = %name, %err, "could not start the adapter's actor");
+                        let _ = reply.send(Err(CoreError::AdapterUnavailable(key)));
+                        return Ok(());
+                    }
+                }
+                if let Some(adapter) = state.supervised.get_mut(&key) {
+                    adapter.loads_outstanding += 1;
+                    if let Err(ractor::MessagingErr::SendErr(AdapterMsg::Load { reply, .. })) =
+                        adapter.actor.cast(AdapterMsg::Load { source, reply })
+                    {
+                        adapter.loads_outstanding -= 1;
+                        let _ = reply.send(Err(CoreError::AdapterUnavailable(key)));
+                    }
+                }
+            }
+            ManagerMsg::LoadSettled { key, result, reply } => {
+                if let Some(adapter) = state.supervised.get_mut(&key) {
+                    adapter.loads_outstanding = adapter.loads_outstanding.saturating_sub(1);
+                    if result.is_ok() && !adapter.published {
+                        state.publish(&key);
+                    } else if !adapter.published && adapter.loads_outstanding == 0 {
+                        // Every load of a new name failed: forget it, as if it had never been asked for.
+                        state.discard(&key);
+                    }
+                }
+                let _ = reply.send(result);
+            }
+            ManagerMsg::Unload { name, reply } => {
+                let key = AdapterKey::Lora(name.clone());
+                match state.supervised.get(&key) {
+                    Some(adapter) if adapter.published => {
+                        let actor = adapter.actor.clone();
+                        state.retired_versions.insert(name, adapter.cell.last_reserved_version());
+                        state.discard(&key);
+                        // Retire, then drain: the actor answers Retire (and anything queued before it) and stops.
+                        let unsent = actor.cast(AdapterMsg::Retire { why: Retirement::Unloaded, reply });
+                        if let Err(ractor::MessagingErr::SendErr(AdapterMsg::Retire { reply, .. })) = unsent {
+                            let _ = reply.send(Ok(PendingHandBacks::default()));
+                        }
+                        let _ = actor.drain();
+                    }
+                    _ => {
+                        let _ = reply.send(Err(CoreError::UnknownAdapter(key)));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<ManagerMsg>,
+        event: SupervisionEvent,
+        state: &mut ManagerState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, why) = match event {
+            SupervisionEvent::ActorFailed(cell, err) => (cell, err.to_string()),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => (cell, reason.unwrap_or_else(|| "stopped".into())),
+            _ => return Ok(()),
+        };
+        // Actors the manager stopped on purpose (unload, discard) are no longer in the map.
+        let Some(key) = state.keys_by_actor.remove(&cell.get_id()) else {
+            return Ok(());
+        };
+        state.restart(&myself, &key, &cell, &why).await;
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<ManagerMsg>,
+        state: &mut ManagerState,
+    ) -> Result<(), ActorProcessingErr> {
+        let keys: Vec<AdapterKey> = state.supervised.keys().cloned().collect();
+        for key in keys {
+            if let Some(adapter) = state.supervised.get(&key) {
+                adapter.actor.stop(Some("coordinator stopped".into()));
+            }
+            state.discard(&key);
+        }
+        Ok(())
+    }
+}
+
+impl ManagerState {
+    /// Starts an actor for `key` on a fresh cell, supervised by the manager, unpublished.
+    async fn spawn(
+        &mut self,
+        manager: &ActorRef<ManagerMsg>,
+        key: AdapterKey,
+        last_version: AdapterVersion,
+    ) -> Result<(), ActorProcessingErr> {
+        let cell = Arc::new(AdapterCell::new(key.clone(), last_version));
+        let actor = self.start_incarnation(manager, &cell).await?;
+        self.supervised.insert(key, Supervised { cell, actor, published: false, loads_outstanding: 0 });
+        Ok(())
+    }
+
+    /// Starts one incarnation of the actor on `cell` and points the cell at it.
+    async fn start_incarnation(
+        &mut self,
+        manager: &ActorRef<ManagerMsg>,
+        cell: &Arc<AdapterCell>,
+    ) -> Result<ActorRef<AdapterMsg>, ActorProcessingErr> {
+        let args = AdapterArgs { cell: cell.clone(), engine: self.engine.clone(), manager: manager.clone() };
+        let (actor, _join) = Actor::spawn_linked(None, AdapterActor, args, manager.get_cell()).await?;
+        self.keys_by_actor.insert(actor.get_id(), cell.key().clone());
+        cell.set_actor(Some(actor.clone()));
+        Ok(actor)
+    }
+
+    /// Makes `key` visible to request paths.
+    fn publish(&mut self, key: &AdapterKey) {
+        if let Some(adapter) = self.supervised.get_mut(key) {
+            adapter.published = true;
+            self.published.insert(key.clone(), AdapterHandle::new(adapter.cell.clone()));
+        }
+    }
+
+    /// Forgets `key`: unpublished, unsupervised, its cell pointing at no actor (callers get "unknown adapter").
+    /// Stopping the actor is the caller's business.
+    fn discard(&mut self, key: &AdapterKey) {
+        self.published.remove(key);
+        if let Some(adapter) = self.supervised.remove(key) {
+            self.keys_by_actor.remove(&adapter.actor.get_id());
+            adapter.cell.set_actor(None);
+            if !adapter.published {
+                adapter.actor.stop(Some("first load failed".into()));
+            }
+        }
+    }
+
+    /// Replaces a dead incarnation. The cell keeps the gate and version, so a paused adapter stays paused.
+    async fn restart(&mut self, manager: &ActorRef<ManagerMsg>, key: &AdapterKey, dead: &ActorCell, why: &str) {
+        let Some(cell) = self.supervised.get(key).map(|adapter| adapter.cell.clone()) else {
+            return;
+        };
+        tracing::error!(adapter = %key, actor = %dead.get_id(), why, "adapter actor died; restarting it");
+        match self.start_incarnation(manager, &cell).await {
+            Ok(actor) => {
+                if let Some(adapter) = self.supervised.get_mut(key) {
+                    adapter.actor = actor;
+                    // Loads queued in the dead incarnation were answered with errors when their ports dropped.
+                    adapter.loads_outstanding = 0;
+                }
+            }
+            Err(err) => {
+                tracing::error!(adapter = %key, %err, "could not restart the adapter's actor; unloading it");
+                self.discard(key);
+            }
+        }
+    }
+}

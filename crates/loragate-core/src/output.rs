@@ -1,0 +1,113 @@
+//! What a sampling request produces: finish reasons, version segments (token provenance), finished sequences.
+
+use crate::ids::{AdapterVersion, RequestId};
+
+/// Why a sequence ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FinishReason {
+    /// An end-of-sequence or stop token was sampled (it is the sequence's last token).
+    Stop,
+    /// The token budget or the context length was reached.
+    Length,
+    /// The request was aborted; the sequence holds what was produced until then.
+    Abort,
+}
+
+impl FinishReason {
+    /// The lowercase name used by OpenAI-style APIs and metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Abort => "abort",
+        }
+    }
+}
+
+/// A half-open run of tokens `[start, end)` produced by one adapter version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// The adapter version that produced the run.
+    pub version: AdapterVersion,
+    /// First token index.
+    pub start: u32,
+    /// One past the last token index.
+    pub end: u32,
+}
+
+/// Builds the segments of a sequence as its tokens arrive, merging consecutive runs of the same version.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SegmentsBuilder {
+    segments: Vec<Segment>,
+}
+
+impl SegmentsBuilder {
+    /// Records `count` more tokens produced by `version`.
+    pub fn push(&mut self, version: AdapterVersion, count: u32) {
+        if count == 0 {
+            return;
+        }
+        match self.segments.last_mut() {
+            Some(last) if last.version == version => last.end += count,
+            last => {
+                let start = last.map_or(0, |segment| segment.end);
+                self.segments.push(Segment { version, start, end: start + count });
+            }
+        }
+    }
+
+    /// The segments so far, covering every token pushed.
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    /// The segments, consuming the builder.
+    pub fn finish(self) -> Vec<Segment> {
+        self.segments
+    }
+}
+
+/// One finished sequence.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SequenceOutput {
+    /// Generated tokens.
+    pub token_ids: Vec<u32>,
+    /// One logprob per generated token.
+    pub logprobs: Vec<f32>,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+    /// Which adapter version produced which tokens.
+    pub segments: Vec<Segment>,
+}
+
+/// A finished sampling request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampleOutput {
+    /// The request's id.
+    pub request_id: RequestId,
+    /// One entry per requested sample, in order.
+    pub sequences: Vec<SequenceOutput>,
+    /// With prompt logprobs requested: one per prompt token, the first NaN. Empty otherwise.
+    pub prompt_logprobs: Vec<f32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_merge_runs_and_cover_every_token() {
+        let mut builder = SegmentsBuilder::default();
+        builder.push(AdapterVersion(1), 3);
+        builder.push(AdapterVersion(1), 2);
+        builder.push(AdapterVersion(2), 0);
+        builder.push(AdapterVersion(2), 4);
+        assert_eq!(
+            builder.finish(),
+            vec![
+                Segment { version: AdapterVersion(1), start: 0, end: 5 },
+                Segment { version: AdapterVersion(2), start: 5, end: 9 },
+            ]
+        );
+    }
+}

@@ -1,0 +1,293 @@
+//! Sampling requests: the raw form fronts fill in, and the validated form everything past the edge accepts.
+
+use std::sync::Arc;
+
+use crate::engine::ModelInfo;
+use crate::error::{CoreError, Field};
+use crate::ids::{AdapterKey, RequestId};
+
+/// The most sequences one request may ask for.
+pub const MAX_NUM_SAMPLES: u32 = 64;
+
+/// A sampling request as a front received it, before validation. Mirrors the gRPC `SampleRequest`; the HTTP front
+/// fills it from an OpenAI completion request.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RawSampleRequest {
+    /// Caller's id; empty to have one made.
+    pub request_id: String,
+    /// Adapter name; empty for the base model.
+    pub lora_name: String,
+    /// The prompt.
+    pub prompt_token_ids: Vec<u32>,
+    /// Most tokens to generate; `None` for "up to the context length".
+    pub max_tokens: Option<u32>,
+    /// Softmax temperature; 0 is greedy.
+    pub temperature: f32,
+    /// Nucleus mass; `None` for 1.
+    pub top_p: Option<f32>,
+    /// Top-k; 0 or -1 disables it.
+    pub top_k: i32,
+    /// Sampler seed; `None` for a random one.
+    pub seed: Option<u64>,
+    /// Extra tokens that end a sequence.
+    pub stop_token_ids: Vec<u32>,
+    /// Keep going past the model's end-of-sequence token.
+    pub ignore_eos: bool,
+    /// Sequences to sample; 0 means 1.
+    pub num_samples: u32,
+    /// Also return prompt logprobs.
+    pub include_prompt_logprobs: bool,
+}
+
+/// Validated sampling parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    max_tokens: u32,
+    temperature: f32,
+    top_p: f32,
+    top_k: Option<u32>,
+    seed: Option<u64>,
+    stop_token_ids: Arc<[u32]>,
+    ignore_eos: bool,
+}
+
+impl SamplingParams {
+    /// The generation budget: the requested `max_tokens`, or what the context leaves after the prompt.
+    pub fn max_tokens(&self) -> u32 {
+        self.max_tokens
+    }
+
+    /// The softmax temperature; 0 means greedy.
+    pub fn temperature(&self) -> f32 {
+        self.temperature
+    }
+
+    /// Whether sampling is greedy (argmax).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
+    /// Nucleus mass in (0, 1]; 1 disables nucleus filtering.
+    pub fn top_p(&self) -> f32 {
+        self.top_p
+    }
+
+    /// Top-k, if enabled.
+    pub fn top_k(&self) -> Option<u32> {
+        self.top_k
+    }
+
+    /// The sampler seed, if the caller fixed one.
+    pub fn seed(&self) -> Option<u64> {
+        self.seed
+    }
+
+    /// Tokens that end a sequence besides the model's end-of-sequence tokens.
+    pub fn stop_token_ids(&self) -> &[u32] {
+        &self.stop_token_ids
+    }
+
+    /// Whether the model's end-of-sequence tokens are ignored.
+    pub fn ignore_eos(&self) -> bool {
+        self.ignore_eos
+    }
+}
+
+/// A validated sampling request: every field checked against the served model. Only [`SampleRequest::parse`]
+/// makes one, so layers past the edge never re-check.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampleRequest {
+    id: RequestId,
+    adapter: AdapterKey,
+    prompt: Arc<[u32]>,
+    params: SamplingParams,
+    num_samples: u32,
+    include_prompt_logprobs: bool,
+}
+
+impl SampleRequest {
+    /// Validates `raw` against `model`. Errors name the first offending field.
+    pub fn parse(raw: RawSampleRequest, model: &ModelInfo) -> Result<Self, CoreError> {
+        let id = RequestId::parse_or_generate(&raw.request_id)?;
+        let adapter = AdapterKey::parse(&raw.lora_name)?;
+        let prompt = parse_prompt(raw.prompt_token_ids, model)?;
+        let params = SamplingParams {
+            max_tokens: parse_max_tokens(raw.max_tokens, prompt.len(), model)?,
+            temperature: parse_temperature(raw.temperature)?,
+            top_p: parse_top_p(raw.top_p)?,
+            top_k: parse_top_k(raw.top_k)?,
+            seed: raw.seed,
+            stop_token_ids: parse_stop_token_ids(raw.stop_token_ids, model)?,
+            ignore_eos: raw.ignore_eos,
+        };
+        let num_samples = match raw.num_samples {
+            0 => 1,
+            n if n > MAX_NUM_SAMPLES => {
+                return Err(CoreError::invalid(Field::NumSamples, format!("is {n}, the limit is {MAX_NUM_SAMPLES}")));
+            }
+            n => n,
+        };
+        Ok(Self { id, adapter, prompt, params, num_samples, include_prompt_logprobs: raw.include_prompt_logprobs })
+    }
+
+    /// The request's id.
+    pub fn id(&self) -> &RequestId {
+        &self.id
+    }
+
+    /// What the request samples from.
+    pub fn adapter(&self) -> &AdapterKey {
+        &self.adapter
+    }
+
+    /// The prompt's tokens.
+    pub fn prompt(&self) -> &Arc<[u32]> {
+        &self.prompt
+    }
+
+    /// How to sample.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// How many sequences to sample (at least 1).
+    pub fn num_samples(&self) -> u32 {
+        self.num_samples
+    }
+
+    /// Whether prompt logprobs are wanted.
+    pub fn include_prompt_logprobs(&self) -> bool {
+        self.include_prompt_logprobs
+    }
+}
+
+fn parse_prompt(tokens: Vec<u32>, model: &ModelInfo) -> Result<Arc<[u32]>, CoreError> {
+    if tokens.is_empty() {
+        return Err(CoreError::invalid(Field::PromptTokenIds, "must not be empty"));
+    }
+    if let Some((index, token)) = tokens.iter().enumerate().find(|(_, t)| **t >= model.vocab_size) {
+        return Err(CoreError::invalid(
+            Field::PromptTokenIds,
+            format!("token {token} at index {index} is outside the vocabulary (size {})", model.vocab_size),
+        ));
+    }
+    let context = model.context_length as usize;
+    if tokens.len() >= context {
+        return Err(CoreError::invalid(
+            Field::PromptTokenIds,
+            format!("has {} tokens, leaving no room in the {context}-token context", tokens.len()),
+        ));
+    }
+    Ok(tokens.into())
+}
+
+fn parse_max_tokens(requested: Option<u32>, prompt_len: usize, model: &ModelInfo) -> Result<u32, CoreError> {
+    // The prompt is shorter than the context (checked before), so this never underflows.
+    let room = model.context_length - prompt_len as u32;
+    match requested {
+        None => Ok(room),
+        Some(0) => Err(CoreError::invalid(Field::MaxTokens, "must be at least 1 (leave it unset for no limit)")),
+        Some(n) if n > room => Err(CoreError::invalid(
+            Field::MaxTokens,
+            format!(
+                "is {n}, but the prompt's {prompt_len} tokens leave room for {room} in the {}-token context",
+                model.context_length
+            ),
+        )),
+        Some(n) => Ok(n),
+    }
+}
+
+fn parse_temperature(temperature: f32) -> Result<f32, CoreError> {
+    if !temperature.is_finite() || temperature < 0.0 {
+        return Err(CoreError::invalid(Field::Temperature, format!("must be finite and >= 0, got {temperature}")));
+    }
+    Ok(temperature)
+}
+
+fn parse_top_p(top_p: Option<f32>) -> Result<f32, CoreError> {
+    match top_p {
+        None => Ok(1.0),
+        Some(p) if p.is_finite() && p > 0.0 && p <= 1.0 => Ok(p),
+        Some(p) => Err(CoreError::invalid(Field::TopP, format!("must be in (0, 1], got {p}"))),
+    }
+}
+
+fn parse_top_k(top_k: i32) -> Result<Option<u32>, CoreError> {
+    match top_k {
+        0 | -1 => Ok(None),
+        k if k > 0 => Ok(Some(k as u32)),
+        k => Err(CoreError::invalid(Field::TopK, format!("must be positive, or 0 or -1 to disable it, got {k}"))),
+    }
+}
+
+fn parse_stop_token_ids(mut ids: Vec<u32>, model: &ModelInfo) -> Result<Arc<[u32]>, CoreError> {
+    if let Some(bad) = ids.iter().find(|t| **t >= model.vocab_size) {
+        return Err(CoreError::invalid(
+            Field::StopTokenIds,
+            format!("token {bad} is outside the vocabulary (size {})", model.vocab_size),
+        ));
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model() -> ModelInfo {
+        ModelInfo { vocab_size: 260, context_length: 64, eos_token_ids: vec![257] }
+    }
+
+    fn raw() -> RawSampleRequest {
+        RawSampleRequest { prompt_token_ids: vec![1, 2, 3], ..Default::default() }
+    }
+
+    #[test]
+    fn defaults_resolve_to_a_full_context_budget_greedy_single_sample() {
+        let req = SampleRequest::parse(raw(), &model()).expect("valid");
+        assert_eq!(req.params().max_tokens(), 61);
+        assert!(req.params().is_greedy());
+        assert_eq!(req.params().top_p(), 1.0);
+        assert_eq!(req.params().top_k(), None);
+        assert_eq!(req.num_samples(), 1);
+        assert_eq!(req.adapter(), &AdapterKey::Base);
+        assert!(!req.id().as_str().is_empty());
+    }
+
+    #[test]
+    fn each_bad_value_is_rejected_naming_its_field() {
+        let cases: Vec<(RawSampleRequest, Field)> = vec![
+            (RawSampleRequest { prompt_token_ids: vec![], ..raw() }, Field::PromptTokenIds),
+            (RawSampleRequest { prompt_token_ids: vec![1, 260], ..raw() }, Field::PromptTokenIds),
+            (RawSampleRequest { prompt_token_ids: vec![1; 64], ..raw() }, Field::PromptTokenIds),
+            (RawSampleRequest { max_tokens: Some(0), ..raw() }, Field::MaxTokens),
+            (RawSampleRequest { max_tokens: Some(62), ..raw() }, Field::MaxTokens),
+            (RawSampleRequest { temperature: -0.5, ..raw() }, Field::Temperature),
+            (RawSampleRequest { temperature: f32::NAN, ..raw() }, Field::Temperature),
+            (RawSampleRequest { top_p: Some(0.0), ..raw() }, Field::TopP),
+            (RawSampleRequest { top_p: Some(1.5), ..raw() }, Field::TopP),
+            (RawSampleRequest { top_k: -2, ..raw() }, Field::TopK),
+            (RawSampleRequest { stop_token_ids: vec![999], ..raw() }, Field::StopTokenIds),
+            (RawSampleRequest { num_samples: MAX_NUM_SAMPLES + 1, ..raw() }, Field::NumSamples),
+            (RawSampleRequest { lora_name: "two words".into(), ..raw() }, Field::LoraName),
+            (RawSampleRequest { request_id: "x".repeat(300), ..raw() }, Field::RequestId),
+        ];
+        for (request, field) in cases {
+            match SampleRequest::parse(request.clone(), &model()) {
+                Err(CoreError::InvalidArgument { field: got, .. }) => {
+                    assert_eq!(got, field, "{request:?}")
+                }
+                other => panic!("{request:?} gave {other:?}, expected an error on {field}"),
+            }
+        }
+    }
+
+    #[test]
+    fn max_tokens_up_to_the_room_left_is_accepted() {
+        let req = SampleRequest::parse(RawSampleRequest { max_tokens: Some(61), ..raw() }, &model()).expect("valid");
+        assert_eq!(req.params().max_tokens(), 61);
+    }
+}
