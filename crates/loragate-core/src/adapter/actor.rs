@@ -10,7 +10,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
 
 use super::cell::AdapterCell;
 use super::gate::Retirement;
-use super::registry::{Admission, InFlightRegistry, PendingHandBacks, Ticket};
+use super::registry::{Admission, InFlightRegistry, PendingHandBacks};
 use super::status::AdapterStatus;
 use crate::adapter_source::AdapterSource;
 use crate::engine::{Engine, EngineError};
@@ -22,8 +22,6 @@ use crate::manager::ManagerMsg;
 pub(crate) enum AdapterMsg {
     /// Registers a request if the gate is open.
     Admit { request_id: RequestId, reply: RpcReplyPort<AdmitReply> },
-    /// Forgets a request whose [`Admission`] was dropped.
-    Release { ticket: Ticket },
     /// Closes the gate, then cancels every admitted request.
     Abort { reply: RpcReplyPort<PendingHandBacks> },
     /// Opens the gate; answers whether it was closed.
@@ -99,7 +97,7 @@ impl Actor for AdapterActor {
 
     async fn handle(
         &self,
-        myself: ActorRef<AdapterMsg>,
+        _myself: ActorRef<AdapterMsg>,
         message: AdapterMsg,
         state: &mut AdapterState,
     ) -> Result<(), ActorProcessingErr> {
@@ -111,12 +109,11 @@ impl Actor for AdapterActor {
                 } else if gate.paused {
                     AdmitReply::Paused
                 } else {
-                    AdmitReply::Admitted(state.registry.admit(request_id, gate.version, myself))
+                    AdmitReply::Admitted(state.registry.admit(request_id, gate.version))
                 };
-                // If the caller is gone the admission drops here, and its guard releases it again.
+                // If the caller is gone the admission drops here, which ends its registration again.
                 let _ = reply.send(answer);
             }
-            AdapterMsg::Release { ticket } => state.registry.release(ticket),
             AdapterMsg::Abort { reply } => {
                 state.cell.close_gate();
                 let _ = reply.send(state.registry.cancel_all());

@@ -3,16 +3,13 @@
 //! client disconnect and panic all deregister them the same way: by dropping the guard.
 
 use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use futures::FutureExt;
-use futures::future::Shared;
 use futures::stream::{FuturesUnordered, StreamExt};
-use ractor::ActorRef;
-use tokio::sync::oneshot;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::actor::AdapterMsg;
 use crate::ids::{AdapterVersion, RequestId};
 
 /// How an admitted request ended, as seen by whoever waits for it to be handed back.
@@ -28,66 +25,99 @@ pub enum Ending {
     Abandoned,
 }
 
-/// The registry's key for one admission. Callers' request ids may collide; tickets never do.
-pub(crate) type Ticket = u64;
+/// Where a request's ending is settled once, by its [`Admission`], and read by the registry and by aborts.
+#[derive(Default)]
+struct HandBack {
+    ending: OnceLock<Ending>,
+    settled: Notify,
+}
 
-/// Resolves once the request was handed back.
-type HandedBack = Shared<oneshot::Receiver<Ending>>;
+impl HandBack {
+    /// Records how the request ended; only the first call counts.
+    fn settle(&self, ending: Ending) {
+        if self.ending.set(ending).is_ok() {
+            self.settled.notify_waiters();
+        }
+    }
+
+    fn is_settled(&self) -> bool {
+        self.ending.get().is_some()
+    }
+
+    /// Waits until the request was handed back.
+    async fn wait(&self) -> Ending {
+        loop {
+            let settled = self.settled.notified();
+            if let Some(ending) = self.ending.get() {
+                return *ending;
+            }
+            settled.await;
+        }
+    }
+}
+
+/// The registry forgets handed-back requests lazily, when it grows past this many entries (and before every count
+/// or abort), so ending a request costs its actor no message.
+const MIN_PRUNE_AT: usize = 64;
 
 struct Entry {
     request_id: RequestId,
     cancel: CancellationToken,
-    handed_back: HandedBack,
+    hand_back: Arc<HandBack>,
 }
 
 /// The admitted requests of one adapter. Owned by the adapter's actor.
-#[derive(Default)]
 pub(crate) struct InFlightRegistry {
-    next_ticket: Ticket,
-    entries: HashMap<Ticket, Entry>,
+    next_ticket: u64,
+    entries: HashMap<u64, Entry>,
+    prune_at: usize,
+}
+
+impl Default for InFlightRegistry {
+    fn default() -> Self {
+        Self { next_ticket: 0, entries: HashMap::new(), prune_at: MIN_PRUNE_AT }
+    }
 }
 
 impl InFlightRegistry {
-    /// Registers a request and returns the guard that deregisters it.
-    pub(crate) fn admit(
-        &mut self,
-        request_id: RequestId,
-        version: AdapterVersion,
-        actor: ActorRef<AdapterMsg>,
-    ) -> Admission {
+    /// Registers a request and returns the guard that ends its registration.
+    pub(crate) fn admit(&mut self, request_id: RequestId, version: AdapterVersion) -> Admission {
+        if self.entries.len() >= self.prune_at {
+            self.forget_handed_back();
+            self.prune_at = (2 * self.entries.len()).max(MIN_PRUNE_AT);
+        }
         let ticket = self.next_ticket;
         self.next_ticket += 1;
         let cancel = CancellationToken::new();
-        let (hand_back, handed_back) = oneshot::channel();
-        self.entries.insert(
-            ticket,
-            Entry { request_id: request_id.clone(), cancel: cancel.clone(), handed_back: handed_back.shared() },
-        );
-        Admission { ticket, request_id, version, cancel, hand_back: Some(hand_back), actor }
+        let hand_back = Arc::new(HandBack::default());
+        let entry = Entry { request_id: request_id.clone(), cancel: cancel.clone(), hand_back: hand_back.clone() };
+        self.entries.insert(ticket, entry);
+        Admission { request_id, version, cancel, hand_back }
     }
 
-    /// Forgets a request whose guard was dropped.
-    pub(crate) fn release(&mut self, ticket: Ticket) {
-        self.entries.remove(&ticket);
-    }
-
-    /// Cancels every registered request and returns what to wait on for each to be handed back. Entries stay until
-    /// their guards drop, so a second abort meanwhile waits for the same requests.
-    pub(crate) fn cancel_all(&self) -> PendingHandBacks {
+    /// Cancels every request not yet handed back and returns what to wait on for each. Entries stay until handed
+    /// back, so a second abort meanwhile waits for the same requests.
+    pub(crate) fn cancel_all(&mut self) -> PendingHandBacks {
+        self.forget_handed_back();
         let pending = self
             .entries
             .values()
             .map(|entry| {
                 entry.cancel.cancel();
-                (entry.request_id.clone(), entry.handed_back.clone())
+                (entry.request_id.clone(), entry.hand_back.clone())
             })
             .collect();
         PendingHandBacks { pending }
     }
 
-    /// How many requests are admitted (queued or running).
-    pub(crate) fn len(&self) -> usize {
+    /// How many requests are admitted and not yet handed back (queued or running).
+    pub(crate) fn len(&mut self) -> usize {
+        self.forget_handed_back();
         self.entries.len()
+    }
+
+    fn forget_handed_back(&mut self) {
+        self.entries.retain(|_, entry| !entry.hand_back.is_settled());
     }
 }
 
@@ -104,7 +134,7 @@ impl Drop for InFlightRegistry {
 /// Requests cancelled by an abort, not yet known to be handed back.
 #[derive(Default)]
 pub(crate) struct PendingHandBacks {
-    pending: Vec<(RequestId, HandedBack)>,
+    pending: Vec<(RequestId, Arc<HandBack>)>,
 }
 
 /// What an abort did.
@@ -123,16 +153,16 @@ impl PendingHandBacks {
         let mut report = AbortReport::default();
         let mut outstanding: Vec<Option<RequestId>> = Vec::with_capacity(self.pending.len());
         let mut waiting = FuturesUnordered::new();
-        for (index, (request_id, handed_back)) in self.pending.into_iter().enumerate() {
+        for (index, (request_id, hand_back)) in self.pending.into_iter().enumerate() {
             outstanding.push(Some(request_id));
-            waiting.push(async move { (index, handed_back.await) });
+            waiting.push(async move { (index, hand_back.wait().await) });
         }
         let deadline = tokio::time::Instant::now() + ack_timeout;
         loop {
             match tokio::time::timeout_at(deadline, waiting.next()).await {
                 Ok(Some((index, ending))) => {
                     let request_id = outstanding[index].take();
-                    if ending == Ok(Ending::Aborted) {
+                    if ending == Ending::Aborted {
                         report.aborted.extend(request_id);
                     }
                 }
@@ -148,16 +178,20 @@ impl PendingHandBacks {
 }
 
 /// An admitted request. While it exists the request is in its adapter's registry and an abort can reach it through
-/// [`Admission::cancel_token`]. Dropping it deregisters the request and cancels its token (a client that goes away
+/// [`Admission::cancel_token`]. Dropping it ends the registration and cancels its token (a client that goes away
 /// stops its work); [`Admission::hand_back`] first says how it ended.
 #[derive(Debug)]
 pub struct Admission {
-    ticket: Ticket,
     request_id: RequestId,
     version: AdapterVersion,
     cancel: CancellationToken,
-    hand_back: Option<oneshot::Sender<Ending>>,
-    actor: ActorRef<AdapterMsg>,
+    hand_back: Arc<HandBack>,
+}
+
+impl std::fmt::Debug for HandBack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("HandBack").field(&self.ending.get()).finish()
+    }
 }
 
 impl Admission {
@@ -176,23 +210,64 @@ impl Admission {
         &self.cancel
     }
 
-    /// Says how the request ended and deregisters it. An abort waiting for this request returns once every request
-    /// it cancelled was handed back.
-    pub fn hand_back(mut self, ending: Ending) {
-        if let Some(hand_back) = self.hand_back.take() {
-            // The receiver lives in the registry entry; if the actor is gone nobody is waiting.
-            let _ = hand_back.send(ending);
-        }
+    /// Says how the request ended and ends its registration. An abort waiting for this request returns once every
+    /// request it cancelled was handed back.
+    pub fn hand_back(self, ending: Ending) {
+        self.hand_back.settle(ending);
     }
 }
 
 impl Drop for Admission {
     fn drop(&mut self) {
-        if let Some(hand_back) = self.hand_back.take() {
-            let _ = hand_back.send(Ending::Abandoned);
-        }
+        // No-op if `hand_back` already settled it.
+        self.hand_back.settle(Ending::Abandoned);
         self.cancel.cancel();
-        // A dead actor took its registry with it: there is nothing left to release.
-        let _ = self.actor.cast(AdapterMsg::Release { ticket: self.ticket });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(raw: &str) -> RequestId {
+        RequestId::parse_or_generate(raw).expect("valid id")
+    }
+
+    #[test]
+    fn handed_back_requests_leave_and_memory_stays_bounded() {
+        let mut registry = InFlightRegistry::default();
+        for i in 0..10_000 {
+            let admission = registry.admit(id(&format!("r{i}")), AdapterVersion(1));
+            admission.hand_back(Ending::Completed);
+            assert!(registry.entries.len() <= 2 * MIN_PRUNE_AT, "entries pile up: {}", registry.entries.len());
+        }
+        assert_eq!(registry.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_abort_cancels_live_requests_only_and_reports_the_aborted_ones() {
+        let mut registry = InFlightRegistry::default();
+        registry.admit(id("done"), AdapterVersion(1)).hand_back(Ending::Completed);
+        let live = registry.admit(id("live"), AdapterVersion(1));
+        let gone = registry.admit(id("gone"), AdapterVersion(1));
+        assert_eq!(registry.len(), 2);
+
+        let pending = registry.cancel_all();
+        assert!(live.cancel_token().is_cancelled() && gone.cancel_token().is_cancelled());
+        let waiter = tokio::spawn(pending.wait(Duration::from_secs(10)));
+        drop(gone);
+        live.hand_back(Ending::Aborted);
+        let report = waiter.await.expect("abort waiter");
+        assert_eq!(report.aborted, vec![id("live")], "an abandoned request is not reported as aborted");
+        assert!(report.unacknowledged.is_empty());
+        assert_eq!(registry.len(), 0);
+    }
+
+    #[test]
+    fn a_dropped_registry_aborts_what_it_held() {
+        let mut registry = InFlightRegistry::default();
+        let orphan = registry.admit(id("orphan"), AdapterVersion(1));
+        drop(registry);
+        assert!(orphan.cancel_token().is_cancelled());
     }
 }
