@@ -47,8 +47,8 @@ mod manager;
 mod output;
 mod sample_stream;
 mod sampling;
-#[cfg(test)]
-mod test_engine;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use adapter::{
     AbortReport, AdapterHandle, AdapterStatus, Admission, Ending, GateState, MAX_WAIT_TIMEOUT, Retirement,

@@ -19,7 +19,7 @@ use crate::adapter::{AdapterMsg, parse_timeout_s};
 use crate::engine::EngineError;
 use crate::ids::RequestId;
 use crate::output::{FinishReason, SampleOutput, Segment};
-use crate::test_engine::ScriptedEngine;
+use crate::testing::ScriptedEngine;
 
 /// Tokens every scripted request emits before it waits to be aborted.
 const HOLD_AFTER: u32 = 3;

@@ -1,6 +1,5 @@
-//! A scripted engine for the core's tests. Each request emits `hold_after` tokens at once (fewer if its budget is
-//! smaller, then it ends with `Length`); if its budget is larger it then waits until it is cancelled and ends with
-//! `Abort`. Tokens are stamped with the version last loaded under the request's adapter.
+//! Test support (the `testing` feature, for dev-dependencies and benchmarks only): [`ScriptedEngine`], an engine
+//! without a model whose behaviour tests can predict exactly.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,22 +18,26 @@ use crate::output::FinishReason;
 use crate::sampling::SampleRequest;
 
 /// Called on every `generate` with the request and its cancellation token, before anything is emitted.
-pub(crate) type GenerateHook = Box<dyn Fn(&SampleRequest, &CancellationToken) + Send + Sync>;
+pub type GenerateHook = Box<dyn Fn(&SampleRequest, &CancellationToken) + Send + Sync>;
 
-pub(crate) struct ScriptedEngine {
+/// An engine without a model. Each request emits `hold_after` tokens per sequence at once (token `i` is `i % 256`,
+/// its logprob `-0.01 * i`), stamped with the version last loaded under the request's adapter. If the budget is at
+/// most `hold_after` it then ends with `Length`; otherwise it waits until cancelled and ends with `Abort`. A request
+/// cancelled before it starts ends with `Abort` and no tokens. Loads from a directory named `bad` fail with
+/// `AdapterIncompatible`; other loads succeed without reading anything.
+pub struct ScriptedEngine {
     info: ModelInfo,
     hold_after: u32,
     versions: Mutex<HashMap<AdapterName, AdapterVersion>>,
-    /// Loads whose path ends in "bad" fail with `AdapterIncompatible`.
-    pub(crate) loads: AtomicU32,
-    /// Loads wait for a permit here when set (to hold a load in progress).
-    pub(crate) load_permits: Option<Arc<Semaphore>>,
+    loads: AtomicU32,
+    load_permits: Option<Arc<Semaphore>>,
     on_generate: Option<GenerateHook>,
 }
 
 impl ScriptedEngine {
     /// An engine whose requests emit `hold_after` tokens, then wait to be cancelled if their budget allows more.
-    pub(crate) fn new(hold_after: u32) -> Self {
+    /// Vocabulary 260, context 4,096, end-of-sequence 257.
+    pub fn new(hold_after: u32) -> Self {
         Self {
             info: ModelInfo { vocab_size: 260, context_length: 4096, eos_token_ids: vec![257] },
             hold_after,
@@ -45,14 +48,23 @@ impl ScriptedEngine {
         }
     }
 
-    pub(crate) fn with_generate_hook(mut self, hook: GenerateHook) -> Self {
+    /// Calls `hook` on every `generate`.
+    pub fn with_generate_hook(mut self, hook: GenerateHook) -> Self {
         self.on_generate = Some(hook);
         self
     }
 
-    pub(crate) fn with_load_permits(mut self, permits: Arc<Semaphore>) -> Self {
+    /// Makes every load wait for a permit from `permits` (to hold loads in progress).
+    pub fn with_load_permits(mut self, permits: Arc<Semaphore>) -> Self {
         self.load_permits = Some(permits);
         self
+    }
+}
+
+impl ScriptedEngine {
+    /// How many loads reached the engine.
+    pub fn loads(&self) -> u32 {
+        self.loads.load(Ordering::Acquire)
     }
 }
 

@@ -1,0 +1,124 @@
+//! Conversions between the `loragate.v1` wire messages and the core's types. Requests only become raw core
+//! requests here; validation happens in the core.
+
+use loragate_core::{AdapterStatus, FinishReason, RawSampleRequest, SampleEvent, SampleOutput, Segment};
+use loragate_proto::v1 as pb;
+
+/// A wire sampling request as the core's raw request (not yet validated).
+pub(crate) fn raw_sample_request(request: pb::SampleRequest) -> RawSampleRequest {
+    let params = request.sampling_params.unwrap_or_default();
+    RawSampleRequest {
+        request_id: request.request_id,
+        lora_name: request.lora_name,
+        prompt_token_ids: request.prompt_token_ids,
+        max_tokens: params.max_tokens,
+        temperature: params.temperature,
+        top_p: params.top_p,
+        top_k: params.top_k,
+        seed: params.seed,
+        stop_token_ids: params.stop_token_ids,
+        ignore_eos: params.ignore_eos,
+        num_samples: request.num_samples,
+        include_prompt_logprobs: request.include_prompt_logprobs,
+    }
+}
+
+fn finish_reason(reason: FinishReason) -> pb::FinishReason {
+    match reason {
+        FinishReason::Stop => pb::FinishReason::Stop,
+        FinishReason::Length => pb::FinishReason::Length,
+        FinishReason::Abort => pb::FinishReason::Abort,
+    }
+}
+
+fn segments(segments: &[Segment]) -> Vec<pb::VersionSegment> {
+    segments
+        .iter()
+        .map(|segment| pb::VersionSegment { lora_version: segment.version.0, start: segment.start, end: segment.end })
+        .collect()
+}
+
+/// A finished request as the `Sample` response.
+pub(crate) fn sample_response(output: SampleOutput) -> pb::SampleResponse {
+    pb::SampleResponse {
+        request_id: output.request_id.to_string(),
+        sequences: output
+            .sequences
+            .into_iter()
+            .map(|sequence| pb::SampledSequence {
+                segments: segments(&sequence.segments),
+                token_ids: sequence.token_ids,
+                logprobs: sequence.logprobs,
+                finish_reason: finish_reason(sequence.finish_reason).into(),
+            })
+            .collect(),
+        prompt_logprobs: output.prompt_logprobs,
+    }
+}
+
+/// One event of a running request as a `SampleStream` chunk.
+pub(crate) fn stream_chunk(request_id: &str, event: SampleEvent) -> pb::SampleStreamResponse {
+    let chunk = pb::SampleStreamResponse { request_id: request_id.to_owned(), ..Default::default() };
+    match event {
+        SampleEvent::PromptLogprobs(prompt_logprobs) => pb::SampleStreamResponse { prompt_logprobs, ..chunk },
+        SampleEvent::Tokens { sequence, version, token_ids, logprobs } => {
+            pb::SampleStreamResponse { sequence_index: sequence, token_ids, logprobs, lora_version: version.0, ..chunk }
+        }
+        SampleEvent::Finished { sequence, reason, segments: finished } => pb::SampleStreamResponse {
+            sequence_index: sequence,
+            lora_version: finished.last().map_or(0, |segment| segment.version.0),
+            finish_reason: finish_reason(reason).into(),
+            segments: segments(&finished),
+            ..chunk
+        },
+    }
+}
+
+/// An adapter's snapshot as listed by `ListLoraAdapters`.
+pub(crate) fn adapter_status(status: AdapterStatus) -> pb::LoraAdapterStatus {
+    pb::LoraAdapterStatus {
+        lora_name: status.key.as_wire_str().to_owned(),
+        version: status.version.0,
+        paused: status.paused,
+        in_flight: status.in_flight,
+        held: status.held,
+        waiting: status.waiting,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use loragate_core::{AdapterVersion, RequestId, SequenceOutput};
+
+    use super::*;
+
+    #[test]
+    fn an_absent_sampling_params_message_means_the_defaults() {
+        let raw = raw_sample_request(pb::SampleRequest { lora_name: "meow".into(), ..Default::default() });
+        assert_eq!(raw.max_tokens, None);
+        assert_eq!(raw.top_p, None);
+        assert_eq!(raw.temperature, 0.0);
+        assert_eq!(raw.lora_name, "meow");
+    }
+
+    #[test]
+    fn outputs_keep_tokens_reasons_and_segments() {
+        let output = SampleOutput {
+            request_id: RequestId::parse_or_generate("r").expect("id"),
+            sequences: vec![SequenceOutput {
+                token_ids: vec![1, 2, 3],
+                logprobs: vec![-0.1, -0.2, -0.3],
+                finish_reason: FinishReason::Abort,
+                segments: vec![Segment { version: AdapterVersion(4), start: 0, end: 3 }],
+            }],
+            prompt_logprobs: vec![f32::NAN, -1.0],
+        };
+        let response = sample_response(output);
+        let sequence = &response.sequences[0];
+        assert_eq!(response.request_id, "r");
+        assert_eq!(sequence.token_ids, vec![1, 2, 3]);
+        assert_eq!(sequence.finish_reason(), pb::FinishReason::Abort);
+        assert_eq!(sequence.segments, vec![pb::VersionSegment { lora_version: 4, start: 0, end: 3 }]);
+        assert!(response.prompt_logprobs[0].is_nan());
+    }
+}

@@ -1,0 +1,73 @@
+//! Assembles the gRPC server: `LoraControl`, `Sampler` behind the submission gate, health and reflection.
+
+use std::future::Future;
+
+use loragate_core::Coordinator;
+use loragate_proto::FILE_DESCRIPTOR_SET;
+use loragate_proto::v1::lora_control_server::LoraControlServer;
+use loragate_proto::v1::sampler_server::SamplerServer;
+use tokio::net::TcpListener;
+use tonic::service::LayerExt;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+
+use crate::control_service::LoraControlService;
+use crate::sampler_service::SamplerService;
+use crate::submission_gate::SubmissionGateLayer;
+
+/// Why the gRPC server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum GrpcServeError {
+    /// The reflection service could not read the descriptor set.
+    #[error("building the reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// The transport failed.
+    #[error("gRPC transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves the gRPC front on `listener` until `stop` resolves, then drains open calls.
+///
+/// Health reports `SERVING` for both services until `draining` resolves (the server is about to stop), then
+/// `NOT_SERVING`, so load balancers stop sending work while running requests finish.
+pub async fn serve_grpc(
+    listener: TcpListener,
+    coordinator: Coordinator,
+    draining: impl Future<Output = ()> + Send + 'static,
+    stop: impl Future<Output = ()> + Send,
+) -> Result<(), GrpcServeError> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<LoraControlServer<LoraControlService>>().await;
+    health.set_serving::<SamplerServer<SamplerService>>().await;
+    tokio::spawn(async move {
+        draining.await;
+        health.set_not_serving::<LoraControlServer<LoraControlService>>().await;
+        health.set_not_serving::<SamplerServer<SamplerService>>().await;
+    });
+
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    let control = LoraControlServer::new(LoraControlService::new(coordinator.clone()));
+    let sampler =
+        SubmissionGateLayer::new(coordinator.clone()).named_layer(SamplerServer::new(SamplerService::new(coordinator)));
+
+    Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(control)
+        .add_service(sampler)
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener), stop)
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

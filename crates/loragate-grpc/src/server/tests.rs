@@ -1,0 +1,242 @@
+//! The gRPC front over a scripted engine, on a real server at `127.0.0.1:0` with the generated clients.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use loragate_core::testing::ScriptedEngine;
+use loragate_core::{AdapterName, AdapterSource, Coordinator, CoordinatorConfig};
+use loragate_proto::v1::lora_control_client::LoraControlClient;
+use loragate_proto::v1::sampler_client::SamplerClient;
+use loragate_proto::v1::{self as pb, FinishReason};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use super::*;
+
+/// Tokens each scripted request emits before it waits to be aborted.
+const HOLD_AFTER: u32 = 3;
+
+struct Harness {
+    control: LoraControlClient<Channel>,
+    sampler: SamplerClient<Channel>,
+    channel: Channel,
+    _stop: oneshot::Sender<()>,
+}
+
+async fn serve(adapters: &[&str]) -> Harness {
+    let coordinator = Coordinator::start(Arc::new(ScriptedEngine::new(HOLD_AFTER)), CoordinatorConfig::default())
+        .await
+        .expect("start");
+    for adapter in adapters {
+        let name = AdapterName::parse(adapter).expect("name");
+        coordinator.load_adapter(&name, AdapterSource::trusted(format!("/a/{adapter}"))).await.expect("load");
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(serve_grpc(listener, coordinator, std::future::pending(), async move {
+        let _ = stopped.await;
+    }));
+    let channel = Channel::from_shared(format!("http://{address}")).expect("uri").connect().await.expect("connect");
+    Harness {
+        control: LoraControlClient::new(channel.clone()),
+        sampler: SamplerClient::new(channel.clone()),
+        channel,
+        _stop: stop,
+    }
+}
+
+fn sample_request(lora: &str, max_tokens: u32) -> pb::SampleRequest {
+    pb::SampleRequest {
+        lora_name: lora.into(),
+        prompt_token_ids: vec![1, 2, 3],
+        sampling_params: Some(pb::SamplingParams { max_tokens: Some(max_tokens), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+async fn status_of(control: &LoraControlClient<Channel>, lora: &str) -> pb::LoraAdapterStatus {
+    let listed = control.clone().list_lora_adapters(pb::ListLoraAdaptersRequest {}).await.expect("list").into_inner();
+    listed.adapters.into_iter().find(|adapter| adapter.lora_name == lora).expect("listed")
+}
+
+async fn eventually<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !condition().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn pause(lora: &str) -> pb::AbortLoraRequestsRequest {
+    pb::AbortLoraRequestsRequest { lora_name: lora.into() }
+}
+
+fn resume(lora: &str) -> pb::ResumeLoraRequestsRequest {
+    pb::ResumeLoraRequestsRequest { lora_name: lora.into() }
+}
+
+#[tokio::test]
+async fn sample_and_sample_stream_return_tokens_with_their_provenance() {
+    let mut harness = serve(&["meow"]).await;
+    let response = harness.sampler.sample(sample_request("meow", 2)).await.expect("sample").into_inner();
+    let sequence = &response.sequences[0];
+    assert_eq!(sequence.token_ids, vec![0, 1]);
+    assert_eq!(sequence.finish_reason(), FinishReason::Length);
+    assert_eq!(sequence.segments, vec![pb::VersionSegment { lora_version: 1, start: 0, end: 2 }]);
+    assert!(!response.request_id.is_empty(), "the server makes an id when the caller sends none");
+
+    let mut chunks = harness.sampler.sample_stream(sample_request("meow", 2)).await.expect("stream").into_inner();
+    let mut tokens = Vec::new();
+    let mut last = None;
+    while let Some(chunk) = chunks.message().await.expect("chunk") {
+        tokens.extend(chunk.token_ids.iter().copied());
+        last = Some(chunk);
+    }
+    let last = last.expect("at least one chunk");
+    assert_eq!(tokens, vec![0, 1]);
+    assert_eq!(last.finish_reason(), FinishReason::Length);
+    assert_eq!(last.segments, vec![pb::VersionSegment { lora_version: 1, start: 0, end: 2 }]);
+}
+
+#[tokio::test]
+async fn a_fresh_request_is_held_at_the_gate_and_admitted_on_resume() {
+    let mut harness = serve(&["meow"]).await;
+    harness.control.abort_lora_requests(pause("meow")).await.expect("pause");
+    let mut sampler = harness.sampler.clone();
+    let held = tokio::spawn(async move { sampler.sample(sample_request("meow", 2)).await });
+    eventually("the request is held", || async { status_of(&harness.control, "meow").await.held == 1 }).await;
+    assert!(!held.is_finished());
+    let resumed = harness.control.resume_lora_requests(resume("meow")).await.expect("resume").into_inner();
+    assert!(resumed.was_paused);
+    let response = held.await.expect("task").expect("admitted after resume").into_inner();
+    assert_eq!(response.sequences[0].finish_reason(), FinishReason::Length);
+}
+
+#[tokio::test]
+async fn a_hold_past_the_clients_deadline_is_unavailable_naming_the_adapter() {
+    let mut harness = serve(&["meow"]).await;
+    harness.control.abort_lora_requests(pause("meow")).await.expect("pause");
+    let mut request = tonic::Request::new(sample_request("meow", 2));
+    request.set_timeout(Duration::from_millis(300));
+    let started = Instant::now();
+    let status = harness.sampler.sample(request).await.expect_err("the hold expires");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("meow"), "{status:?}");
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    assert_eq!(status_of(&harness.control, "meow").await.held, 0);
+    assert!(status_of(&harness.control, "meow").await.paused);
+}
+
+#[tokio::test]
+async fn a_client_that_cancels_while_held_leaves_nothing_behind() {
+    let mut harness = serve(&["meow"]).await;
+    harness.control.abort_lora_requests(pause("meow")).await.expect("pause");
+    let mut sampler = harness.sampler.clone();
+    let held = tokio::spawn(async move { sampler.sample(sample_request("meow", 2)).await });
+    eventually("held", || async { status_of(&harness.control, "meow").await.held == 1 }).await;
+    held.abort();
+    eventually("the held request is gone", || async {
+        let status = status_of(&harness.control, "meow").await;
+        (status.held, status.in_flight) == (0, 0)
+    })
+    .await;
+    assert!(status_of(&harness.control, "meow").await.paused, "a cancelled caller never reopens the adapter");
+    harness.control.resume_lora_requests(resume("meow")).await.expect("resume");
+}
+
+#[tokio::test]
+async fn health_and_reflection_answer_while_an_adapter_is_paused() {
+    let mut harness = serve(&["meow"]).await;
+    harness.control.abort_lora_requests(pause("meow")).await.expect("pause");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(harness.channel.clone());
+    for service in ["loragate.v1.Sampler", "loragate.v1.LoraControl"] {
+        let check = tonic_health::pb::HealthCheckRequest { service: service.into() };
+        let answer = health.check(check).await.expect("health").into_inner();
+        assert_eq!(answer.status(), tonic_health::pb::health_check_response::ServingStatus::Serving);
+    }
+    let mut reflection =
+        tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient::new(harness.channel.clone());
+    let list = tonic_reflection::pb::v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(tonic_reflection::pb::v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    };
+    let mut answers =
+        reflection.server_reflection_info(tokio_stream::once(list)).await.expect("reflection").into_inner();
+    let answer = answers.message().await.expect("answer").expect("one answer");
+    let listed = format!("{answer:?}");
+    assert!(listed.contains("loragate.v1.Sampler") && listed.contains("loragate.v1.LoraControl"), "{listed}");
+    assert!(status_of(&harness.control, "meow").await.paused);
+}
+
+#[tokio::test]
+async fn control_errors_carry_the_contracts_codes_and_the_server_keeps_serving() {
+    let mut harness = serve(&["meow"]).await;
+    let cases: Vec<(&str, tonic::Status)> = vec![
+        ("abort without a name", harness.control.abort_lora_requests(pause("")).await.expect_err("bad")),
+        ("abort of an unknown adapter", harness.control.abort_lora_requests(pause("ghost")).await.expect_err("bad")),
+        ("resume without a name", harness.control.resume_lora_requests(resume("")).await.expect_err("bad")),
+        (
+            "negative wait",
+            harness
+                .control
+                .wait_lora_unpaused(pb::WaitLoraUnpausedRequest { lora_name: "meow".into(), timeout_s: -1.0 })
+                .await
+                .expect_err("bad"),
+        ),
+        (
+            "non-finite wait",
+            harness
+                .control
+                .wait_lora_unpaused(pb::WaitLoraUnpausedRequest { lora_name: "meow".into(), timeout_s: f64::NAN })
+                .await
+                .expect_err("bad"),
+        ),
+        (
+            "load without an adapter root",
+            harness
+                .control
+                .load_lora_adapter(pb::LoadLoraAdapterRequest { lora_name: "x".into(), path: "/tmp".into() })
+                .await
+                .expect_err("bad"),
+        ),
+        (
+            "unload of an unknown adapter",
+            harness
+                .control
+                .unload_lora_adapter(pb::UnloadLoraAdapterRequest { lora_name: "ghost".into() })
+                .await
+                .expect_err("bad"),
+        ),
+        ("sample of an unknown adapter", harness.sampler.sample(sample_request("ghost", 2)).await.expect_err("bad")),
+        ("max_tokens 0", harness.sampler.sample(sample_request("meow", 0)).await.expect_err("bad")),
+    ];
+    let expected = [
+        (Code::InvalidArgument, "lora_name"),
+        (Code::NotFound, "ghost"),
+        (Code::InvalidArgument, "lora_name"),
+        (Code::InvalidArgument, "timeout_s"),
+        (Code::InvalidArgument, "timeout_s"),
+        (Code::InvalidArgument, "path"),
+        (Code::NotFound, "ghost"),
+        (Code::NotFound, "ghost"),
+        (Code::InvalidArgument, "sampling_params.max_tokens"),
+    ];
+    for ((case, status), (code, mentions)) in cases.into_iter().zip(expected) {
+        assert_eq!(status.code(), code, "{case}: {status:?}");
+        assert!(status.message().contains(mentions), "{case}: {status:?}");
+    }
+    let status = status_of(&harness.control, "meow").await;
+    assert!(!status.paused && status.in_flight == 0, "bad input changed nothing: {status:?}");
+    let response = harness.sampler.sample(sample_request("meow", 2)).await.expect("still serving").into_inner();
+    assert_eq!(response.sequences[0].finish_reason(), FinishReason::Length);
+}
