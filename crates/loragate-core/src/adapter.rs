@@ -85,13 +85,17 @@ impl AdapterHandle {
     /// Holds the caller (counted as held) while the gate is closed: returns once it is open, or fails when the
     /// adapter is retired or `hold_until` passes. Returns at once on an open gate.
     pub async fn hold_while_paused(&self, hold_until: Instant) -> Result<(), CoreError> {
+        if !self.cell.gate_state().paused {
+            return Ok(());
+        }
         let started = Instant::now();
         let _held = Counted::new(&self.cell.held);
-        match wait_until_open(self.cell.subscribe_gate(), Some(hold_until)).await {
+        let outcome = wait_until_open(self.cell.subscribe_gate(), Some(hold_until)).await;
+        let held_for = started.elapsed();
+        self.cell.metrics.record_gate_hold(&self.cell.labels, held_for, outcome == GateWait::TimedOut);
+        match outcome {
             GateWait::Open => Ok(()),
-            GateWait::TimedOut => {
-                Err(CoreError::GateHoldExpired { adapter: self.key().clone(), held_for: started.elapsed() })
-            }
+            GateWait::TimedOut => Err(CoreError::GateHoldExpired { adapter: self.key().clone(), held_for }),
             GateWait::Retired(why) => Err(self.retired_error(why)),
         }
     }
@@ -99,8 +103,11 @@ impl AdapterHandle {
     /// Closes the gate first, then cancels every admitted request; returns once each was handed back, or when
     /// `ack_timeout` passes (the stragglers are reported).
     pub async fn abort(&self, ack_timeout: Duration) -> Result<AbortReport, CoreError> {
+        let started = Instant::now();
         let pending = self.call(|reply| AdapterMsg::Abort { reply }).await?;
-        Ok(pending.wait(ack_timeout).await)
+        let report = pending.wait(ack_timeout).await;
+        self.cell.metrics.record_abort(&self.cell.labels, report.aborted.len(), started.elapsed());
+        Ok(report)
     }
 
     /// Opens the gate, releasing every held submission and waiter at once. Returns whether it was closed.
@@ -155,8 +162,7 @@ impl AdapterHandle {
         self.call(|reply| AdapterMsg::Retire { why, reply }).await?
     }
 
-    /// The durable cell (tests reach the actor's current incarnation through it).
-    #[cfg(test)]
+    /// The durable cell (the sample stream records metrics through it; tests reach the actor through it).
     pub(crate) fn cell(&self) -> &Arc<AdapterCell> {
         &self.cell
     }

@@ -20,6 +20,7 @@ use crate::engine::{Engine, ModelInfo};
 use crate::error::CoreError;
 use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
 use crate::manager::{AdapterManager, AdapterMap, ManagerArgs, ManagerMsg};
+use crate::metrics::CoreMetrics;
 use crate::sample_stream::SampleStream;
 use crate::sampling::{RawSampleRequest, SampleRequest};
 
@@ -53,6 +54,7 @@ struct Inner {
     manager: ActorRef<ManagerMsg>,
     shutting_down: CancellationToken,
     live: Arc<LiveRequests>,
+    metrics: Arc<CoreMetrics>,
 }
 
 impl Drop for Inner {
@@ -65,10 +67,18 @@ impl Coordinator {
     /// Starts the adapter manager over `engine`, with the base model ready to serve.
     pub async fn start(engine: Arc<dyn Engine>, config: CoordinatorConfig) -> Result<Self, SpawnErr> {
         let published: AdapterMap = Arc::new(DashMap::new());
-        let args = ManagerArgs { engine: engine.clone(), published: published.clone() };
+        let metrics = Arc::new(CoreMetrics::default());
+        let args = ManagerArgs { engine: engine.clone(), published: published.clone(), metrics: metrics.clone() };
         let (manager, _join) = Actor::spawn(None, AdapterManager, args).await?;
-        let inner =
-            Inner { engine, config, published, manager, shutting_down: CancellationToken::new(), live: Arc::default() };
+        let inner = Inner {
+            engine,
+            config,
+            published,
+            manager,
+            shutting_down: CancellationToken::new(),
+            live: Arc::default(),
+            metrics,
+        };
         Ok(Self { inner: Arc::new(inner) })
     }
 
@@ -80,6 +90,12 @@ impl Coordinator {
     /// The coordinator's configuration.
     pub fn config(&self) -> &CoordinatorConfig {
         &self.inner.config
+    }
+
+    /// The coordinator's metrics (register them in a Prometheus registry; refresh the state gauges with
+    /// [`CoreMetrics::set_adapter_gauges`] from [`Coordinator::statuses`] when scraped).
+    pub fn metrics(&self) -> &CoreMetrics {
+        &self.inner.metrics
     }
 
     /// Validates a raw sampling request against the served model.
@@ -114,7 +130,10 @@ impl Coordinator {
         let admission = adapter.admit(request.id().clone(), hold_until).await?;
         let num_samples = request.num_samples();
         match self.inner.engine.generate(request, admission.cancel_token().clone()).await {
-            Ok(events) => Ok(SampleStream::new(num_samples, events, admission, live)),
+            Ok(events) => {
+                let metrics = (adapter.cell().metrics.clone(), adapter.cell().labels.clone());
+                Ok(SampleStream::new(num_samples, events, admission, live, metrics))
+            }
             Err(err) => {
                 admission.hand_back(Ending::Failed);
                 Err(err.into())

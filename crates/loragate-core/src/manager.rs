@@ -13,6 +13,7 @@ use crate::adapter_source::AdapterSource;
 use crate::engine::Engine;
 use crate::error::CoreError;
 use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
+use crate::metrics::CoreMetrics;
 
 /// The published adapters, read lock-free by request paths. Written only by the manager.
 pub(crate) type AdapterMap = Arc<DashMap<AdapterKey, AdapterHandle>>;
@@ -40,6 +41,7 @@ pub(crate) struct AdapterManager;
 pub(crate) struct ManagerArgs {
     pub(crate) engine: Arc<dyn Engine>,
     pub(crate) published: AdapterMap,
+    pub(crate) metrics: Arc<CoreMetrics>,
 }
 
 /// One adapter under supervision.
@@ -54,6 +56,7 @@ struct Supervised {
 pub(crate) struct ManagerState {
     engine: Arc<dyn Engine>,
     published: AdapterMap,
+    metrics: Arc<CoreMetrics>,
     supervised: HashMap<AdapterKey, Supervised>,
     keys_by_actor: HashMap<ActorId, AdapterKey>,
     /// The last version of every name ever unloaded, so a reload continues its count.
@@ -73,6 +76,7 @@ impl Actor for AdapterManager {
         let mut state = ManagerState {
             engine: args.engine,
             published: args.published,
+            metrics: args.metrics,
             supervised: HashMap::new(),
             keys_by_actor: HashMap::new(),
             retired_versions: HashMap::new(),
@@ -188,7 +192,7 @@ impl ManagerState {
         key: AdapterKey,
         last_version: AdapterVersion,
     ) -> Result<(), ActorProcessingErr> {
-        let cell = Arc::new(AdapterCell::new(key.clone(), last_version));
+        let cell = Arc::new(AdapterCell::new(key.clone(), last_version, self.metrics.clone()));
         let actor = self.start_incarnation(manager, &cell).await?;
         self.supervised.insert(key, Supervised { cell, actor, published: false, loads_outstanding: 0 });
         Ok(())

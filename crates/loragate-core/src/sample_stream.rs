@@ -2,6 +2,7 @@
 //! segments, holding the request's [`Admission`] until the last sequence is handed back.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt};
@@ -11,6 +12,7 @@ use crate::coordinator::LiveRequest;
 use crate::engine::{EngineError, EngineEvent, EngineStream};
 use crate::error::CoreError;
 use crate::ids::{AdapterVersion, RequestId};
+use crate::metrics::{AdapterLabels, CoreMetrics};
 use crate::output::{FinishReason, SampleOutput, Segment, SegmentsBuilder, SequenceOutput};
 
 /// One step of a request's output.
@@ -56,10 +58,18 @@ pub struct SampleStream {
     unfinished: usize,
     aborted: bool,
     _live: LiveRequest,
+    metrics: Arc<CoreMetrics>,
+    labels: AdapterLabels,
 }
 
 impl SampleStream {
-    pub(crate) fn new(num_samples: u32, events: EngineStream, admission: Admission, live: LiveRequest) -> Self {
+    pub(crate) fn new(
+        num_samples: u32,
+        events: EngineStream,
+        admission: Admission,
+        live: LiveRequest,
+        (metrics, labels): (Arc<CoreMetrics>, AdapterLabels),
+    ) -> Self {
         let sequences: Vec<SequenceProgress> = (0..num_samples).map(|_| SequenceProgress::default()).collect();
         Self {
             request_id: admission.request_id().clone(),
@@ -69,6 +79,8 @@ impl SampleStream {
             sequences,
             aborted: false,
             _live: live,
+            metrics,
+            labels,
         }
     }
 
@@ -131,6 +143,7 @@ impl SampleStream {
                 }
                 let count = u32::try_from(token_ids.len()).unwrap_or(u32::MAX);
                 progress(&mut self.sequences, sequence)?.segments.push(version, count);
+                self.metrics.record_tokens(&self.labels, version, token_ids.len());
                 SampleEvent::Tokens { sequence, version, token_ids, logprobs }
             }
             EngineEvent::Finished { sequence, reason } => {

@@ -2,7 +2,11 @@
 //! loaded name and hands it to every incarnation; handles keep it to find the current incarnation and to wait on
 //! the gate without asking the actor.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
+
+use parking_lot::Mutex;
 
 use ractor::ActorRef;
 use tokio::sync::watch;
@@ -11,6 +15,7 @@ use super::actor::AdapterMsg;
 use super::gate::{GateState, Retirement};
 use super::status::AdapterStatus;
 use crate::ids::{AdapterKey, AdapterVersion};
+use crate::metrics::{AdapterLabels, CoreMetrics};
 
 /// The durable state of one adapter. Gate writes (`close_gate`, `open_gate`, `install_version`, `retire`) are
 /// made by the adapter's actor only.
@@ -22,13 +27,20 @@ pub(crate) struct AdapterCell {
     last_reserved_version: AtomicU64,
     pub(crate) held: AtomicU32,
     pub(crate) waiting: AtomicU32,
+    /// When the gate last closed (for the pause-duration metric).
+    paused_at: Mutex<Option<Instant>>,
+    pub(crate) metrics: Arc<CoreMetrics>,
+    pub(crate) labels: AdapterLabels,
 }
 
 impl AdapterCell {
     /// A cell for `key` whose first load will be `last_version.next()`. The gate starts open.
-    pub(crate) fn new(key: AdapterKey, last_version: AdapterVersion) -> Self {
+    pub(crate) fn new(key: AdapterKey, last_version: AdapterVersion, metrics: Arc<CoreMetrics>) -> Self {
         let gate = GateState { paused: false, version: last_version, retired: None };
         Self {
+            labels: AdapterLabels::of(&key),
+            metrics,
+            paused_at: Mutex::new(None),
             key,
             gate: watch::Sender::new(gate),
             actor: watch::Sender::new(None),
@@ -52,7 +64,10 @@ impl AdapterCell {
 
     /// Closes the gate (idempotent).
     pub(crate) fn close_gate(&self) {
-        self.gate.send_if_modified(|gate| !std::mem::replace(&mut gate.paused, true));
+        if self.gate.send_if_modified(|gate| !std::mem::replace(&mut gate.paused, true)) {
+            *self.paused_at.lock() = Some(Instant::now());
+            self.metrics.record_pause(&self.labels);
+        }
     }
 
     /// Opens the gate, releasing every waiter at once; returns whether it was closed.
@@ -62,6 +77,9 @@ impl AdapterCell {
             was_paused = std::mem::replace(&mut gate.paused, false);
             was_paused
         });
+        if let Some(paused_at) = self.paused_at.lock().take().filter(|_| was_paused) {
+            self.metrics.record_reopen(&self.labels, paused_at.elapsed());
+        }
         was_paused
     }
 
@@ -101,6 +119,7 @@ impl AdapterCell {
             }
             newer
         });
+        self.metrics.forget_old_versions(&self.labels, version);
     }
 
     /// The current incarnation of the adapter's actor; `None` once the adapter is removed.

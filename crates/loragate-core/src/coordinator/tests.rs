@@ -636,3 +636,35 @@ async fn run_interleaving(seed: u64) {
         .await;
     }
 }
+
+#[tokio::test]
+async fn pauses_holds_aborts_and_tokens_are_counted_per_adapter() {
+    let coordinator = coordinator(&["meow"]).await;
+    let meow = name("meow");
+    let running = spawn_sample(&coordinator, "meow", LONG, "running");
+    eventually("in flight", || async { status(&coordinator, "meow").await.in_flight == 1 }).await;
+    coordinator.abort(&meow).await.expect("abort");
+    let held = spawn_sample(&coordinator, "meow", SHORT, "held");
+    eventually("held", || async { status(&coordinator, "meow").await.held == 1 }).await;
+    coordinator.resume(&meow).await.expect("resume");
+    joined(held).await.expect("sample");
+    joined(running).await.expect("aborted");
+
+    coordinator.metrics().set_adapter_gauges(&coordinator.statuses().await);
+    let mut registry = prometheus_client::registry::Registry::with_prefix("loragate");
+    coordinator.metrics().register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    for line in [
+        "loragate_pauses_total{adapter=\"meow\"} 1",
+        "loragate_pause_duration_seconds_count{adapter=\"meow\"} 1",
+        "loragate_aborted_requests_total{adapter=\"meow\"} 1",
+        "loragate_gate_hold_seconds_count{adapter=\"meow\"} 1",
+        // 3 tokens from the aborted request, 2 from the held one.
+        "loragate_generated_tokens_total{adapter=\"meow\",version=\"1\"} 5",
+        "loragate_paused{adapter=\"meow\"} 0",
+        "loragate_paused{adapter=\"\"} 0",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+}

@@ -1,0 +1,230 @@
+//! The coordinator's Prometheus metrics, per adapter (label `adapter`; the base model is `adapter=""`, as on the
+//! wire). Events are recorded where they happen (the gate, aborts, the sample stream); the state gauges are set
+//! from a snapshot when metrics are scraped ([`CoreMetrics::set_adapter_gauges`]). Every coordinator owns its own
+//! metrics; nothing is global, so several servers can run in one process (tests do).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::adapter::AdapterStatus;
+use crate::ids::{AdapterKey, AdapterVersion};
+
+/// Labels of per-adapter metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdapterLabels {
+    /// The adapter's name; empty for the base model.
+    pub adapter: String,
+}
+
+impl AdapterLabels {
+    /// The labels of `key`.
+    pub fn of(key: &AdapterKey) -> Self {
+        Self { adapter: key.as_wire_str().to_owned() }
+    }
+}
+
+/// Labels of per-version metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdapterVersionLabels {
+    /// The adapter's name; empty for the base model.
+    pub adapter: String,
+    /// The adapter version.
+    pub version: u64,
+}
+
+type HistogramFamily = Family<AdapterLabels, Histogram, fn() -> Histogram>;
+
+/// Durations from 1 ms to about 9 minutes.
+fn seconds_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 20))
+}
+
+/// The coordinator's metrics. Cheap to clone (every family shares its storage).
+#[derive(Clone)]
+pub struct CoreMetrics {
+    pauses: Family<AdapterLabels, Counter>,
+    pause_duration: HistogramFamily,
+    aborted_requests: Family<AdapterLabels, Counter>,
+    abort_acknowledgement: HistogramFamily,
+    gate_hold: HistogramFamily,
+    gate_hold_expired: Family<AdapterLabels, Counter>,
+    generated_tokens: Family<AdapterVersionLabels, Counter>,
+    paused: Family<AdapterLabels, Gauge>,
+    in_flight: Family<AdapterLabels, Gauge>,
+    held: Family<AdapterLabels, Gauge>,
+    waiting: Family<AdapterLabels, Gauge>,
+    version: Family<AdapterLabels, Gauge>,
+}
+
+impl Default for CoreMetrics {
+    fn default() -> Self {
+        let histograms = || HistogramFamily::new_with_constructor(seconds_histogram as fn() -> Histogram);
+        Self {
+            pauses: Family::default(),
+            pause_duration: histograms(),
+            aborted_requests: Family::default(),
+            abort_acknowledgement: histograms(),
+            gate_hold: histograms(),
+            gate_hold_expired: Family::default(),
+            generated_tokens: Family::default(),
+            paused: Family::default(),
+            in_flight: Family::default(),
+            held: Family::default(),
+            waiting: Family::default(),
+            version: Family::default(),
+        }
+    }
+}
+
+impl CoreMetrics {
+    /// Registers every metric in `registry` (give it the `loragate` prefix).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register("pauses", "Times the adapter's gate was closed by an abort", self.pauses.clone());
+        registry.register_with_unit(
+            "pause_duration",
+            "How long the adapter's gate stayed closed, observed when it reopens",
+            Unit::Seconds,
+            self.pause_duration.clone(),
+        );
+        registry.register(
+            "aborted_requests",
+            "Requests handed back with FINISH_REASON_ABORT by an abort",
+            self.aborted_requests.clone(),
+        );
+        registry.register_with_unit(
+            "abort_acknowledgement",
+            "From an abort to the hand-back of every request it cancelled",
+            Unit::Seconds,
+            self.abort_acknowledgement.clone(),
+        );
+        registry.register_with_unit(
+            "gate_hold",
+            "How long sampling requests were held at a closed gate",
+            Unit::Seconds,
+            self.gate_hold.clone(),
+        );
+        registry.register(
+            "gate_hold_expired",
+            "Sampling requests that gave up at a closed gate (UNAVAILABLE / 503)",
+            self.gate_hold_expired.clone(),
+        );
+        registry.register(
+            "generated_tokens",
+            "Tokens generated, by adapter version (the two newest versions of each adapter are kept)",
+            self.generated_tokens.clone(),
+        );
+        registry.register("paused", "1 while the adapter's gate is closed", self.paused.clone());
+        registry.register("in_flight", "Admitted requests, queued or running", self.in_flight.clone());
+        registry.register("held", "Sampling requests held at the adapter's gate", self.held.clone());
+        registry.register("waiting", "WaitLoraUnpaused callers", self.waiting.clone());
+        registry.register("version", "The adapter's current weights version", self.version.clone());
+    }
+
+    /// Sets the state gauges from a snapshot of every adapter (adapters no longer listed disappear).
+    pub fn set_adapter_gauges(&self, statuses: &[AdapterStatus]) {
+        for gauges in [&self.paused, &self.in_flight, &self.held, &self.waiting, &self.version] {
+            gauges.clear();
+        }
+        for status in statuses {
+            let labels = AdapterLabels::of(&status.key);
+            self.paused.get_or_create(&labels).set(i64::from(status.paused));
+            self.in_flight.get_or_create(&labels).set(i64::from(status.in_flight));
+            self.held.get_or_create(&labels).set(i64::from(status.held));
+            self.waiting.get_or_create(&labels).set(i64::from(status.waiting));
+            self.version.get_or_create(&labels).set(i64::try_from(status.version.0).unwrap_or(i64::MAX));
+        }
+    }
+
+    pub(crate) fn record_pause(&self, labels: &AdapterLabels) {
+        self.pauses.get_or_create(labels).inc();
+    }
+
+    pub(crate) fn record_reopen(&self, labels: &AdapterLabels, paused_for: std::time::Duration) {
+        self.pause_duration.get_or_create(labels).observe(paused_for.as_secs_f64());
+    }
+
+    pub(crate) fn record_abort(&self, labels: &AdapterLabels, aborted: usize, acknowledged_in: std::time::Duration) {
+        self.aborted_requests.get_or_create(labels).inc_by(aborted as u64);
+        self.abort_acknowledgement.get_or_create(labels).observe(acknowledged_in.as_secs_f64());
+    }
+
+    pub(crate) fn record_gate_hold(&self, labels: &AdapterLabels, held_for: std::time::Duration, expired: bool) {
+        self.gate_hold.get_or_create(labels).observe(held_for.as_secs_f64());
+        if expired {
+            self.gate_hold_expired.get_or_create(labels).inc();
+        }
+    }
+
+    pub(crate) fn record_tokens(&self, labels: &AdapterLabels, version: AdapterVersion, count: usize) {
+        let labels = AdapterVersionLabels { adapter: labels.adapter.clone(), version: version.0 };
+        self.generated_tokens.get_or_create(&labels).inc_by(count as u64);
+    }
+
+    /// Keeps the per-version series bounded: once `current` is installed, the series two versions back goes.
+    pub(crate) fn forget_old_versions(&self, labels: &AdapterLabels, current: AdapterVersion) {
+        if let Some(stale) = current.0.checked_sub(2) {
+            self.generated_tokens.remove(&AdapterVersionLabels { adapter: labels.adapter.clone(), version: stale });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::AdapterName;
+
+    fn exposition(metrics: &CoreMetrics) -> String {
+        let mut registry = Registry::with_prefix("loragate");
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        text
+    }
+
+    #[test]
+    fn recorded_events_and_gauges_appear_under_the_loragate_prefix() {
+        let metrics = CoreMetrics::default();
+        let meow = AdapterLabels::of(&AdapterKey::Lora(AdapterName::parse("meow").expect("name")));
+        metrics.record_pause(&meow);
+        metrics.record_abort(&meow, 3, std::time::Duration::from_millis(2));
+        metrics.record_tokens(&meow, AdapterVersion(1), 5);
+        metrics.set_adapter_gauges(&[AdapterStatus {
+            key: AdapterKey::Lora(AdapterName::parse("meow").expect("name")),
+            version: AdapterVersion(1),
+            paused: true,
+            in_flight: 2,
+            held: 1,
+            waiting: 4,
+        }]);
+        let text = exposition(&metrics);
+        for line in [
+            "loragate_pauses_total{adapter=\"meow\"} 1",
+            "loragate_aborted_requests_total{adapter=\"meow\"} 3",
+            "loragate_generated_tokens_total{adapter=\"meow\",version=\"1\"} 5",
+            "loragate_paused{adapter=\"meow\"} 1",
+            "loragate_in_flight{adapter=\"meow\"} 2",
+            "loragate_held{adapter=\"meow\"} 1",
+            "loragate_waiting{adapter=\"meow\"} 4",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        assert!(text.contains("loragate_abort_acknowledgement_seconds_count{adapter=\"meow\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn per_version_series_stay_bounded() {
+        let metrics = CoreMetrics::default();
+        let meow = AdapterLabels { adapter: "meow".into() };
+        for version in 1..=10 {
+            metrics.record_tokens(&meow, AdapterVersion(version), 1);
+            metrics.forget_old_versions(&meow, AdapterVersion(version));
+        }
+        let text = exposition(&metrics);
+        assert!(text.contains("version=\"10\"") && text.contains("version=\"9\""), "{text}");
+        assert!(!text.contains("version=\"8\""), "{text}");
+    }
+}
