@@ -1,0 +1,171 @@
+//! How an engine runs: device, dtype, batch limits.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::EngineLoadError;
+
+/// Where the model runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Device {
+    /// The CPU (always available).
+    #[default]
+    Cpu,
+    /// The NVIDIA GPU with this ordinal; needs a build with the `cuda` feature.
+    Cuda(usize),
+}
+
+impl Device {
+    /// The candle device, or [`EngineLoadError::Device`] if this build or machine cannot provide it.
+    pub(crate) fn open(self) -> Result<candle_core::Device, EngineLoadError> {
+        match self {
+            Self::Cpu => Ok(candle_core::Device::Cpu),
+            Self::Cuda(ordinal) if cfg!(feature = "cuda") => candle_core::Device::new_cuda(ordinal)
+                .map_err(|err| EngineLoadError::Device(format!("cuda:{ordinal}: {err}"))),
+            Self::Cuda(ordinal) => Err(EngineLoadError::Device(format!(
+                "cuda:{ordinal} was asked for, but this build has no CUDA support (rebuild with `--features cuda`)"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Cpu => f.write_str("cpu"),
+            Self::Cuda(ordinal) => write!(f, "cuda:{ordinal}"),
+        }
+    }
+}
+
+/// A device string that is none of `cpu`, `cuda`, `cuda:N`.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown device {0:?} (expected cpu, cuda or cuda:N)")]
+pub struct ParseDeviceError(String);
+
+impl FromStr for Device {
+    type Err = ParseDeviceError;
+
+    /// Parses `cpu`, `cuda` (GPU 0) or `cuda:N`.
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        match raw.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|ordinal| ordinal.parse().ok())
+                .map(Self::Cuda)
+                .ok_or_else(|| ParseDeviceError(raw.to_owned())),
+        }
+    }
+}
+
+/// The floating-point type of weights and activations. Logits are always turned into `f32` before sampling.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DType {
+    /// 32-bit floats (the default; the only choice on the CPU).
+    #[default]
+    F32,
+    /// bfloat16 (CUDA only).
+    Bf16,
+    /// IEEE half precision (CUDA only).
+    F16,
+}
+
+impl DType {
+    /// The candle dtype, checked against the device: the CPU runs `f32` only (candle's CPU half-precision matmuls
+    /// are slow and some of its kernels lack them).
+    pub(crate) fn for_device(self, device: &candle_core::Device) -> Result<candle_core::DType, EngineLoadError> {
+        let dtype = match self {
+            Self::F32 => candle_core::DType::F32,
+            Self::Bf16 => candle_core::DType::BF16,
+            Self::F16 => candle_core::DType::F16,
+        };
+        if device.is_cpu() && dtype != candle_core::DType::F32 {
+            return Err(EngineLoadError::DType(format!("{self} needs a CUDA device; the CPU runs f32")));
+        }
+        Ok(dtype)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+            Self::F16 => "f16",
+        })
+    }
+}
+
+/// A dtype string that is none of `f32`, `bf16`, `f16`.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown dtype {0:?} (expected f32, bf16 or f16)")]
+pub struct ParseDTypeError(String);
+
+impl FromStr for DType {
+    type Err = ParseDTypeError;
+
+    /// Parses `f32`/`float32`, `bf16`/`bfloat16`, `f16`/`float16`.
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        match raw.trim().to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Ok(Self::F32),
+            "bf16" | "bfloat16" => Ok(Self::Bf16),
+            "f16" | "float16" => Ok(Self::F16),
+            _ => Err(ParseDTypeError(raw.to_owned())),
+        }
+    }
+}
+
+/// How a [`crate::CandleEngine`] runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Where the model runs.
+    pub device: Device,
+    /// The weights' and activations' type.
+    pub dtype: DType,
+    /// The most sequences decoded together in one step. Requests beyond it wait in a FIFO queue (a request with
+    /// more samples than this still runs, alone).
+    pub max_batch_size: usize,
+    /// Serve at most this many tokens of context, below the model's `max_position_embeddings` (a real checkpoint's
+    /// 128k context is rarely what a CPU or a small GPU should promise). `None` serves the model's full length.
+    pub max_context_length: Option<u32>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self { device: Device::Cpu, dtype: DType::F32, max_batch_size: 64, max_context_length: None }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_parse_and_print_back() {
+        for (raw, device) in [("cpu", Device::Cpu), ("CUDA", Device::Cuda(0)), ("cuda:3", Device::Cuda(3))] {
+            assert_eq!(raw.parse::<Device>().expect(raw), device);
+        }
+        assert_eq!(Device::Cuda(1).to_string(), "cuda:1");
+        for bad in ["gpu", "cuda:", "cuda:x", ""] {
+            assert!(bad.parse::<Device>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn dtypes_parse_and_the_cpu_runs_f32_only() {
+        assert_eq!("bfloat16".parse::<DType>().expect("bf16"), DType::Bf16);
+        assert!("int8".parse::<DType>().is_err());
+        let cpu = candle_core::Device::Cpu;
+        assert_eq!(DType::F32.for_device(&cpu).expect("f32"), candle_core::DType::F32);
+        assert!(matches!(DType::Bf16.for_device(&cpu), Err(EngineLoadError::DType(_))));
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_without_the_feature_is_a_clear_error() {
+        let err = Device::Cuda(0).open().expect_err("no cuda in this build");
+        assert!(err.to_string().contains("--features cuda"), "{err}");
+    }
+}

@@ -1,0 +1,129 @@
+//! Generating the demo once per machine: a versioned cache directory, filled atomically.
+
+use std::path::{Path, PathBuf};
+
+use super::{DemoError, DemoFiles, write_demo_files};
+
+/// A fingerprint of the generator's sources: any change to them (shapes, seeds, corpus, training) names a new
+/// cache directory, so a stale copy is never served.
+const GENERATOR_FINGERPRINT: u64 = fnv1a(&[
+    include_str!("../demo.rs").as_bytes(),
+    include_str!("base.rs").as_bytes(),
+    include_str!("corpus.rs").as_bytes(),
+    include_str!("train.rs").as_bytes(),
+    include_str!("vocab.rs").as_bytes(),
+]);
+
+/// The file written last into a generated copy; a copy without it (or with another content) is incomplete.
+const STAMP_FILE: &str = "GENERATOR_STAMP";
+
+/// The directory [`ensure_demo_files`] uses by default: `$LORAGATE_CACHE_DIR`, else `$XDG_CACHE_HOME/loragate`,
+/// else `$HOME/.cache/loragate`, else `loragate` in the temporary directory.
+pub fn default_cache_dir() -> PathBuf {
+    let from_env = |name| std::env::var_os(name).filter(|value| !value.is_empty()).map(PathBuf::from);
+    from_env("LORAGATE_CACHE_DIR")
+        .or_else(|| from_env("XDG_CACHE_HOME").map(|dir| dir.join("loragate")))
+        .or_else(|| from_env("HOME").map(|dir| dir.join(".cache").join("loragate")))
+        .unwrap_or_else(|| std::env::temp_dir().join("loragate"))
+}
+
+/// The demo files in `cache_dir`, generated first if there is no complete copy made by this version of the
+/// generator. Safe against concurrent callers (several test processes): each generates into its own temporary
+/// sibling directory and renames it into place; a loser of the race discards its copy and uses the winner's.
+pub fn ensure_demo_files(cache_dir: &Path) -> Result<DemoFiles, DemoError> {
+    let root = cache_dir.join(format!("demo-{GENERATOR_FINGERPRINT:016x}"));
+    if is_complete(&root) {
+        return Ok(DemoFiles::at(&root));
+    }
+    std::fs::create_dir_all(cache_dir).map_err(DemoError::io(cache_dir))?;
+    let mut staging = Staging::new(cache_dir.join(format!(
+        ".demo-{GENERATOR_FINGERPRINT:016x}.{}-{:016x}.tmp",
+        std::process::id(),
+        rand::random::<u64>()
+    )));
+    write_demo_files(&staging.path)?;
+    let stamp = staging.path.join(STAMP_FILE);
+    std::fs::write(&stamp, stamp_contents()).map_err(DemoError::io(&stamp))?;
+    match staging.rename_to(&root) {
+        Ok(()) => Ok(DemoFiles::at(&root)),
+        // Another process got there first (the rename fails onto a non-empty directory).
+        Err(_) if is_complete(&root) => Ok(DemoFiles::at(&root)),
+        Err(_) => {
+            // An incomplete copy left by hand or by a crash predating the atomic rename: replace it.
+            let _ = std::fs::remove_dir_all(&root);
+            staging.rename_to(&root).map_err(DemoError::io(&root))?;
+            Ok(DemoFiles::at(&root))
+        }
+    }
+}
+
+fn stamp_contents() -> String {
+    format!("{GENERATOR_FINGERPRINT:016x}\n")
+}
+
+fn is_complete(root: &Path) -> bool {
+    let files = DemoFiles::at(root);
+    let stamped = std::fs::read_to_string(root.join(STAMP_FILE)).is_ok_and(|stamp| stamp == stamp_contents());
+    stamped
+        && ["config.json", "model.safetensors", crate::TOKENIZER_FILE].iter().all(|f| files.model_dir.join(f).is_file())
+        && [&files.meow_dir, &files.woof_dir]
+            .iter()
+            .all(|dir| dir.join("adapter_config.json").is_file() && dir.join("adapter_model.safetensors").is_file())
+}
+
+/// A temporary directory, removed on drop unless it was renamed into place.
+struct Staging {
+    path: PathBuf,
+    renamed: bool,
+}
+
+impl Staging {
+    fn new(path: PathBuf) -> Self {
+        Self { path, renamed: false }
+    }
+
+    fn rename_to(&mut self, target: &Path) -> std::io::Result<()> {
+        std::fs::rename(&self.path, target)?;
+        self.renamed = true;
+        Ok(())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.renamed {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+const fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut part = 0;
+    while part < parts.len() {
+        let bytes = parts[part];
+        let mut index = 0;
+        while index < bytes.len() {
+            hash ^= bytes[index] as u64;
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+            index += 1;
+        }
+        part += 1;
+    }
+    hash
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn incomplete_copies_are_not_complete() {
+        let dir = std::env::temp_dir().join(format!("loragate-demo-cache-{}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        assert!(!is_complete(&dir));
+        std::fs::write(dir.join(STAMP_FILE), stamp_contents()).expect("stamp");
+        assert!(!is_complete(&dir), "a stamp without the files is not a copy");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

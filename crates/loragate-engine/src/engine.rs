@@ -1,0 +1,141 @@
+//! [`CandleEngine`]: the [`Engine`] the coordinator drives. It keeps the installed adapters and hands requests to
+//! the step thread; the model itself lives on that thread.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use loragate_core::{
+    AdapterKey, AdapterName, AdapterSource, AdapterVersion, Engine, EngineError, EngineStream, ModelInfo, SampleRequest,
+};
+use parking_lot::RwLock;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::EngineConfig;
+use crate::error::EngineLoadError;
+use crate::lora::{AdapterWeights, load_peft_adapter};
+use crate::model::{Llama, ModelConfig};
+use crate::scheduler::{StepThread, Submission};
+use crate::tokenizer::Tokenizer;
+
+/// The candle inference engine: a LLaMA-family model with per-request LoRA adapters, sampled by a batched step
+/// scheduler on its own thread. Dropping it stops the thread (after its current step); requests still running
+/// then end with [`EngineError::Stopped`].
+pub struct CandleEngine {
+    info: ModelInfo,
+    model_config: Arc<ModelConfig>,
+    device: candle_core::Device,
+    dtype: candle_core::DType,
+    adapters: RwLock<HashMap<AdapterName, InstalledAdapter>>,
+    tokenizer: Option<Tokenizer>,
+    step_thread: StepThread,
+}
+
+/// The weights served under an adapter name. Running sequences hold their own `Arc` to the weights they started
+/// with, so replacing or removing this entry never touches them.
+#[derive(Clone)]
+struct InstalledAdapter {
+    version: AdapterVersion,
+    weights: Arc<AdapterWeights>,
+}
+
+impl CandleEngine {
+    /// Loads the Hugging Face model in `model_dir` (`config.json`, `model.safetensors` or sharded safetensors with
+    /// their index, optionally `generation_config.json` and `tokenizer.json`) and starts the step thread. Blocking
+    /// (it reads the weights): from async code, call it in `spawn_blocking`.
+    pub fn load(model_dir: &Path, config: EngineConfig) -> Result<Self, EngineLoadError> {
+        let device = config.device.open()?;
+        let dtype = config.dtype.for_device(&device)?;
+        let max_context = config.max_context_length.map(|max| max as usize);
+        let model = Llama::load(model_dir, &device, dtype, max_context)?;
+        let tokenizer = Tokenizer::from_model_dir(model_dir)?;
+        Self::start(model, tokenizer, &config)
+    }
+
+    pub(crate) fn start(
+        model: Llama,
+        tokenizer: Option<Tokenizer>,
+        config: &EngineConfig,
+    ) -> Result<Self, EngineLoadError> {
+        let model_config = Arc::new(model.config().clone());
+        let info = ModelInfo {
+            vocab_size: model_config.vocab_size as u32,
+            context_length: model.context_length() as u32,
+            eos_token_ids: model_config.eos_token_ids.clone(),
+        };
+        let (device, dtype) = (model.device().clone(), model.dtype());
+        let step_thread = StepThread::spawn(model, config.max_batch_size).map_err(EngineLoadError::Thread)?;
+        Ok(Self { info, model_config, device, dtype, adapters: RwLock::default(), tokenizer, step_thread })
+    }
+
+    /// The model directory's tokenizer, if it has a `tokenizer.json`.
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    /// The names and versions of the installed adapters, sorted by name.
+    pub fn adapters(&self) -> Vec<(AdapterName, AdapterVersion)> {
+        let mut adapters: Vec<_> =
+            self.adapters.read().iter().map(|(name, installed)| (name.clone(), installed.version)).collect();
+        adapters.sort();
+        adapters
+    }
+
+    #[cfg(test)]
+    pub(crate) fn install(&self, name: &AdapterName, version: AdapterVersion, weights: Arc<AdapterWeights>) {
+        self.adapters.write().insert(name.clone(), InstalledAdapter { version, weights });
+    }
+}
+
+#[async_trait]
+impl Engine for CandleEngine {
+    fn model_info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    async fn generate(&self, request: SampleRequest, cancel: CancellationToken) -> Result<EngineStream, EngineError> {
+        let (adapter, version) = match request.adapter() {
+            AdapterKey::Base => (None, AdapterVersion::BASE),
+            AdapterKey::Lora(name) => {
+                let installed = self.adapters.read().get(name).cloned();
+                let installed = installed.ok_or_else(|| EngineError::AdapterNotLoaded(name.clone()))?;
+                (Some(installed.weights), installed.version)
+            }
+        };
+        let (events, receiver) = mpsc::unbounded_channel();
+        self.step_thread.submit(Submission { request, adapter, version, cancel, events })?;
+        Ok(UnboundedReceiverStream::new(receiver).boxed())
+    }
+
+    async fn load_adapter(
+        &self,
+        name: &AdapterName,
+        version: AdapterVersion,
+        source: &AdapterSource,
+    ) -> Result<(), EngineError> {
+        let dir = source.dir().to_owned();
+        let (model, device, dtype) = (Arc::clone(&self.model_config), self.device.clone(), self.dtype);
+        let weights = tokio::task::spawn_blocking(move || load_peft_adapter(&dir, &model, &device, dtype))
+            .await
+            .map_err(|err| EngineError::Internal(format!("the adapter loading task failed: {err}")))??;
+        let installed = InstalledAdapter { version, weights: Arc::new(weights) };
+        let replaced = self.adapters.write().insert(name.clone(), installed);
+        // Old weights still used by running sequences live on in their `Arc`s; otherwise they are freed here,
+        // outside the lock.
+        drop(replaced);
+        tracing::info!(adapter = %name, %version, "adapter installed");
+        Ok(())
+    }
+
+    async fn unload_adapter(&self, name: &AdapterName) -> Result<(), EngineError> {
+        let removed = self.adapters.write().remove(name);
+        if removed.is_some() {
+            tracing::info!(adapter = %name, "adapter unloaded");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,219 @@
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::error::EngineLoadError;
+use crate::lora::{AdapterWeights, LoraPair, LoraTarget};
+use crate::test_support::{TempDir, max_abs_diff, tiny_adapter, tiny_config, tiny_model, tiny_weights};
+
+/// The next-token logits after `tokens`, computed from scratch.
+fn full_logits(model: &Llama, tokens: &[u32], adapter: Option<&Arc<AdapterWeights>>) -> Tensor {
+    let input = Tensor::from_slice(tokens, (1, tokens.len()), &Device::Cpu).expect("tokens");
+    let lora = LoraBatch::uniform(adapter).expect("lora");
+    let hidden = model.forward_sequences(&input, &lora).expect("forward").hidden;
+    model.logits(&hidden.narrow(1, tokens.len() - 1, 1).expect("last")).expect("logits").flatten_all().expect("flat")
+}
+
+fn random_tokens(rng: &mut StdRng, len: usize, vocab: usize) -> Vec<u32> {
+    (0..len).map(|_| rng.random_range(0..vocab as u32)).collect()
+}
+
+/// A sequence in a hand-driven decode batch.
+struct Row {
+    tokens: Vec<u32>,
+    adapter: Option<Arc<AdapterWeights>>,
+}
+
+fn prefill(model: &Llama, cache: &mut BatchKvCache, row: &Row) {
+    let prompt = &row.tokens[..row.tokens.len() - 1];
+    let input = Tensor::from_slice(prompt, (1, prompt.len()), &Device::Cpu).expect("prompt");
+    let lora = LoraBatch::uniform(row.adapter.as_ref()).expect("lora");
+    cache.push(&model.forward_sequences(&input, &lora).expect("prefill").kv, 1).expect("push");
+}
+
+/// Runs one decode step over `rows` (each feeding its last token) and checks every row's logits against a full
+/// recomputation of its own sequence, alone. Then appends a random token to each row.
+fn step_and_compare(model: &Llama, cache: &mut BatchKvCache, rows: &mut [Row], rng: &mut StdRng) {
+    let adapters: Vec<_> = rows.iter().map(|row| row.adapter.as_ref()).collect();
+    let lora = LoraBatch::for_rows(&adapters, None, &Device::Cpu, DType::F32).expect("lora");
+    cache.reserve_step().expect("reserve");
+    let last: Vec<u32> = rows.iter().map(|row| row.tokens[row.tokens.len() - 1]).collect();
+    let positions: Vec<u32> = rows.iter().map(|row| row.tokens.len() as u32 - 1).collect();
+    let tokens = Tensor::new(last, &Device::Cpu).expect("tokens");
+    let positions = Tensor::new(positions, &Device::Cpu).expect("positions");
+    let logits = model.forward_step(&tokens, &positions, cache, &lora).expect("step");
+    for (index, row) in rows.iter_mut().enumerate() {
+        let expected = full_logits(model, &row.tokens, row.adapter.as_ref());
+        let got = logits.get(index).expect("row");
+        let diff = max_abs_diff(&got, &expected);
+        assert!(diff < 1e-4, "row {index} (len {}) differs by {diff}", row.tokens.len());
+        row.tokens.push(rng.random_range(0..model.config().vocab_size as u32));
+    }
+}
+
+#[test]
+fn cached_mixed_adapter_decode_equals_full_recomputation_through_membership_changes() {
+    let config = tiny_config(vec![]);
+    let (meow, woof) = (tiny_adapter(&config, 1), tiny_adapter(&config, 2));
+    let model = tiny_model(config);
+    let vocab = model.config().vocab_size;
+    let mut rng = StdRng::seed_from_u64(3);
+    let mut cache = BatchKvCache::new(2, model.context_length(), &Device::Cpu, DType::F32);
+    let mut rows = vec![
+        Row { tokens: random_tokens(&mut rng, 6, vocab), adapter: None },
+        Row { tokens: random_tokens(&mut rng, 10, vocab), adapter: Some(meow.clone()) },
+        Row { tokens: random_tokens(&mut rng, 3, vocab), adapter: Some(woof.clone()) },
+    ];
+    for row in &rows {
+        prefill(&model, &mut cache, row);
+    }
+    for _ in 0..4 {
+        step_and_compare(&model, &mut cache, &mut rows, &mut rng);
+    }
+    // The longest row leaves: the others keep their caches (and shared padding is trimmed).
+    rows.remove(1);
+    cache.retain(&[0, 2]).expect("retain");
+    step_and_compare(&model, &mut cache, &mut rows, &mut rng);
+    // A longer newcomer joins: the others are shifted right.
+    let newcomer = Row { tokens: random_tokens(&mut rng, 30, vocab), adapter: Some(meow) };
+    prefill(&model, &mut cache, &newcomer);
+    rows.push(newcomer);
+    for _ in 0..3 {
+        step_and_compare(&model, &mut cache, &mut rows, &mut rng);
+    }
+}
+
+#[test]
+fn cached_decode_grows_past_its_first_capacity() {
+    let model = tiny_model(tiny_config(vec![]));
+    let mut rng = StdRng::seed_from_u64(4);
+    let mut cache = BatchKvCache::new(2, model.context_length(), &Device::Cpu, DType::F32);
+    let mut rows = vec![Row { tokens: random_tokens(&mut rng, 60, 64), adapter: None }];
+    prefill(&model, &mut cache, &rows[0]);
+    for _ in 0..8 {
+        step_and_compare(&model, &mut cache, &mut rows, &mut rng);
+    }
+}
+
+#[test]
+fn a_lora_with_zero_b_is_the_base_model() {
+    let config = tiny_config(vec![]);
+    let zero_b = Arc::new(AdapterWeights::new(
+        (0..config.num_layers)
+            .map(|_| {
+                LoraTarget::ALL.map(|target| {
+                    let (fan_in, fan_out) = target.features(&config);
+                    let a = Tensor::ones((4, fan_in), DType::F32, &Device::Cpu).expect("A");
+                    let b = Tensor::zeros((fan_out, 4), DType::F32, &Device::Cpu).expect("B");
+                    Some(LoraPair::new(&a, &b, 2.0).expect("pair"))
+                })
+            })
+            .collect(),
+    ));
+    let model = tiny_model(config);
+    let tokens = [1, 5, 9, 2, 33];
+    let diff = max_abs_diff(&full_logits(&model, &tokens, Some(&zero_b)), &full_logits(&model, &tokens, None));
+    assert!(diff < 1e-6, "{diff}");
+}
+
+#[test]
+fn unmerged_lora_equals_the_merged_weights() {
+    let config = tiny_config(vec![]);
+    let adapter = tiny_adapter(&config, 5);
+    let base_weights = tiny_weights(&config, 7);
+    let mut merged = base_weights.clone();
+    for layer in 0..config.num_layers {
+        for target in LoraTarget::ALL {
+            let name = format!("{}.weight", target.module_path(layer));
+            let delta = adapter.pair(layer, target).expect("pair").delta_weight().expect("delta");
+            let weight = (&merged[&name] + delta).expect("merge");
+            merged.insert(name, weight);
+        }
+    }
+    let base = Llama::from_weights(config.clone(), base_weights, &Device::Cpu, DType::F32, None).expect("base");
+    let merged = Llama::from_weights(config, merged, &Device::Cpu, DType::F32, None).expect("merged");
+    let tokens = [3, 1, 4, 1, 5, 9, 2, 6];
+    let unmerged = full_logits(&base, &tokens, Some(&adapter));
+    let diff = max_abs_diff(&unmerged, &full_logits(&merged, &tokens, None));
+    assert!(diff < 1e-4, "{diff}");
+    let changed = max_abs_diff(&unmerged, &full_logits(&base, &tokens, None));
+    assert!(changed > 1e-2, "the adapter must change the logits (by {changed})");
+}
+
+/// Writes `weights` as a Hugging Face directory with two shards and their index.
+fn write_sharded(dir: &std::path::Path, config: serde_json::Value, weights: &WeightMap) {
+    std::fs::write(dir.join("config.json"), config.to_string()).expect("config");
+    let mut shards: [BTreeMap<String, Tensor>; 2] = Default::default();
+    let mut index = serde_json::Map::new();
+    for (position, (name, tensor)) in weights.iter().enumerate() {
+        shards[position % 2].insert(name.clone(), tensor.clone());
+        index.insert(name.clone(), format!("model-0000{}-of-00002.safetensors", position % 2 + 1).into());
+    }
+    for (shard, tensors) in shards.iter().enumerate() {
+        let tensors: std::collections::HashMap<_, _> = tensors.clone().into_iter().collect();
+        candle_core::safetensors::save(&tensors, dir.join(format!("model-0000{}-of-00002.safetensors", shard + 1)))
+            .expect("shard");
+    }
+    let index = serde_json::json!({ "metadata": {}, "weight_map": index });
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).expect("index");
+}
+
+#[test]
+fn sharded_qwen2_checkpoints_with_biases_and_tied_embeddings_load_and_decode_consistently() {
+    let mut config = tiny_config(vec![]);
+    config.tie_word_embeddings = true;
+    let mut weights = tiny_weights(&config, 11);
+    let mut rng = StdRng::seed_from_u64(12);
+    for layer in 0..config.num_layers {
+        for target in [LoraTarget::Q, LoraTarget::K, LoraTarget::V] {
+            let out = target.features(&config).1;
+            let bias = crate::model::random_tensor(&mut rng, out, 0.5, &Device::Cpu).expect("bias");
+            weights.insert(format!("{}.bias", target.module_path(layer)), bias);
+        }
+    }
+    let json = serde_json::json!({
+        "model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 256, "tie_word_embeddings": true, "eos_token_id": [5, 6]
+    });
+    let dir = TempDir::new("sharded");
+    write_sharded(dir.path(), json, &weights);
+    let model = Llama::load(dir.path(), &Device::Cpu, DType::F32, Some(128)).expect("load");
+    assert_eq!(model.context_length(), 128, "the served context is capped");
+    assert_eq!(model.config().eos_token_ids, vec![5, 6]);
+
+    let without_biases: WeightMap = weights.into_iter().filter(|(name, _)| !name.ends_with(".bias")).collect();
+    let plain = Llama::from_weights(model.config().clone(), without_biases, &Device::Cpu, DType::F32, None)
+        .expect("without biases");
+    let tokens = [7, 8, 9, 10];
+    assert!(max_abs_diff(&full_logits(&model, &tokens, None), &full_logits(&plain, &tokens, None)) > 1e-3);
+
+    let mut rng = StdRng::seed_from_u64(13);
+    let mut cache = BatchKvCache::new(2, model.context_length(), &Device::Cpu, DType::F32);
+    let mut rows = vec![Row { tokens: random_tokens(&mut rng, 5, 64), adapter: None }];
+    prefill(&model, &mut cache, &rows[0]);
+    for _ in 0..3 {
+        step_and_compare(&model, &mut cache, &mut rows, &mut rng);
+    }
+}
+
+#[test]
+fn missing_and_misshapen_tensors_are_load_errors() {
+    let config = tiny_config(vec![]);
+    let mut missing = tiny_weights(&config, 1);
+    missing.remove("model.layers.1.mlp.down_proj.weight");
+    let mut misshapen = tiny_weights(&config, 1);
+    misshapen.insert("model.norm.weight".into(), Tensor::ones(31, DType::F32, &Device::Cpu).expect("norm"));
+    for (weights, needle) in
+        [(missing, "missing model.layers.1.mlp.down_proj.weight"), (misshapen, "model.norm.weight")]
+    {
+        match Llama::from_weights(config.clone(), weights, &Device::Cpu, DType::F32, None) {
+            Err(EngineLoadError::Weights(reason)) => assert!(reason.contains(needle), "{reason}"),
+            other => panic!("expected a weights error, got {other:?}"),
+        }
+    }
+}

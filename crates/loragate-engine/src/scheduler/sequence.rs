@@ -1,0 +1,126 @@
+//! A request as the step thread sees it, and one sequence of it.
+
+use std::sync::Arc;
+
+use loragate_core::{AdapterVersion, EngineError, EngineEvent, FinishReason, SampleRequest};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::lora::AdapterWeights;
+use crate::sampler::Sampler;
+
+/// Where a request's events go. Dropping the last sender ends the caller's stream.
+pub(crate) type EventSender = mpsc::UnboundedSender<Result<EngineEvent, EngineError>>;
+
+/// A request handed to the step thread, with the adapter weights and version it pinned when it was submitted.
+pub(crate) struct Submission {
+    pub(crate) request: SampleRequest,
+    /// `None` for the base model.
+    pub(crate) adapter: Option<Arc<AdapterWeights>>,
+    pub(crate) version: AdapterVersion,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) events: EventSender,
+}
+
+impl Submission {
+    /// Whether the caller cancelled it or went away.
+    pub(crate) fn is_abandoned(&self) -> bool {
+        self.cancel.is_cancelled() || self.events.is_closed()
+    }
+
+    /// Ends every sequence with `Abort` and no tokens (a no-op if the caller is gone).
+    pub(crate) fn abort(&self) {
+        for sequence in 0..self.request.num_samples() {
+            let _ = self.events.send(Ok(EngineEvent::Finished { sequence, reason: FinishReason::Abort }));
+        }
+    }
+}
+
+/// What the sequences of one admitted request share.
+pub(crate) struct RequestContext {
+    pub(crate) events: EventSender,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) version: AdapterVersion,
+    pub(crate) adapter: Option<Arc<AdapterWeights>>,
+    max_tokens: u32,
+    /// `stop_token_ids`, plus the model's end-of-sequence tokens unless `ignore_eos`.
+    stop_tokens: Vec<u32>,
+}
+
+impl RequestContext {
+    pub(crate) fn new(submission: Submission, eos_token_ids: &[u32]) -> (Arc<Self>, SampleRequest) {
+        let Submission { request, adapter, version, cancel, events } = submission;
+        let params = request.params();
+        let mut stop_tokens = params.stop_token_ids().to_vec();
+        if !params.ignore_eos() {
+            stop_tokens.extend_from_slice(eos_token_ids);
+        }
+        let context = Self { events, cancel, version, adapter, max_tokens: params.max_tokens(), stop_tokens };
+        (Arc::new(context), request)
+    }
+
+    pub(crate) fn send(&self, event: EngineEvent) {
+        // A closed channel means the caller went away; the next step drops its sequences.
+        let _ = self.events.send(Ok(event));
+    }
+}
+
+/// One sequence being generated.
+pub(crate) struct Sequence {
+    pub(crate) request: Arc<RequestContext>,
+    index: u32,
+    sampler: Sampler,
+    generated: u32,
+    /// Prompt plus generated tokens.
+    context_len: usize,
+    /// The token to feed at the next decode step (the last one sampled).
+    pub(crate) next_input: u32,
+}
+
+impl Sequence {
+    pub(crate) fn new(request: Arc<RequestContext>, index: u32, sampler: Sampler, prompt_len: usize) -> Self {
+        Self { request, index, sampler, generated: 0, context_len: prompt_len, next_input: 0 }
+    }
+
+    /// The position of [`Sequence::next_input`]: how many of the sequence's tokens are in the KV cache.
+    pub(crate) fn cached_len(&self) -> usize {
+        self.context_len - 1
+    }
+
+    /// Whether the caller cancelled the request or went away.
+    pub(crate) fn is_abandoned(&self) -> bool {
+        self.request.cancel.is_cancelled() || self.request.events.is_closed()
+    }
+
+    /// Samples the next token from `logprobs`, emits it, and says whether the sequence ends with it (after at most
+    /// `context_length` tokens in all).
+    pub(crate) fn advance(&mut self, logprobs: &[f32], context_length: usize) -> Option<FinishReason> {
+        let (token, logprob) = self.sampler.sample(logprobs);
+        self.generated += 1;
+        self.context_len += 1;
+        self.next_input = token;
+        self.request.send(EngineEvent::Tokens {
+            sequence: self.index,
+            version: self.request.version,
+            token_ids: vec![token],
+            logprobs: vec![logprob],
+        });
+        if self.request.stop_tokens.contains(&token) {
+            Some(FinishReason::Stop)
+        } else if self.generated >= self.request.max_tokens || self.context_len >= context_length {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+
+    /// Emits the sequence's end.
+    pub(crate) fn finish(&self, reason: FinishReason) {
+        self.request.send(EngineEvent::Finished { sequence: self.index, reason });
+    }
+
+    /// Tells the caller the sequence failed.
+    pub(crate) fn fail(&self, error: EngineError) {
+        let _ = self.request.events.send(Err(error));
+    }
+}

@@ -1,0 +1,273 @@
+//! The scheduler driven step by step, without its thread, so batching and cancellation are deterministic.
+
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+use loragate_core::{AdapterVersion, EngineEvent, FinishReason, RawSampleRequest};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::lora::AdapterWeights;
+use crate::model::ModelConfig;
+use crate::test_support::{Collected, greedy, request, tiny_adapter, tiny_config, tiny_model};
+
+type Events = UnboundedReceiver<Result<EngineEvent, EngineError>>;
+
+struct Harness {
+    config: ModelConfig,
+    scheduler: Scheduler,
+    _commands: Sender<Command>,
+}
+
+impl Harness {
+    fn new(config: ModelConfig, max_batch_size: usize) -> Self {
+        let (commands, receiver) = mpsc::channel();
+        let scheduler = Scheduler::new(tiny_model(config.clone()), receiver, max_batch_size);
+        Self { config, scheduler, _commands: commands }
+    }
+
+    fn submit_with(
+        &mut self,
+        raw: RawSampleRequest,
+        adapter: Option<&Arc<AdapterWeights>>,
+        cancel: CancellationToken,
+    ) -> Events {
+        let (events, receiver) = unbounded_channel();
+        let version = if adapter.is_some() { AdapterVersion(1) } else { AdapterVersion::BASE };
+        let request = request(&self.config, raw);
+        self.scheduler.waiting.push_back(Submission { request, adapter: adapter.cloned(), version, cancel, events });
+        receiver
+    }
+
+    fn submit(&mut self, raw: RawSampleRequest, adapter: Option<&Arc<AdapterWeights>>) -> Events {
+        self.submit_with(raw, adapter, CancellationToken::new())
+    }
+
+    fn run_until_idle(&mut self) {
+        for _ in 0..1000 {
+            if self.scheduler.batch.is_empty() && self.scheduler.waiting.is_empty() {
+                return;
+            }
+            self.scheduler.run_step();
+        }
+        panic!("the scheduler did not finish its work in 1000 steps");
+    }
+
+    /// Runs `raw` alone to its end.
+    fn run_alone(&mut self, raw: RawSampleRequest, adapter: Option<&Arc<AdapterWeights>>) -> Collected {
+        let mut events = self.submit(raw, adapter);
+        self.run_until_idle();
+        drain(&mut events)
+    }
+}
+
+/// Everything received so far.
+fn drain(events: &mut Events) -> Collected {
+    let mut collected = Collected::default();
+    while let Ok(event) = events.try_recv() {
+        collected.record(event);
+    }
+    collected
+}
+
+fn token_count(collected: &Collected) -> usize {
+    collected.sequences.iter().map(|sequence| sequence.token_ids.len()).sum()
+}
+
+#[test]
+fn a_mixed_adapter_batch_gives_each_sequence_what_it_gets_alone() {
+    let config = tiny_config(vec![]);
+    let (meow, woof) = (tiny_adapter(&config, 1), tiny_adapter(&config, 2));
+    let sampled =
+        RawSampleRequest { temperature: 1.0, seed: Some(42), num_samples: 2, ..greedy("meow", &[9, 9, 1], 12) };
+    let requests: Vec<(RawSampleRequest, Option<&Arc<AdapterWeights>>)> = vec![
+        (greedy("", &[1, 2, 3, 4, 5], 12), None),
+        (greedy("meow", &[7, 3, 9, 1, 1, 2, 8, 4, 4], 12), Some(&meow)),
+        (greedy("woof", &[5, 6, 7], 9), Some(&woof)),
+        (greedy("meow", &[40, 41, 42, 43, 44, 45, 46], 12), Some(&meow)),
+        (sampled, Some(&meow)),
+    ];
+    let mut harness = Harness::new(config, 64);
+    let alone: Vec<Collected> =
+        requests.iter().map(|(raw, adapter)| harness.run_alone(raw.clone(), *adapter)).collect();
+
+    let mut receivers: Vec<Events> =
+        requests.iter().map(|(raw, adapter)| harness.submit(raw.clone(), *adapter)).collect();
+    harness.scheduler.run_step();
+    assert_eq!(harness.scheduler.batch.len(), 6, "every sequence runs in the same batch");
+    harness.run_until_idle();
+    for (index, (receiver, alone)) in receivers.iter_mut().zip(&alone).enumerate() {
+        let together = drain(receiver);
+        assert_eq!(together.sequences.len(), alone.sequences.len());
+        for (batched, single) in together.sequences.iter().zip(&alone.sequences) {
+            assert_eq!(batched.token_ids, single.token_ids, "request {index}: same tokens");
+            assert_eq!(batched.finish, Some(FinishReason::Length));
+            for (a, b) in batched.logprobs.iter().zip(&single.logprobs) {
+                assert!((a - b).abs() < 1e-4, "request {index}: logprobs {a} vs {b}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_cancelled_sequence_ends_within_one_step_with_exactly_the_tokens_it_emitted() {
+    let mut harness = Harness::new(tiny_config(vec![]), 64);
+    let cancel = CancellationToken::new();
+    let mut running = harness.submit_with(greedy("", &[1, 2, 3], 200), None, cancel.clone());
+    let mut other = harness.submit(greedy("", &[4, 5], 200), None);
+    for _ in 0..4 {
+        harness.scheduler.run_step();
+    }
+    let before = drain(&mut running);
+    let emitted = token_count(&before);
+    assert_eq!(emitted, 5, "the prefill's token and one per step");
+    assert!(before.single().finish.is_none());
+
+    cancel.cancel();
+    harness.scheduler.run_step();
+    let after = drain(&mut running);
+    assert_eq!(after.events, vec![EngineEvent::Finished { sequence: 0, reason: FinishReason::Abort }]);
+    assert_eq!(harness.scheduler.batch.len(), 1, "the other request runs on");
+    assert_eq!(token_count(&drain(&mut other)), 6);
+}
+
+#[test]
+fn a_request_cancelled_before_it_starts_ends_with_abort_and_no_tokens() {
+    let mut harness = Harness::new(tiny_config(vec![]), 64);
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let raw = RawSampleRequest { num_samples: 2, ..greedy("", &[1, 2], 10) };
+    let mut events = harness.submit_with(raw, None, cancel);
+    harness.scheduler.run_step();
+    let collected = drain(&mut events);
+    assert_eq!(token_count(&collected), 0);
+    assert_eq!(
+        collected.events,
+        (0..2).map(|sequence| EngineEvent::Finished { sequence, reason: FinishReason::Abort }).collect::<Vec<_>>()
+    );
+    assert!(harness.scheduler.batch.is_empty());
+}
+
+#[test]
+fn a_dropped_receiver_stops_its_sequences() {
+    let mut harness = Harness::new(tiny_config(vec![]), 64);
+    let events = harness.submit(greedy("", &[1, 2], 200), None);
+    harness.scheduler.run_step();
+    assert_eq!(harness.scheduler.batch.len(), 1);
+    drop(events);
+    harness.scheduler.run_step();
+    assert!(harness.scheduler.batch.is_empty());
+}
+
+#[test]
+fn stop_tokens_eos_ignore_eos_and_max_tokens_end_sequences_as_documented() {
+    let prompt = [3, 1, 4, 1, 5];
+    let reference = Harness::new(tiny_config(vec![]), 64).run_alone(greedy("", &prompt, 16), None);
+    let reference = reference.single().clone();
+    assert_eq!((reference.token_ids.len(), reference.finish), (16, Some(FinishReason::Length)));
+    let first_at = |token: u32| reference.token_ids.iter().position(|t| *t == token).expect("present") + 1;
+
+    let eos = reference.token_ids[5];
+    let mut harness = Harness::new(tiny_config(vec![eos]), 64);
+    let stopped = harness.run_alone(RawSampleRequest { ignore_eos: false, ..greedy("", &prompt, 16) }, None);
+    let stopped = stopped.single();
+    assert_eq!(stopped.finish, Some(FinishReason::Stop));
+    assert_eq!(stopped.token_ids, reference.token_ids[..first_at(eos)], "EOS ends the sequence and is included");
+
+    let ignoring = harness.run_alone(greedy("", &prompt, 16), None);
+    assert_eq!(ignoring.single(), &reference, "ignore_eos runs on to max_tokens");
+
+    let stop = reference.token_ids[2];
+    let raw = RawSampleRequest { stop_token_ids: vec![stop], ..greedy("", &prompt, 16) };
+    let stopped = harness.run_alone(raw, None);
+    assert_eq!(stopped.single().finish, Some(FinishReason::Stop));
+    assert_eq!(stopped.single().token_ids, reference.token_ids[..first_at(stop)], "ignore_eos keeps stop tokens");
+
+    let short = harness.run_alone(greedy("", &prompt, 3), None);
+    assert_eq!(short.single().token_ids, reference.token_ids[..3]);
+    assert_eq!(short.single().finish, Some(FinishReason::Length));
+}
+
+#[test]
+fn samples_share_the_prefill_and_sequence_i_draws_with_seed_plus_i() {
+    let config = tiny_config(vec![]);
+    let mut harness = Harness::new(config, 64);
+    let prompt = [10, 20, 30];
+    let sampled = |seed, num_samples| RawSampleRequest {
+        temperature: 1.0,
+        seed: Some(seed),
+        num_samples,
+        ..greedy("", &prompt, 20)
+    };
+    let three = harness.run_alone(sampled(100, 3), None);
+    assert_eq!(three.sequences.len(), 3);
+    for (index, sequence) in three.sequences.iter().enumerate() {
+        let alone = harness.run_alone(sampled(100 + index as u64, 1), None);
+        assert_eq!(sequence.token_ids, alone.single().token_ids, "sequence {index}");
+        assert_eq!(sequence.finish, Some(FinishReason::Length));
+    }
+    assert_ne!(three.sequences[0].token_ids, three.sequences[1].token_ids);
+
+    let again = harness.run_alone(sampled(100, 1), None);
+    assert_eq!(again.single().token_ids, three.sequences[0].token_ids, "the same seed gives the same tokens");
+    let other = harness.run_alone(sampled(7, 1), None);
+    assert_ne!(other.single().token_ids, again.single().token_ids, "another seed gives other tokens");
+
+    let greedy_samples = harness.run_alone(RawSampleRequest { num_samples: 2, ..greedy("", &prompt, 8) }, None);
+    assert_eq!(greedy_samples.sequences[0], greedy_samples.sequences[1]);
+}
+
+#[test]
+fn prompt_logprobs_come_first_one_per_prompt_token_under_the_raw_distribution() {
+    let config = tiny_config(vec![]);
+    let mut harness = Harness::new(config.clone(), 64);
+    let prompt = [3, 14, 15, 9, 26, 5];
+    let raw = RawSampleRequest { include_prompt_logprobs: true, ..greedy("", &prompt, 4) };
+    let collected = harness.run_alone(raw, None);
+    assert!(matches!(collected.events.first(), Some(EngineEvent::PromptLogprobs(_))));
+    let logprobs = collected.prompt_logprobs.expect("prompt logprobs");
+    assert_eq!(logprobs.len(), prompt.len());
+    assert!(logprobs[0].is_nan());
+
+    let model = tiny_model(config);
+    let input = Tensor::from_slice(&prompt, (1, prompt.len()), &Device::Cpu).expect("prompt");
+    let hidden = model.forward_sequences(&input, &LoraBatch::base()).expect("forward").hidden;
+    let all = crate::model::log_softmax(&model.logits(&hidden.squeeze(0).expect("rows")).expect("logits"))
+        .expect("log_softmax")
+        .to_vec2::<f32>()
+        .expect("values");
+    for position in 1..prompt.len() {
+        let expected = all[position - 1][prompt[position] as usize];
+        assert!((logprobs[position] - expected).abs() < 1e-5, "position {position}");
+    }
+    let without = harness.run_alone(greedy("", &prompt, 4), None);
+    assert!(without.prompt_logprobs.is_none());
+}
+
+#[test]
+fn requests_beyond_the_batch_size_wait_their_turn() {
+    let mut harness = Harness::new(tiny_config(vec![]), 2);
+    let mut first = harness.submit(greedy("", &[1], 30), None);
+    let mut second = harness.submit(greedy("", &[2], 30), None);
+    let mut third = harness.submit(greedy("", &[3], 5), None);
+    let mut large = harness.submit(RawSampleRequest { num_samples: 3, ..greedy("", &[4], 5) }, None);
+    harness.scheduler.run_step();
+    assert_eq!((harness.scheduler.batch.len(), harness.scheduler.waiting.len()), (2, 2));
+    harness.run_until_idle();
+    for receiver in [&mut first, &mut second, &mut third] {
+        assert_eq!(drain(receiver).single().finish, Some(FinishReason::Length));
+    }
+    assert_eq!(drain(&mut large).sequences.len(), 3, "a request larger than the batch runs alone");
+}
+
+#[test]
+fn tokens_carry_the_version_pinned_at_submission() {
+    let config = tiny_config(vec![]);
+    let meow = tiny_adapter(&config, 1);
+    let mut harness = Harness::new(config, 64);
+    let collected = harness.run_alone(greedy("meow", &[1, 2], 5), Some(&meow));
+    assert_eq!(collected.single().versions, vec![1; 5]);
+    let base = harness.run_alone(greedy("", &[1, 2], 5), None);
+    assert_eq!(base.single().versions, vec![0; 5]);
+}

@@ -1,0 +1,60 @@
+//! Text in and out: a Hugging Face `tokenizer.json`, for the fronts that take text prompts.
+
+use std::path::Path;
+
+use crate::error::EngineLoadError;
+
+/// The file a model directory keeps its tokenizer in.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
+/// A Hugging Face tokenizer (the `tokenizers` crate, pure Rust).
+#[derive(Clone, Debug)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+}
+
+/// Text that could not be turned into tokens, or tokens into text.
+#[derive(Debug, thiserror::Error)]
+#[error("tokenizer: {0}")]
+pub struct TokenizerError(String);
+
+impl Tokenizer {
+    /// Loads a `tokenizer.json`.
+    pub fn from_file(path: &Path) -> Result<Self, EngineLoadError> {
+        tokenizers::Tokenizer::from_file(path)
+            .map(|inner| Self { inner })
+            .map_err(|err| EngineLoadError::Tokenizer(format!("{}: {err}", path.display())))
+    }
+
+    /// Loads `dir/tokenizer.json` if the model directory has one.
+    pub fn from_model_dir(dir: &Path) -> Result<Option<Self>, EngineLoadError> {
+        let path = dir.join(TOKENIZER_FILE);
+        if path.exists() { Self::from_file(&path).map(Some) } else { Ok(None) }
+    }
+
+    /// The tokens of `text`, with the special tokens the tokenizer's post-processor adds (a BOS for LLaMA; none for
+    /// the demo model).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.inner
+            .encode(text, true)
+            .map(|encoding| encoding.get_ids().to_vec())
+            .map_err(|err| TokenizerError(err.to_string()))
+    }
+
+    /// The text of `ids`, skipping special tokens. Byte sequences that are not valid UTF-8 (a multi-byte character
+    /// cut in the middle) come out as U+FFFD.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        self.inner.decode(ids, true).map_err(|err| TokenizerError(err.to_string()))
+    }
+
+    /// The tokenizer as the `tokenizers` crate knows it.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
+
+impl From<tokenizers::Tokenizer> for Tokenizer {
+    fn from(inner: tokenizers::Tokenizer) -> Self {
+        Self { inner }
+    }
+}
