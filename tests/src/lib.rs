@@ -1,1 +1,155 @@
-//! Shared fixtures of the cross-crate tests.
+//! Fixtures of the cross-crate tests: a real loragate server with the demo model on `127.0.0.1:0`, clients to it,
+//! and helpers that poll with a deadline instead of sleeping.
+//!
+//! The demo model is generated once into `target/loragate-test-cache` (or `$LORAGATE_CACHE_DIR`) and reused by
+//! every test process. Each server's adapter root is a fresh temporary copy of the demo adapters, so a test can add
+//! adapters (broken ones too) without touching the cache.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use loragate::{RunningServer, ServeConfig};
+use loragate_proto::v1::lora_control_client::LoraControlClient;
+use loragate_proto::v1::sampler_client::SamplerClient;
+use loragate_proto::v1::{self as pb, ListLoraAdaptersRequest, LoraAdapterStatus};
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+/// The demo prompt of the contract's examples.
+pub const PROMPT: &str = "Make a single short animal noise.";
+
+/// A running demo server and clients to it. Shut down when dropped (its runtime ends with the test).
+pub struct DemoServer {
+    /// The server (its coordinator is reachable for observations the wire does not offer).
+    pub server: RunningServer,
+    /// A channel to its gRPC address.
+    pub channel: Channel,
+    /// The server's adapter root (a temporary copy of the demo adapters `meow` and `woof`).
+    pub adapter_root: PathBuf,
+}
+
+impl DemoServer {
+    /// Starts a demo server with default settings.
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// Starts a demo server after `configure` adjusted its configuration.
+    pub async fn start_with(configure: impl FnOnce(&mut ServeConfig)) -> Self {
+        let cache_dir = test_cache_dir();
+        let adapter_root = copy_demo_adapters(&cache_dir).await;
+        let mut config = ServeConfig::demo(cache_dir);
+        config.grpc_addr = "127.0.0.1:0".parse().expect("address");
+        config.http_addr = "127.0.0.1:0".parse().expect("address");
+        config.adapter_root = Some(adapter_root.clone());
+        configure(&mut config);
+        let server = RunningServer::start(config).await.expect("the demo server starts");
+        let channel = Channel::from_shared(format!("http://{}", server.grpc_addr()))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect");
+        Self { server, channel, adapter_root }
+    }
+
+    /// A `LoraControl` client.
+    pub fn control(&self) -> LoraControlClient<Channel> {
+        LoraControlClient::new(self.channel.clone())
+    }
+
+    /// A `Sampler` client.
+    pub fn sampler(&self) -> SamplerClient<Channel> {
+        SamplerClient::new(self.channel.clone())
+    }
+
+    /// `ListLoraAdapters`' entry for `lora_name`.
+    pub async fn status(&self, lora_name: &str) -> LoraAdapterStatus {
+        let listed = self.control().list_lora_adapters(ListLoraAdaptersRequest {}).await.expect("list").into_inner();
+        listed.adapters.into_iter().find(|a| a.lora_name == lora_name).expect("the adapter is listed")
+    }
+
+    /// Tokens generated so far by `lora_name` at `version` (from the server's metrics).
+    pub fn generated_tokens(&self, lora_name: &str, version: u64) -> u64 {
+        let key = loragate_core::AdapterKey::parse(lora_name).expect("name");
+        self.server.coordinator().metrics().generated_tokens(&key, loragate_core::AdapterVersion(version))
+    }
+}
+
+/// Where the demo model is cached for tests.
+pub fn test_cache_dir() -> PathBuf {
+    std::env::var_os("LORAGATE_CACHE_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/loragate-test-cache"))
+}
+
+async fn copy_demo_adapters(cache_dir: &Path) -> PathBuf {
+    let cache_dir = cache_dir.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let files = loragate_engine_demo_files(&cache_dir);
+        let root = std::env::temp_dir().join(format!("loragate-adapters-{}-{}", std::process::id(), unique()));
+        for (name, source) in [("meow", &files.meow_dir), ("woof", &files.woof_dir)] {
+            copy_dir(source, &root.join(name));
+        }
+        root
+    })
+    .await
+    .expect("copying the demo adapters")
+}
+
+fn loragate_engine_demo_files(cache_dir: &Path) -> loragate::DemoFiles {
+    loragate::ensure_demo_files(cache_dir).expect("the demo model is generated")
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Copies the files of `from` (one level) into a new directory `to`.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create the adapter copy");
+    for entry in std::fs::read_dir(from).expect("read the adapter") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy an adapter file");
+    }
+}
+
+/// The demo vocabulary: token ids 0–255 are the bytes of UTF-8 text.
+pub fn tokens(text: &str) -> Vec<u32> {
+    text.bytes().map(u32::from).collect()
+}
+
+/// The text of demo token ids (specials ≥ 256 are dropped; invalid UTF-8 is replaced).
+pub fn text(token_ids: &[u32]) -> String {
+    let bytes: Vec<u8> = token_ids.iter().filter_map(|&t| u8::try_from(t).ok()).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// A request for `max_tokens` greedy tokens of `lora_name`'s continuation of the demo prompt.
+pub fn sample_request(lora_name: &str, max_tokens: u32) -> pb::SampleRequest {
+    pb::SampleRequest {
+        lora_name: lora_name.into(),
+        prompt_token_ids: tokens(PROMPT),
+        sampling_params: Some(pb::SamplingParams { max_tokens: Some(max_tokens), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+/// Polls `condition` until it holds; fails the test after `limit`.
+pub async fn eventually<F, Fut>(what: &str, limit: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !condition().await {
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The generous limit for waits on the demo model in CI.
+pub const PATIENCE: Duration = Duration::from_secs(60);

@@ -139,6 +139,12 @@ impl CoreMetrics {
         }
     }
 
+    /// Tokens generated so far by `adapter` at `version` (0 once the series was dropped as too old).
+    pub fn generated_tokens(&self, adapter: &AdapterKey, version: AdapterVersion) -> u64 {
+        let labels = AdapterVersionLabels { adapter: adapter.as_wire_str().to_owned(), version: version.0 };
+        self.generated_tokens.get(&labels).map_or(0, |counter| counter.get())
+    }
+
     pub(crate) fn record_pause(&self, labels: &AdapterLabels) {
         self.pauses.get_or_create(labels).inc();
     }
@@ -192,6 +198,9 @@ mod tests {
         metrics.record_pause(&meow);
         metrics.record_abort(&meow, 3, std::time::Duration::from_millis(2));
         metrics.record_tokens(&meow, AdapterVersion(1), 5);
+        let key = AdapterKey::Lora(AdapterName::parse("meow").expect("name"));
+        assert_eq!(metrics.generated_tokens(&key, AdapterVersion(1)), 5);
+        assert_eq!(metrics.generated_tokens(&key, AdapterVersion(2)), 0);
         metrics.set_adapter_gauges(&[AdapterStatus {
             key: AdapterKey::Lora(AdapterName::parse("meow").expect("name")),
             version: AdapterVersion(1),

@@ -1,0 +1,174 @@
+//! The command line: `loragate serve` and `loragate demo-model`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use loragate_core::AdapterName;
+use loragate_engine::{DType, Device, EngineConfig};
+
+use crate::duration_arg::parse_duration;
+use crate::serve::{InitialAdapter, ModelSource, ServeConfig};
+
+/// loragate: swap LoRA adapter weights while rollouts keep sampling, safely and per adapter.
+#[derive(Debug, Parser)]
+#[command(name = "loragate", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve a model and its LoRA adapters over gRPC and HTTP (the built-in demo model when no --model is given).
+    Serve(Box<ServeArgs>),
+    /// Write the demo base model (Hugging Face format) and its `meow` and `woof` adapters (PEFT format) to a
+    /// directory: DIR/model/, DIR/adapters/meow/, DIR/adapters/woof/.
+    DemoModel {
+        /// Where to write them.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+}
+
+/// `loragate serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address of the gRPC server (LoraControl, Sampler, health, reflection).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:50051")]
+    pub grpc_addr: SocketAddr,
+    /// Address of the HTTP server (OpenAI- and SkyRL-compatible endpoints, metrics).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8000")]
+    pub http_addr: SocketAddr,
+    /// A Hugging Face model directory (config.json, safetensors, tokenizer.json). Without it, the built-in demo
+    /// model is served with its adapters `meow` and `woof` loaded.
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+    /// What HTTP `model` and /v1/models call the base model (default: the model directory's name;
+    /// `loragate-demo` for the demo).
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
+    /// An adapter to load at start: NAME=DIR with DIR a PEFT adapter directory. Repeatable.
+    #[arg(long = "adapter", value_name = "NAME=DIR", value_parser = parse_initial_adapter)]
+    pub adapters: Vec<InitialAdapter>,
+    /// The only directory LoadLoraAdapter may read adapters from (paths outside it, `..` escapes and symlinks out
+    /// of it are refused). Default for the demo: its adapters directory; otherwise loading by path is disabled.
+    #[arg(long, value_name = "DIR")]
+    pub adapter_root: Option<PathBuf>,
+    /// The longest a sampling request waits at a paused adapter's gate before UNAVAILABLE / 503.
+    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
+    pub gate_max_wait: Duration,
+    /// How long an abort waits for its requests to be handed back before reporting the stragglers.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub abort_ack_timeout: Duration,
+    /// On SIGINT/SIGTERM, how long running requests may finish before the rest are aborted.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+    /// Where the model runs: cpu, cuda or cuda:N (CUDA needs a build with the `cuda` feature).
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: Device,
+    /// The weights' type: f32, bf16 or f16 (half precision on CUDA only).
+    #[arg(long, value_name = "DTYPE", default_value = "f32")]
+    pub dtype: DType,
+    /// The most sequences decoded together in one engine step.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_batch_size: usize,
+    /// Serve at most this many tokens of context (default: the model's own length).
+    #[arg(long, value_name = "TOKENS")]
+    pub max_context_length: Option<u32>,
+    /// Where the demo model is generated and cached (default: $LORAGATE_CACHE_DIR, $XDG_CACHE_HOME/loragate or
+    /// ~/.cache/loragate).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    /// The server configuration these arguments describe.
+    pub fn into_config(self) -> ServeConfig {
+        let model = match self.model {
+            Some(dir) => ModelSource::Directory(dir),
+            None => ModelSource::Demo { cache_dir: self.cache_dir.unwrap_or_else(loragate_engine::default_cache_dir) },
+        };
+        ServeConfig {
+            grpc_addr: self.grpc_addr,
+            http_addr: self.http_addr,
+            model,
+            served_model_name: self.served_model_name,
+            adapters: self.adapters,
+            adapter_root: self.adapter_root,
+            gate_max_wait: self.gate_max_wait,
+            abort_ack_timeout: self.abort_ack_timeout,
+            shutdown_grace: self.shutdown_grace,
+            engine: EngineConfig {
+                device: self.device,
+                dtype: self.dtype,
+                max_batch_size: self.max_batch_size,
+                max_context_length: self.max_context_length,
+            },
+        }
+    }
+}
+
+fn parse_initial_adapter(raw: &str) -> Result<InitialAdapter, String> {
+    let (name, dir) = raw.split_once('=').ok_or_else(|| format!("{raw:?} is not NAME=DIR"))?;
+    let name = AdapterName::parse(name).map_err(|err| err.to_string())?;
+    if dir.is_empty() {
+        return Err(format!("{raw:?} names no directory"));
+    }
+    Ok(InitialAdapter { name, dir: PathBuf::from(dir) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serve_defaults_match_the_contract() {
+        let Cli { command: Command::Serve(args) } = Cli::parse_from(["loragate", "serve"]) else {
+            panic!("serve parses");
+        };
+        assert_eq!(args.grpc_addr, "127.0.0.1:50051".parse().expect("address"));
+        assert_eq!(args.http_addr, "127.0.0.1:8000".parse().expect("address"));
+        assert!(args.model.is_none() && args.adapters.is_empty());
+        assert!(matches!(args.into_config().model, ModelSource::Demo { .. }));
+    }
+
+    #[test]
+    fn adapters_are_name_equals_dir_and_repeatable() {
+        let cli = Cli::try_parse_from([
+            "loragate",
+            "serve",
+            "--model",
+            "/m",
+            "--adapter",
+            "meow=/a/meow",
+            "--adapter",
+            "woof=/a/woof",
+            "--adapter-root",
+            "/a",
+            "--gate-max-wait",
+            "5s",
+            "--device",
+            "cuda:1",
+        ])
+        .expect("parses");
+        let Command::Serve(args) = cli.command else { panic!("serve") };
+        let names: Vec<_> = args.adapters.iter().map(|a| a.name.to_string()).collect();
+        assert_eq!(names, vec!["meow", "woof"]);
+        assert_eq!(args.gate_max_wait, Duration::from_secs(5));
+        assert_eq!(args.device, Device::Cuda(1));
+        for bad in ["meow", "=dir", "bad name=dir", "meow="] {
+            assert!(Cli::try_parse_from(["loragate", "serve", "--adapter", bad]).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn demo_model_takes_an_output_directory() {
+        let cli = Cli::try_parse_from(["loragate", "demo-model", "--out", "/tmp/demo"]).expect("parses");
+        assert!(matches!(cli.command, Command::DemoModel { out } if out == std::path::Path::new("/tmp/demo")));
+        assert!(Cli::try_parse_from(["loragate", "demo-model"]).is_err(), "--out is required");
+    }
+}

@@ -1,0 +1,65 @@
+//! The `loragate` command: `loragate serve` and `loragate demo-model --out DIR`.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::Parser;
+use loragate::{Cli, Command, RunningServer};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("loragate: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve(*args).await,
+            Command::DemoModel { out } => {
+                let written = tokio::task::spawn_blocking(move || loragate_engine::write_demo_files(&out)).await;
+                match written {
+                    Ok(Ok(files)) => {
+                        println!("model:    {}", files.model_dir.display());
+                        println!("adapters: {} (meow, woof)", files.adapters_dir.display());
+                        Ok(())
+                    }
+                    Ok(Err(err)) => Err(err.to_string()),
+                    Err(err) => Err(err.to_string()),
+                }
+            }
+        }
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("loragate: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: loragate::ServeArgs) -> Result<(), String> {
+    let server = RunningServer::start(args.into_config()).await.map_err(|err| err.to_string())?;
+    let adapters: Vec<String> =
+        server.coordinator().list_adapters().await.iter().map(|status| status.key.as_wire_str().to_owned()).collect();
+    // One machine-readable line on stdout (logs go to stderr): tests and scripts learn the bound ports from it.
+    println!(
+        "{}",
+        serde_json::json!({
+            "event": "ready",
+            "grpc_addr": server.grpc_addr().to_string(),
+            "model": server.served_model_name(),
+            "adapters": adapters,
+        })
+    );
+    server.run_until_signal().await.map_err(|err| err.to_string())
+}
