@@ -22,6 +22,9 @@ use crate::model::{Llama, ModelConfig};
 use crate::scheduler::{StepThread, Submission};
 use crate::tokenizer::Tokenizer;
 
+#[cfg(test)]
+mod tests;
+
 /// The candle inference engine: a LLaMA-family model with per-request LoRA adapters, sampled by a batched step
 /// scheduler on its own thread. Dropping it stops the thread (after its current step); requests still running
 /// then end with [`EngineError::Stopped`].
@@ -83,11 +86,6 @@ impl CandleEngine {
             self.adapters.read().iter().map(|(name, installed)| (name.clone(), installed.version)).collect();
         adapters.sort();
         adapters
-    }
-
-    #[cfg(test)]
-    pub(crate) fn install(&self, name: &AdapterName, version: AdapterVersion, weights: Arc<AdapterWeights>) {
-        self.adapters.write().insert(name.clone(), InstalledAdapter { version, weights });
     }
 }
 

@@ -8,6 +8,7 @@
 mod bank;
 mod peft;
 
+#[cfg(test)]
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -15,8 +16,6 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::model::ModelConfig;
 
-#[cfg(test)]
-pub(crate) use bank::LoraBank;
 pub(crate) use bank::LoraBatch;
 pub(crate) use peft::load_peft_adapter;
 

@@ -24,7 +24,9 @@ pub(crate) use config::ModelConfig;
 #[cfg(test)]
 pub(crate) use config::RopeScaling;
 pub(crate) use kv_cache::{BatchKvCache, LayerKv};
-pub(crate) use weights::{WeightMap, random_tensor, random_weights};
+#[cfg(test)]
+pub(crate) use weights::WeightMap;
+pub(crate) use weights::{random_tensor, random_weights};
 
 /// A loaded LLaMA-family model.
 #[derive(Debug)]

@@ -179,6 +179,9 @@ impl Scheduler {
             submission.abort();
             return Ok(());
         }
+        if submission.events.is_closed() {
+            return Ok(());
+        }
         let (context, request) = RequestContext::new(submission, &self.model.config().eos_token_ids);
         let prompt = request.prompt();
         let device = self.model.device();

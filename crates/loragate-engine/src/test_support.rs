@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use crate::lora::{AdapterWeights, LoraTarget, random_adapter};
 use crate::model::{Llama, ModelConfig, RopeScaling, WeightMap, random_weights};
 
-/// A tiny LLaMA: vocabulary 64, hidden 32, 2 layers, 4 query heads over 2 key/value heads, 256 positions.
+/// A tiny LLaMA: vocabulary 64, hidden 32, 2 layers, 4 query heads over 2 key/value heads, 4096 positions.
 pub(crate) fn tiny_config(eos_token_ids: Vec<u32>) -> ModelConfig {
     ModelConfig {
         vocab_size: 64,
@@ -26,7 +26,7 @@ pub(crate) fn tiny_config(eos_token_ids: Vec<u32>) -> ModelConfig {
         rms_norm_eps: 1e-5,
         rope_theta: 10_000.0,
         rope_scaling: RopeScaling::None,
-        max_position_embeddings: 256,
+        max_position_embeddings: 4096,
         tie_word_embeddings: false,
         eos_token_ids,
     }

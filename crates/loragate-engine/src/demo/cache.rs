@@ -4,10 +4,11 @@ use std::path::{Path, PathBuf};
 
 use super::{DemoError, DemoFiles, write_demo_files};
 
-/// A fingerprint of the generator's sources: any change to them (shapes, seeds, corpus, training) names a new
-/// cache directory, so a stale copy is never served.
+/// A fingerprint of the generator's sources (and of the base weights' initialisation): any change to them (shapes,
+/// seeds, corpus, training) names a new cache directory, so a stale copy is never served.
 const GENERATOR_FINGERPRINT: u64 = fnv1a(&[
     include_str!("../demo.rs").as_bytes(),
+    include_str!("../model/weights.rs").as_bytes(),
     include_str!("base.rs").as_bytes(),
     include_str!("corpus.rs").as_bytes(),
     include_str!("train.rs").as_bytes(),

@@ -10,8 +10,8 @@ use crate::lora::{LoraBatch, LoraTarget};
 /// A linear projection `y = x·Wᵀ (+ b)` plus the batch's LoRA term for it.
 #[derive(Debug)]
 pub(crate) struct Projection {
-    /// `W`, `(out, in)`.
-    pub(crate) weight: Tensor,
+    /// `Wᵀ`, `(in, out)`, contiguous: row-major for the matmul.
+    pub(crate) weight_t: Tensor,
     /// Qwen2's q/k/v projections have biases; LLaMA's have none.
     pub(crate) bias: Option<Tensor>,
     pub(crate) target: LoraTarget,
@@ -20,7 +20,7 @@ pub(crate) struct Projection {
 impl Projection {
     /// `x` is `(rows·len, in)` for `rows` rows; returns `(rows·len, out)`.
     fn forward(&self, x: &Tensor, rows: usize, layer: usize, lora: &LoraBatch) -> Result<Tensor> {
-        let mut y = x.matmul(&self.weight.t()?)?;
+        let mut y = x.matmul(&self.weight_t)?;
         if let Some(bias) = &self.bias {
             y = y.broadcast_add(bias)?;
         }

@@ -49,8 +49,9 @@ impl Llama {
                 let path = target.module_path(index);
                 let (fan_in, fan_out) = target.features(&config);
                 let weight = weights.take(&format!("{path}.weight"), (fan_out, fan_in).into())?;
+                let weight_t = weight.t().and_then(|w| w.contiguous()).map_err(weights_error)?;
                 let bias = weights.take_optional(&format!("{path}.bias"), fan_out.into())?;
-                Ok(Projection { weight, bias, target })
+                Ok(Projection { weight_t, bias, target })
             };
             let attention = Attention {
                 q: projection(LoraTarget::Q)?,

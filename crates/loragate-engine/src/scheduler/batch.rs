@@ -72,6 +72,7 @@ impl Batch {
             self.lora = LoraBatch::for_rows(&adapters, self.lora.bank(), model.device(), model.dtype())?;
             self.lora_stale = false;
         }
+        debug_assert_eq!(self.cache.rows(), self.rows.len(), "row i of the cache is rows[i]");
         self.cache.reserve_step()?;
         let device = model.device();
         let tokens: Vec<u32> = self.rows.iter().map(|row| row.next_input).collect();
