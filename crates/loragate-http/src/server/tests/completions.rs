@@ -232,3 +232,22 @@ async fn an_aborted_completion_returns_its_partial_tokens_with_finish_reason_abo
     assert_eq!(body["id"], "cmpl-partial-1");
     harness.resume("meow").await;
 }
+
+#[tokio::test]
+async fn a_client_that_disconnects_midway_cancels_its_request() {
+    let harness = serve(&["meow"]).await;
+    let unary = harness.spawn_completion(json!({"model": "meow", "prompt": "x", "max_tokens": 50}), "left-1");
+    eventually("the unary request runs", || async { harness.status_of("meow").await.in_flight == 1 }).await;
+    unary.abort();
+    eventually("the unary request is cancelled", || async { harness.status_of("meow").await.in_flight == 0 }).await;
+
+    let body = json!({"model": "meow", "prompt": "x", "max_tokens": 50, "stream": true});
+    let response = harness.client.post(harness.url("/v1/completions")).json(&body).send().await.expect("send");
+    let mut bytes = response.bytes_stream();
+    bytes.next().await.expect("a first chunk").expect("bytes");
+    assert_eq!(harness.status_of("meow").await.in_flight, 1);
+    drop(bytes);
+    eventually("the stream is cancelled", || async { harness.status_of("meow").await.in_flight == 0 }).await;
+    let meow = harness.status_of("meow").await;
+    assert!(!meow.paused && meow.held == 0, "a departed client changes nothing else: {meow:?}");
+}
