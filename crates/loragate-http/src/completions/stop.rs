@@ -1,0 +1,118 @@
+//! Stop strings, watched in a choice's decoded text as it grows. Text that could be the start of a stop string is
+//! held back until the next piece shows whether it is one, so a stop string split across tokens or chunks is
+//! still found and never sent to a streaming client.
+
+use std::sync::Arc;
+
+/// What the watcher says about a piece of text.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Watched {
+    /// No stop string yet; this much text is safe to release (the rest is held back).
+    Continue(String),
+    /// A stop string appeared; this is the text before it, to release as the choice's last.
+    Stopped(String),
+}
+
+/// Watches one choice's text for the request's stop strings.
+#[derive(Debug)]
+pub(crate) struct StopWatcher {
+    stops: Arc<[String]>,
+    held: String,
+}
+
+impl StopWatcher {
+    /// A watcher for `stops` (none of them empty).
+    pub(crate) fn new(stops: Arc<[String]>) -> Self {
+        Self { stops, held: String::new() }
+    }
+
+    /// Takes the next piece of text.
+    pub(crate) fn feed(&mut self, text: &str) -> Watched {
+        if self.stops.is_empty() {
+            return Watched::Continue(text.to_owned());
+        }
+        self.held.push_str(text);
+        let earliest = self.stops.iter().filter_map(|stop| self.held.find(stop.as_str())).min();
+        if let Some(at) = earliest {
+            let mut before = std::mem::take(&mut self.held);
+            before.truncate(at);
+            return Watched::Stopped(before);
+        }
+        // Hold back the longest tail that some stop string starts with.
+        let keep_from = self
+            .held
+            .char_indices()
+            .map(|(index, _)| index)
+            .find(|&index| self.stops.iter().any(|stop| stop.starts_with(&self.held[index..])))
+            .unwrap_or(self.held.len());
+        let kept = self.held.split_off(keep_from);
+        Watched::Continue(std::mem::replace(&mut self.held, kept))
+    }
+
+    /// Releases the held-back text (the choice ended without a stop string).
+    pub(crate) fn flush(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn watcher(stops: &[&str]) -> StopWatcher {
+        StopWatcher::new(stops.iter().map(|stop| (*stop).to_owned()).collect())
+    }
+
+    /// Feeds `pieces`; returns the released text and whether a stop string ended it.
+    fn run(stops: &[&str], pieces: &[&str]) -> (String, bool) {
+        let mut watcher = watcher(stops);
+        let mut released = String::new();
+        for piece in pieces {
+            match watcher.feed(piece) {
+                Watched::Continue(text) => released.push_str(&text),
+                Watched::Stopped(text) => return (released + &text, true),
+            }
+        }
+        (released + &watcher.flush(), false)
+    }
+
+    #[test]
+    fn without_stop_strings_text_passes_at_once() {
+        let mut watcher = watcher(&[]);
+        assert_eq!(watcher.feed("meow"), Watched::Continue("meow".into()));
+    }
+
+    #[test]
+    fn a_stop_string_inside_one_piece_truncates_before_it() {
+        assert_eq!(run(&["woof"], &["meow woof meow"]), ("meow ".into(), true));
+    }
+
+    #[test]
+    fn a_stop_string_split_across_pieces_is_found_and_never_released() {
+        let mut watcher = watcher(&["\n\n"]);
+        assert_eq!(watcher.feed("meow\n"), Watched::Continue("meow".into()), "the possible start is held back");
+        assert_eq!(watcher.feed("\nmore"), Watched::Stopped(String::new()));
+        assert_eq!(run(&["woof"], &["me", "ow w", "o", "of!"]), ("meow ".into(), true));
+    }
+
+    #[test]
+    fn a_false_start_is_released_once_it_cannot_match() {
+        let mut watcher = watcher(&["wolf"]);
+        assert_eq!(watcher.feed("a wo"), Watched::Continue("a ".into()));
+        assert_eq!(watcher.feed("of"), Watched::Continue("woof".into()));
+        assert_eq!(run(&["wolf"], &["a wo"]), ("a wo".into(), false), "held text is flushed at the end");
+    }
+
+    #[test]
+    fn the_earliest_of_several_stop_strings_wins() {
+        assert_eq!(run(&["meow", "ow"], &["a cow says meow"]), ("a c".into(), true));
+        assert_eq!(run(&["xyz", "b"], &["a", "bc"]), ("a".into(), true));
+    }
+
+    #[test]
+    fn multibyte_text_is_cut_at_character_boundaries() {
+        assert_eq!(run(&["€!"], &["1€", "2€", "!3"]), ("1€2".into(), true));
+        let mut watcher = watcher(&["€!"]);
+        assert_eq!(watcher.feed("é€"), Watched::Continue("é".into()));
+    }
+}

@@ -1,0 +1,175 @@
+//! Assembles the HTTP server: the routes, the submission gate on `/v1/completions` only, request metrics on every
+//! route, and graceful shutdown.
+
+use std::convert::Infallible;
+use std::future::{Future, IntoFuture};
+use std::sync::Arc;
+
+use axum::Router;
+use axum::middleware::from_fn_with_state;
+use axum::routing::{get, post};
+use http::Uri;
+use loragate_core::Coordinator;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::codec::TextCodec;
+use crate::completions::create_completion;
+use crate::control::{
+    abort_lora_requests, load_lora_adapter, resume_lora_requests, unload_lora_adapter, wait_lora_unpaused,
+};
+use crate::error::HttpError;
+use crate::models::list_models;
+use crate::observability::{HttpMetrics, health, metrics, track_requests};
+use crate::submission_gate::submission_gate;
+
+/// The largest request body accepted unless [`HttpFront::with_body_limit`] says otherwise: 4 MiB.
+pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// What the HTTP front serves: the coordinator, the base model's served name, the text codec, and the body limit.
+#[derive(Clone)]
+pub struct HttpFront {
+    coordinator: Coordinator,
+    served_model_name: Arc<str>,
+    codec: Arc<dyn TextCodec>,
+    body_limit: usize,
+}
+
+impl HttpFront {
+    /// A front over `coordinator`. `served_model_name` is what `model` and `/v1/models` call the base model;
+    /// `codec` encodes text prompts and decodes generated tokens. The body limit is [`DEFAULT_BODY_LIMIT`].
+    pub fn new(coordinator: Coordinator, served_model_name: impl Into<String>, codec: Arc<dyn TextCodec>) -> Self {
+        let served_model_name: String = served_model_name.into();
+        Self { coordinator, served_model_name: served_model_name.into(), codec, body_limit: DEFAULT_BODY_LIMIT }
+    }
+
+    /// Sets the largest request body accepted, in bytes (larger ones get 413).
+    pub fn with_body_limit(mut self, bytes: usize) -> Self {
+        self.body_limit = bytes;
+        self
+    }
+
+    pub(crate) fn coordinator(&self) -> &Coordinator {
+        &self.coordinator
+    }
+
+    pub(crate) fn served_model_name(&self) -> &str {
+        &self.served_model_name
+    }
+
+    pub(crate) fn codec(&self) -> &Arc<dyn TextCodec> {
+        &self.codec
+    }
+
+    /// The core's `lora_name` for a completion's `model`: empty (the base model) for the served name, else the
+    /// model itself (an adapter's name; the core checks it).
+    pub(crate) fn lora_name_for<'a>(&self, model: &'a str) -> &'a str {
+        if model == &*self.served_model_name { "" } else { model }
+    }
+}
+
+/// Everything the handlers share, for one server instance.
+#[derive(Clone)]
+pub(crate) struct AppState(Arc<Shared>);
+
+struct Shared {
+    front: HttpFront,
+    metrics: HttpMetrics,
+    registry: Registry,
+    draining: CancellationToken,
+}
+
+impl AppState {
+    fn new(front: HttpFront) -> Self {
+        let mut registry = Registry::with_prefix("loragate");
+        front.coordinator.metrics().register(&mut registry);
+        let metrics = HttpMetrics::default();
+        metrics.register(registry.sub_registry_with_prefix("http"));
+        Self(Arc::new(Shared { front, metrics, registry, draining: CancellationToken::new() }))
+    }
+
+    pub(crate) fn front(&self) -> &HttpFront {
+        &self.0.front
+    }
+
+    pub(crate) fn body_limit(&self) -> usize {
+        self.0.front.body_limit
+    }
+
+    pub(crate) fn metrics(&self) -> &HttpMetrics {
+        &self.0.metrics
+    }
+
+    pub(crate) fn registry(&self) -> &Registry {
+        &self.0.registry
+    }
+
+    pub(crate) fn is_draining(&self) -> bool {
+        self.0.draining.is_cancelled()
+    }
+}
+
+/// Why the HTTP server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpServeError {
+    /// Accepting or serving connections failed.
+    #[error("HTTP transport: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Serves the HTTP front on `listener` until `stop` resolves, then lets open requests finish.
+///
+/// `/health` answers 200 until `draining` resolves (the server is about to stop), then 503, so load balancers stop
+/// sending work while running requests finish.
+pub async fn serve_http(
+    listener: TcpListener,
+    front: HttpFront,
+    draining: impl Future<Output = ()> + Send + 'static,
+    stop: impl Future<Output = ()> + Send,
+) -> Result<(), HttpServeError> {
+    let state = AppState::new(front);
+    let shutdown = CancellationToken::new();
+    let server =
+        axum::serve(listener, router(state.clone())).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let server = server.into_future();
+    let mark_draining = async move {
+        draining.await;
+        state.0.draining.cancel();
+        std::future::pending::<Infallible>().await
+    };
+    tokio::pin!(server, stop, mark_draining);
+    let mut stopping = false;
+    loop {
+        tokio::select! {
+            result = &mut server => return Ok(result?),
+            () = &mut stop, if !stopping => {
+                stopping = true;
+                shutdown.cancel();
+            }
+            never = &mut mark_draining => match never {},
+        }
+    }
+}
+
+/// The routes. The gate sits on `/v1/completions` only: control, health, metrics and models answer while an
+/// adapter is paused.
+fn router(state: AppState) -> Router {
+    let gated_completions = post(create_completion).layer(from_fn_with_state(state.clone(), submission_gate));
+    Router::new()
+        .route("/v1/completions", gated_completions)
+        .route("/v1/models", get(list_models))
+        .route("/v1/load_lora_adapter", post(load_lora_adapter))
+        .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
+        .route("/skyrl/v1/abort_lora_requests", post(abort_lora_requests))
+        .route("/skyrl/v1/resume_lora_requests", post(resume_lora_requests))
+        .route("/skyrl/v1/wait_lora_unpaused", post(wait_lora_unpaused))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route_layer(from_fn_with_state(state.clone(), track_requests))
+        .fallback(|uri: Uri| async move { HttpError::NoSuchEndpoint(uri.path().to_owned()) })
+        .with_state(state)
+}
+
+#[cfg(test)]
+mod tests;

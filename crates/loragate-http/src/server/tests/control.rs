@@ -1,0 +1,127 @@
+//! SkyRL-compatible pause control, vLLM-compatible loading, and the model list.
+
+use std::path::PathBuf;
+
+use loragate_core::AdapterRoot;
+use serde_json::json;
+
+use super::*;
+
+#[tokio::test]
+async fn abort_resume_and_wait_answer_with_skyrls_shapes() {
+    let harness = serve(&["meow"]).await;
+    let report = harness.pause("meow").await;
+    assert_eq!(report, json!({"status": "ok", "aborted": [], "count": 0, "unacknowledged": []}));
+    let again = harness.pause("meow").await;
+    assert_eq!(again["count"], 0, "abort is idempotent");
+    let (status, wait) =
+        harness.post("/skyrl/v1/wait_lora_unpaused", json!({"lora_name": "meow", "timeout_s": 0.05})).await;
+    assert_eq!((status, wait), (StatusCode::OK, json!({"paused": true})));
+
+    let (status, resumed) = harness.post("/skyrl/v1/resume_lora_requests", json!({"lora_name": "meow"})).await;
+    assert_eq!((status, resumed), (StatusCode::OK, json!({"status": "ok", "was_paused": true})));
+    let (status, resumed) = harness.post("/skyrl/v1/resume_lora_requests", json!({"lora_name": "meow"})).await;
+    assert_eq!((status, resumed["was_paused"].clone()), (StatusCode::OK, json!(false)), "resume is idempotent");
+    let (status, wait) = harness.post("/skyrl/v1/wait_lora_unpaused", json!({"lora_name": "meow"})).await;
+    assert_eq!((status, wait), (StatusCode::OK, json!({"paused": false})), "an open adapter answers at once");
+}
+
+#[tokio::test]
+async fn a_long_poll_is_released_by_resume() {
+    let harness = serve(&["meow"]).await;
+    harness.pause("meow").await;
+    let request = harness
+        .client
+        .post(harness.url("/skyrl/v1/wait_lora_unpaused"))
+        .json(&json!({"lora_name": "meow", "timeout_s": 30}));
+    let waiter = tokio::spawn(async move { request.send().await.expect("send").json::<Value>().await.expect("json") });
+    eventually("the caller waits", || async { harness.status_of("meow").await.waiting == 1 }).await;
+    assert!(!waiter.is_finished());
+    harness.resume("meow").await;
+    assert_eq!(waiter.await.expect("task"), json!({"paused": false}));
+    assert_eq!(harness.status_of("meow").await.waiting, 0);
+}
+
+/// A temporary adapter root with the directories `step-2` and `bad` (the scripted engine refuses `bad`).
+struct TempRoot(PathBuf);
+
+impl TempRoot {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("loragate-http-root-{}", unique_suffix()));
+        for adapter in ["step-2", "bad"] {
+            std::fs::create_dir_all(dir.join(adapter)).expect("mkdir");
+        }
+        Self(dir)
+    }
+}
+
+impl Drop for TempRoot {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn unique_suffix() -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("{}-{nanos}", std::process::id())
+}
+
+#[tokio::test]
+async fn adapters_load_swap_and_unload_through_the_adapter_root() {
+    let root = TempRoot::new();
+    let config = CoordinatorConfig {
+        adapter_root: Some(AdapterRoot::new(&root.0).expect("root")),
+        ..CoordinatorConfig::default()
+    };
+    let harness = serve_engine(ScriptedEngine::new(HOLD_AFTER), config, &["meow"]).await;
+
+    let swap = json!({"lora_name": "meow", "lora_path": "step-2", "load_inplace": true});
+    let (status, loaded) = harness.post("/v1/load_lora_adapter", swap).await;
+    assert_eq!((status, loaded), (StatusCode::OK, json!({"status": "ok", "lora_name": "meow", "version": 2})));
+    let (status, fresh) =
+        harness.post("/v1/load_lora_adapter", json!({"lora_name": "fresh", "lora_path": "step-2"})).await;
+    assert_eq!((status, fresh["version"].clone()), (StatusCode::OK, json!(1)));
+    let (_, completion) =
+        harness.post("/v1/completions", json!({"model": "meow", "prompt": "x", "max_tokens": 1})).await;
+    assert_eq!(completion["choices"][0]["segments"][0]["lora_version"], 2, "new requests see the swapped weights");
+
+    let (status, refused) =
+        harness.post("/v1/load_lora_adapter", json!({"lora_name": "meow", "lora_path": "bad"})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+    assert_eq!(refused["error"]["param"], "lora_path");
+    assert_eq!(harness.status_of("meow").await.version.0, 2, "the old weights stay served");
+    let (status, escape) =
+        harness.post("/v1/load_lora_adapter", json!({"lora_name": "meow", "lora_path": "../../etc"})).await;
+    assert_eq!((status, escape["error"]["param"].clone()), (StatusCode::BAD_REQUEST, json!("lora_path")));
+
+    let (status, unloaded) = harness.post("/v1/unload_lora_adapter", json!({"lora_name": "fresh"})).await;
+    assert_eq!((status, unloaded), (StatusCode::OK, json!({"status": "ok", "lora_name": "fresh"})));
+    let (status, gone) = harness.post("/v1/completions", json!({"model": "fresh", "prompt": "x"})).await;
+    assert_eq!((status, gone["error"]["param"].clone()), (StatusCode::NOT_FOUND, json!("model")));
+    let (_, models) = harness.get("/v1/models").await;
+    let ids: Vec<&str> = models["data"].as_array().expect("data").iter().filter_map(|m| m["id"].as_str()).collect();
+    assert_eq!(ids, [SERVED_NAME, "meow"]);
+}
+
+#[tokio::test]
+async fn models_list_the_base_model_then_each_adapter_with_its_state() {
+    let harness = serve(&["meow", "woof"]).await;
+    harness.pause("woof").await;
+    let (status, models) = harness.get("/v1/models").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(models["object"], "list");
+    let data = models["data"].as_array().expect("data");
+    assert_eq!(data.len(), 3, "{models}");
+    let base = &data[0];
+    assert_eq!(
+        (&base["id"], &base["object"], &base["owned_by"]),
+        (&json!(SERVED_NAME), &json!("model"), &json!("loragate"))
+    );
+    assert_eq!((&base["parent"], &base["version"], &base["max_model_len"]), (&json!(null), &json!(0), &json!(4096)));
+    for (card, name, paused) in [(&data[1], "meow", false), (&data[2], "woof", true)] {
+        assert_eq!((&card["id"], &card["parent"]), (&json!(name), &json!(SERVED_NAME)));
+        assert_eq!((&card["version"], &card["paused"], &card["held"]), (&json!(1), &json!(paused), &json!(0)));
+        assert!(card["created"].is_u64() && card["in_flight"] == 0 && card["waiting"] == 0, "{card}");
+    }
+    harness.resume("woof").await;
+}
