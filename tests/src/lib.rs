@@ -63,6 +63,11 @@ impl DemoServer {
         SamplerClient::new(self.channel.clone())
     }
 
+    /// The URL of `path` (e.g. `/v1/completions`) on the server's HTTP front.
+    pub fn http_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.server.http_addr())
+    }
+
     /// `ListLoraAdapters`' entry for `lora_name`.
     pub async fn status(&self, lora_name: &str) -> LoraAdapterStatus {
         let listed = self.control().list_lora_adapters(ListLoraAdaptersRequest {}).await.expect("list").into_inner();

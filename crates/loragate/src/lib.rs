@@ -1,15 +1,17 @@
 //! The loragate server: swap LoRA adapter weights while rollouts keep sampling, safely and per adapter.
 //!
 //! This crate puts the pieces together: the candle engine ([`loragate_engine`]), the coordinator
-//! ([`loragate_core`]) and the gRPC front ([`loragate_grpc`]); `loragate serve` runs them, and [`RunningServer`]
-//! does the same in-process (the cross-crate tests start real servers on `127.0.0.1:0` with it).
+//! ([`loragate_core`]), the gRPC front ([`loragate_grpc`]) and the HTTP front ([`loragate_http`]); `loragate serve`
+//! runs them, and [`RunningServer`] does the same in-process (the cross-crate tests start real servers on
+//! `127.0.0.1:0` with it).
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), loragate::ServeError> {
 //! let mut config = loragate::ServeConfig::demo(loragate_engine::default_cache_dir());
 //! config.grpc_addr = "127.0.0.1:0".parse().expect("address");
+//! config.http_addr = "127.0.0.1:0".parse().expect("address");
 //! let server = loragate::RunningServer::start(config).await?;
-//! println!("gRPC on {}", server.grpc_addr());
+//! println!("gRPC on {}, HTTP on {}", server.grpc_addr(), server.http_addr());
 //! server.shutdown().await;
 //! # Ok(())
 //! # }
@@ -18,6 +20,7 @@
 mod cli;
 mod duration_arg;
 mod serve;
+mod text_codec;
 
 pub use cli::{Cli, Command, ServeArgs};
 pub use duration_arg::parse_duration;

@@ -57,6 +57,7 @@ async fn serve(args: loragate::ServeArgs) -> Result<(), String> {
         serde_json::json!({
             "event": "ready",
             "grpc_addr": server.grpc_addr().to_string(),
+            "http_addr": server.http_addr().to_string(),
             "model": server.served_model_name(),
             "adapters": adapters,
         })

@@ -8,9 +8,12 @@ use std::time::Duration;
 use futures::future::select_all;
 use loragate_core::{AdapterName, AdapterRoot, AdapterSource, Coordinator, CoordinatorConfig, CoreError};
 use loragate_engine::{CandleEngine, DEMO_MODEL_NAME, DemoError, EngineConfig, EngineLoadError, ensure_demo_files};
+use loragate_http::HttpFront;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+use crate::text_codec::TokenizerCodec;
 
 /// Which model to serve.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,6 +124,9 @@ pub enum ServeError {
     /// The gRPC server failed.
     #[error(transparent)]
     Grpc(#[from] loragate_grpc::GrpcServeError),
+    /// The HTTP server failed.
+    #[error(transparent)]
+    Http(#[from] loragate_http::HttpServeError),
     /// A blocking start-up task panicked.
     #[error("start-up task failed: {0}")]
     Startup(String),
@@ -129,6 +135,7 @@ pub enum ServeError {
 /// A running server. [`RunningServer::shutdown`] stops it gracefully.
 pub struct RunningServer {
     grpc_addr: SocketAddr,
+    http_addr: SocketAddr,
     served_model_name: String,
     coordinator: Coordinator,
     shutdown_grace: Duration,
@@ -158,6 +165,7 @@ impl RunningServer {
 
         let engine_config = config.engine.clone();
         let engine = blocking(move || CandleEngine::load(&model_dir, engine_config)).await??;
+        let codec = Arc::new(TokenizerCodec::new(engine.tokenizer().cloned()));
         let adapter_root = match config.adapter_root.clone().or(default_root) {
             Some(path) => Some(AdapterRoot::new(&path).map_err(|source| ServeError::AdapterRoot { path, source })?),
             None => None,
@@ -176,6 +184,8 @@ impl RunningServer {
 
         let grpc_listener = bind(config.grpc_addr).await?;
         let grpc_addr = local_addr(&grpc_listener, config.grpc_addr)?;
+        let http_listener = bind(config.http_addr).await?;
+        let http_addr = local_addr(&http_listener, config.http_addr)?;
 
         let (draining, stop) = (CancellationToken::new(), CancellationToken::new());
         let grpc = tokio::spawn(loragate_grpc::serve_grpc(
@@ -184,9 +194,21 @@ impl RunningServer {
             draining.clone().cancelled_owned(),
             stop.clone().cancelled_owned(),
         ));
-        let fronts = vec![tokio::spawn(async move { grpc.await.map_err(join_error)?.map_err(ServeError::from) })];
+        let http_front = HttpFront::new(coordinator.clone(), served_model_name.clone(), codec);
+        let http = tokio::spawn(loragate_http::serve_http(
+            http_listener,
+            http_front,
+            draining.clone().cancelled_owned(),
+            stop.clone().cancelled_owned(),
+        ));
+        let fronts = vec![
+            tokio::spawn(async move { grpc.await.map_err(join_error)?.map_err(ServeError::from) }),
+            tokio::spawn(async move { http.await.map_err(join_error)?.map_err(ServeError::from) }),
+        ];
+        tracing::info!(%grpc_addr, %http_addr, model = %served_model_name, "serving");
         Ok(Self {
             grpc_addr,
+            http_addr,
             served_model_name,
             coordinator,
             shutdown_grace: config.shutdown_grace,
@@ -199,6 +221,11 @@ impl RunningServer {
     /// The bound gRPC address.
     pub fn grpc_addr(&self) -> SocketAddr {
         self.grpc_addr
+    }
+
+    /// The bound HTTP address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
     }
 
     /// What HTTP calls the base model.
