@@ -59,6 +59,31 @@ async fn decode(engine: &CandleEngine, sequences: usize) {
     futures::future::join_all(runs).await;
 }
 
+/// The refill after a weight swap: `sequences` continuations (the prompt plus `accumulated` tokens already
+/// generated) submitted at once, until every one has produced its first new token.
+async fn refill(engine: &CandleEngine, sequences: usize, accumulated: usize) {
+    let runs = (0..sequences).map(|_| async move {
+        let mut continuation = request(engine, "meow", 1);
+        let mut raw = RawSampleRequest {
+            lora_name: "meow".into(),
+            prompt_token_ids: continuation.prompt().to_vec(),
+            max_tokens: Some(1),
+            ignore_eos: true,
+            ..Default::default()
+        };
+        raw.prompt_token_ids.extend(std::iter::repeat_n(u32::from(b'm'), accumulated));
+        continuation = SampleRequest::parse(raw, engine.model_info()).expect("valid request");
+        let mut stream = engine.generate(continuation, CancellationToken::new()).await.expect("generate");
+        while let Some(event) = stream.next().await {
+            if let Ok(EngineEvent::Tokens { .. }) = event {
+                return;
+            }
+        }
+        panic!("no token");
+    });
+    futures::future::join_all(runs).await;
+}
+
 /// The time from `cancel()` to the `Abort` event of a sequence that is decoding.
 async fn cancel_latency(engine: &CandleEngine) -> Duration {
     let cancel = CancellationToken::new();
@@ -90,6 +115,15 @@ fn engine_benches(c: &mut Criterion) {
         group.throughput(Throughput::Elements(sequences as u64 * u64::from(NEW_TOKENS)));
         group.bench_with_input(BenchmarkId::new("sequences", sequences), &sequences, |b, &sequences| {
             b.to_async(&runtime).iter(|| decode(&engine, sequences));
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("engine_refill");
+    group.sample_size(10).measurement_time(Duration::from_secs(8));
+    for sequences in [1, 32] {
+        group.bench_with_input(BenchmarkId::new("continuations_of_100_tokens", sequences), &sequences, |b, &n| {
+            b.to_async(&runtime).iter(|| refill(&engine, n, 100));
         });
     }
     group.finish();

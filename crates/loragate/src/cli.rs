@@ -76,6 +76,11 @@ pub struct ServeArgs {
     /// The most sequences decoded together in one engine step.
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub max_batch_size: usize,
+    /// CPU threads for the engine's tensor operations (default: $RAYON_NUM_THREADS, else half the cores, at least
+    /// 1). Candle's small CPU ops lose more to cross-thread synchronisation than they gain, and the async runtime
+    /// needs cores too (see docs/benchmarks.md).
+    #[arg(long, value_name = "N", default_value_t = crate::compute_threads::default_compute_threads())]
+    pub compute_threads: usize,
     /// Serve at most this many tokens of context (default: the model's own length).
     #[arg(long, value_name = "TOKENS")]
     pub max_context_length: Option<u32>,

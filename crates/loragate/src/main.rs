@@ -14,6 +14,13 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
+    if let Command::Serve(args) = &cli.command {
+        // SAFETY: no other thread exists yet: the async runtime starts below, and logging spawns none.
+        #[allow(unsafe_code)]
+        unsafe {
+            loragate::set_compute_threads(args.compute_threads);
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
