@@ -1,0 +1,156 @@
+//! The `loragate` binary as users run it: `serve` on the embedded demo model announces its addresses, serves real
+//! Python clients (grpcio, the openai SDK, httpx), and exits cleanly on SIGTERM; `demo-model --out` writes files that
+//! `serve --model` serves the same way.
+//!
+//! The Python clients need `$LORAGATE_PYTHON` (default `python3`) with `grpcio grpcio-tools openai httpx`; the
+//! README's test command sets that up. Without them the test fails: it never skips.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// A `loragate serve` child process, killed when dropped.
+struct Served {
+    child: Child,
+    grpc_addr: String,
+    http_addr: String,
+    ready: serde_json::Value,
+}
+
+impl Served {
+    /// Starts `loragate serve ARGS --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0` and reads its ready line.
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_loragate"))
+            .arg("serve")
+            .args(args)
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .env("LORAGATE_CACHE_DIR", cache_dir())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("loragate starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = sender.send(line);
+        });
+        let line = receiver.recv_timeout(PATIENCE).expect("the ready line in time");
+        let ready: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line:?}"));
+        assert_eq!(ready["event"], "ready", "{ready}");
+        let address = |key: &str| ready[key].as_str().unwrap_or_else(|| panic!("{key} in {ready}")).to_owned();
+        Self { grpc_addr: address("grpc_addr"), http_addr: address("http_addr"), ready, child }
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("kill runs");
+        assert!(sent.success(), "SIGTERM sent");
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "loragate did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("LORAGATE_CACHE_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/loragate-test-cache"))
+}
+
+/// Runs `tests/python/SCRIPT ARG` with `$LORAGATE_PYTHON` and fails with its output unless it succeeds.
+fn run_python(script: &str, arg: &str) {
+    let python = std::env::var("LORAGATE_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let output = Command::new(&python)
+        .arg(repo_root().join("tests/python").join(script))
+        .arg(arg)
+        .output()
+        .unwrap_or_else(|err| panic!("cannot run {python}: {err}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{script} failed ({}):\n{stdout}\n{stderr}", output.status);
+    assert!(stdout.contains("ok: "), "{script} did not report success:\n{stdout}\n{stderr}");
+}
+
+#[test]
+fn serve_announces_the_demo_and_real_python_clients_pass_over_grpc_and_http() {
+    let served = Served::start(&[]);
+    assert_eq!(served.ready["model"], "loragate-demo");
+    assert_eq!(served.ready["adapters"], serde_json::json!(["meow", "woof"]), "{}", served.ready);
+    run_python("grpc_pause_roundtrip.py", &served.grpc_addr);
+    let base_url = format!("http://{}", served.http_addr);
+    run_python("http_openai_client.py", &base_url);
+    run_python("http_skyrl_pause.py", &base_url);
+    let status = served.terminate();
+    assert!(status.success(), "SIGTERM is a clean shutdown: {status}");
+}
+
+#[test]
+fn demo_model_files_serve_the_same_adapters_from_disk() {
+    let out = std::env::temp_dir().join(format!("loragate-demo-files-{}", std::process::id()));
+    let written = Command::new(env!("CARGO_BIN_EXE_loragate"))
+        .args(["demo-model", "--out"])
+        .arg(&out)
+        .output()
+        .expect("demo-model runs");
+    assert!(written.status.success(), "{}", String::from_utf8_lossy(&written.stderr));
+    for file in ["model/config.json", "model/model.safetensors", "model/tokenizer.json"] {
+        assert!(out.join(file).is_file(), "{file} written");
+    }
+    for adapter in ["meow", "woof"] {
+        for file in ["adapter_config.json", "adapter_model.safetensors"] {
+            assert!(out.join("adapters").join(adapter).join(file).is_file(), "{adapter}/{file} written");
+        }
+    }
+
+    let dir = |path: &str| out.join(path).display().to_string();
+    let (model, meow, woof, root) = (dir("model"), dir("adapters/meow"), dir("adapters/woof"), dir("adapters"));
+    let served = Served::start(&[
+        "--model",
+        &model,
+        "--adapter",
+        &format!("meow={meow}"),
+        "--adapter",
+        &format!("woof={woof}"),
+        "--adapter-root",
+        &root,
+    ]);
+    assert_eq!(served.ready["model"], "model", "the directory's name is the served name");
+    assert_eq!(served.ready["adapters"], serde_json::json!(["meow", "woof"]), "{}", served.ready);
+    assert!(served.terminate().success());
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn a_bad_flag_fails_with_a_message_naming_it() {
+    let output = Command::new(env!("CARGO_BIN_EXE_loragate"))
+        .args(["serve", "--grpc-addr", "not-an-address"])
+        .output()
+        .expect("loragate runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--grpc-addr"), "{stderr}");
+}
