@@ -5,7 +5,6 @@
 //! every test process. Each server's adapter root is a fresh temporary copy of the demo adapters, so a test can add
 //! adapters (broken ones too) without touching the cache.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -13,7 +12,6 @@ use loragate::{RunningServer, ServeConfig};
 use loragate_proto::v1::lora_control_client::LoraControlClient;
 use loragate_proto::v1::sampler_client::SamplerClient;
 use loragate_proto::v1::{self as pb, ListLoraAdaptersRequest, LoraAdapterStatus};
-use tokio::time::Instant;
 use tonic::transport::Channel;
 
 /// The demo prompt of the contract's examples.
@@ -25,8 +23,8 @@ pub struct DemoServer {
     pub server: RunningServer,
     /// A channel to its gRPC address.
     pub channel: Channel,
-    /// The server's adapter root (a temporary copy of the demo adapters `meow` and `woof`).
-    pub adapter_root: PathBuf,
+    /// The server's adapter root (a temporary copy of the demo adapters `meow` and `woof`, removed on drop).
+    pub adapter_root: TempDir,
 }
 
 impl DemoServer {
@@ -42,7 +40,7 @@ impl DemoServer {
         let mut config = ServeConfig::demo(cache_dir);
         config.grpc_addr = "127.0.0.1:0".parse().expect("address");
         config.http_addr = "127.0.0.1:0".parse().expect("address");
-        config.adapter_root = Some(adapter_root.clone());
+        config.adapter_root = Some(adapter_root.to_path_buf());
         configure(&mut config);
         let server = RunningServer::start(config).await.expect("the demo server starts");
         let channel = Channel::from_shared(format!("http://{}", server.grpc_addr()))
@@ -89,7 +87,24 @@ pub fn test_cache_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/loragate-test-cache"))
 }
 
-async fn copy_demo_adapters(cache_dir: &Path) -> PathBuf {
+/// A directory that is removed with everything in it when dropped.
+pub struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn copy_demo_adapters(cache_dir: &Path) -> TempDir {
     let cache_dir = cache_dir.to_owned();
     tokio::task::spawn_blocking(move || {
         let files = loragate_engine_demo_files(&cache_dir);
@@ -97,7 +112,7 @@ async fn copy_demo_adapters(cache_dir: &Path) -> PathBuf {
         for (name, source) in [("meow", &files.meow_dir), ("woof", &files.woof_dir)] {
             copy_dir(source, &root.join(name));
         }
-        root
+        TempDir(root)
     })
     .await
     .expect("copying the demo adapters")
@@ -143,18 +158,8 @@ pub fn sample_request(lora_name: &str, max_tokens: u32) -> pb::SampleRequest {
     }
 }
 
-/// Polls `condition` until it holds; fails the test after `limit`.
-pub async fn eventually<F, Fut>(what: &str, limit: Duration, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    while !condition().await {
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
+/// Polls a condition until it holds; fails the test after a limit.
+pub use loragate_core::testing::eventually_within as eventually;
 
 /// The generous limit for waits on the demo model in CI.
 pub const PATIENCE: Duration = Duration::from_secs(60);

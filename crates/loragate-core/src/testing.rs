@@ -137,3 +137,26 @@ impl Engine for ScriptedEngine {
         Ok(())
     }
 }
+
+/// Polls `condition` every few milliseconds until it holds; panics naming `what` after 10 s. Tests wait with this,
+/// never with a bare sleep.
+pub async fn eventually<F, Fut>(what: &str, condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    eventually_within(what, std::time::Duration::from_secs(10), condition).await;
+}
+
+/// [`eventually`] with its own limit.
+pub async fn eventually_within<F, Fut>(what: &str, limit: std::time::Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    while !condition().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out after {limit:?} waiting until {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}

@@ -2,7 +2,6 @@
 //! deadline; nothing sleeps to synchronise.
 
 use std::collections::{HashMap, HashSet};
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -19,7 +18,7 @@ use crate::adapter::{AdapterMsg, parse_timeout_s};
 use crate::engine::EngineError;
 use crate::ids::RequestId;
 use crate::output::{FinishReason, SampleOutput, Segment};
-use crate::testing::ScriptedEngine;
+use crate::testing::{ScriptedEngine, eventually};
 
 /// Tokens every scripted request emits before it waits to be aborted.
 const HOLD_AFTER: u32 = 3;
@@ -73,19 +72,6 @@ fn spawn_sample(
 
 async fn status(coordinator: &Coordinator, lora: &str) -> AdapterStatus {
     coordinator.adapter(&AdapterKey::parse(lora).expect("key")).expect("loaded").status().await.expect("status")
-}
-
-/// Polls `condition` until it holds, failing the test after a generous deadline.
-async fn eventually<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !condition().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
 }
 
 async fn joined<T>(task: JoinHandle<T>) -> T {

@@ -1,10 +1,9 @@
 //! The gRPC front over a scripted engine, on a real server at `127.0.0.1:0` with the generated clients.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use loragate_core::testing::ScriptedEngine;
+use loragate_core::testing::{ScriptedEngine, eventually};
 use loragate_core::{AdapterName, AdapterSource, Coordinator, CoordinatorConfig};
 use loragate_proto::v1::lora_control_client::LoraControlClient;
 use loragate_proto::v1::sampler_client::SamplerClient;
@@ -61,18 +60,6 @@ fn sample_request(lora: &str, max_tokens: u32) -> pb::SampleRequest {
 async fn status_of(control: &LoraControlClient<Channel>, lora: &str) -> pb::LoraAdapterStatus {
     let listed = control.clone().list_lora_adapters(pb::ListLoraAdaptersRequest {}).await.expect("list").into_inner();
     listed.adapters.into_iter().find(|adapter| adapter.lora_name == lora).expect("listed")
-}
-
-async fn eventually<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !condition().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 fn pause(lora: &str) -> pb::AbortLoraRequestsRequest {

@@ -9,11 +9,10 @@ mod errors;
 mod gate;
 mod observability;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use loragate_core::testing::ScriptedEngine;
+use loragate_core::testing::{ScriptedEngine, eventually};
 use loragate_core::{AdapterName, AdapterSource, AdapterStatus, Coordinator, CoordinatorConfig};
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -106,19 +105,6 @@ impl Harness {
         let (status, answer) =
             self.post("/skyrl/v1/resume_lora_requests", serde_json::json!({"lora_name": adapter})).await;
         assert_eq!(status, StatusCode::OK, "{answer}");
-    }
-}
-
-/// Polls `condition` until it holds, failing after 10 s.
-async fn eventually<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !condition().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
