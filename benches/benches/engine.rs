@@ -31,7 +31,14 @@ fn demo_engine(runtime: &tokio::runtime::Runtime) -> CandleEngine {
 }
 
 fn request(engine: &CandleEngine, lora: &str, max_tokens: u32) -> SampleRequest {
-    let prompt = engine.tokenizer().expect("tokenizer").encode(PROMPT).expect("encode");
+    continuation(engine, lora, max_tokens, 0)
+}
+
+/// A greedy request for `max_tokens` after the demo prompt plus `accumulated` already generated tokens (what the
+/// retry client resubmits after an abort).
+fn continuation(engine: &CandleEngine, lora: &str, max_tokens: u32, accumulated: usize) -> SampleRequest {
+    let mut prompt = engine.tokenizer().expect("tokenizer").encode(PROMPT).expect("encode");
+    prompt.extend(std::iter::repeat_n(u32::from(b'm'), accumulated));
     let raw = RawSampleRequest {
         lora_name: lora.into(),
         prompt_token_ids: prompt,
@@ -63,17 +70,8 @@ async fn decode(engine: &CandleEngine, sequences: usize) {
 /// generated) submitted at once, until every one has produced its first new token.
 async fn refill(engine: &CandleEngine, sequences: usize, accumulated: usize) {
     let runs = (0..sequences).map(|_| async move {
-        let mut continuation = request(engine, "meow", 1);
-        let mut raw = RawSampleRequest {
-            lora_name: "meow".into(),
-            prompt_token_ids: continuation.prompt().to_vec(),
-            max_tokens: Some(1),
-            ignore_eos: true,
-            ..Default::default()
-        };
-        raw.prompt_token_ids.extend(std::iter::repeat_n(u32::from(b'm'), accumulated));
-        continuation = SampleRequest::parse(raw, engine.model_info()).expect("valid request");
-        let mut stream = engine.generate(continuation, CancellationToken::new()).await.expect("generate");
+        let request = continuation(engine, "meow", 1, accumulated);
+        let mut stream = engine.generate(request, CancellationToken::new()).await.expect("generate");
         while let Some(event) = stream.next().await {
             if let Ok(EngineEvent::Tokens { .. }) = event {
                 return;

@@ -6,7 +6,7 @@
 
 use loragate_client::{SamplingClient, TrainerClient};
 use loragate_proto::v1::{self as pb, FinishReason, SampleResponse, SampledSequence};
-use loragate_tests::{DemoServer, PATIENCE, PROMPT, eventually, text, tokens};
+use loragate_tests::{DemoServer, PATIENCE, eventually, sample_request, text};
 use tokio::task::JoinHandle;
 
 /// Long enough that a pause lands mid-generation, short enough for CI.
@@ -21,11 +21,9 @@ fn params(max_tokens: u32) -> pb::SamplingParams {
 fn request(lora_name: &str, request_id: &str, params: pb::SamplingParams, num_samples: u32) -> pb::SampleRequest {
     pb::SampleRequest {
         request_id: request_id.into(),
-        lora_name: lora_name.into(),
-        prompt_token_ids: tokens(PROMPT),
         sampling_params: Some(params),
         num_samples,
-        include_prompt_logprobs: false,
+        ..sample_request(lora_name, 0)
     }
 }
 

@@ -160,3 +160,19 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
 }
+
+/// A coordinator over `engine` with `config`, and each of `adapters` loaded once (version 1) from `/a/NAME`.
+pub async fn coordinator_with_adapters(
+    engine: ScriptedEngine,
+    config: crate::coordinator::CoordinatorConfig,
+    adapters: &[&str],
+) -> crate::coordinator::Coordinator {
+    let coordinator =
+        crate::coordinator::Coordinator::start(Arc::new(engine), config).await.expect("the coordinator starts");
+    for adapter in adapters {
+        let name = AdapterName::parse(adapter).expect("a valid adapter name");
+        let source = AdapterSource::trusted(format!("/a/{adapter}"));
+        coordinator.load_adapter(&name, source).await.expect("the adapter loads");
+    }
+    coordinator
+}

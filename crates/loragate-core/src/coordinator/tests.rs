@@ -18,7 +18,7 @@ use crate::adapter::{AdapterMsg, parse_timeout_s};
 use crate::engine::EngineError;
 use crate::ids::RequestId;
 use crate::output::{FinishReason, SampleOutput, Segment};
-use crate::testing::{ScriptedEngine, eventually};
+use crate::testing::{ScriptedEngine, coordinator_with_adapters, eventually};
 
 /// Tokens every scripted request emits before it waits to be aborted.
 const HOLD_AFTER: u32 = 3;
@@ -32,12 +32,7 @@ fn name(raw: &str) -> AdapterName {
 }
 
 async fn coordinator_with(engine: ScriptedEngine, adapters: &[&str]) -> Coordinator {
-    let coordinator = Coordinator::start(Arc::new(engine), CoordinatorConfig::default()).await.expect("start");
-    for adapter in adapters {
-        let source = AdapterSource::trusted(format!("/adapters/{adapter}"));
-        coordinator.load_adapter(&name(adapter), source).await.expect("load");
-    }
-    coordinator
+    coordinator_with_adapters(engine, CoordinatorConfig::default(), adapters).await
 }
 
 async fn coordinator(adapters: &[&str]) -> Coordinator {

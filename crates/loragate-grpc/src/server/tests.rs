@@ -1,10 +1,9 @@
 //! The gRPC front over a scripted engine, on a real server at `127.0.0.1:0` with the generated clients.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use loragate_core::testing::{ScriptedEngine, eventually};
-use loragate_core::{AdapterName, AdapterSource, Coordinator, CoordinatorConfig};
+use loragate_core::CoordinatorConfig;
+use loragate_core::testing::{ScriptedEngine, coordinator_with_adapters, eventually};
 use loragate_proto::v1::lora_control_client::LoraControlClient;
 use loragate_proto::v1::sampler_client::SamplerClient;
 use loragate_proto::v1::{self as pb, FinishReason};
@@ -26,13 +25,8 @@ struct Harness {
 }
 
 async fn serve(adapters: &[&str]) -> Harness {
-    let coordinator = Coordinator::start(Arc::new(ScriptedEngine::new(HOLD_AFTER)), CoordinatorConfig::default())
-        .await
-        .expect("start");
-    for adapter in adapters {
-        let name = AdapterName::parse(adapter).expect("name");
-        coordinator.load_adapter(&name, AdapterSource::trusted(format!("/a/{adapter}"))).await.expect("load");
-    }
+    let coordinator =
+        coordinator_with_adapters(ScriptedEngine::new(HOLD_AFTER), CoordinatorConfig::default(), adapters).await;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address");
     let (stop, stopped) = oneshot::channel::<()>();

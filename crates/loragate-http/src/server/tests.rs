@@ -12,8 +12,8 @@ mod observability;
 use std::sync::Arc;
 use std::time::Duration;
 
-use loragate_core::testing::{ScriptedEngine, eventually};
-use loragate_core::{AdapterName, AdapterSource, AdapterStatus, Coordinator, CoordinatorConfig};
+use loragate_core::testing::{ScriptedEngine, coordinator_with_adapters, eventually};
+use loragate_core::{AdapterStatus, Coordinator, CoordinatorConfig};
 use reqwest::StatusCode;
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -43,11 +43,7 @@ async fn serve(adapters: &[&str]) -> Harness {
 }
 
 async fn serve_engine(engine: ScriptedEngine, config: CoordinatorConfig, adapters: &[&str]) -> Harness {
-    let coordinator = Coordinator::start(Arc::new(engine), config).await.expect("start");
-    for adapter in adapters {
-        let name = AdapterName::parse(adapter).expect("name");
-        coordinator.load_adapter(&name, AdapterSource::trusted(format!("/a/{adapter}"))).await.expect("load");
-    }
+    let coordinator = coordinator_with_adapters(engine, config, adapters).await;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address");
     let (stop, stopped) = oneshot::channel::<()>();
