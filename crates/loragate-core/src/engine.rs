@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::adapter_source::AdapterSource;
 use crate::ids::{AdapterName, AdapterVersion};
-use crate::output::FinishReason;
+use crate::output::{FinishReason, TopLogprobs};
 use crate::sampling::SampleRequest;
 
 /// What the coordinator must know about the served model to validate requests.
@@ -27,6 +27,9 @@ pub struct ModelInfo {
 pub enum EngineEvent {
     /// With `include_prompt_logprobs`, once, before any token: one entry per prompt token, the first NaN.
     PromptLogprobs(Vec<f32>),
+    /// With `prompt_top_logprobs`, once, right after [`EngineEvent::PromptLogprobs`]: one entry per prompt token,
+    /// the first with rank 0 and no alternatives.
+    PromptTopLogprobs(Vec<TopLogprobs>),
     /// Tokens newly produced for one sequence, all by the same adapter version.
     Tokens {
         /// The sequence's index within the request (`0..num_samples`).
@@ -37,6 +40,9 @@ pub enum EngineEvent {
         token_ids: Vec<u32>,
         /// The logprob of each new token.
         logprobs: Vec<f32>,
+        /// With `top_logprobs` asked for: each new token's rank and the most likely tokens at its position (one
+        /// entry per token). Empty otherwise.
+        top_logprobs: Vec<TopLogprobs>,
     },
     /// A sequence ended; it produces nothing more.
     Finished {

@@ -28,6 +28,20 @@ pub enum Field {
     TopK,
     /// `sampling_params.stop_token_ids`.
     StopTokenIds,
+    /// `sampling_params.min_p`.
+    MinP,
+    /// `sampling_params.repetition_penalty`.
+    RepetitionPenalty,
+    /// `sampling_params.presence_penalty`.
+    PresencePenalty,
+    /// `sampling_params.frequency_penalty`.
+    FrequencyPenalty,
+    /// `sampling_params.min_tokens`.
+    MinTokens,
+    /// The number of alternatives per generated token (not on the gRPC API; HTTP's `logprobs`/`top_logprobs`).
+    TopLogprobs,
+    /// The number of alternatives per prompt token (not on the gRPC API; HTTP's `prompt_logprobs`).
+    PromptTopLogprobs,
     /// `num_samples`.
     NumSamples,
     /// `timeout_s`.
@@ -48,6 +62,13 @@ impl Field {
             Self::TopP => "sampling_params.top_p",
             Self::TopK => "sampling_params.top_k",
             Self::StopTokenIds => "sampling_params.stop_token_ids",
+            Self::MinP => "sampling_params.min_p",
+            Self::RepetitionPenalty => "sampling_params.repetition_penalty",
+            Self::PresencePenalty => "sampling_params.presence_penalty",
+            Self::FrequencyPenalty => "sampling_params.frequency_penalty",
+            Self::MinTokens => "sampling_params.min_tokens",
+            Self::TopLogprobs => "top_logprobs",
+            Self::PromptTopLogprobs => "prompt_top_logprobs",
             Self::NumSamples => "num_samples",
             Self::TimeoutS => "timeout_s",
             Self::Path => "path",

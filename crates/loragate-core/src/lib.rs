@@ -61,6 +61,6 @@ pub use engine::{Engine, EngineError, EngineEvent, EngineStream, ModelInfo};
 pub use error::{CoreError, Field};
 pub use ids::{AdapterKey, AdapterName, AdapterVersion, MAX_ADAPTER_NAME_LEN, MAX_REQUEST_ID_LEN, RequestId};
 pub use metrics::{AdapterLabels, AdapterVersionLabels, CoreMetrics};
-pub use output::{FinishReason, SampleOutput, Segment, SegmentsBuilder, SequenceOutput};
+pub use output::{FinishReason, SampleOutput, Segment, SegmentsBuilder, SequenceOutput, TopLogprobs};
 pub use sample_stream::{SampleEvent, SampleStream};
-pub use sampling::{MAX_NUM_SAMPLES, RawSampleRequest, SampleRequest, SamplingParams};
+pub use sampling::{MAX_NUM_SAMPLES, MAX_TOP_LOGPROBS, RawSampleRequest, SampleRequest, SamplingParams};

@@ -24,6 +24,17 @@ impl FinishReason {
     }
 }
 
+/// The most likely tokens at one position (of a sequence or of its prompt) under the model's raw distribution,
+/// and where the token actually there ranked among all tokens.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TopLogprobs {
+    /// The actual token's rank: 1 + how many other tokens were at least as likely (1 = the most likely). 0 where
+    /// nothing predicts the token (the first prompt token).
+    pub rank: u32,
+    /// The most likely tokens with their logprobs, most likely first (as many as the request asked for).
+    pub top: Vec<(u32, f32)>,
+}
+
 /// A half-open run of tokens `[start, end)` produced by one adapter version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
@@ -78,6 +89,8 @@ pub struct SequenceOutput {
     pub finish_reason: FinishReason,
     /// Which adapter version produced which tokens.
     pub segments: Vec<Segment>,
+    /// With `top_logprobs` asked for: one entry per generated token. Empty otherwise.
+    pub top_logprobs: Vec<TopLogprobs>,
 }
 
 /// A finished sampling request.
@@ -89,6 +102,8 @@ pub struct SampleOutput {
     pub sequences: Vec<SequenceOutput>,
     /// With prompt logprobs requested: one per prompt token, the first NaN. Empty otherwise.
     pub prompt_logprobs: Vec<f32>,
+    /// With prompt alternatives requested: one per prompt token (the first with rank 0 and none). Empty otherwise.
+    pub prompt_top_logprobs: Vec<TopLogprobs>,
 }
 
 #[cfg(test)]

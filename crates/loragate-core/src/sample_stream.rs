@@ -13,13 +13,15 @@ use crate::engine::{EngineError, EngineEvent, EngineStream};
 use crate::error::CoreError;
 use crate::ids::{AdapterVersion, RequestId};
 use crate::metrics::{AdapterLabels, CoreMetrics};
-use crate::output::{FinishReason, SampleOutput, Segment, SegmentsBuilder, SequenceOutput};
+use crate::output::{FinishReason, SampleOutput, Segment, SegmentsBuilder, SequenceOutput, TopLogprobs};
 
 /// One step of a request's output.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SampleEvent {
     /// Once, before any token, if prompt logprobs were asked for: one per prompt token, the first NaN.
     PromptLogprobs(Vec<f32>),
+    /// Once, right after the prompt logprobs, if prompt alternatives were asked for: one per prompt token.
+    PromptTopLogprobs(Vec<TopLogprobs>),
     /// New tokens of one sequence.
     Tokens {
         /// The sequence's index.
@@ -30,6 +32,8 @@ pub enum SampleEvent {
         token_ids: Vec<u32>,
         /// Their logprobs.
         logprobs: Vec<f32>,
+        /// With `top_logprobs` asked for, one per token: its rank and the most likely tokens at its position.
+        top_logprobs: Vec<TopLogprobs>,
     },
     /// A sequence ended.
     Finished {
@@ -99,17 +103,21 @@ impl SampleStream {
                     logprobs: Vec::new(),
                     finish_reason: FinishReason::Abort,
                     segments: Vec::new(),
+                    top_logprobs: Vec::new(),
                 })
                 .collect(),
             prompt_logprobs: Vec::new(),
+            prompt_top_logprobs: Vec::new(),
         };
         while let Some(event) = self.next().await {
             match event? {
                 SampleEvent::PromptLogprobs(logprobs) => output.prompt_logprobs = logprobs,
-                SampleEvent::Tokens { sequence, token_ids, logprobs, .. } => {
+                SampleEvent::PromptTopLogprobs(top) => output.prompt_top_logprobs = top,
+                SampleEvent::Tokens { sequence, token_ids, logprobs, top_logprobs, .. } => {
                     let out = &mut output.sequences[sequence as usize];
                     out.token_ids.extend(token_ids);
                     out.logprobs.extend(logprobs);
+                    out.top_logprobs.extend(top_logprobs);
                 }
                 SampleEvent::Finished { sequence, reason, segments } => {
                     let out = &mut output.sequences[sequence as usize];
@@ -133,18 +141,21 @@ impl SampleStream {
         }
         Ok(match event {
             EngineEvent::PromptLogprobs(logprobs) => SampleEvent::PromptLogprobs(logprobs),
-            EngineEvent::Tokens { sequence, version, token_ids, logprobs } => {
-                if token_ids.len() != logprobs.len() {
+            EngineEvent::PromptTopLogprobs(top) => SampleEvent::PromptTopLogprobs(top),
+            EngineEvent::Tokens { sequence, version, token_ids, logprobs, top_logprobs } => {
+                if token_ids.len() != logprobs.len() || !(top_logprobs.is_empty() || top_logprobs.len() == logprobs.len())
+                {
                     return Err(CoreError::Engine(EngineError::Internal(format!(
-                        "engine sent {} tokens with {} logprobs",
+                        "engine sent {} tokens with {} logprobs and {} top-logprob entries",
                         token_ids.len(),
-                        logprobs.len()
+                        logprobs.len(),
+                        top_logprobs.len()
                     ))));
                 }
                 let count = u32::try_from(token_ids.len()).unwrap_or(u32::MAX);
                 progress(&mut self.sequences, sequence)?.segments.push(version, count);
                 self.metrics.record_tokens(&self.labels, version, token_ids.len());
-                SampleEvent::Tokens { sequence, version, token_ids, logprobs }
+                SampleEvent::Tokens { sequence, version, token_ids, logprobs, top_logprobs }
             }
             EngineEvent::Finished { sequence, reason } => {
                 let progress = progress(&mut self.sequences, sequence)?;

@@ -9,8 +9,15 @@ use crate::ids::{AdapterKey, RequestId};
 /// The most sequences one request may ask for.
 pub const MAX_NUM_SAMPLES: u32 = 64;
 
-/// A sampling request as a front received it, before validation. Mirrors the gRPC `SampleRequest`; the HTTP front
-/// fills it from an OpenAI completion request.
+/// The most alternatives (most likely tokens) reported per position, as vLLM's default `max_logprobs`.
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// The range of OpenAI's presence and frequency penalties.
+const PENALTY_RANGE: std::ops::RangeInclusive<f32> = -2.0..=2.0;
+
+/// A sampling request as a front received it, before validation. Mirrors the gRPC `SampleRequest` (whose
+/// `SamplingParams` carry every sampling field here); the HTTP fronts fill it from OpenAI, vLLM and SGLang requests,
+/// which can also ask for alternatives (`top_logprobs`, `prompt_top_logprobs`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RawSampleRequest {
     /// Caller's id; empty to have one made.
@@ -33,10 +40,25 @@ pub struct RawSampleRequest {
     pub stop_token_ids: Vec<u32>,
     /// Keep going past the model's end-of-sequence token.
     pub ignore_eos: bool,
+    /// Drop tokens less likely than `min_p` times the most likely one (after temperature); 0 disables it.
+    pub min_p: f32,
+    /// vLLM's repetition penalty on every token of the prompt and the output so far (> 0; `None` or 1 disables it).
+    pub repetition_penalty: Option<f32>,
+    /// OpenAI's presence penalty on tokens of the output so far, in [-2, 2]; 0 disables it.
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty (per occurrence in the output so far), in [-2, 2]; 0 disables it.
+    pub frequency_penalty: f32,
+    /// No end-of-sequence or stop token is sampled before this many tokens; 0 disables it.
+    pub min_tokens: u32,
     /// Sequences to sample; 0 means 1.
     pub num_samples: u32,
     /// Also return prompt logprobs.
     pub include_prompt_logprobs: bool,
+    /// Also report, for each generated token, this many most likely tokens at its position (0: none).
+    pub top_logprobs: u32,
+    /// Also report, for each prompt token, its rank and this many most likely tokens at its position (implies
+    /// prompt logprobs).
+    pub prompt_top_logprobs: Option<u32>,
 }
 
 /// Validated sampling parameters.
@@ -49,6 +71,12 @@ pub struct SamplingParams {
     seed: Option<u64>,
     stop_token_ids: Arc<[u32]>,
     ignore_eos: bool,
+    min_p: f32,
+    repetition_penalty: f32,
+    presence_penalty: f32,
+    frequency_penalty: f32,
+    min_tokens: u32,
+    top_logprobs: u32,
 }
 
 impl SamplingParams {
@@ -91,6 +119,41 @@ impl SamplingParams {
     pub fn ignore_eos(&self) -> bool {
         self.ignore_eos
     }
+
+    /// The min-p threshold in [0, 1]; 0 disables it.
+    pub fn min_p(&self) -> f32 {
+        self.min_p
+    }
+
+    /// vLLM's repetition penalty (> 0); 1 disables it.
+    pub fn repetition_penalty(&self) -> f32 {
+        self.repetition_penalty
+    }
+
+    /// OpenAI's presence penalty; 0 disables it.
+    pub fn presence_penalty(&self) -> f32 {
+        self.presence_penalty
+    }
+
+    /// OpenAI's frequency penalty; 0 disables it.
+    pub fn frequency_penalty(&self) -> f32 {
+        self.frequency_penalty
+    }
+
+    /// Whether any of the three penalties is on.
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
+
+    /// How many tokens are generated before an end-of-sequence or stop token may be.
+    pub fn min_tokens(&self) -> u32 {
+        self.min_tokens
+    }
+
+    /// How many most likely tokens to report at each generated position (0: none).
+    pub fn top_logprobs(&self) -> u32 {
+        self.top_logprobs
+    }
 }
 
 /// A validated sampling request: every field checked against the served model. Only [`SampleRequest::parse`]
@@ -103,6 +166,7 @@ pub struct SampleRequest {
     params: SamplingParams,
     num_samples: u32,
     include_prompt_logprobs: bool,
+    prompt_top_logprobs: Option<u32>,
 }
 
 impl SampleRequest {
@@ -111,15 +175,24 @@ impl SampleRequest {
         let id = RequestId::parse_or_generate(&raw.request_id)?;
         let adapter = AdapterKey::parse(&raw.lora_name)?;
         let prompt = parse_prompt(raw.prompt_token_ids, model)?;
+        let max_tokens = parse_max_tokens(raw.max_tokens, prompt.len(), model)?;
         let params = SamplingParams {
-            max_tokens: parse_max_tokens(raw.max_tokens, prompt.len(), model)?,
+            max_tokens,
             temperature: parse_temperature(raw.temperature)?,
             top_p: parse_top_p(raw.top_p)?,
             top_k: parse_top_k(raw.top_k)?,
             seed: raw.seed,
             stop_token_ids: parse_stop_token_ids(raw.stop_token_ids, model)?,
             ignore_eos: raw.ignore_eos,
+            min_p: parse_min_p(raw.min_p)?,
+            repetition_penalty: parse_repetition_penalty(raw.repetition_penalty)?,
+            presence_penalty: parse_penalty(raw.presence_penalty, Field::PresencePenalty)?,
+            frequency_penalty: parse_penalty(raw.frequency_penalty, Field::FrequencyPenalty)?,
+            min_tokens: parse_min_tokens(raw.min_tokens, max_tokens)?,
+            top_logprobs: parse_top_logprobs(raw.top_logprobs, Field::TopLogprobs)?,
         };
+        let prompt_top_logprobs =
+            raw.prompt_top_logprobs.map(|k| parse_top_logprobs(k, Field::PromptTopLogprobs)).transpose()?;
         let num_samples = match raw.num_samples {
             0 => 1,
             n if n > MAX_NUM_SAMPLES => {
@@ -127,7 +200,15 @@ impl SampleRequest {
             }
             n => n,
         };
-        Ok(Self { id, adapter, prompt, params, num_samples, include_prompt_logprobs: raw.include_prompt_logprobs })
+        Ok(Self {
+            id,
+            adapter,
+            prompt,
+            params,
+            num_samples,
+            include_prompt_logprobs: raw.include_prompt_logprobs || prompt_top_logprobs.is_some(),
+            prompt_top_logprobs,
+        })
     }
 
     /// The request's id.
@@ -158,6 +239,12 @@ impl SampleRequest {
     /// Whether prompt logprobs are wanted.
     pub fn include_prompt_logprobs(&self) -> bool {
         self.include_prompt_logprobs
+    }
+
+    /// With prompt logprobs: whether each prompt token's rank and alternatives are wanted too, and how many
+    /// alternatives (`Some(0)`: the rank alone).
+    pub fn prompt_top_logprobs(&self) -> Option<u32> {
+        self.prompt_top_logprobs
     }
 }
 
@@ -221,6 +308,47 @@ fn parse_top_k(top_k: i32) -> Result<Option<u32>, CoreError> {
     }
 }
 
+fn parse_min_p(min_p: f32) -> Result<f32, CoreError> {
+    if min_p.is_finite() && (0.0..=1.0).contains(&min_p) {
+        Ok(min_p)
+    } else {
+        Err(CoreError::invalid(Field::MinP, format!("must be in [0, 1], got {min_p}")))
+    }
+}
+
+fn parse_repetition_penalty(penalty: Option<f32>) -> Result<f32, CoreError> {
+    match penalty {
+        None => Ok(1.0),
+        Some(p) if p.is_finite() && p > 0.0 => Ok(p),
+        Some(p) => Err(CoreError::invalid(Field::RepetitionPenalty, format!("must be finite and > 0, got {p}"))),
+    }
+}
+
+fn parse_penalty(penalty: f32, field: Field) -> Result<f32, CoreError> {
+    if penalty.is_finite() && PENALTY_RANGE.contains(&penalty) {
+        Ok(penalty)
+    } else {
+        Err(CoreError::invalid(field, format!("must be in [-2, 2], got {penalty}")))
+    }
+}
+
+fn parse_min_tokens(min_tokens: u32, max_tokens: u32) -> Result<u32, CoreError> {
+    if min_tokens > max_tokens {
+        return Err(CoreError::invalid(
+            Field::MinTokens,
+            format!("is {min_tokens}, more than the {max_tokens} tokens this request may generate"),
+        ));
+    }
+    Ok(min_tokens)
+}
+
+fn parse_top_logprobs(k: u32, field: Field) -> Result<u32, CoreError> {
+    if k > MAX_TOP_LOGPROBS {
+        return Err(CoreError::invalid(field, format!("is {k}, the limit is {MAX_TOP_LOGPROBS}")));
+    }
+    Ok(k)
+}
+
 fn parse_stop_token_ids(mut ids: Vec<u32>, model: &ModelInfo) -> Result<Arc<[u32]>, CoreError> {
     if let Some(bad) = ids.iter().find(|t| **t >= model.vocab_size) {
         return Err(CoreError::invalid(
@@ -271,6 +399,17 @@ mod tests {
             (RawSampleRequest { top_p: Some(1.5), ..raw() }, Field::TopP),
             (RawSampleRequest { top_k: -2, ..raw() }, Field::TopK),
             (RawSampleRequest { stop_token_ids: vec![999], ..raw() }, Field::StopTokenIds),
+            (RawSampleRequest { min_p: 1.5, ..raw() }, Field::MinP),
+            (RawSampleRequest { min_p: -0.1, ..raw() }, Field::MinP),
+            (RawSampleRequest { repetition_penalty: Some(0.0), ..raw() }, Field::RepetitionPenalty),
+            (RawSampleRequest { repetition_penalty: Some(f32::INFINITY), ..raw() }, Field::RepetitionPenalty),
+            (RawSampleRequest { presence_penalty: 2.5, ..raw() }, Field::PresencePenalty),
+            (RawSampleRequest { frequency_penalty: -3.0, ..raw() }, Field::FrequencyPenalty),
+            (RawSampleRequest { frequency_penalty: f32::NAN, ..raw() }, Field::FrequencyPenalty),
+            (RawSampleRequest { min_tokens: 62, ..raw() }, Field::MinTokens),
+            (RawSampleRequest { min_tokens: 5, max_tokens: Some(4), ..raw() }, Field::MinTokens),
+            (RawSampleRequest { top_logprobs: MAX_TOP_LOGPROBS + 1, ..raw() }, Field::TopLogprobs),
+            (RawSampleRequest { prompt_top_logprobs: Some(21), ..raw() }, Field::PromptTopLogprobs),
             (RawSampleRequest { num_samples: MAX_NUM_SAMPLES + 1, ..raw() }, Field::NumSamples),
             (RawSampleRequest { lora_name: "two words".into(), ..raw() }, Field::LoraName),
             (RawSampleRequest { request_id: "x".repeat(300), ..raw() }, Field::RequestId),
@@ -283,6 +422,39 @@ mod tests {
                 other => panic!("{request:?} gave {other:?}, expected an error on {field}"),
             }
         }
+    }
+
+    #[test]
+    fn the_extended_sampling_fields_default_to_off_and_keep_their_values() {
+        let plain = SampleRequest::parse(raw(), &model()).expect("valid");
+        let params = plain.params();
+        assert_eq!((params.min_p(), params.repetition_penalty(), params.min_tokens(), params.top_logprobs()), (0.0, 1.0, 0, 0));
+        assert!(!params.has_penalties());
+        assert_eq!((plain.include_prompt_logprobs(), plain.prompt_top_logprobs()), (false, None));
+
+        let tuned = RawSampleRequest {
+            min_p: 0.05,
+            repetition_penalty: Some(1.2),
+            presence_penalty: 0.5,
+            frequency_penalty: -0.5,
+            min_tokens: 61,
+            top_logprobs: MAX_TOP_LOGPROBS,
+            prompt_top_logprobs: Some(0),
+            ..raw()
+        };
+        let tuned = SampleRequest::parse(tuned, &model()).expect("valid");
+        let params = tuned.params();
+        assert_eq!((params.min_p(), params.repetition_penalty()), (0.05, 1.2));
+        assert_eq!((params.presence_penalty(), params.frequency_penalty()), (0.5, -0.5));
+        assert_eq!((params.min_tokens(), params.top_logprobs()), (61, MAX_TOP_LOGPROBS));
+        assert!(params.has_penalties());
+        assert_eq!(
+            (tuned.include_prompt_logprobs(), tuned.prompt_top_logprobs()),
+            (true, Some(0)),
+            "asking for prompt alternatives asks for prompt logprobs"
+        );
+        let neutral = RawSampleRequest { repetition_penalty: Some(1.0), ..raw() };
+        assert!(!SampleRequest::parse(neutral, &model()).expect("valid").params().has_penalties());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::adapter_source::AdapterSource;
 use crate::engine::{Engine, EngineError, EngineEvent, EngineStream, ModelInfo};
 use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
-use crate::output::FinishReason;
+use crate::output::{FinishReason, TopLogprobs};
 use crate::sampling::SampleRequest;
 
 /// Called on every `generate` with the request and its cancellation token, before anything is emitted.
@@ -25,6 +25,11 @@ pub type GenerateHook = Box<dyn Fn(&SampleRequest, &CancellationToken) + Send + 
 /// most `hold_after` it then ends with `Length`; otherwise it waits until cancelled and ends with `Abort`. A request
 /// cancelled before it starts ends with `Abort` and no tokens. Loads from a directory named `bad` fail with
 /// `AdapterIncompatible`; other loads succeed without reading anything.
+///
+/// Logprobs on request: prompt token `i ≥ 1` has logprob `-0.1 * i` (the first NaN), and ranks **2**: its
+/// alternatives are `(t + 1) % 256` with its logprob + 0.5, then the prompt token `t` itself, then `(t + j) % 256`
+/// with its logprob − j for j ≥ 2. A generated token `t` with logprob `l` ranks 1: its alternatives are `t` itself,
+/// then `(t + j) % 256` with `l − j`.
 pub struct ScriptedEngine {
     info: ModelInfo,
     hold_after: u32,
@@ -95,10 +100,23 @@ impl Engine for ScriptedEngine {
                 }
                 return;
             }
+            if request.include_prompt_logprobs() {
+                let (logprobs, top) = scripted_prompt_logprobs(request.prompt(), request.prompt_top_logprobs());
+                let _ = events.send(Ok(EngineEvent::PromptLogprobs(logprobs)));
+                if let Some(top) = top {
+                    let _ = events.send(Ok(EngineEvent::PromptTopLogprobs(top)));
+                }
+            }
+            let alternatives = request.params().top_logprobs();
             for sequence in 0..request.num_samples() {
                 let token_ids: Vec<u32> = (0..emit).map(|i| i % 256).collect();
-                let logprobs = (0..emit).map(|i| -0.01 * i as f32).collect();
-                let _ = events.send(Ok(EngineEvent::Tokens { sequence, version, token_ids, logprobs }));
+                let logprobs: Vec<f32> = (0..emit).map(|i| -0.01 * i as f32).collect();
+                let top_logprobs = if alternatives == 0 {
+                    Vec::new()
+                } else {
+                    token_ids.iter().zip(&logprobs).map(|(&t, &l)| scripted_top(t, l, alternatives)).collect()
+                };
+                let _ = events.send(Ok(EngineEvent::Tokens { sequence, version, token_ids, logprobs, top_logprobs }));
             }
             let reason = if budget <= hold_after {
                 FinishReason::Length
@@ -136,6 +154,39 @@ impl Engine for ScriptedEngine {
         self.versions.lock().remove(name);
         Ok(())
     }
+}
+
+/// The scripted alternatives of a generated token `token` with logprob `logprob` (see [`ScriptedEngine`]).
+fn scripted_top(token: u32, logprob: f32, count: u32) -> TopLogprobs {
+    let top = (0..count).map(|j| ((token + j) % 256, logprob - j as f32)).collect();
+    TopLogprobs { rank: 1, top }
+}
+
+/// The scripted prompt logprobs and, if asked for, their alternatives (see [`ScriptedEngine`]).
+fn scripted_prompt_logprobs(prompt: &[u32], alternatives: Option<u32>) -> (Vec<f32>, Option<Vec<TopLogprobs>>) {
+    let logprobs: Vec<f32> =
+        (0..prompt.len()).map(|i| if i == 0 { f32::NAN } else { -0.1 * i as f32 }).collect();
+    let top = alternatives.map(|count| {
+        prompt
+            .iter()
+            .zip(&logprobs)
+            .enumerate()
+            .map(|(i, (&token, &logprob))| {
+                if i == 0 {
+                    return TopLogprobs::default();
+                }
+                let top = (0..count)
+                    .map(|j| match j {
+                        0 => ((token + 1) % 256, logprob + 0.5),
+                        1 => (token, logprob),
+                        j => ((token + j) % 256, logprob - j as f32),
+                    })
+                    .collect();
+                TopLogprobs { rank: 2, top }
+            })
+            .collect()
+    });
+    (logprobs, top)
 }
 
 /// Polls `condition` every few milliseconds until it holds; panics naming `what` after 10 s. Tests wait with this,

@@ -18,8 +18,16 @@ pub(crate) fn raw_sample_request(request: pb::SampleRequest) -> RawSampleRequest
         seed: params.seed,
         stop_token_ids: params.stop_token_ids,
         ignore_eos: params.ignore_eos,
+        min_p: params.min_p,
+        repetition_penalty: params.repetition_penalty,
+        presence_penalty: params.presence_penalty,
+        frequency_penalty: params.frequency_penalty,
+        min_tokens: params.min_tokens,
         num_samples: request.num_samples,
         include_prompt_logprobs: request.include_prompt_logprobs,
+        // This API reports no alternatives.
+        top_logprobs: 0,
+        prompt_top_logprobs: None,
     }
 }
 
@@ -56,12 +64,13 @@ pub(crate) fn sample_response(output: SampleOutput) -> pb::SampleResponse {
     }
 }
 
-/// One event of a running request as a `SampleStream` chunk.
-pub(crate) fn stream_chunk(request_id: &str, event: SampleEvent) -> pb::SampleStreamResponse {
+/// One event of a running request as a `SampleStream` chunk (none for what this API never asks for: alternatives).
+pub(crate) fn stream_chunk(request_id: &str, event: SampleEvent) -> Option<pb::SampleStreamResponse> {
     let chunk = pb::SampleStreamResponse { request_id: request_id.to_owned(), ..Default::default() };
-    match event {
+    Some(match event {
         SampleEvent::PromptLogprobs(prompt_logprobs) => pb::SampleStreamResponse { prompt_logprobs, ..chunk },
-        SampleEvent::Tokens { sequence, version, token_ids, logprobs } => {
+        SampleEvent::PromptTopLogprobs(_) => return None,
+        SampleEvent::Tokens { sequence, version, token_ids, logprobs, .. } => {
             pb::SampleStreamResponse { sequence_index: sequence, token_ids, logprobs, lora_version: version.0, ..chunk }
         }
         SampleEvent::Finished { sequence, reason, segments: finished } => pb::SampleStreamResponse {
@@ -71,7 +80,7 @@ pub(crate) fn stream_chunk(request_id: &str, event: SampleEvent) -> pb::SampleSt
             segments: segments(&finished),
             ..chunk
         },
-    }
+    })
 }
 
 /// An adapter's snapshot as listed by `ListLoraAdapters`.
@@ -102,6 +111,23 @@ mod tests {
     }
 
     #[test]
+    fn the_extended_sampling_fields_reach_the_raw_request() {
+        let params = pb::SamplingParams {
+            min_p: 0.1,
+            repetition_penalty: Some(1.3),
+            presence_penalty: 0.4,
+            frequency_penalty: -0.2,
+            min_tokens: 3,
+            ..Default::default()
+        };
+        let raw = raw_sample_request(pb::SampleRequest { sampling_params: Some(params), ..Default::default() });
+        assert_eq!((raw.min_p, raw.repetition_penalty, raw.min_tokens), (0.1, Some(1.3), 3));
+        assert_eq!((raw.presence_penalty, raw.frequency_penalty), (0.4, -0.2));
+        let defaults = raw_sample_request(pb::SampleRequest::default());
+        assert_eq!((defaults.min_p, defaults.repetition_penalty, defaults.min_tokens), (0.0, None, 0), "all off");
+    }
+
+    #[test]
     fn outputs_keep_tokens_reasons_and_segments() {
         let output = SampleOutput {
             request_id: RequestId::parse_or_generate("r").expect("id"),
@@ -110,8 +136,10 @@ mod tests {
                 logprobs: vec![-0.1, -0.2, -0.3],
                 finish_reason: FinishReason::Abort,
                 segments: vec![Segment { version: AdapterVersion(4), start: 0, end: 3 }],
+                top_logprobs: Vec::new(),
             }],
             prompt_logprobs: vec![f32::NAN, -1.0],
+            prompt_top_logprobs: Vec::new(),
         };
         let response = sample_response(output);
         let sequence = &response.sequences[0];

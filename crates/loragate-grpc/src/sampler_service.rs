@@ -66,8 +66,13 @@ impl pb::sampler_server::Sampler for SamplerService {
         let stream = self.start(request).await?;
         let request_id = stream.request_id().to_string();
         // tonic drops this stream when the client goes away, which cancels the request.
-        let chunks =
-            stream.map(move |event| event.map(|event| stream_chunk(&request_id, event)).map_err(status_from_core));
+        let chunks = stream.filter_map(move |event| {
+            let chunk = match event {
+                Ok(event) => stream_chunk(&request_id, event).map(Ok),
+                Err(err) => Some(Err(status_from_core(err))),
+            };
+            std::future::ready(chunk)
+        });
         Ok(Response::new(Box::pin(chunks)))
     }
 }

@@ -17,7 +17,7 @@ use super::*;
 use crate::adapter::{AdapterMsg, parse_timeout_s};
 use crate::engine::EngineError;
 use crate::ids::RequestId;
-use crate::output::{FinishReason, SampleOutput, Segment};
+use crate::output::{FinishReason, SampleOutput, Segment, TopLogprobs};
 use crate::testing::{ScriptedEngine, coordinator_with_adapters, eventually};
 
 /// Tokens every scripted request emits before it waits to be aborted.
@@ -86,6 +86,29 @@ async fn a_sample_on_an_open_gate_finishes_with_its_versions_segments() {
     assert_eq!(sequence.token_ids, vec![0, 1]);
     assert_eq!(sequence.segments, vec![Segment { version: AdapterVersion(1), start: 0, end: 2 }]);
     assert_eq!(status(&coordinator, "meow").await.in_flight, 0);
+}
+
+#[tokio::test]
+async fn alternatives_and_prompt_logprobs_are_collected_per_token_and_per_prompt_position() {
+    let coordinator = coordinator(&["meow"]).await;
+    let raw = RawSampleRequest {
+        lora_name: "meow".into(),
+        prompt_token_ids: vec![7, 8, 9],
+        max_tokens: Some(SHORT),
+        top_logprobs: 2,
+        prompt_top_logprobs: Some(1),
+        ..Default::default()
+    };
+    let request = coordinator.parse_sample(raw).expect("valid request");
+    let hold_until = coordinator.gate_deadline(None);
+    let output = coordinator.sample(request, hold_until).await.expect("admitted").collect_output().await.expect("ok");
+    let sequence = &output.sequences[0];
+    assert_eq!(sequence.top_logprobs.len(), sequence.token_ids.len(), "one entry per generated token");
+    assert_eq!(sequence.top_logprobs[1].top, vec![(1, -0.01), (2, -1.01)]);
+    assert_eq!(output.prompt_logprobs.len(), 3);
+    assert!(output.prompt_logprobs[0].is_nan());
+    assert_eq!(output.prompt_top_logprobs.len(), 3, "one entry per prompt token");
+    assert_eq!(output.prompt_top_logprobs[2], TopLogprobs { rank: 2, top: vec![(10, -0.2 + 0.5)] });
 }
 
 #[tokio::test]
