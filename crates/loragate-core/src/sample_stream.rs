@@ -143,7 +143,8 @@ impl SampleStream {
             EngineEvent::PromptLogprobs(logprobs) => SampleEvent::PromptLogprobs(logprobs),
             EngineEvent::PromptTopLogprobs(top) => SampleEvent::PromptTopLogprobs(top),
             EngineEvent::Tokens { sequence, version, token_ids, logprobs, top_logprobs } => {
-                if token_ids.len() != logprobs.len() || !(top_logprobs.is_empty() || top_logprobs.len() == logprobs.len())
+                if token_ids.len() != logprobs.len()
+                    || !(top_logprobs.is_empty() || top_logprobs.len() == logprobs.len())
                 {
                     return Err(CoreError::Engine(EngineError::Internal(format!(
                         "engine sent {} tokens with {} logprobs and {} top-logprob entries",

@@ -428,7 +428,10 @@ mod tests {
     fn the_extended_sampling_fields_default_to_off_and_keep_their_values() {
         let plain = SampleRequest::parse(raw(), &model()).expect("valid");
         let params = plain.params();
-        assert_eq!((params.min_p(), params.repetition_penalty(), params.min_tokens(), params.top_logprobs()), (0.0, 1.0, 0, 0));
+        assert_eq!(
+            (params.min_p(), params.repetition_penalty(), params.min_tokens(), params.top_logprobs()),
+            (0.0, 1.0, 0, 0)
+        );
         assert!(!params.has_penalties());
         assert_eq!((plain.include_prompt_logprobs(), plain.prompt_top_logprobs()), (false, None));
 

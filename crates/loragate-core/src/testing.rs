@@ -164,8 +164,7 @@ fn scripted_top(token: u32, logprob: f32, count: u32) -> TopLogprobs {
 
 /// The scripted prompt logprobs and, if asked for, their alternatives (see [`ScriptedEngine`]).
 fn scripted_prompt_logprobs(prompt: &[u32], alternatives: Option<u32>) -> (Vec<f32>, Option<Vec<TopLogprobs>>) {
-    let logprobs: Vec<f32> =
-        (0..prompt.len()).map(|i| if i == 0 { f32::NAN } else { -0.1 * i as f32 }).collect();
+    let logprobs: Vec<f32> = (0..prompt.len()).map(|i| if i == 0 { f32::NAN } else { -0.1 * i as f32 }).collect();
     let top = alternatives.map(|count| {
         prompt
             .iter()

@@ -1,19 +1,34 @@
-//! Choosing each sequence's next token from the model's log-probabilities.
+//! Choosing each sequence's next token from the model's output.
 //!
-//! Semantics (those of vLLM):
-//! - temperature 0 is greedy: the most likely token (the lowest id on ties);
-//! - otherwise the distribution is `softmax(logits / temperature)`, restricted to the `top_k` most likely tokens,
-//!   then to the smallest set of most likely tokens whose mass reaches `top_p`, renormalised, and sampled;
+//! Semantics (those of vLLM's sampler, in its order):
+//! - the **scores** start as the raw logprobs (`log_softmax` of the logits), or as the raw logits when a repetition
+//!   penalty needs their sign; until `min_tokens` tokens were generated, the end-of-sequence and stop tokens are
+//!   masked out; the **penalties** then apply ([`penalties`]): repetition (prompt and output tokens), frequency
+//!   and presence (output tokens);
+//! - temperature 0 is greedy: the highest score (the lowest id on ties);
+//! - otherwise the distribution is `softmax(scores / temperature)`, restricted to the tokens at least `min_p` times
+//!   as likely as the most likely one, then to the `top_k` most likely, then to the smallest set of most likely
+//!   tokens whose mass reaches `top_p`, renormalised, and sampled;
 //! - each sequence has its own generator: sequence `i` of a request with seed `s` uses `s + i`, so the same seed
 //!   gives the same tokens whatever else the engine runs; without a seed the generator is seeded from the OS;
-//! - the reported logprob of a token is under the model's **raw** distribution (`log_softmax` of the logits, before
-//!   temperature, top-k and top-p), which is what an RL trainer needs for importance ratios against its own policy.
+//! - the reported logprob of a token, its rank and the most likely alternatives ([`top`]) are under the model's
+//!   **raw** distribution (before masks, penalties, temperature and filters), which is what an RL trainer needs for
+//!   importance ratios against its own policy (vLLM's default `raw_logprobs`).
 
+mod penalties;
+#[cfg(test)]
+mod tests;
+mod top;
+
+use std::borrow::Cow;
 use std::cmp::Ordering;
 
-use loragate_core::SamplingParams;
+use loragate_core::{SamplingParams, TopLogprobs};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+use self::penalties::Penalties;
+pub(crate) use self::top::top_logprobs;
 
 /// One sequence's sampler.
 #[derive(Debug)]
@@ -21,34 +36,114 @@ pub(crate) struct Sampler {
     temperature: f32,
     top_k: Option<usize>,
     top_p: f32,
+    min_p: f32,
+    penalties: Option<Penalties>,
+    /// The end-of-sequence and stop tokens, masked until `min_tokens` tokens were generated.
+    held_back_stops: Vec<u32>,
+    min_tokens: u32,
+    generated: u32,
+    top_logprobs: usize,
     rng: StdRng,
 }
 
+/// A sampled token with what the request asked to know about it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Sampled {
+    /// The token.
+    pub(crate) token: u32,
+    /// Its raw logprob.
+    pub(crate) logprob: f32,
+    /// Its rank and the most likely tokens, if the request asked for alternatives.
+    pub(crate) top: Option<TopLogprobs>,
+}
+
 impl Sampler {
-    /// The sampler of sequence `sequence` of a request with `params`.
-    pub(crate) fn new(params: &SamplingParams, sequence: u32) -> Self {
+    /// The sampler of sequence `sequence` of a request with `params` over `prompt`, whose sequences end at
+    /// `stop_tokens` (its stop token ids and, unless it ignores them, the model's end-of-sequence tokens).
+    pub(crate) fn new(params: &SamplingParams, sequence: u32, prompt: &[u32], stop_tokens: &[u32]) -> Self {
         let rng = match params.seed() {
             Some(seed) => StdRng::seed_from_u64(seed.wrapping_add(u64::from(sequence))),
             None => StdRng::from_os_rng(),
         };
+        let min_tokens = params.min_tokens();
         Self {
             temperature: params.temperature(),
             top_k: params.top_k().map(|k| k as usize),
             top_p: params.top_p(),
+            min_p: params.min_p(),
+            penalties: params.has_penalties().then(|| Penalties::new(params, prompt)),
+            held_back_stops: if min_tokens > 0 { stop_tokens.to_vec() } else { Vec::new() },
+            min_tokens,
+            generated: 0,
+            top_logprobs: params.top_logprobs() as usize,
             rng,
         }
     }
 
-    /// Picks a token from `logprobs` (the raw `log_softmax` of the logits over the vocabulary) and returns it with
-    /// its raw logprob.
-    pub(crate) fn sample(&mut self, logprobs: &[f32]) -> (u32, f32) {
-        let token = if self.temperature == 0.0 { argmax(logprobs) } else { self.draw(logprobs) };
-        (token as u32, logprobs[token])
+    /// Whether requests with `params` need the raw logits besides the logprobs (a repetition penalty depends on
+    /// the logits' sign, which `log_softmax` loses).
+    pub(crate) fn needs_logits_for(params: &SamplingParams) -> bool {
+        params.repetition_penalty() != 1.0
     }
 
-    fn draw(&mut self, logprobs: &[f32]) -> usize {
-        let mut candidates: Vec<usize> = (0..logprobs.len()).collect();
-        let descending = |a: &usize, b: &usize| logprobs[*b].partial_cmp(&logprobs[*a]).unwrap_or(Ordering::Equal);
+    /// Whether [`Sampler::sample`] must be given the raw logits.
+    pub(crate) fn needs_logits(&self) -> bool {
+        self.penalties.as_ref().is_some_and(Penalties::needs_logits)
+    }
+
+    /// Picks a token from `logprobs` (the raw `log_softmax` of the logits over the vocabulary; `logits`, the raw
+    /// logits, must be given when [`Sampler::needs_logits`]) and records it for the penalties.
+    pub(crate) fn sample(&mut self, logprobs: &[f32], logits: Option<&[f32]>) -> Sampled {
+        let scores = self.scores(logprobs, logits);
+        let index = if self.temperature == 0.0 { argmax(&scores) } else { self.draw(&scores) };
+        let token = index as u32;
+        self.generated += 1;
+        if let Some(penalties) = &mut self.penalties {
+            penalties.record(token);
+        }
+        let top = (self.top_logprobs > 0).then(|| top_logprobs(logprobs, self.top_logprobs, token));
+        Sampled { token, logprob: logprobs[index], top }
+    }
+
+    /// The scores to sample from: the raw logprobs themselves when nothing changes them.
+    fn scores<'a>(&self, logprobs: &'a [f32], logits: Option<&[f32]>) -> Cow<'a, [f32]> {
+        let mask_stops = self.generated < self.min_tokens && !self.held_back_stops.is_empty();
+        let Some(penalties) = &self.penalties else {
+            if !mask_stops {
+                return Cow::Borrowed(logprobs);
+            }
+            return Cow::Owned(self.masked(logprobs.to_vec()));
+        };
+        let base = match logits {
+            Some(logits) if penalties.needs_logits() => logits,
+            _ => {
+                debug_assert!(!penalties.needs_logits(), "a repetition penalty needs the raw logits");
+                logprobs
+            }
+        };
+        let mut scores = base.to_vec();
+        penalties.apply(&mut scores);
+        Cow::Owned(if mask_stops { self.masked(scores) } else { scores })
+    }
+
+    fn masked(&self, mut scores: Vec<f32>) -> Vec<f32> {
+        for &token in &self.held_back_stops {
+            if let Some(score) = scores.get_mut(token as usize) {
+                *score = f32::NEG_INFINITY;
+            }
+        }
+        scores
+    }
+
+    fn draw(&mut self, scores: &[f32]) -> usize {
+        let mut candidates: Vec<usize> = (0..scores.len()).collect();
+        let descending = |a: &usize, b: &usize| scores[*b].partial_cmp(&scores[*a]).unwrap_or(Ordering::Equal);
+        if self.min_p > 0.0 {
+            // p_i >= min_p * p_max, with p = softmax(scores / temperature), in score terms.
+            let best = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let floor = best + self.temperature * self.min_p.ln();
+            candidates.retain(|&i| scores[i] >= floor);
+        }
         if let Some(k) = self.top_k.filter(|&k| k < candidates.len()) {
             candidates.select_nth_unstable_by(k - 1, descending);
             candidates.truncate(k);
@@ -58,10 +153,10 @@ impl Sampler {
             candidates.sort_unstable_by(descending);
         }
         // Scaled by temperature and shifted by the best candidate, so exp() never overflows.
-        let best = candidates.iter().map(|&i| logprobs[i]).fold(f32::NEG_INFINITY, f32::max);
+        let best = candidates.iter().map(|&i| scores[i]).fold(f32::NEG_INFINITY, f32::max);
         let inverse_temperature = 1.0 / f64::from(self.temperature);
         let mut weights: Vec<f64> =
-            candidates.iter().map(|&i| (f64::from(logprobs[i] - best) * inverse_temperature).exp()).collect();
+            candidates.iter().map(|&i| (f64::from(scores[i] - best) * inverse_temperature).exp()).collect();
         if restricts_mass {
             let total: f64 = weights.iter().sum();
             let mut mass = 0.0;
@@ -84,7 +179,7 @@ impl Sampler {
             threshold -= weight;
         }
         // Rounding left a sliver of mass past the last candidate: it is the last candidate's.
-        candidates.last().copied().unwrap_or_else(|| argmax(logprobs))
+        candidates.last().copied().unwrap_or_else(|| argmax(scores))
     }
 }
 
@@ -97,62 +192,4 @@ fn argmax(values: &[f32]) -> usize {
         }
     }
     best
-}
-
-#[cfg(test)]
-mod tests {
-    use loragate_core::{ModelInfo, RawSampleRequest, SampleRequest};
-
-    use super::*;
-
-    fn params(temperature: f32, top_k: i32, top_p: Option<f32>, seed: Option<u64>) -> SamplingParams {
-        let model = ModelInfo { vocab_size: 8, context_length: 64, eos_token_ids: vec![] };
-        let raw = RawSampleRequest { prompt_token_ids: vec![1], temperature, top_k, top_p, seed, ..Default::default() };
-        SampleRequest::parse(raw, &model).expect("valid").params().clone()
-    }
-
-    fn logprobs(weights: &[f32]) -> Vec<f32> {
-        let total: f32 = weights.iter().sum();
-        weights.iter().map(|w| (w / total).ln()).collect()
-    }
-
-    #[test]
-    fn greedy_takes_the_most_likely_token_and_reports_its_raw_logprob() {
-        let lp = logprobs(&[1.0, 5.0, 3.0, 5.0]);
-        let (token, logprob) = Sampler::new(&params(0.0, 0, None, None), 0).sample(&lp);
-        assert_eq!(token, 1);
-        assert_eq!(logprob, lp[1]);
-    }
-
-    #[test]
-    fn top_k_and_top_p_restrict_the_candidates() {
-        let lp = logprobs(&[1.0, 10.0, 6.0, 3.0, 0.5]);
-        let mut top_k = Sampler::new(&params(1.0, 2, None, Some(1)), 0);
-        let mut top_p = Sampler::new(&params(1.0, 0, Some(0.4), Some(1)), 0);
-        for _ in 0..200 {
-            assert!(matches!(top_k.sample(&lp).0, 1 | 2));
-            assert_eq!(top_p.sample(&lp).0, 1, "token 1 alone holds 10/20.5 ≥ 0.4 of the mass");
-        }
-    }
-
-    #[test]
-    fn seeds_fix_the_draws_and_sequences_get_their_own_stream() {
-        let lp = logprobs(&[1.0; 8]);
-        let draw = |seed, sequence| {
-            let mut sampler = Sampler::new(&params(1.0, 0, None, Some(seed)), sequence);
-            (0..32).map(|_| sampler.sample(&lp).0).collect::<Vec<_>>()
-        };
-        assert_eq!(draw(7, 0), draw(7, 0));
-        assert_eq!(draw(7, 1), draw(8, 0), "sequence i of seed s draws like seed s + i");
-        assert_ne!(draw(7, 0), draw(7, 1));
-    }
-
-    #[test]
-    fn low_temperature_concentrates_the_mass() {
-        let lp = logprobs(&[1.0, 2.0, 1.0, 1.0]);
-        let mut cold = Sampler::new(&params(0.05, 0, None, Some(3)), 0);
-        assert!((0..100).all(|_| cold.sample(&lp).0 == 1));
-        let mut warm = Sampler::new(&params(1.0, 0, None, Some(3)), 0);
-        assert!((0..100).any(|_| warm.sample(&lp).0 != 1));
-    }
 }

@@ -24,11 +24,11 @@ use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::thread::JoinHandle;
 
 use candle_core::Tensor;
-use loragate_core::{EngineError, EngineEvent};
+use loragate_core::{EngineError, EngineEvent, TopLogprobs};
 
 use crate::lora::LoraBatch;
 use crate::model::{Llama, log_softmax};
-use crate::sampler::Sampler;
+use crate::sampler::{Sampler, top_logprobs};
 use batch::Batch;
 use sequence::{RequestContext, Sequence};
 
@@ -189,15 +189,26 @@ impl Scheduler {
         let lora = LoraBatch::uniform(context.adapter.as_ref())?;
         let prefill = self.model.forward_sequences(&tokens, &lora)?;
         if request.include_prompt_logprobs() {
-            context.send(EngineEvent::PromptLogprobs(self.prompt_logprobs(&prefill.hidden, prompt)?));
+            let alternatives = request.prompt_top_logprobs().map(|count| count as usize);
+            let (logprobs, top) = self.prompt_logprobs(&prefill.hidden, prompt, alternatives)?;
+            context.send(EngineEvent::PromptLogprobs(logprobs));
+            if let Some(top) = top {
+                context.send(EngineEvent::PromptTopLogprobs(top));
+            }
         }
         let last = prefill.hidden.narrow(1, prompt.len() - 1, 1)?;
-        let logprobs = log_softmax(&self.model.logits(&last)?)?.flatten_all()?.to_vec1::<f32>()?;
+        let logits = self.model.logits(&last)?;
+        let logprobs = log_softmax(&logits)?.flatten_all()?.to_vec1::<f32>()?;
+        let logits = if Sampler::needs_logits_for(request.params()) {
+            Some(logits.flatten_all()?.to_vec1::<f32>()?)
+        } else {
+            None
+        };
         let mut continuing = 0;
         for index in 0..request.num_samples() {
-            let sampler = Sampler::new(request.params(), index);
+            let sampler = Sampler::new(request.params(), index, prompt, context.stop_tokens());
             let mut sequence = Sequence::new(Arc::clone(&context), index, sampler, prompt.len());
-            match sequence.advance(&logprobs, self.model.context_length()) {
+            match sequence.advance(&logprobs, logits.as_deref(), self.model.context_length()) {
                 Some(reason) => sequence.finish(reason),
                 None => {
                     self.batch.push_row(sequence);
@@ -209,19 +220,31 @@ impl Scheduler {
     }
 
     /// One logprob per prompt token under the model's raw distribution: NaN for the first (nothing predicts it),
-    /// then `log p(prompt[i] | prompt[..i])`.
-    fn prompt_logprobs(&self, hidden: &Tensor, prompt: &[u32]) -> candle_core::Result<Vec<f32>> {
+    /// then `log p(prompt[i] | prompt[..i])`. With `alternatives`, also each prompt token's rank and that many most
+    /// likely tokens at its position (none for the first).
+    fn prompt_logprobs(
+        &self,
+        hidden: &Tensor,
+        prompt: &[u32],
+        alternatives: Option<usize>,
+    ) -> candle_core::Result<(Vec<f32>, Option<Vec<TopLogprobs>>)> {
         let mut logprobs = Vec::with_capacity(prompt.len());
         logprobs.push(f32::NAN);
+        let mut top = alternatives.map(|_| vec![TopLogprobs::default()]);
         let predicting = prompt.len() - 1;
         let mut start = 0;
         while start < predicting {
             let len = PROMPT_LOGPROB_CHUNK.min(predicting - start);
             let chunk = log_softmax(&self.model.logits(&hidden.narrow(1, start, len)?.squeeze(0)?)?)?;
-            let targets = Tensor::from_slice(&prompt[start + 1..start + 1 + len], (len, 1), self.model.device())?;
+            let predicted = &prompt[start + 1..start + 1 + len];
+            let targets = Tensor::from_slice(predicted, (len, 1), self.model.device())?;
             logprobs.extend(chunk.gather(&targets, 1)?.flatten_all()?.to_vec1::<f32>()?);
+            if let (Some(top), Some(count)) = (&mut top, alternatives) {
+                let rows = chunk.to_vec2::<f32>()?;
+                top.extend(rows.iter().zip(predicted).map(|(row, &token)| top_logprobs(row, count, token)));
+            }
             start += len;
         }
-        Ok(logprobs)
+        Ok((logprobs, top))
     }
 }

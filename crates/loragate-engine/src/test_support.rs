@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor};
 use futures::StreamExt;
-use loragate_core::{EngineError, EngineEvent, EngineStream, FinishReason, ModelInfo, RawSampleRequest, SampleRequest};
+use loragate_core::{
+    EngineError, EngineEvent, EngineStream, FinishReason, ModelInfo, RawSampleRequest, SampleRequest, TopLogprobs,
+};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -89,6 +91,7 @@ pub(crate) struct Collected {
     /// Per sequence: tokens, logprobs, finish reason.
     pub(crate) sequences: Vec<CollectedSequence>,
     pub(crate) prompt_logprobs: Option<Vec<f32>>,
+    pub(crate) prompt_top_logprobs: Option<Vec<TopLogprobs>>,
     pub(crate) errors: Vec<String>,
     /// Every event in order, for ordering checks.
     pub(crate) events: Vec<EngineEvent>,
@@ -100,6 +103,7 @@ pub(crate) struct CollectedSequence {
     pub(crate) token_ids: Vec<u32>,
     pub(crate) logprobs: Vec<f32>,
     pub(crate) versions: Vec<u64>,
+    pub(crate) top_logprobs: Vec<TopLogprobs>,
     pub(crate) finish: Option<FinishReason>,
 }
 
@@ -115,11 +119,13 @@ impl Collected {
         };
         match &event {
             EngineEvent::PromptLogprobs(logprobs) => self.prompt_logprobs = Some(logprobs.clone()),
-            EngineEvent::Tokens { sequence, version, token_ids, logprobs } => {
+            EngineEvent::PromptTopLogprobs(top) => self.prompt_top_logprobs = Some(top.clone()),
+            EngineEvent::Tokens { sequence, version, token_ids, logprobs, top_logprobs } => {
                 let output = self.sequence(*sequence);
                 output.token_ids.extend(token_ids);
                 output.logprobs.extend(logprobs);
                 output.versions.extend(token_ids.iter().map(|_| version.0));
+                output.top_logprobs.extend(top_logprobs.iter().cloned());
             }
             EngineEvent::Finished { sequence, reason } => self.sequence(*sequence).finish = Some(*reason),
         }

@@ -81,11 +81,18 @@ impl Batch {
         let positions = Tensor::from_vec(positions, self.rows.len(), device)?;
         let logits = model.forward_step(&tokens, &positions, &mut self.cache, &self.lora)?;
         let logprobs = log_softmax(&logits)?.flatten_all()?.to_vec1::<f32>()?;
+        // Raw logits too, only when some row's penalty needs them.
+        let logits = if self.rows.iter().any(Sequence::needs_logits) {
+            Some(logits.flatten_all()?.to_vec1::<f32>()?)
+        } else {
+            None
+        };
         let vocab = model.config().vocab_size;
         let context_length = model.context_length();
         let mut finished = Vec::new();
         for (index, (row, row_logprobs)) in self.rows.iter_mut().zip(logprobs.chunks_exact(vocab)).enumerate() {
-            if let Some(reason) = row.advance(row_logprobs, context_length) {
+            let row_logits = logits.as_deref().map(|logits| &logits[index * vocab..(index + 1) * vocab]);
+            if let Some(reason) = row.advance(row_logprobs, row_logits, context_length) {
                 row.finish(reason);
                 finished.push(index);
             }

@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::lora::AdapterWeights;
-use crate::sampler::Sampler;
+use crate::sampler::{Sampled, Sampler};
 
 /// Where a request's events go. Dropping the last sender ends the caller's stream.
 pub(crate) type EventSender = mpsc::UnboundedSender<Result<EngineEvent, EngineError>>;
@@ -59,6 +59,12 @@ impl RequestContext {
         (Arc::new(context), request)
     }
 
+    /// The tokens that end this request's sequences: its stop token ids and, unless it ignores them, the model's
+    /// end-of-sequence tokens.
+    pub(crate) fn stop_tokens(&self) -> &[u32] {
+        &self.stop_tokens
+    }
+
     pub(crate) fn send(&self, event: EngineEvent) {
         // A closed channel means the caller went away; the next step drops its sequences.
         let _ = self.events.send(Ok(event));
@@ -92,10 +98,20 @@ impl Sequence {
         self.request.cancel.is_cancelled() || self.request.events.is_closed()
     }
 
-    /// Samples the next token from `logprobs`, emits it, and says whether the sequence ends with it (after at most
-    /// `context_length` tokens in all).
-    pub(crate) fn advance(&mut self, logprobs: &[f32], context_length: usize) -> Option<FinishReason> {
-        let (token, logprob) = self.sampler.sample(logprobs);
+    /// Whether [`Sequence::advance`] needs the raw logits besides the logprobs.
+    pub(crate) fn needs_logits(&self) -> bool {
+        self.sampler.needs_logits()
+    }
+
+    /// Samples the next token from `logprobs` (and `logits`, given when [`Sequence::needs_logits`]), emits it, and
+    /// says whether the sequence ends with it (after at most `context_length` tokens in all).
+    pub(crate) fn advance(
+        &mut self,
+        logprobs: &[f32],
+        logits: Option<&[f32]>,
+        context_length: usize,
+    ) -> Option<FinishReason> {
+        let Sampled { token, logprob, top } = self.sampler.sample(logprobs, logits);
         self.generated += 1;
         self.context_len += 1;
         self.next_input = token;
@@ -104,6 +120,7 @@ impl Sequence {
             version: self.request.version,
             token_ids: vec![token],
             logprobs: vec![logprob],
+            top_logprobs: top.into_iter().collect(),
         });
         if self.request.stop_tokens.contains(&token) {
             Some(FinishReason::Stop)

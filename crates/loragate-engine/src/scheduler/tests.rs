@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
-use loragate_core::{AdapterVersion, EngineEvent, FinishReason, RawSampleRequest};
+use loragate_core::{AdapterVersion, EngineEvent, FinishReason, RawSampleRequest, TopLogprobs};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tokio_util::sync::CancellationToken;
 
@@ -270,4 +270,83 @@ fn tokens_carry_the_version_pinned_at_submission() {
     assert_eq!(collected.single().versions, vec![1; 5]);
     let base = harness.run_alone(greedy("", &[1, 2], 5), None);
     assert_eq!(base.single().versions, vec![0; 5]);
+}
+
+#[test]
+fn prompt_alternatives_follow_the_prompt_logprobs_with_ranks_under_the_raw_distribution() {
+    let config = tiny_config(vec![]);
+    let mut harness = Harness::new(config.clone(), 64);
+    let prompt = [3, 14, 15, 9, 26, 5];
+    let raw = RawSampleRequest { prompt_top_logprobs: Some(3), top_logprobs: 2, ..greedy("", &prompt, 4) };
+    let collected = harness.run_alone(raw, None);
+    assert!(matches!(collected.events[1], EngineEvent::PromptTopLogprobs(_)), "right after the prompt logprobs");
+    let logprobs = collected.prompt_logprobs.clone().expect("asking for alternatives asks for logprobs");
+    let top = collected.prompt_top_logprobs.clone().expect("prompt alternatives");
+    assert_eq!(top.len(), prompt.len());
+    assert_eq!(top[0], TopLogprobs::default(), "nothing predicts the first prompt token");
+    for (position, entry) in top.iter().enumerate().skip(1) {
+        assert_eq!(entry.top.len(), 3);
+        assert!(entry.top.windows(2).all(|pair| pair[0].1 >= pair[1].1), "most likely first: {entry:?}");
+        let own = logprobs[position];
+        let above = entry.top.iter().filter(|(_, logprob)| *logprob >= own).count();
+        assert!(entry.rank as usize >= above.max(1), "position {position}: {entry:?} vs {own}");
+        if entry.rank <= 3 {
+            assert!(entry.top.iter().any(|&(token, _)| token == prompt[position]), "a top-3 token is listed");
+        }
+    }
+    let sequence = collected.single();
+    assert_eq!(sequence.top_logprobs.len(), sequence.token_ids.len());
+    for (token, entry) in sequence.token_ids.iter().zip(&sequence.top_logprobs) {
+        assert_eq!((entry.rank, entry.top[0].0), (1, *token), "greedy takes the most likely token");
+    }
+}
+
+#[test]
+fn min_tokens_keeps_a_sequence_past_an_end_of_sequence_token_it_would_sample() {
+    let prompt = [7, 7, 2];
+    let first = Harness::new(tiny_config(vec![]), 8).run_alone(greedy("", &prompt, 1), None).single().token_ids[0];
+    let mut harness = Harness::new(tiny_config(vec![first]), 8);
+    let stops = RawSampleRequest { ignore_eos: false, ..greedy("", &prompt, 6) };
+    let stopped = harness.run_alone(stops.clone(), None);
+    assert_eq!((stopped.single().token_ids.len(), stopped.single().finish), (1, Some(FinishReason::Stop)));
+    let held = harness.run_alone(RawSampleRequest { min_tokens: 4, ..stops }, None);
+    let tokens = &held.single().token_ids;
+    assert!(tokens.len() >= 4 && !tokens[..4].contains(&first), "{tokens:?}");
+}
+
+#[test]
+fn a_repetition_penalty_in_a_mixed_batch_samples_from_the_penalised_raw_logits() {
+    let config = tiny_config(vec![]);
+    let prompt = [4, 4, 9, 1];
+    let penalty = 3.0;
+    let mut harness = Harness::new(config.clone(), 64);
+    let mut plain = harness.submit(greedy("", &[5, 6], 12), None);
+    let mut penalised =
+        harness.submit(RawSampleRequest { repetition_penalty: Some(penalty), ..greedy("", &prompt, 12) }, None);
+    harness.run_until_idle();
+    assert_eq!(drain(&mut plain).single().token_ids.len(), 12);
+    let tokens = drain(&mut penalised).single().token_ids.clone();
+    let unpenalised = harness.run_alone(greedy("", &prompt, 12), None).single().token_ids.clone();
+    assert_ne!(tokens, unpenalised, "the penalty changes this greedy sequence");
+
+    // The reference: each step recomputed from scratch, the penalty applied by hand to the raw logits.
+    let model = tiny_model(config);
+    for step in 0..tokens.len() {
+        let context: Vec<u32> = prompt.iter().chain(&tokens[..step]).copied().collect();
+        let input = Tensor::from_slice(&context, (1, context.len()), &Device::Cpu).expect("context");
+        let hidden = model.forward_sequences(&input, &LoraBatch::base()).expect("forward").hidden;
+        let last = hidden.narrow(1, context.len() - 1, 1).expect("last");
+        let mut scores =
+            model.logits(&last).expect("logits").flatten_all().expect("flat").to_vec1::<f32>().expect("values");
+        for &seen in context.iter().collect::<std::collections::HashSet<_>>() {
+            let score = &mut scores[seen as usize];
+            *score = if *score > 0.0 { *score / penalty } else { *score * penalty };
+        }
+        let best = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        assert!(
+            scores[tokens[step] as usize] >= best - 1e-4,
+            "step {step}: {} is not the penalised argmax",
+            tokens[step]
+        );
+    }
 }
