@@ -1,89 +1,110 @@
-//! `POST /v1/completions`, OpenAI-compatible. Requests reach this handler through the submission gate, which
-//! already held them while their adapter was paused.
+//! `POST /v1/completions`, OpenAI-compatible with vLLM's extensions. Requests reach this handler through the
+//! submission gate, which already held them while their adapter was paused.
 //!
-//! Data flow: the JSON body → [`CompletionBody`] (this API's forms) → the core's [`RawSampleRequest`] (text prompts
-//! encoded by the [`TextCodec`](crate::TextCodec)) → [`Coordinator::parse_sample`](loragate_core::Coordinator),
-//! which validates → `Coordinator::sample` → the core's events → [`Choices`] (text, stop strings, logprobs) → one
-//! JSON response, or server-sent events.
+//! Data flow: the JSON body → [`CompletionBody`] (this API's own fields) and the shared
+//! [`VllmSampling`] → one [`PromptSpec`] per prompt (text encoded by the [`TextCodec`](crate::TextCodec)) →
+//! [`sampling::start`] (the core validates and samples each, holding it at a paused adapter's gate) → the shared
+//! output deltas → [`CompletionRender`]: one JSON response, or server-sent events.
+//!
+//! A batch of prompts is one core request per prompt, each with its own request id (`<id>-<i>`), so aborts and the
+//! gate apply per prompt; choice `index` is `prompt index × n + sample index`, as OpenAI orders them.
 
-mod choice;
-mod decode;
 mod request;
 mod response;
-mod stop;
-mod stream;
-
-use std::num::NonZeroU32;
-use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Json, Response};
-use futures::StreamExt;
+use futures::TryStreamExt;
 use http::{HeaderMap, HeaderValue};
-use loragate_core::{RawSampleRequest, SampleRequest, SampleStream};
+use loragate_core::RequestId;
 
-use self::choice::Choices;
 use self::request::{CompletionBody, Prompt};
-use self::response::{CompletionHeader, UnaryCompletion};
-use crate::error::HttpError;
-use crate::json_body::JsonBody;
+use self::response::{CompletionRender, EchoedPrompt};
+use crate::error::{Api, HttpError};
+use crate::json_body::{JsonValue, parse_value};
+use crate::output::{StreamOptions, deltas, sse_response, unix_now};
+use crate::sampling::{self, PromptSpec, SamplingPlan, VllmSampling, refuse_unless_neutral};
 use crate::server::{AppState, HttpFront};
 use crate::submission_gate::GateDeadline;
 
 /// The caller's request id header: the id aborts report, echoed in the response (`id` is `cmpl-<id>`).
 pub(crate) const REQUEST_ID_HEADER: &str = "x-request-id";
 
-/// OpenAI's default temperature (the core's own default, for gRPC, is 0: greedy).
-const DEFAULT_TEMPERATURE: f32 = 1.0;
-
-/// A completion request, validated and ready to sample.
+/// A completion request, parsed and ready to start.
 struct Plan {
-    sample: SampleRequest,
+    prompts: Vec<PromptSpec>,
+    sampling: SamplingPlan,
     model: String,
-    stops: Arc<[String]>,
+    echo: bool,
     with_logprobs: bool,
+    as_token_ids: bool,
+    prompt_logprobs: bool,
+    return_token_ids: bool,
     stream: bool,
+    include_usage: bool,
 }
 
 impl Plan {
-    /// Turns the body into a validated core request (the core checks every sampling value).
-    fn parse(front: &HttpFront, body: CompletionBody, request_id: String) -> Result<Self, HttpError> {
-        let model = body.model.ok_or(HttpError::MissingField("model"))?;
-        if model.is_empty() {
-            return Err(HttpError::InvalidField {
-                param: "model",
-                reason: format!("must name the base model ({:?}) or a loaded adapter", front.served_model_name()),
-            });
-        }
-        let prompt_token_ids = match body.prompt.ok_or(HttpError::MissingField("prompt"))? {
-            Prompt::Text(text) => {
-                front.codec().encode(&text).map_err(|reason| HttpError::InvalidField { param: "prompt", reason })?
-            }
-            Prompt::TokenIds(token_ids) => token_ids,
-        };
-        let raw = RawSampleRequest {
-            request_id,
-            lora_name: front.lora_name_for(&model).to_owned(),
-            prompt_token_ids,
-            max_tokens: body.max_tokens,
-            temperature: body.temperature.unwrap_or(DEFAULT_TEMPERATURE),
-            top_p: body.top_p,
-            top_k: body.top_k.unwrap_or(0),
-            seed: body.seed,
-            stop_token_ids: body.stop_token_ids.unwrap_or_default(),
-            ignore_eos: body.ignore_eos.unwrap_or(false),
-            num_samples: body.n.map_or(1, NonZeroU32::get),
-            include_prompt_logprobs: false,
-        };
-        let sample = front.coordinator().parse_sample(raw).map_err(HttpError::sampling)?;
+    fn parse(front: &HttpFront, body: CompletionBody, fields: VllmSampling, base_id: &str) -> Result<Self, HttpError> {
+        refuse_unless_neutral("suffix", body.suffix.as_ref(), &[serde_json::json!("")], "nothing is inserted")?;
+        let model = front.model_or_base(body.model)?;
+        let lora_name = front.lora_name_for(&model).to_owned();
+        let prompts = body.prompt.ok_or(HttpError::MissingField("prompt"))?.0;
+        let add_special_tokens = body.add_special_tokens.unwrap_or(true);
+        let echo = body.echo.unwrap_or(false);
+        let explicit_prompt_logprobs = fields.prompt_logprobs;
+        let mut sampling = fields.into_plan("")?;
+        // With echo, the echoed prompt's logprobs need the prompt's logprobs (with as many alternatives).
+        let prompt_alternatives = explicit_prompt_logprobs.or(body.logprobs.filter(|_| echo));
+        sampling.params.top_logprobs = body.logprobs.unwrap_or(0);
+        sampling.params.prompt_top_logprobs = prompt_alternatives;
+        sampling.text.with_logprobs = body.logprobs.is_some();
+        let ids = prompt_request_ids(base_id, prompts.len());
+        let prompts = prompts
+            .into_iter()
+            .zip(ids)
+            .map(|(prompt, request_id)| {
+                let token_ids = match prompt {
+                    Prompt::Text(text) => front
+                        .codec()
+                        .encode(&text, add_special_tokens)
+                        .map_err(|reason| HttpError::invalid("prompt", reason))?,
+                    Prompt::TokenIds(token_ids) => token_ids,
+                };
+                Ok(PromptSpec { request_id, lora_name: lora_name.clone(), token_ids })
+            })
+            .collect::<Result<_, HttpError>>()?;
         Ok(Self {
-            sample,
+            prompts,
+            sampling,
             model,
-            stops: body.stop.map(|stops| stops.0).unwrap_or_default().into(),
+            echo,
             with_logprobs: body.logprobs.is_some(),
+            as_token_ids: body.return_tokens_as_token_ids.unwrap_or(false),
+            prompt_logprobs: explicit_prompt_logprobs.is_some(),
+            return_token_ids: body.return_token_ids.unwrap_or(false),
             stream: body.stream.unwrap_or(false),
+            include_usage: StreamOptions::wants_usage(body.stream_options),
         })
+    }
+}
+
+/// The request ids of `count` prompts: the caller's (or, empty, the core's own) for one prompt; `<base>-<i>` for a
+/// batch, with a fresh base if the caller gave none.
+pub(crate) fn prompt_request_ids(base_id: &str, count: usize) -> Vec<String> {
+    if count == 1 {
+        return vec![base_id.to_owned()];
+    }
+    let base = if base_id.is_empty() { RequestId::generate().to_string() } else { base_id.to_owned() };
+    (0..count).map(|index| format!("{base}-{index}")).collect()
+}
+
+/// The id a multi-prompt response reports: the ids' common base (`<base>-<i>` → `<base>`), or the one id.
+pub(crate) fn response_request_id(request_ids: &[String]) -> String {
+    match request_ids {
+        [one] => one.clone(),
+        [first, ..] => first.rsplit_once('-').map_or_else(|| first.clone(), |(base, _)| base.to_owned()),
+        [] => String::new(),
     }
 }
 
@@ -92,27 +113,40 @@ pub(crate) async fn create_completion(
     State(state): State<AppState>,
     gate: Option<Extension<GateDeadline>>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<CompletionBody>,
+    JsonValue(body): JsonValue,
 ) -> Result<Response, HttpError> {
     let front = state.front();
-    let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs());
-    let plan = Plan::parse(front, body, caller_request_id(&headers)?)?;
-    let request_id = plan.sample.id().to_string();
-    let header = CompletionHeader { id: format!("cmpl-{request_id}"), created, model: plan.model };
-    let prompt_tokens = plan.sample.prompt().len();
-    let count = plan.sample.num_samples();
-    let choices = Choices::new(front.codec().clone(), count, plan.stops, plan.with_logprobs);
+    let created = unix_now();
+    let request: CompletionBody = parse_value(&body, "")?;
+    let fields: VllmSampling = parse_value(&body, "")?;
+    let plan = Plan::parse(front, request, fields, &caller_request_id(&headers)?)?;
     // The gate's deadline, so a request the gate let through waits no longer in total if the adapter closes again.
     let hold_until = match gate {
         Some(Extension(GateDeadline(deadline))) => deadline,
         None => front.coordinator().gate_deadline(None),
     };
-    let samples = front.coordinator().sample(plan.sample, hold_until).await.map_err(HttpError::sampling)?;
+    let started = sampling::start(front, plan.prompts, plan.sampling, hold_until, Api::Completions).await?;
+    let request_id = response_request_id(&started.request_ids);
+    let codec = front.codec().clone();
+    let echo = plan.echo.then(|| started.prompts.iter().map(|prompt| EchoedPrompt::new(&*codec, prompt)).collect());
+    let render = CompletionRender::new(
+        format!("cmpl-{request_id}"),
+        created,
+        plan.model,
+        codec,
+        plan.with_logprobs,
+        plan.as_token_ids,
+        echo,
+        plan.prompt_logprobs,
+        plan.return_token_ids.then(|| started.prompts.clone()),
+        plan.include_usage,
+        started.prompt_tokens(),
+    );
     let mut response = if plan.stream {
-        stream::sse_response(header, choices, samples)
+        sse_response(started.parts, render)
     } else {
-        let unary = UnaryCompletion::new(header, prompt_tokens, count, plan.with_logprobs);
-        Json(collect(unary, choices, samples).await?.finish()).into_response()
+        let all = deltas(started.parts).try_collect().await.map_err(HttpError::sampling)?;
+        Json(render.unary(all)).into_response()
     };
     if let Ok(value) = HeaderValue::from_str(&request_id) {
         response.headers_mut().insert(REQUEST_ID_HEADER, value);
@@ -120,29 +154,28 @@ pub(crate) async fn create_completion(
     Ok(response)
 }
 
-/// Drives a request to its end (or until every choice stopped at a stop string, dropping the stream so the engine
-/// stops) and gathers the response.
-async fn collect(
-    mut unary: UnaryCompletion,
-    mut choices: Choices,
-    mut samples: SampleStream,
-) -> Result<UnaryCompletion, HttpError> {
-    while !choices.all_finished() {
-        let Some(event) = samples.next().await else { break };
-        if let Some(delta) = choices.on_event(event.map_err(HttpError::sampling)?) {
-            unary.absorb(delta);
-        }
-    }
-    Ok(unary)
-}
-
 /// The caller's `X-Request-Id`, or empty to have the core make one.
-fn caller_request_id(headers: &HeaderMap) -> Result<String, HttpError> {
+pub(crate) fn caller_request_id(headers: &HeaderMap) -> Result<String, HttpError> {
     match headers.get(REQUEST_ID_HEADER) {
         None => Ok(String::new()),
-        Some(value) => value
-            .to_str()
-            .map(str::to_owned)
-            .map_err(|_| HttpError::InvalidField { param: "X-Request-Id", reason: "must be visible ASCII".to_owned() }),
+        Some(value) => {
+            value.to_str().map(str::to_owned).map_err(|_| HttpError::invalid("X-Request-Id", "must be visible ASCII"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_gets_one_id_per_prompt_under_one_base() {
+        assert_eq!(prompt_request_ids("r", 1), vec!["r"]);
+        assert_eq!(prompt_request_ids("", 1), vec![""], "the core makes the id of a single prompt");
+        assert_eq!(prompt_request_ids("r", 3), vec!["r-0", "r-1", "r-2"]);
+        let generated = prompt_request_ids("", 2);
+        assert!(generated[0].ends_with("-0") && generated[1].ends_with("-1") && generated[0].len() > 2);
+        assert_eq!(response_request_id(&prompt_request_ids("base-x", 2)), "base-x");
+        assert_eq!(response_request_id(&["solo-1".to_owned()]), "solo-1");
     }
 }

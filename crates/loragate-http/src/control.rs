@@ -1,9 +1,11 @@
-//! Control endpoints, each on one adapter: SkyRL's `/skyrl/v1/{abort,resume,wait}_lora_…` with SkyRL's shapes, and
-//! vLLM's `/v1/{load,unload}_lora_adapter`. Unlike SkyRL, an unknown adapter is a 404: no state is ever made up for
-//! a name.
+//! Control endpoints: SkyRL's `/skyrl/v1/{abort,resume,wait}_lora_…` with SkyRL's shapes, vLLM's
+//! `/v1/{load,unload}_lora_adapter` (also at the root, where prime-rl and SGLang clients call them), the cache
+//! flushes clients call between steps, and SGLang's server info. Unlike SkyRL, an unknown adapter is a 404: no state
+//! is ever made up for a name.
 
 use axum::Json;
 use axum::extract::State;
+use http::StatusCode;
 use loragate_core::{AdapterName, parse_timeout_s};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -86,10 +88,10 @@ pub(crate) async fn load_lora_adapter(
     let front = state.front();
     let name = adapter_name(body.lora_name)?;
     if name.as_str() == front.served_model_name() {
-        return Err(HttpError::InvalidField {
-            param: "lora_name",
-            reason: format!("{name:?} is the base model's served name; an adapter under it could not be addressed"),
-        });
+        return Err(HttpError::invalid(
+            "lora_name",
+            format!("{name:?} is the base model's served name; an adapter under it could not be addressed"),
+        ));
     }
     let path = body.lora_path.ok_or(HttpError::MissingField("lora_path"))?;
     let source = front.coordinator().resolve_adapter_path(&path).await.map_err(HttpError::control)?;
@@ -107,4 +109,31 @@ pub(crate) async fn unload_lora_adapter(
     state.front().coordinator().unload_adapter(&name).await.map_err(HttpError::control)?;
     tracing::info!(adapter = %name, "adapter unloaded");
     Ok(Json(json!({"status": "ok", "lora_name": name.as_str()})))
+}
+
+/// `POST /reset_prefix_cache` (vLLM) and `GET`/`POST /flush_cache` (SGLang): 200 with an empty body. loragate keeps
+/// no cache whose flush would change a result (a request's KV cache lives only as long as the request).
+pub(crate) async fn flush_cache() -> StatusCode {
+    StatusCode::OK
+}
+
+/// `GET /get_server_info` and `GET /server_info` (SGLang): the server's shape as slime reads it (one engine: every
+/// parallel size 1, no disaggregation), and loragate's own facts.
+pub(crate) async fn server_info(State(state): State<AppState>) -> Json<Value> {
+    let front = state.front();
+    let model = front.coordinator().model_info();
+    Json(json!({
+        "tp_size": 1,
+        "pp_size": 1,
+        "dp_size": 1,
+        "ep_size": 1,
+        "moe_dp_size": 1,
+        "disaggregation_mode": "null",
+        "encoder_only": false,
+        "served_model_name": front.served_model_name(),
+        "context_length": model.context_length,
+        "vocab_size": model.vocab_size,
+        "version": env!("CARGO_PKG_VERSION"),
+        "engine": "loragate",
+    }))
 }

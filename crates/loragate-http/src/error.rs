@@ -2,8 +2,9 @@
 //! OpenAI's shape: `{"error": {"message", "type", "code", "param"}}`.
 //!
 //! `param` names the offending field in this API's terms: the core names fields as the gRPC contract does
-//! (`sampling_params.max_tokens`, `prompt_token_ids`, `lora_name`), and [`wire_name`] renames them (`max_tokens`,
-//! `prompt`, and `model` on completions but `lora_name` on control endpoints).
+//! (`sampling_params.max_tokens`, `prompt_token_ids`, `lora_name`), and [`wire_name`] renames them for each API
+//! (`max_tokens` and `prompt` on completions, `sampling_params.max_tokens` and `token_ids` on vLLM's generate,
+//! `sampling_params.max_new_tokens` and `input_ids` on SGLang's, `lora_name` on control endpoints).
 
 use axum::Json;
 use axum::response::{IntoResponse, Response};
@@ -14,8 +15,15 @@ use serde::Serialize;
 /// Which API an error arose in; it decides how fields are named.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Api {
-    /// `POST /v1/completions`: OpenAI's names (`model`, `prompt`, `n`, …).
+    /// `POST /v1/completions`: OpenAI's names (`model`, `prompt`, `n`, `logprobs`, …).
     Completions,
+    /// `POST /v1/chat/completions`: OpenAI's names, the prompt being `messages`.
+    Chat,
+    /// vLLM's `POST /inference/v1/generate`: `token_ids`, `request_id`, sampling fields under `sampling_params`.
+    Generate,
+    /// SGLang's `POST /generate`: `input_ids`, `rid`, `lora_path`, SGLang's sampling names under
+    /// `sampling_params`.
+    Sglang,
     /// The SkyRL and vLLM control endpoints: `lora_name`, `lora_path`, `timeout_s`.
     Control,
 }
@@ -42,11 +50,12 @@ pub(crate) enum HttpError {
     /// A required field is absent or null.
     #[error("{0}: this field is required")]
     MissingField(&'static str),
-    /// A field this front interprets itself (a text prompt, stop strings, the request id header) is unusable.
+    /// A field this front interprets itself (a text prompt, stop strings, the request id header, a sampling field
+    /// it does not implement) is unusable.
     #[error("{param}: {reason}")]
     InvalidField {
-        /// The field.
-        param: &'static str,
+        /// The field (its path of keys).
+        param: String,
         /// What is wrong with it.
         reason: String,
     },
@@ -68,9 +77,19 @@ pub(crate) enum HttpError {
 }
 
 impl HttpError {
+    /// An [`HttpError::InvalidField`].
+    pub(crate) fn invalid(param: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::InvalidField { param: param.into(), reason: reason.into() }
+    }
+
     /// A core error raised while serving a completion.
     pub(crate) fn sampling(error: CoreError) -> Self {
-        Self::Core { error, api: Api::Completions }
+        Self::in_api(error, Api::Completions)
+    }
+
+    /// A core error raised while serving `api`.
+    pub(crate) fn in_api(error: CoreError, api: Api) -> Self {
+        Self::Core { error, api }
     }
 
     /// A core error raised while serving a control endpoint.
@@ -124,7 +143,8 @@ impl HttpError {
         match self {
             Self::Core { error, api } => core_param(error, *api).map(str::to_owned),
             Self::InvalidJson { param, .. } => param.clone(),
-            Self::MissingField(param) | Self::InvalidField { param, .. } => Some((*param).to_owned()),
+            Self::MissingField(param) => Some((*param).to_owned()),
+            Self::InvalidField { param, .. } => Some(param.clone()),
             Self::BodyTooLarge { .. }
             | Self::UnreadableBody(_)
             | Self::NoSuchEndpoint(_)
@@ -171,28 +191,37 @@ struct ErrorObject {
 
 /// The name of a core field in `api`'s terms.
 pub(crate) fn wire_name(field: Field, api: Api) -> &'static str {
-    match (field, api) {
-        (Field::LoraName, Api::Completions) => "model",
-        (Field::LoraName, Api::Control) => "lora_name",
-        (Field::RequestId, _) => "X-Request-Id",
-        (Field::PromptTokenIds, _) => "prompt",
-        (Field::MaxTokens, _) => "max_tokens",
-        (Field::Temperature, _) => "temperature",
-        (Field::TopP, _) => "top_p",
-        (Field::TopK, _) => "top_k",
-        (Field::StopTokenIds, _) => "stop_token_ids",
-        (Field::NumSamples, _) => "n",
-        (Field::TimeoutS, _) => "timeout_s",
-        (Field::Path, _) => "lora_path",
-        (other, _) => other.grpc_path(),
+    match (api, field) {
+        (Api::Control, Field::LoraName) => "lora_name",
+        (Api::Sglang, Field::LoraName) => "lora_path",
+        (_, Field::LoraName) => "model",
+        (Api::Generate, Field::RequestId) => "request_id",
+        (Api::Sglang, Field::RequestId) => "rid",
+        (_, Field::RequestId) => "X-Request-Id",
+        (Api::Chat, Field::PromptTokenIds) => "messages",
+        (Api::Generate, Field::PromptTokenIds) => "token_ids",
+        (Api::Sglang, Field::PromptTokenIds) => "input_ids",
+        (_, Field::PromptTokenIds) => "prompt",
+        (Api::Chat, Field::TopLogprobs) => "top_logprobs",
+        (Api::Generate, Field::TopLogprobs) => "sampling_params.logprobs",
+        (Api::Generate, Field::PromptTopLogprobs) => "sampling_params.prompt_logprobs",
+        (Api::Sglang, Field::TopLogprobs | Field::PromptTopLogprobs) => "top_logprobs_num",
+        (_, Field::TopLogprobs) => "logprobs",
+        (_, Field::PromptTopLogprobs) => "prompt_logprobs",
+        (Api::Sglang, Field::MaxTokens) => "sampling_params.max_new_tokens",
+        (Api::Sglang, Field::MinTokens) => "sampling_params.min_new_tokens",
+        (Api::Generate | Api::Sglang, Field::NumSamples) => "sampling_params.n",
+        (_, Field::NumSamples) => "n",
+        (_, Field::TimeoutS) => "timeout_s",
+        (_, Field::Path) => "lora_path",
+        // The other sampling fields keep vLLM's names: nested in `sampling_params`, or flat.
+        (Api::Generate | Api::Sglang, sampling) => sampling.grpc_path(),
+        (_, other) => other.grpc_path().strip_prefix("sampling_params.").unwrap_or(other.grpc_path()),
     }
 }
 
 fn core_param(error: &CoreError, api: Api) -> Option<&'static str> {
-    let adapter_field = match api {
-        Api::Completions => "model",
-        Api::Control => "lora_name",
-    };
+    let adapter_field = wire_name(Field::LoraName, api);
     match error {
         CoreError::InvalidArgument { field, .. } => Some(wire_name(*field, api)),
         CoreError::UnknownAdapter(_) | CoreError::Engine(EngineError::AdapterNotLoaded(_)) => Some(adapter_field),
@@ -235,6 +264,24 @@ mod tests {
             (Field::LoraName, Api::Control, "lora_name"),
             (Field::TimeoutS, Api::Control, "timeout_s"),
             (Field::Path, Api::Control, "lora_path"),
+            (Field::MinP, Api::Completions, "min_p"),
+            (Field::RepetitionPenalty, Api::Chat, "repetition_penalty"),
+            (Field::TopLogprobs, Api::Completions, "logprobs"),
+            (Field::TopLogprobs, Api::Chat, "top_logprobs"),
+            (Field::PromptTopLogprobs, Api::Completions, "prompt_logprobs"),
+            (Field::PromptTokenIds, Api::Chat, "messages"),
+            (Field::PromptTokenIds, Api::Generate, "token_ids"),
+            (Field::MaxTokens, Api::Generate, "sampling_params.max_tokens"),
+            (Field::TopLogprobs, Api::Generate, "sampling_params.logprobs"),
+            (Field::MinTokens, Api::Generate, "sampling_params.min_tokens"),
+            (Field::RequestId, Api::Generate, "request_id"),
+            (Field::LoraName, Api::Generate, "model"),
+            (Field::PromptTokenIds, Api::Sglang, "input_ids"),
+            (Field::MaxTokens, Api::Sglang, "sampling_params.max_new_tokens"),
+            (Field::MinTokens, Api::Sglang, "sampling_params.min_new_tokens"),
+            (Field::FrequencyPenalty, Api::Sglang, "sampling_params.frequency_penalty"),
+            (Field::LoraName, Api::Sglang, "lora_path"),
+            (Field::RequestId, Api::Sglang, "rid"),
         ];
         for (field, api, name) in cases {
             assert_eq!(wire_name(field, api), name, "{field} in {api:?}");

@@ -1,13 +1,18 @@
 //! Request bodies: read within the server's limit, then parsed as JSON into this front's own request types, with
-//! every failure a 400 (413 over the limit) naming the field where there is one. This replaces axum's `Json`
-//! extractor, whose rejections are 415/422 with plain-text bodies.
+//! every failure a 400 (413 over the limit) naming the field where there is one (its path of keys, such as
+//! `sampling_params.max_tokens`). This replaces axum's `Json` extractor, whose rejections are 415/422 with
+//! plain-text bodies.
+//!
+//! A body can also be read once as a [`JsonValue`] and parsed into several types ([`parse_value`]): the sampling
+//! endpoints parse the fields every API shares into one type and their own fields into another.
 
 use axum::body::Body;
 use axum::extract::{FromRequest, Request};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
-use serde_path_to_error::Segment;
+use serde_json::Value;
+use serde_path_to_error::{Path, Segment};
 
 use crate::error::HttpError;
 use crate::server::AppState;
@@ -21,29 +26,57 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, HttpErr
     }
 }
 
-/// Parses a JSON document into `T`. Errors carry the path to the offending value and name its top-level field.
+/// Parses a JSON document into `T`. Errors carry the path to the offending value and name its field.
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
-        let param = match err.path().iter().next() {
-            Some(Segment::Map { key }) => Some(key.clone()),
-            _ => None,
-        };
-        let path = err.path().to_string();
-        let inner = err.into_inner();
-        let message = if param.is_some() { format!("{path}: {inner}") } else { format!("invalid JSON body: {inner}") };
-        HttpError::InvalidJson { param, message }
-    })?;
+    let value = serde_path_to_error::deserialize(&mut deserializer)
+        .map_err(|err| invalid_json("", err.path().clone(), err.into_inner()))?;
     deserializer
         .end()
         .map_err(|err| HttpError::InvalidJson { param: None, message: format!("invalid JSON body: {err}") })?;
     Ok(value)
 }
 
+/// Parses an already read JSON value into `T`; `at` is where the value sits in the body (`""` for the body
+/// itself, `"sampling_params"` for a nested object), so errors name the field by its whole path.
+pub(crate) fn parse_value<T: DeserializeOwned>(value: &Value, at: &str) -> Result<T, HttpError> {
+    serde_path_to_error::deserialize(value).map_err(|err| invalid_json(at, err.path().clone(), err.into_inner()))
+}
+
+/// The error for `inner` at `path` below `at`: `param` is the path of object keys down to the offending value (up
+/// to the first array index), `message` the whole path and what is wrong.
+fn invalid_json(at: &str, path: Path, inner: serde_json::Error) -> HttpError {
+    let mut keys: Vec<&str> = if at.is_empty() { Vec::new() } else { vec![at] };
+    for segment in path.iter() {
+        match segment {
+            Segment::Map { key } => keys.push(key),
+            _ => break,
+        }
+    }
+    if keys.is_empty() {
+        return HttpError::InvalidJson { param: None, message: format!("invalid JSON body: {inner}") };
+    }
+    let full_path = if at.is_empty() { path.to_string() } else { format!("{at}.{path}") };
+    HttpError::InvalidJson { param: Some(keys.join(".")), message: format!("{full_path}: {inner}") }
+}
+
 /// A JSON request body parsed into `T` (an extractor; must be the handler's last argument).
 pub(crate) struct JsonBody<T>(pub(crate) T);
 
 impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
+    type Rejection = HttpError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, HttpError> {
+        let bytes = read_body(request.into_body(), state.body_limit()).await?;
+        parse_json(&bytes).map(Self)
+    }
+}
+
+/// A JSON request body read as a JSON value, to be parsed with [`parse_value`] (an extractor; must be the handler's
+/// last argument).
+pub(crate) struct JsonValue(pub(crate) Value);
+
+impl FromRequest<AppState> for JsonValue {
     type Rejection = HttpError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, HttpError> {
@@ -76,6 +109,28 @@ mod tests {
         assert_eq!(param_of(r#"{"max_tokens": "ten"}"#).as_deref(), Some("max_tokens"));
         assert_eq!(param_of(r#"{"max_tokens": -1}"#).as_deref(), Some("max_tokens"));
         assert_eq!(param_of(r#"{"stop": ["a", 3]}"#).as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn nested_errors_name_the_whole_path_of_keys() {
+        #[derive(Debug, Deserialize)]
+        struct Outer {
+            #[allow(dead_code)]
+            sampling_params: Option<Probe>,
+        }
+        let value: Value = serde_json::from_str(r#"{"sampling_params": {"max_tokens": "ten"}}"#).expect("json");
+        match parse_value::<Outer>(&value, "") {
+            Err(HttpError::InvalidJson { param, message }) => {
+                assert_eq!(param.as_deref(), Some("sampling_params.max_tokens"));
+                assert!(message.starts_with("sampling_params.max_tokens: "), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let nested: Value = serde_json::from_str(r#"{"stop": ["a", 3]}"#).expect("json");
+        match parse_value::<Probe>(&nested, "sampling_params") {
+            Err(HttpError::InvalidJson { param, .. }) => assert_eq!(param.as_deref(), Some("sampling_params.stop")),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

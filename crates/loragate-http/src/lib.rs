@@ -21,17 +21,25 @@
 //! # }
 //! ```
 
+mod chat;
+mod chat_template;
 mod codec;
 mod completions;
 mod control;
 mod error;
+mod generate;
 mod json_body;
 mod models;
 mod observability;
+mod output;
+mod sampling;
 mod server;
+mod sglang;
 mod submission_gate;
 #[cfg(test)]
 mod test_codec;
+mod tokenize;
 
+pub use chat_template::{ChatTemplate, ChatTemplateError};
 pub use codec::TextCodec;
 pub use server::{DEFAULT_BODY_LIMIT, HttpFront, HttpServeError, serve_http};

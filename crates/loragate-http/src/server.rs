@@ -14,25 +14,31 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::chat::create_chat_completion;
+use crate::chat_template::ChatTemplate;
 use crate::codec::TextCodec;
 use crate::completions::create_completion;
 use crate::control::{
-    abort_lora_requests, load_lora_adapter, resume_lora_requests, unload_lora_adapter, wait_lora_unpaused,
+    abort_lora_requests, flush_cache, load_lora_adapter, resume_lora_requests, server_info, unload_lora_adapter,
+    wait_lora_unpaused,
 };
 use crate::error::HttpError;
 use crate::models::list_models;
 use crate::observability::{HttpMetrics, health, metrics, track_requests};
 use crate::submission_gate::submission_gate;
+use crate::tokenize::{detokenize, tokenize};
 
 /// The largest request body accepted unless [`HttpFront::with_body_limit`] says otherwise: 4 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
 
-/// What the HTTP front serves: the coordinator, the base model's served name, the text codec, and the body limit.
+/// What the HTTP front serves: the coordinator, the base model's served name, the text codec, the chat template
+/// (if the model has one), and the body limit.
 #[derive(Clone)]
 pub struct HttpFront {
     coordinator: Coordinator,
     served_model_name: Arc<str>,
     codec: Arc<dyn TextCodec>,
+    chat_template: Option<Arc<ChatTemplate>>,
     body_limit: usize,
 }
 
@@ -41,7 +47,20 @@ impl HttpFront {
     /// `codec` encodes text prompts and decodes generated tokens. The body limit is [`DEFAULT_BODY_LIMIT`].
     pub fn new(coordinator: Coordinator, served_model_name: impl Into<String>, codec: Arc<dyn TextCodec>) -> Self {
         let served_model_name: String = served_model_name.into();
-        Self { coordinator, served_model_name: served_model_name.into(), codec, body_limit: DEFAULT_BODY_LIMIT }
+        Self {
+            coordinator,
+            served_model_name: served_model_name.into(),
+            codec,
+            chat_template: None,
+            body_limit: DEFAULT_BODY_LIMIT,
+        }
+    }
+
+    /// Serves `POST /v1/chat/completions` (and chat `messages` on `/tokenize`) with `template`. Without one, chat
+    /// requests get 400 saying the model has no chat template.
+    pub fn with_chat_template(mut self, template: ChatTemplate) -> Self {
+        self.chat_template = Some(Arc::new(template));
+        self
     }
 
     /// Sets the largest request body accepted, in bytes (larger ones get 413).
@@ -62,10 +81,26 @@ impl HttpFront {
         &self.codec
     }
 
+    pub(crate) fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_deref()
+    }
+
     /// The core's `lora_name` for a completion's `model`: empty (the base model) for the served name, else the
     /// model itself (an adapter's name; the core checks it).
     pub(crate) fn lora_name_for<'a>(&self, model: &'a str) -> &'a str {
         if model == &*self.served_model_name { "" } else { model }
+    }
+
+    /// A request's `model`: the served name when it names none (as vLLM does); an empty name is refused.
+    pub(crate) fn model_or_base(&self, model: Option<String>) -> Result<String, HttpError> {
+        match model {
+            None => Ok(self.served_model_name.to_string()),
+            Some(model) if model.is_empty() => Err(HttpError::invalid(
+                "model",
+                format!("must name the base model ({:?}) or a loaded adapter", self.served_model_name),
+            )),
+            Some(model) => Ok(model),
+        }
     }
 }
 
@@ -152,15 +187,27 @@ pub async fn serve_http(
     }
 }
 
-/// The routes. The gate sits on `/v1/completions` only: control, health, metrics and models answer while an
-/// adapter is paused.
+/// The routes. The body-buffering gate middleware sits on `/v1/completions` only; the other sampling endpoints
+/// (`/v1/chat/completions`, `/inference/v1/generate`, SGLang's `/generate`) are held by `Coordinator::sample`
+/// itself, in their parsed form. Control, health, metrics and models answer while an adapter is paused.
 fn router(state: AppState) -> Router {
     let gated_completions = post(create_completion).layer(from_fn_with_state(state.clone(), submission_gate));
     Router::new()
         .route("/v1/completions", gated_completions)
+        .route("/v1/chat/completions", post(create_chat_completion))
+        .route("/inference/v1/generate", post(crate::generate::generate))
+        .route("/generate", post(crate::sglang::generate))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .route("/v1/models", get(list_models))
         .route("/v1/load_lora_adapter", post(load_lora_adapter))
         .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
+        .route("/load_lora_adapter", post(load_lora_adapter))
+        .route("/unload_lora_adapter", post(unload_lora_adapter))
+        .route("/reset_prefix_cache", post(flush_cache))
+        .route("/flush_cache", get(flush_cache).post(flush_cache))
+        .route("/get_server_info", get(server_info))
+        .route("/server_info", get(server_info))
         .route("/skyrl/v1/abort_lora_requests", post(abort_lora_requests))
         .route("/skyrl/v1/resume_lora_requests", post(resume_lora_requests))
         .route("/skyrl/v1/wait_lora_unpaused", post(wait_lora_unpaused))

@@ -1,47 +1,40 @@
-//! The body of `POST /v1/completions` as it arrives: OpenAI's fields plus vLLM's `ignore_eos`, `stop_token_ids`
-//! and `top_k`. Fields this front does not know are ignored, as OpenAI and vLLM do. The two fields with several
-//! JSON forms, `prompt` and `stop`, are parsed here into one form each.
-
-use std::num::NonZeroU32;
+//! The body of `POST /v1/completions` as it arrives, apart from the sampling fields every vLLM-style API shares
+//! ([`VllmSampling`](crate::sampling::VllmSampling), parsed from the same body): the model, the prompts (one, or a
+//! batch), and what the response shows (`logprobs`, `echo`, `return_tokens_as_token_ids`, streaming). Fields this
+//! front does not know are ignored, as OpenAI and vLLM do.
 
 use serde::Deserialize;
 use serde_json::Value;
 
-/// An OpenAI completion request, parsed but not yet checked against the model (the core does that).
+use crate::output::StreamOptions;
+
+/// An OpenAI completion request's own fields, parsed but not yet checked against the model (the core does that).
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct CompletionBody {
-    /// The base model's served name or an adapter's name.
+    /// The base model's served name or an adapter's name; absent for the base model.
     pub(crate) model: Option<String>,
-    /// Text or token ids.
-    pub(crate) prompt: Option<Prompt>,
-    /// Most tokens to generate; absent or null for "up to the context length".
-    pub(crate) max_tokens: Option<u32>,
-    /// Softmax temperature; absent means 1, as in OpenAI's API.
-    pub(crate) temperature: Option<f32>,
-    /// Nucleus mass.
-    pub(crate) top_p: Option<f32>,
-    /// vLLM's top-k (0 or -1 disables it).
-    pub(crate) top_k: Option<i32>,
-    /// Sampler seed.
-    pub(crate) seed: Option<u64>,
-    /// Strings that end a choice (watched in the decoded text by this front).
-    pub(crate) stop: Option<StopStrings>,
-    /// vLLM's extra tokens that end a choice.
-    pub(crate) stop_token_ids: Option<Vec<u32>>,
-    /// vLLM's: keep going past the end-of-sequence token.
-    pub(crate) ignore_eos: Option<bool>,
-    /// Choices to sample.
-    pub(crate) n: Option<NonZeroU32>,
-    /// Return the sampled tokens' logprobs (any value; only the sampled token's logprob is known).
+    /// One prompt, or a batch.
+    pub(crate) prompt: Option<Prompts>,
+    /// Put the prompt before the completion in `text` (and in `logprobs`).
+    pub(crate) echo: Option<bool>,
+    /// Return logprobs, with this many alternatives per token (0: the sampled token's only).
     pub(crate) logprobs: Option<u32>,
     /// Answer with server-sent events.
     pub(crate) stream: Option<bool>,
+    /// With `stream`: `include_usage`.
+    pub(crate) stream_options: Option<StreamOptions>,
+    /// vLLM's: name tokens in `logprobs` as `"token_id:N"`.
+    pub(crate) return_tokens_as_token_ids: Option<bool>,
+    /// vLLM's: also return `prompt_token_ids` on each choice.
+    pub(crate) return_token_ids: Option<bool>,
+    /// vLLM's: add the tokenizer's special tokens to text prompts (default true).
+    pub(crate) add_special_tokens: Option<bool>,
+    /// OpenAI's text after the completion: refused unless empty (nothing is inserted).
+    pub(crate) suffix: Option<Value>,
 }
 
-/// One prompt, as text or as token ids. A batch of exactly one prompt (`["text"]`, `[[1, 2]]`) is accepted as that
-/// prompt; larger batches are refused (one request per prompt keeps one request id per sample, which aborts report).
-#[derive(Debug, PartialEq, Deserialize)]
-#[serde(try_from = "Value")]
+/// One prompt, as text or as token ids.
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Prompt {
     /// Text, encoded by the server's codec.
     Text(String),
@@ -49,7 +42,13 @@ pub(crate) enum Prompt {
     TokenIds(Vec<u32>),
 }
 
-impl TryFrom<Value> for Prompt {
+/// The prompts of a request: a string, an array of token ids, or a batch (an array of strings and/or arrays of
+/// token ids). Each prompt of a batch becomes its own core request.
+#[derive(Debug, PartialEq, Deserialize)]
+#[serde(try_from = "Value")]
+pub(crate) struct Prompts(pub(crate) Vec<Prompt>);
+
+impl TryFrom<Value> for Prompts {
     type Error = String;
 
     fn try_from(value: Value) -> Result<Self, String> {
@@ -57,15 +56,9 @@ impl TryFrom<Value> for Prompt {
             Value::Array(items)
                 if !items.is_empty() && items.iter().all(|item| item.is_string() || item.is_array()) =>
             {
-                match <[Value; 1]>::try_from(items) {
-                    Ok([only]) => single_prompt(only),
-                    Err(items) => Err(format!(
-                        "is a batch of {} prompts; loragate serves one prompt per request, so send one request each",
-                        items.len()
-                    )),
-                }
+                items.into_iter().map(single_prompt).collect::<Result<_, _>>().map(Self)
             }
-            other => single_prompt(other),
+            other => single_prompt(other).map(|prompt| Self(vec![prompt])),
         }
     }
 }
@@ -82,34 +75,7 @@ fn single_prompt(value: Value) -> Result<Prompt, String> {
             })
             .collect::<Result<Vec<u32>, String>>()
             .map(Prompt::TokenIds),
-        other => Err(format!("must be a string or an array of token ids, got {other}")),
-    }
-}
-
-/// The stop strings of a request: `"stop": "x"` or `"stop": ["x", "y"]`; none may be empty.
-#[derive(Debug, Default, PartialEq, Deserialize)]
-#[serde(try_from = "Value")]
-pub(crate) struct StopStrings(pub(crate) Vec<String>);
-
-impl TryFrom<Value> for StopStrings {
-    type Error = String;
-
-    fn try_from(value: Value) -> Result<Self, String> {
-        let strings = match value {
-            Value::String(one) => vec![one],
-            Value::Array(items) => items
-                .into_iter()
-                .map(|item| match item {
-                    Value::String(text) => Ok(text),
-                    other => Err(format!("must be a string or an array of strings, got {other} in the array")),
-                })
-                .collect::<Result<_, _>>()?,
-            other => return Err(format!("must be a string or an array of strings, got {other}")),
-        };
-        if strings.iter().any(String::is_empty) {
-            return Err("stop strings must not be empty".to_owned());
-        }
-        Ok(Self(strings))
+        other => Err(format!("must be a string or an array of token ids, or a batch of them, got {other}")),
     }
 }
 
@@ -123,69 +89,40 @@ mod tests {
         parse_json(json.as_bytes())
     }
 
-    fn prompt(json: &str) -> Prompt {
-        body(&format!(r#"{{"prompt": {json}}}"#)).expect(json).prompt.expect("prompt")
-    }
-
-    fn rejected_param(json: &str) -> Option<String> {
-        body(json).map(|_| ()).expect_err(json).param()
+    fn prompts(json: &str) -> Vec<Prompt> {
+        body(&format!(r#"{{"prompt": {json}}}"#)).expect(json).prompt.expect("prompt").0
     }
 
     #[test]
-    fn prompts_are_text_or_token_ids_alone_or_in_a_batch_of_one() {
-        assert_eq!(prompt(r#""Hi""#), Prompt::Text("Hi".into()));
-        assert_eq!(prompt("[72, 105]"), Prompt::TokenIds(vec![72, 105]));
-        assert_eq!(prompt(r#"["Hi"]"#), Prompt::Text("Hi".into()));
-        assert_eq!(prompt("[[72, 105]]"), Prompt::TokenIds(vec![72, 105]));
-        assert_eq!(prompt("[]"), Prompt::TokenIds(vec![]), "the core refuses the empty prompt, naming it");
+    fn prompts_are_text_or_token_ids_alone_or_in_a_batch() {
+        assert_eq!(prompts(r#""Hi""#), vec![Prompt::Text("Hi".into())]);
+        assert_eq!(prompts("[72, 105]"), vec![Prompt::TokenIds(vec![72, 105])]);
+        assert_eq!(prompts(r#"["Hi"]"#), vec![Prompt::Text("Hi".into())]);
+        assert_eq!(prompts("[[72, 105], [33]]"), vec![Prompt::TokenIds(vec![72, 105]), Prompt::TokenIds(vec![33])]);
+        assert_eq!(prompts(r#"["a", [98]]"#), vec![Prompt::Text("a".into()), Prompt::TokenIds(vec![98])]);
+        assert_eq!(prompts("[]"), vec![Prompt::TokenIds(vec![])], "the core refuses the empty prompt, naming it");
     }
 
     #[test]
-    fn batches_and_malformed_prompts_are_refused_naming_prompt() {
-        for json in [
-            r#"["a", "b"]"#,
-            "[[1], [2]]",
-            "[1, -2]",
-            "[1, 4294967296]",
-            "[1.5]",
-            r#"[1, "a"]"#,
-            "[[1, [2]]]",
-            "{}",
-            "7",
-            "true",
-        ] {
+    fn malformed_prompts_are_refused_naming_prompt() {
+        for json in ["[1, -2]", "[1, 4294967296]", "[1.5]", r#"[1, "a"]"#, "[[1, [2]]]", "{}", "7", "true", "[[1], 2]"]
+        {
             let err = body(&format!(r#"{{"prompt": {json}}}"#)).map(|_| ()).expect_err(json);
             assert_eq!(err.param().as_deref(), Some("prompt"), "{json}: {err}");
         }
     }
 
     #[test]
-    fn stop_is_one_string_or_a_list_of_non_empty_strings() {
-        let stop = |json: &str| body(&format!(r#"{{"stop": {json}}}"#)).expect(json).stop.expect("stop").0;
-        assert_eq!(stop(r#""\n""#), vec!["\n".to_owned()]);
-        assert_eq!(stop(r#"["a", "bc"]"#), vec!["a".to_owned(), "bc".to_owned()]);
-        assert!(stop("[]").is_empty());
-        assert_eq!(body(r#"{"stop": null}"#).expect("null").stop, None);
-        for json in [r#"{"stop": ""}"#, r#"{"stop": ["a", ""]}"#, r#"{"stop": [1]}"#, r#"{"stop": 1}"#] {
-            assert_eq!(rejected_param(json).as_deref(), Some("stop"), "{json}");
-        }
-    }
-
-    #[test]
     fn wrong_types_name_their_field_and_unknown_fields_are_ignored() {
         for (json, field) in [
-            (r#"{"max_tokens": "10"}"#, "max_tokens"),
-            (r#"{"max_tokens": 1.5}"#, "max_tokens"),
-            (r#"{"n": 0}"#, "n"),
             (r#"{"logprobs": true}"#, "logprobs"),
-            (r#"{"seed": -1}"#, "seed"),
+            (r#"{"echo": "yes"}"#, "echo"),
             (r#"{"stream": "yes"}"#, "stream"),
-            (r#"{"temperature": "hot"}"#, "temperature"),
-            (r#"{"stop_token_ids": [-1]}"#, "stop_token_ids"),
+            (r#"{"stream_options": {"include_usage": 1}}"#, "stream_options.include_usage"),
         ] {
-            assert_eq!(rejected_param(json).as_deref(), Some(field), "{json}");
+            assert_eq!(body(json).map(|_| ()).expect_err(json).param().as_deref(), Some(field), "{json}");
         }
-        let parsed = body(r#"{"model": "m", "echo": false, "best_of": 1, "user": "u"}"#).expect("unknown fields");
+        let parsed = body(r#"{"model": "m", "user": "u", "cache_salt": "s"}"#).expect("unknown fields");
         assert_eq!(parsed.model.as_deref(), Some("m"));
     }
 }

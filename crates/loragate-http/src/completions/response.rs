@@ -1,21 +1,24 @@
 //! The JSON of completion responses: the unary body and the streamed chunks share one choice shape, OpenAI's plus
-//! `token_ids` and `segments` (which adapter version produced which tokens).
+//! vLLM's `prompt_logprobs` and `prompt_token_ids`, and loragate's `token_ids` and `segments` (which adapter version
+//! produced which tokens).
+//!
+//! `logprobs` is OpenAI's legacy object: per token its text (or `"token_id:N"`), its logprob, the sampled token
+//! followed by the `k` most likely tokens (`k + 1` entries when the sampled one is not among them), and its
+//! character offset in the choice's text. With `echo`, the prompt comes first, in `text` and in `logprobs` (the
+//! first prompt token's logprob `null`).
 
-use loragate_core::{FinishReason, Segment};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
 use serde::Serialize;
+use serde_json::Value;
 
-use super::choice::{ChoiceDelta, Logprobs};
-
-/// What every response and chunk of one request repeats.
-#[derive(Clone, Debug)]
-pub(crate) struct CompletionHeader {
-    /// `cmpl-<request id>`.
-    pub(crate) id: String,
-    /// Unix seconds when the request was received.
-    pub(crate) created: u64,
-    /// The `model` the request named.
-    pub(crate) model: String,
-}
+use crate::codec::TextCodec;
+use crate::error::Api;
+use crate::output::{
+    ChoiceDelta, ChunkRenderer, Finish, OrderedLogprobs, PromptLogprobs, SegmentJson, TokenLogprob, Usage,
+    VllmPromptLogprobs, clamp_logprob, decode_with_offsets, segments_json, to_json, to_value, token_label,
+};
 
 /// A completion response, or one streamed chunk of it.
 #[derive(Debug, Serialize)]
@@ -31,68 +34,144 @@ pub(crate) struct Completion {
 
 /// One choice (all of it in a unary response, a delta of it in a chunk).
 #[derive(Debug, Serialize)]
-pub(crate) struct CompletionChoice {
+struct CompletionChoice {
     index: u32,
     text: String,
-    logprobs: Option<Logprobs>,
+    logprobs: Option<LegacyLogprobs>,
     finish_reason: Option<&'static str>,
     token_ids: Vec<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_token_ids: Option<Vec<u32>>,
+    /// `Some(null)` when asked for but not produced (a request aborted before its prompt was read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_logprobs: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     segments: Option<Vec<SegmentJson>>,
 }
 
-/// A half-open run of tokens `[start, end)` produced by one adapter version.
-#[derive(Debug, PartialEq, Serialize)]
-struct SegmentJson {
-    lora_version: u64,
-    start: u32,
-    end: u32,
+/// OpenAI's legacy completion logprobs object.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+struct LegacyLogprobs {
+    tokens: Vec<String>,
+    token_logprobs: Vec<Option<f32>>,
+    top_logprobs: Vec<Option<OrderedLogprobs>>,
+    text_offset: Vec<usize>,
 }
 
-/// OpenAI's token counts.
-#[derive(Debug, Serialize)]
-struct Usage {
-    prompt_tokens: usize,
-    completion_tokens: usize,
-    total_tokens: usize,
+impl LegacyLogprobs {
+    fn extend(&mut self, later: LegacyLogprobs) {
+        self.tokens.extend(later.tokens);
+        self.token_logprobs.extend(later.token_logprobs);
+        self.top_logprobs.extend(later.top_logprobs);
+        self.text_offset.extend(later.text_offset);
+    }
 }
 
 impl CompletionChoice {
-    fn from_delta(delta: ChoiceDelta) -> Self {
+    fn absorb(&mut self, later: CompletionChoice) {
+        self.text.push_str(&later.text);
+        self.token_ids.extend(later.token_ids);
+        match (&mut self.logprobs, later.logprobs) {
+            (Some(all), Some(more)) => all.extend(more),
+            (all @ None, more) => *all = more,
+            (Some(_), None) => {}
+        }
+        self.finish_reason = later.finish_reason.or(self.finish_reason);
+        self.prompt_token_ids = later.prompt_token_ids.or(self.prompt_token_ids.take());
+        self.prompt_logprobs = later.prompt_logprobs.or(self.prompt_logprobs.take());
+        self.segments = later.segments.or(self.segments.take());
+    }
+}
+
+/// A prompt as `echo` shows it.
+#[derive(Debug)]
+pub(crate) struct EchoedPrompt {
+    text: String,
+    offsets: Vec<usize>,
+}
+
+impl EchoedPrompt {
+    /// `prompt` decoded, with each token's offset.
+    pub(crate) fn new(codec: &dyn TextCodec, prompt: &[u32]) -> Self {
+        let (text, offsets) = decode_with_offsets(codec, prompt);
+        Self { text, offsets }
+    }
+}
+
+/// How a request's completion is rendered, unary or streamed.
+pub(crate) struct CompletionRender {
+    /// `cmpl-<request id>`.
+    pub(crate) id: String,
+    /// Unix seconds when the request was received.
+    pub(crate) created: u64,
+    /// The `model` the request named (the served name when it named none).
+    pub(crate) model: String,
+    pub(crate) codec: Arc<dyn TextCodec>,
+    /// Whether to build the `logprobs` object.
+    pub(crate) with_logprobs: bool,
+    /// `return_tokens_as_token_ids`.
+    pub(crate) as_token_ids: bool,
+    /// Per prompt, with `echo`.
+    pub(crate) echo: Option<Vec<EchoedPrompt>>,
+    /// Whether `prompt_logprobs` were asked for.
+    pub(crate) prompt_logprobs: bool,
+    /// Per prompt, with `return_token_ids`.
+    pub(crate) prompt_token_ids: Option<Vec<Arc<[u32]>>>,
+    /// With `stream`: end with a usage chunk.
+    pub(crate) include_usage: bool,
+    /// Prompt tokens over every prompt.
+    pub(crate) prompt_tokens: usize,
+    completion_tokens: usize,
+    started: HashSet<u32>,
+}
+
+impl CompletionRender {
+    /// A renderer; see the fields.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        id: String,
+        created: u64,
+        model: String,
+        codec: Arc<dyn TextCodec>,
+        with_logprobs: bool,
+        as_token_ids: bool,
+        echo: Option<Vec<EchoedPrompt>>,
+        prompt_logprobs: bool,
+        prompt_token_ids: Option<Vec<Arc<[u32]>>>,
+        include_usage: bool,
+        prompt_tokens: usize,
+    ) -> Self {
         Self {
-            index: delta.index,
-            text: delta.text,
-            logprobs: delta.logprobs,
-            finish_reason: delta.finish_reason.map(FinishReason::as_str),
-            token_ids: delta.token_ids,
-            segments: delta.segments.map(|segments| segments.iter().map(segment_json).collect()),
+            id,
+            created,
+            model,
+            codec,
+            with_logprobs,
+            as_token_ids,
+            echo,
+            prompt_logprobs,
+            prompt_token_ids,
+            include_usage,
+            prompt_tokens,
+            completion_tokens: 0,
+            started: HashSet::new(),
         }
     }
 
-    /// Appends a later delta of the same choice.
-    fn absorb(&mut self, delta: ChoiceDelta) {
-        self.text.push_str(&delta.text);
-        self.token_ids.extend(delta.token_ids);
-        if let (Some(all), Some(later)) = (&mut self.logprobs, delta.logprobs) {
-            all.extend(later);
+    /// The unary response of every delta of the request.
+    pub(crate) fn unary(mut self, deltas: Vec<ChoiceDelta>) -> Completion {
+        let mut choices: BTreeMap<u32, CompletionChoice> = BTreeMap::new();
+        for delta in deltas {
+            let piece = self.choice(delta);
+            match choices.get_mut(&piece.index) {
+                Some(choice) => choice.absorb(piece),
+                None => {
+                    choices.insert(piece.index, piece);
+                }
+            }
         }
-        if let Some(reason) = delta.finish_reason {
-            self.finish_reason = Some(reason.as_str());
-        }
-        if let Some(segments) = delta.segments {
-            self.segments = Some(segments.iter().map(segment_json).collect());
-        }
-    }
-}
-
-fn segment_json(segment: &Segment) -> SegmentJson {
-    SegmentJson { lora_version: segment.version.0, start: segment.start, end: segment.end }
-}
-
-impl CompletionHeader {
-    /// One streamed chunk carrying `delta`.
-    pub(crate) fn chunk(&self, delta: ChoiceDelta) -> Completion {
-        self.completion(vec![CompletionChoice::from_delta(delta)], None)
+        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        self.completion(choices.into_values().collect(), Some(usage))
     }
 
     fn completion(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Completion {
@@ -105,78 +184,167 @@ impl CompletionHeader {
             usage,
         }
     }
-}
 
-/// Gathers the deltas of a unary response.
-pub(crate) struct UnaryCompletion {
-    header: CompletionHeader,
-    prompt_tokens: usize,
-    choices: Vec<CompletionChoice>,
-}
-
-impl UnaryCompletion {
-    /// An empty response with `count` choices.
-    pub(crate) fn new(header: CompletionHeader, prompt_tokens: usize, count: u32, with_logprobs: bool) -> Self {
-        let choices = (0..count)
-            .map(|index| CompletionChoice {
-                index,
-                text: String::new(),
-                logprobs: with_logprobs.then(Logprobs::default),
-                finish_reason: None,
-                token_ids: Vec::new(),
-                segments: None,
-            })
-            .collect();
-        Self { header, prompt_tokens, choices }
-    }
-
-    /// Adds a delta to its choice.
-    pub(crate) fn absorb(&mut self, delta: ChoiceDelta) {
-        if let Some(choice) = self.choices.get_mut(delta.index as usize) {
-            choice.absorb(delta);
+    /// The choice piece of one delta (with the echoed prompt and the prompt's extras on a choice's first).
+    fn choice(&mut self, delta: ChoiceDelta) -> CompletionChoice {
+        self.completion_tokens += delta.token_ids.len();
+        let first = self.started.insert(delta.index);
+        let echo = if first { self.echo.as_ref().and_then(|echo| echo.get(delta.prompt_index)) } else { None };
+        let shift =
+            self.echo.as_ref().and_then(|echo| echo.get(delta.prompt_index)).map_or(0, |e| e.text.chars().count());
+        let mut text = String::new();
+        let mut logprobs = self.with_logprobs.then(LegacyLogprobs::default);
+        if let Some(echo) = echo {
+            text.push_str(&echo.text);
+            if let Some(logprobs) = &mut logprobs {
+                logprobs.extend(self.echoed_logprobs(echo, delta.prompt.as_deref()));
+            }
+        }
+        text.push_str(&delta.text);
+        if let Some(logprobs) = &mut logprobs {
+            logprobs.extend(self.generated_logprobs(&delta.logprobs, shift));
+        }
+        let prompt_logprobs = (first && self.prompt_logprobs).then(|| match &delta.prompt {
+            Some(prompt) => {
+                let rendered = VllmPromptLogprobs { prompt, codec: &*self.codec, as_token_ids: self.as_token_ids };
+                to_value(&rendered)
+            }
+            None => Value::Null,
+        });
+        let prompt_token_ids = if first {
+            self.prompt_token_ids.as_ref().and_then(|ids| ids.get(delta.prompt_index)).map(|ids| ids.to_vec())
+        } else {
+            None
+        };
+        CompletionChoice {
+            index: delta.index,
+            text,
+            logprobs,
+            finish_reason: delta.finish.as_ref().map(|finish: &Finish| finish.reason.as_str()),
+            token_ids: delta.token_ids,
+            prompt_token_ids,
+            prompt_logprobs,
+            segments: delta.segments.as_deref().map(segments_json),
         }
     }
 
-    /// The finished response, with its usage.
-    pub(crate) fn finish(self) -> Completion {
-        let completion_tokens = self.choices.iter().map(|choice| choice.token_ids.len()).sum();
-        let usage = Usage {
-            prompt_tokens: self.prompt_tokens,
-            completion_tokens,
-            total_tokens: self.prompt_tokens + completion_tokens,
-        };
-        self.header.completion(self.choices, Some(usage))
+    fn generated_logprobs(&self, entries: &[TokenLogprob], shift: usize) -> LegacyLogprobs {
+        let mut logprobs = LegacyLogprobs::default();
+        for entry in entries {
+            let label = token_label(&*self.codec, entry.token, self.as_token_ids);
+            let mut top = OrderedLogprobs::default();
+            top.push(label.clone(), entry.logprob);
+            for &(token, logprob) in entry.top.iter().flat_map(|top| &top.top) {
+                top.push(token_label(&*self.codec, token, self.as_token_ids), logprob);
+            }
+            logprobs.tokens.push(label);
+            logprobs.token_logprobs.push(Some(clamp_logprob(entry.logprob)));
+            logprobs.top_logprobs.push(Some(top));
+            logprobs.text_offset.push(entry.text_offset + shift);
+        }
+        logprobs
+    }
+
+    fn echoed_logprobs(&self, echo: &EchoedPrompt, prompt: Option<&PromptLogprobs>) -> LegacyLogprobs {
+        let mut logprobs = LegacyLogprobs::default();
+        let Some(prompt) = prompt else { return logprobs };
+        for (position, &token) in prompt.token_ids.iter().enumerate() {
+            let label = token_label(&*self.codec, token, self.as_token_ids);
+            let logprob = prompt.logprobs.get(position).copied().filter(|logprob| position > 0 && !logprob.is_nan());
+            let top = logprob.map(|logprob| {
+                let mut top = OrderedLogprobs::default();
+                top.push(label.clone(), logprob);
+                let alternatives = prompt.top.as_ref().and_then(|top| top.get(position));
+                for &(other, other_logprob) in alternatives.iter().flat_map(|top| &top.top) {
+                    top.push(token_label(&*self.codec, other, self.as_token_ids), other_logprob);
+                }
+                top
+            });
+            logprobs.tokens.push(label);
+            logprobs.token_logprobs.push(logprob.map(clamp_logprob));
+            logprobs.top_logprobs.push(top);
+            logprobs.text_offset.push(echo.offsets.get(position).copied().unwrap_or(0));
+        }
+        logprobs
+    }
+}
+
+impl ChunkRenderer for CompletionRender {
+    fn api(&self) -> Api {
+        Api::Completions
+    }
+
+    fn chunks(&mut self, delta: ChoiceDelta) -> Vec<String> {
+        let choice = self.choice(delta);
+        vec![to_json(&self.completion(vec![choice], None))]
+    }
+
+    fn finish(&mut self) -> Vec<String> {
+        if !self.include_usage {
+            return Vec::new();
+        }
+        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        vec![to_json(&self.completion(Vec::new(), Some(usage)))]
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use loragate_core::AdapterVersion;
+    use loragate_core::{AdapterVersion, FinishReason, Segment, TopLogprobs};
     use serde_json::json;
 
     use super::*;
+    use crate::output::Matched;
+    use crate::test_codec::ByteCodec;
 
-    fn header() -> CompletionHeader {
-        CompletionHeader { id: "cmpl-r1".into(), created: 7, model: "meow".into() }
+    fn render(with_logprobs: bool, echo: bool) -> CompletionRender {
+        let codec: Arc<dyn TextCodec> = Arc::new(ByteCodec);
+        let echo = echo.then(|| vec![EchoedPrompt::new(&*codec, b"Hi".map(u32::from).as_slice())]);
+        CompletionRender::new(
+            "cmpl-r1".into(),
+            7,
+            "meow".into(),
+            codec,
+            with_logprobs,
+            false,
+            echo,
+            false,
+            None,
+            true,
+            2,
+        )
     }
 
-    fn delta(text: &str, finish_reason: Option<FinishReason>) -> ChoiceDelta {
+    fn delta(text: &str, finish: Option<FinishReason>) -> ChoiceDelta {
+        let token_ids: Vec<u32> = text.bytes().map(u32::from).collect();
+        let logprobs = token_ids
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| TokenLogprob {
+                token,
+                logprob: -0.5,
+                top: Some(TopLogprobs { rank: 2, top: vec![(120, -0.25)] }),
+                text_offset: i,
+            })
+            .collect();
         ChoiceDelta {
             index: 0,
+            prompt_index: 0,
             text: text.into(),
-            token_ids: text.bytes().map(u32::from).collect(),
-            logprobs: None,
-            finish_reason,
-            segments: finish_reason.map(|_| vec![Segment { version: AdapterVersion(2), start: 0, end: 4 }]),
+            token_ids,
+            logprobs,
+            prompt: None,
+            finish: finish.map(|reason| Finish { reason, matched: None::<Matched> }),
+            segments: finish.map(|_| vec![Segment { version: AdapterVersion(2), start: 0, end: 4 }]),
         }
     }
 
     #[test]
     fn a_unary_response_joins_deltas_and_counts_usage() {
-        let mut unary = UnaryCompletion::new(header(), 5, 1, false);
-        unary.absorb(delta("me", None));
-        unary.absorb(delta("ow", Some(FinishReason::Abort)));
-        let json = serde_json::to_value(unary.finish()).expect("json");
+        let json = serde_json::to_value(
+            render(false, false).unary(vec![delta("me", None), delta("ow", Some(FinishReason::Abort))]),
+        )
+        .expect("json");
         assert_eq!(
             json,
             json!({
@@ -185,16 +353,31 @@ mod tests {
                     "index": 0, "text": "meow", "logprobs": null, "finish_reason": "abort",
                     "token_ids": [109, 101, 111, 119], "segments": [{"lora_version": 2, "start": 0, "end": 4}],
                 }],
-                "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9},
+                "usage": {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6},
             })
         );
     }
 
     #[test]
-    fn a_chunk_has_no_usage_and_a_null_finish_reason_until_the_end() {
-        let json = serde_json::to_value(header().chunk(delta("me", None))).expect("json");
-        assert_eq!(json["choices"][0]["finish_reason"], json!(null));
-        assert_eq!(json["choices"][0]["token_ids"], json!([109, 101]));
-        assert!(json.get("usage").is_none() && json["choices"][0].get("segments").is_none(), "{json}");
+    fn logprobs_list_the_sampled_token_then_the_alternatives_and_echo_shifts_the_offsets() {
+        let json = serde_json::to_value(render(true, true).unary(vec![delta("ab", Some(FinishReason::Length))]))
+            .expect("json");
+        let choice = &json["choices"][0];
+        assert_eq!(choice["text"], "Hiab", "the echoed prompt comes first");
+        let logprobs = &choice["logprobs"];
+        assert_eq!(logprobs["tokens"], json!(["a", "b"]), "no prompt logprobs came, so no prompt entries");
+        assert_eq!(logprobs["text_offset"], json!([2, 3]));
+        assert_eq!(logprobs["top_logprobs"][0], json!({"a": -0.5, "x": -0.25}));
+        assert_eq!(serde_json::to_string(&logprobs["top_logprobs"][1]).expect("json"), r#"{"b":-0.5,"x":-0.25}"#);
+    }
+
+    #[test]
+    fn a_stream_ends_with_a_usage_chunk_when_asked() {
+        let mut render = render(false, false);
+        let chunk: Value = serde_json::from_str(&render.chunks(delta("me", None))[0]).expect("json");
+        assert_eq!(chunk["choices"][0]["finish_reason"], json!(null));
+        assert!(chunk.get("usage").is_none() && chunk["choices"][0].get("segments").is_none(), "{chunk}");
+        let last: Value = serde_json::from_str(&render.finish()[0]).expect("json");
+        assert_eq!((&last["choices"], &last["usage"]["completion_tokens"]), (&json!([]), &json!(2)));
     }
 }

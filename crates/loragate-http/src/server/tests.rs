@@ -3,11 +3,15 @@
 //! The scripted engine emits `hold_after` tokens per sequence at once (token `i` is byte `i`, its logprob
 //! `-0.01 * i`), then ends with `length` if the budget allows no more, or waits until aborted.
 
+mod chat;
+mod compat;
 mod completions;
 mod control;
 mod errors;
 mod gate;
+mod generate;
 mod observability;
+mod sglang;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,12 +47,35 @@ async fn serve(adapters: &[&str]) -> Harness {
 }
 
 async fn serve_engine(engine: ScriptedEngine, config: CoordinatorConfig, adapters: &[&str]) -> Harness {
+    serve_front(engine, config, adapters, |front| front).await
+}
+
+/// The tests' chat template: each message as `<role>: content\n`, then `assistant:` for the generation prompt.
+const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}\
+    {% if add_generation_prompt %}assistant:{% endif %}";
+
+/// A server whose front has [`CHAT_TEMPLATE`].
+async fn serve_with_chat(adapters: &[&str]) -> Harness {
+    let template = crate::ChatTemplate::new(CHAT_TEMPLATE, None, None).expect("the test template compiles");
+    serve_front(ScriptedEngine::new(HOLD_AFTER), CoordinatorConfig::default(), adapters, |front| {
+        front.with_chat_template(template)
+    })
+    .await
+}
+
+async fn serve_front(
+    engine: ScriptedEngine,
+    config: CoordinatorConfig,
+    adapters: &[&str],
+    configure: impl FnOnce(HttpFront) -> HttpFront,
+) -> Harness {
     let coordinator = coordinator_with_adapters(engine, config, adapters).await;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address");
     let (stop, stopped) = oneshot::channel::<()>();
     let (drain, drained) = oneshot::channel::<()>();
-    let front = HttpFront::new(coordinator.clone(), SERVED_NAME, Arc::new(ByteCodec)).with_body_limit(BODY_LIMIT);
+    let front =
+        configure(HttpFront::new(coordinator.clone(), SERVED_NAME, Arc::new(ByteCodec)).with_body_limit(BODY_LIMIT));
     let draining = async move {
         let _ = drained.await;
     };
@@ -78,11 +105,24 @@ impl Harness {
 
     /// POSTs a completion request in the background.
     fn spawn_completion(&self, body: Value, request_id: &str) -> tokio::task::JoinHandle<(StatusCode, Value)> {
-        let request = self.client.post(self.url("/v1/completions")).header("X-Request-Id", request_id).json(&body);
+        self.spawn_post("/v1/completions", body, request_id)
+    }
+
+    /// POSTs `body` to `path` in the background, with `request_id` as `X-Request-Id`.
+    fn spawn_post(&self, path: &str, body: Value, request_id: &str) -> tokio::task::JoinHandle<(StatusCode, Value)> {
+        let request = self.client.post(self.url(path)).header("X-Request-Id", request_id).json(&body);
         tokio::spawn(async move {
             let response = request.send().await.expect("send");
             (response.status(), response.json().await.expect("a JSON answer"))
         })
+    }
+
+    /// POSTs `body` to `path` with `stream: true`; returns the JSON chunks of the finished stream.
+    async fn stream(&self, path: &str, mut body: Value) -> Vec<Value> {
+        body["stream"] = Value::Bool(true);
+        let response = self.client.post(self.url(path)).json(&body).send().await.expect("send");
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        sse_chunks(&response.text().await.expect("body"))
     }
 
     async fn status_of(&self, adapter: &str) -> AdapterStatus {

@@ -30,13 +30,23 @@ fn without(field: &str) -> Value {
 }
 
 #[tokio::test]
+async fn unknown_paths_keep_answering_404_in_openais_shape() {
+    let harness = serve(&["meow"]).await;
+    for path in ["/init_broadcaster", "/collective_rpc", "/v1/chat/completions/render"] {
+        let response = harness.client.post(harness.url(path)).json(&json!({})).send().await.expect("send");
+        assert_eq!(response.status(), StatusCode::NOT_FOUND, "{path}");
+        let body: Value = response.json().await.expect("JSON");
+        assert_eq!(body["error"]["code"], "no_such_endpoint", "{path}");
+    }
+}
+
+#[tokio::test]
 async fn each_bad_input_gets_its_status_and_an_error_naming_the_field() {
     let harness = serve(&["meow"]).await;
     let cases: Vec<(&str, Send, StatusCode, Option<&str>)> = vec![
         ("malformed JSON", Send::Raw("/v1/completions", "{".into()), StatusCode::BAD_REQUEST, None),
         ("not an object", Send::Raw("/v1/completions", "[1]".into()), StatusCode::BAD_REQUEST, None),
         ("empty body", Send::Raw("/v1/completions", String::new()), StatusCode::BAD_REQUEST, None),
-        ("no model", Send::Json("/v1/completions", without("model")), StatusCode::BAD_REQUEST, Some("model")),
         ("no prompt", Send::Json("/v1/completions", without("prompt")), StatusCode::BAD_REQUEST, Some("prompt")),
         (
             "empty model",
@@ -75,8 +85,8 @@ async fn each_bad_input_gets_its_status_and_an_error_naming_the_field() {
             Some("max_tokens"),
         ),
         (
-            "empty prompt text",
-            Send::Json("/v1/completions", completion(json!({"prompt": ""}))),
+            "an empty prompt in a batch",
+            Send::Json("/v1/completions", completion(json!({"prompt": [[1], []]}))),
             StatusCode::BAD_REQUEST,
             Some("prompt"),
         ),
@@ -93,10 +103,141 @@ async fn each_bad_input_gets_its_status_and_an_error_naming_the_field() {
             Some("prompt"),
         ),
         (
-            "a batch of prompts",
-            Send::Json("/v1/completions", completion(json!({"prompt": ["a", "b"]}))),
+            "a bad prompt in a batch",
+            Send::Json("/v1/completions", completion(json!({"prompt": [[1], [999]]}))),
             StatusCode::BAD_REQUEST,
             Some("prompt"),
+        ),
+        (
+            "min_p over 1",
+            Send::Json("/v1/completions", completion(json!({"min_p": 2}))),
+            StatusCode::BAD_REQUEST,
+            Some("min_p"),
+        ),
+        (
+            "presence_penalty over 2",
+            Send::Json("/v1/completions", completion(json!({"presence_penalty": 3}))),
+            StatusCode::BAD_REQUEST,
+            Some("presence_penalty"),
+        ),
+        (
+            "repetition_penalty 0",
+            Send::Json("/v1/completions", completion(json!({"repetition_penalty": 0}))),
+            StatusCode::BAD_REQUEST,
+            Some("repetition_penalty"),
+        ),
+        (
+            "min_tokens over max_tokens",
+            Send::Json("/v1/completions", completion(json!({"min_tokens": 3}))),
+            StatusCode::BAD_REQUEST,
+            Some("min_tokens"),
+        ),
+        (
+            "more alternatives than served",
+            Send::Json("/v1/completions", completion(json!({"logprobs": 21}))),
+            StatusCode::BAD_REQUEST,
+            Some("logprobs"),
+        ),
+        (
+            "a logit bias",
+            Send::Json("/v1/completions", completion(json!({"logit_bias": {"5": 10}}))),
+            StatusCode::BAD_REQUEST,
+            Some("logit_bias"),
+        ),
+        (
+            "beam search",
+            Send::Json("/v1/completions", completion(json!({"use_beam_search": true}))),
+            StatusCode::BAD_REQUEST,
+            Some("use_beam_search"),
+        ),
+        (
+            "a suffix",
+            Send::Json("/v1/completions", completion(json!({"suffix": "end"}))),
+            StatusCode::BAD_REQUEST,
+            Some("suffix"),
+        ),
+        (
+            "chat on a model without a chat template",
+            Send::Json(
+                "/v1/chat/completions",
+                json!({"model": "meow", "messages": [{"role": "user", "content": "x"}]}),
+            ),
+            StatusCode::BAD_REQUEST,
+            Some("messages"),
+        ),
+        (
+            "generate without token_ids",
+            Send::Json("/inference/v1/generate", json!({})),
+            StatusCode::BAD_REQUEST,
+            Some("token_ids"),
+        ),
+        (
+            "generate with max_tokens 0",
+            Send::Json("/inference/v1/generate", json!({"token_ids": [1], "sampling_params": {"max_tokens": 0}})),
+            StatusCode::BAD_REQUEST,
+            Some("sampling_params.max_tokens"),
+        ),
+        (
+            "generate with a wrongly typed sampling field",
+            Send::Json("/inference/v1/generate", json!({"token_ids": [1], "sampling_params": {"top_k": "all"}})),
+            StatusCode::BAD_REQUEST,
+            Some("sampling_params.top_k"),
+        ),
+        (
+            "generate with too many alternatives",
+            Send::Json("/inference/v1/generate", json!({"token_ids": [1], "sampling_params": {"logprobs": 21}})),
+            StatusCode::BAD_REQUEST,
+            Some("sampling_params.logprobs"),
+        ),
+        (
+            "generate with constrained decoding",
+            Send::Json("/inference/v1/generate", json!({"token_ids": [1], "sampling_params": {"guided_regex": "a"}})),
+            StatusCode::BAD_REQUEST,
+            Some("sampling_params.guided_regex"),
+        ),
+        (
+            "generate on an unknown model",
+            Send::Json("/inference/v1/generate", json!({"token_ids": [1], "model": "ghost"})),
+            StatusCode::NOT_FOUND,
+            Some("model"),
+        ),
+        ("sglang without a prompt", Send::Json("/generate", json!({})), StatusCode::BAD_REQUEST, Some("input_ids")),
+        (
+            "sglang with max_new_tokens 0",
+            Send::Json("/generate", json!({"input_ids": [1], "sampling_params": {"max_new_tokens": 0}})),
+            StatusCode::BAD_REQUEST,
+            Some("sampling_params.max_new_tokens"),
+        ),
+        (
+            "sglang with a regex",
+            Send::Json("/generate", json!({"input_ids": [1], "sampling_params": {"regex": "a"}})),
+            StatusCode::BAD_REQUEST,
+            Some("sampling_params.regex"),
+        ),
+        (
+            "sglang on an unknown adapter",
+            Send::Json("/generate", json!({"input_ids": [1], "lora_path": "ghost"})),
+            StatusCode::NOT_FOUND,
+            Some("lora_path"),
+        ),
+        (
+            "sglang with one rid too many",
+            Send::Json("/generate", json!({"input_ids": [[1], [2]], "rid": ["a", "b", "c"]})),
+            StatusCode::BAD_REQUEST,
+            Some("rid"),
+        ),
+        ("tokenize without a prompt", Send::Json("/tokenize", json!({})), StatusCode::BAD_REQUEST, Some("prompt")),
+        (
+            "tokenize for an unknown model",
+            Send::Json("/tokenize", json!({"model": "ghost", "prompt": "x"})),
+            StatusCode::NOT_FOUND,
+            Some("model"),
+        ),
+        (
+            "detokenize a token outside the vocabulary",
+            Send::Json("/detokenize", json!({"tokens": [1, 999]})),
+            StatusCode::BAD_REQUEST,
+            Some("tokens"),
         ),
         (
             "negative temperature",

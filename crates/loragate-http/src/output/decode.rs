@@ -48,6 +48,22 @@ impl IncrementalDecoder {
     }
 }
 
+/// The text of `tokens` decoded one by one, and where each token's text starts in it (in characters).
+pub(crate) fn decode_with_offsets(codec: &dyn TextCodec, tokens: &[u32]) -> (String, Vec<usize>) {
+    let mut decoder = IncrementalDecoder::default();
+    let mut text = String::new();
+    let mut chars = 0;
+    let mut offsets = Vec::with_capacity(tokens.len());
+    for &token in tokens {
+        offsets.push(chars);
+        let piece = decoder.push(codec, token);
+        chars += piece.chars().count();
+        text.push_str(&piece);
+    }
+    text.push_str(&decoder.finish(codec));
+    (text, offsets)
+}
+
 /// What `text` adds to `prefix`. If decoding more tokens changed earlier characters (some tokenizers merge), the
 /// text past the old prefix's length is taken: text already released cannot be taken back.
 fn new_suffix<'a>(prefix: &str, text: &'a str) -> &'a str {
@@ -97,6 +113,12 @@ mod tests {
         let released_before_the_end: String = pieces[..20].concat();
         assert!(!released_before_the_end.is_empty(), "{pieces:?}");
         assert_eq!(pieces.concat().chars().count(), 20);
+    }
+
+    #[test]
+    fn whole_texts_come_with_each_tokens_character_offset() {
+        let tokens: Vec<u32> = "a€b".bytes().map(u32::from).collect();
+        assert_eq!(decode_with_offsets(&ByteCodec, &tokens), ("a€b".to_owned(), vec![0, 1, 1, 1, 2]));
     }
 
     #[test]

@@ -9,8 +9,13 @@ use std::sync::Arc;
 pub(crate) enum Watched {
     /// No stop string yet; this much text is safe to release (the rest is held back).
     Continue(String),
-    /// A stop string appeared; this is the text before it, to release as the choice's last.
-    Stopped(String),
+    /// A stop string appeared.
+    Stopped {
+        /// The text before it, to release as the choice's last.
+        before: String,
+        /// The stop string that appeared.
+        stop: String,
+    },
 }
 
 /// Watches one choice's text for the request's stop strings.
@@ -32,11 +37,13 @@ impl StopWatcher {
             return Watched::Continue(text.to_owned());
         }
         self.held.push_str(text);
-        let earliest = self.stops.iter().filter_map(|stop| self.held.find(stop.as_str())).min();
-        if let Some(at) = earliest {
+        let earliest =
+            self.stops.iter().filter_map(|stop| Some((self.held.find(stop.as_str())?, stop))).min_by_key(|(at, _)| *at);
+        if let Some((at, stop)) = earliest {
+            let stop = stop.clone();
             let mut before = std::mem::take(&mut self.held);
             before.truncate(at);
-            return Watched::Stopped(before);
+            return Watched::Stopped { before, stop };
         }
         // Hold back the longest tail that some stop string starts with.
         let keep_from = self
@@ -70,7 +77,7 @@ mod tests {
         for piece in pieces {
             match watcher.feed(piece) {
                 Watched::Continue(text) => released.push_str(&text),
-                Watched::Stopped(text) => return (released + &text, true),
+                Watched::Stopped { before, .. } => return (released + &before, true),
             }
         }
         (released + &watcher.flush(), false)
@@ -91,7 +98,7 @@ mod tests {
     fn a_stop_string_split_across_pieces_is_found_and_never_released() {
         let mut watcher = watcher(&["\n\n"]);
         assert_eq!(watcher.feed("meow\n"), Watched::Continue("meow".into()), "the possible start is held back");
-        assert_eq!(watcher.feed("\nmore"), Watched::Stopped(String::new()));
+        assert_eq!(watcher.feed("\nmore"), Watched::Stopped { before: String::new(), stop: "\n\n".into() });
         assert_eq!(run(&["woof"], &["me", "ow w", "o", "of!"]), ("meow ".into(), true));
     }
 
@@ -106,6 +113,8 @@ mod tests {
     #[test]
     fn the_earliest_of_several_stop_strings_wins() {
         assert_eq!(run(&["meow", "ow"], &["a cow says meow"]), ("a c".into(), true));
+        let mut watcher = watcher(&["meow", "ow"]);
+        assert_eq!(watcher.feed("a cow"), Watched::Stopped { before: "a c".into(), stop: "ow".into() });
         assert_eq!(run(&["xyz", "b"], &["a", "bc"]), ("a".into(), true));
     }
 

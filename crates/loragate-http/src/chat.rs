@@ -1,0 +1,124 @@
+//! `POST /v1/chat/completions`, OpenAI-compatible with vLLM's extensions: `messages` are rendered with the model's
+//! chat template ([`ChatTemplate`](crate::ChatTemplate)), encoded without added special tokens (the template writes
+//! them), and sampled as one core request through `Coordinator::sample` — the gate that holds a request while its
+//! adapter is paused. A model without a chat template answers 400 saying so.
+
+mod request;
+mod response;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Json, Response};
+use futures::TryStreamExt;
+use http::{HeaderMap, HeaderValue};
+use serde_json::{Map, Value, json};
+
+use self::request::ChatBody;
+use self::response::ChatRender;
+use crate::chat_template::normalize_messages;
+use crate::completions::{REQUEST_ID_HEADER, caller_request_id};
+use crate::error::{Api, HttpError};
+use crate::json_body::{JsonValue, parse_value};
+use crate::output::{StreamOptions, deltas, sse_response, unix_now};
+use crate::sampling::{self, PromptSpec, VllmSampling, refuse_unless_neutral};
+use crate::server::{AppState, HttpFront};
+
+/// A conversation rendered with the model's chat template and encoded: the prompt's token ids.
+pub(crate) fn chat_prompt(
+    front: &HttpFront,
+    messages: Vec<Value>,
+    add_generation_prompt: bool,
+    tools: Option<&Value>,
+    kwargs: &Map<String, Value>,
+    add_special_tokens: bool,
+) -> Result<Vec<u32>, HttpError> {
+    let template = front.chat_template().ok_or_else(|| {
+        HttpError::invalid(
+            "messages",
+            "this model has no chat template (no chat_template in its tokenizer_config.json), so it serves \
+             completions only",
+        )
+    })?;
+    let messages = normalize_messages(messages).map_err(|reason| HttpError::invalid("messages", reason))?;
+    let text = template
+        .render(&messages, add_generation_prompt, tools, kwargs)
+        .map_err(|reason| HttpError::invalid("messages", format!("the chat template refused them: {reason}")))?;
+    front.codec().encode(&text, add_special_tokens).map_err(|reason| HttpError::invalid("messages", reason))
+}
+
+/// The handler of `POST /v1/chat/completions`.
+pub(crate) async fn create_chat_completion(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonValue(body): JsonValue,
+) -> Result<Response, HttpError> {
+    let front = state.front();
+    let created = unix_now();
+    let request: ChatBody = parse_value(&body, "")?;
+    let mut fields: VllmSampling = parse_value(&body, "")?;
+    refuse_unless_neutral(
+        "response_format",
+        request.response_format.as_ref(),
+        &[json!({"type": "text"})],
+        "constrained decoding is not implemented",
+    )?;
+    refuse_unless_neutral(
+        "tool_choice",
+        request.tool_choice.as_ref(),
+        &[json!("none"), json!("auto")],
+        "no tool call is forced",
+    )?;
+    refuse_unless_neutral("chat_template", request.chat_template.as_ref(), &[], "the model's own template is used")?;
+    refuse_unless_neutral(
+        "continue_final_message",
+        request.continue_final_message.as_ref(),
+        &[json!(false)],
+        "a new assistant turn is always started",
+    )?;
+    let model = front.model_or_base(request.model)?;
+    let messages = request.messages.ok_or(HttpError::MissingField("messages"))?;
+    let token_ids = chat_prompt(
+        front,
+        messages,
+        request.add_generation_prompt.unwrap_or(true),
+        request.tools.as_ref(),
+        &request.chat_template_kwargs.unwrap_or_default(),
+        request.add_special_tokens.unwrap_or(false),
+    )?;
+    fields.set_max_tokens(request.max_completion_tokens);
+    let with_logprobs = request.logprobs.unwrap_or(false);
+    if !with_logprobs && request.top_logprobs.is_some_and(|k| k > 0) {
+        return Err(HttpError::invalid("top_logprobs", "needs logprobs: true"));
+    }
+    let mut plan = fields.into_plan("")?;
+    plan.params.top_logprobs = if with_logprobs { request.top_logprobs.unwrap_or(0) } else { 0 };
+    plan.text.with_logprobs = with_logprobs;
+    let prompt = PromptSpec {
+        request_id: caller_request_id(&headers)?,
+        lora_name: front.lora_name_for(&model).to_owned(),
+        token_ids,
+    };
+    let hold_until = front.coordinator().gate_deadline(None);
+    let started = sampling::start(front, vec![prompt], plan, hold_until, Api::Chat).await?;
+    let request_id = started.request_ids[0].clone();
+    let render = ChatRender::new(
+        format!("chatcmpl-{request_id}"),
+        created,
+        model,
+        front.codec().clone(),
+        with_logprobs,
+        request.return_tokens_as_token_ids.unwrap_or(false),
+        request.return_token_ids.unwrap_or(false).then(|| started.prompts[0].to_vec()),
+        StreamOptions::wants_usage(request.stream_options),
+        started.prompt_tokens(),
+    );
+    let mut response = if request.stream.unwrap_or(false) {
+        sse_response(started.parts, render)
+    } else {
+        let all = deltas(started.parts).try_collect().await.map_err(|err| HttpError::in_api(err, Api::Chat))?;
+        Json(render.unary(all)).into_response()
+    };
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+    }
+    Ok(response)
+}

@@ -1,0 +1,189 @@
+//! The JSON of chat completions: OpenAI's `chat.completion` (each choice a `message {role, content}`, chat
+//! `logprobs.content[] {token, logprob, bytes, top_logprobs}`, `finish_reason`) plus loragate's `token_ids` and
+//! `segments` per choice and vLLM's `prompt_token_ids`; streamed as `chat.completion.chunk`s whose choices carry a
+//! `delta` (`role` on each choice's first).
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::codec::TextCodec;
+use crate::error::Api;
+use crate::output::{
+    ChoiceDelta, ChunkRenderer, ContentLogprob, SegmentJson, Usage, content_logprobs, finish_reason, segments_json,
+    to_json,
+};
+
+/// A chat completion, or one streamed chunk of it.
+#[derive(Debug, Serialize)]
+pub(crate) struct ChatCompletion {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    choices: Vec<ChatChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_token_ids: Option<Vec<u32>>,
+}
+
+/// A message (unary) or a delta (streamed).
+#[derive(Debug, Default, Serialize)]
+struct Message {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    content: String,
+}
+
+/// OpenAI's chat logprobs.
+#[derive(Debug, Default, Serialize)]
+struct Logprobs {
+    content: Vec<ContentLogprob>,
+}
+
+/// One choice.
+#[derive(Debug, Serialize)]
+struct ChatChoice {
+    index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<Message>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delta: Option<Message>,
+    logprobs: Option<Logprobs>,
+    finish_reason: Option<&'static str>,
+    token_ids: Vec<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    segments: Option<Vec<SegmentJson>>,
+}
+
+/// How a chat request's output is rendered.
+pub(crate) struct ChatRender {
+    id: String,
+    created: u64,
+    model: String,
+    codec: Arc<dyn TextCodec>,
+    with_logprobs: bool,
+    as_token_ids: bool,
+    prompt_token_ids: Option<Vec<u32>>,
+    include_usage: bool,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    started: HashSet<u32>,
+}
+
+impl ChatRender {
+    /// A renderer: `with_logprobs` when `logprobs` is true; `prompt_token_ids` with `return_token_ids`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        id: String,
+        created: u64,
+        model: String,
+        codec: Arc<dyn TextCodec>,
+        with_logprobs: bool,
+        as_token_ids: bool,
+        prompt_token_ids: Option<Vec<u32>>,
+        include_usage: bool,
+        prompt_tokens: usize,
+    ) -> Self {
+        Self {
+            id,
+            created,
+            model,
+            codec,
+            with_logprobs,
+            as_token_ids,
+            prompt_token_ids,
+            include_usage,
+            prompt_tokens,
+            completion_tokens: 0,
+            started: HashSet::new(),
+        }
+    }
+
+    /// The unary response of every delta of the request.
+    pub(crate) fn unary(mut self, deltas: Vec<ChoiceDelta>) -> ChatCompletion {
+        let mut choices: BTreeMap<u32, ChatChoice> = BTreeMap::new();
+        for delta in deltas {
+            let mut piece = self.choice(delta);
+            piece.message = piece.delta.take().map(|message| Message { role: Some("assistant"), ..message });
+            match choices.get_mut(&piece.index) {
+                Some(choice) => {
+                    if let (Some(all), Some(more)) = (&mut choice.message, piece.message) {
+                        all.content.push_str(&more.content);
+                    }
+                    choice.token_ids.extend(piece.token_ids);
+                    if let (Some(all), Some(more)) = (&mut choice.logprobs, piece.logprobs) {
+                        all.content.extend(more.content);
+                    }
+                    choice.finish_reason = piece.finish_reason.or(choice.finish_reason);
+                    choice.segments = piece.segments.or(choice.segments.take());
+                }
+                None => {
+                    choices.insert(piece.index, piece);
+                }
+            }
+        }
+        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        let prompt_token_ids = self.prompt_token_ids.take();
+        self.completion("chat.completion", choices.into_values().collect(), Some(usage), prompt_token_ids)
+    }
+
+    fn completion(
+        &self,
+        object: &'static str,
+        choices: Vec<ChatChoice>,
+        usage: Option<Usage>,
+        prompt_token_ids: Option<Vec<u32>>,
+    ) -> ChatCompletion {
+        ChatCompletion {
+            id: self.id.clone(),
+            object,
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+            prompt_token_ids,
+        }
+    }
+
+    /// The choice piece of one delta, as a streamed delta (`role` on a choice's first).
+    fn choice(&mut self, delta: ChoiceDelta) -> ChatChoice {
+        self.completion_tokens += delta.token_ids.len();
+        let first = self.started.insert(delta.index);
+        let logprobs = self
+            .with_logprobs
+            .then(|| Logprobs { content: content_logprobs(&*self.codec, &delta.logprobs, self.as_token_ids) });
+        ChatChoice {
+            index: delta.index,
+            message: None,
+            delta: Some(Message { role: first.then_some("assistant"), content: delta.text }),
+            logprobs,
+            finish_reason: finish_reason(delta.finish.as_ref()),
+            token_ids: delta.token_ids,
+            segments: delta.segments.as_deref().map(segments_json),
+        }
+    }
+}
+
+impl ChunkRenderer for ChatRender {
+    fn api(&self) -> Api {
+        Api::Chat
+    }
+
+    fn chunks(&mut self, delta: ChoiceDelta) -> Vec<String> {
+        let first_ever = self.started.is_empty();
+        let choice = self.choice(delta);
+        let prompt_token_ids = if first_ever { self.prompt_token_ids.clone() } else { None };
+        vec![to_json(&self.completion("chat.completion.chunk", vec![choice], None, prompt_token_ids))]
+    }
+
+    fn finish(&mut self) -> Vec<String> {
+        if !self.include_usage {
+            return Vec::new();
+        }
+        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        vec![to_json(&self.completion("chat.completion.chunk", Vec::new(), Some(usage), None))]
+    }
+}

@@ -1,0 +1,77 @@
+//! vLLM's token-in/token-out `POST /inference/v1/generate` (SkyRL's `generate()` and `sample()`, prime-rl's training
+//! data plane and its `prefill_logprobs`): `token_ids` in, `choices[].token_ids` out, with per-token logprobs as
+//! `{"token": "token_id:N", "logprob"}`, vLLM's `prompt_logprobs`, `usage`, and loragate's `segments`.
+//!
+//! It is not behind the body-buffering submission gate: the body is parsed into a validated request and
+//! `Coordinator::sample` holds it at a paused adapter's gate, in its parsed form. `max_tokens` unset means up to the
+//! context length (never vLLM's hidden 16).
+
+mod request;
+mod response;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Json, Response};
+use futures::TryStreamExt;
+use http::{HeaderMap, HeaderValue};
+
+use self::request::{GenerateBody, GenerateSampling};
+use self::response::GenerateRender;
+use crate::completions::{REQUEST_ID_HEADER, caller_request_id};
+use crate::error::{Api, HttpError};
+use crate::json_body::{JsonValue, parse_value};
+use crate::output::{StreamOptions, deltas, sse_response, unix_now};
+use crate::sampling::{self, PromptSpec, VllmSampling, refuse_unless_neutral};
+use crate::server::AppState;
+
+/// Where the sampling fields sit in the body.
+const SAMPLING_PARAMS: &str = "sampling_params";
+
+/// The handler of `POST /inference/v1/generate`.
+pub(crate) async fn generate(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonValue(body): JsonValue,
+) -> Result<Response, HttpError> {
+    let front = state.front();
+    let created = unix_now();
+    let request: GenerateBody = parse_value(&body, "")?;
+    refuse_unless_neutral("features", request.features.as_ref(), &[], "multimodal inputs are not supported")?;
+    let nested = body.get(SAMPLING_PARAMS).cloned().unwrap_or_else(|| serde_json::json!({}));
+    let fields: VllmSampling = parse_value(&nested, SAMPLING_PARAMS)?;
+    let extras: GenerateSampling = parse_value(&nested, SAMPLING_PARAMS)?;
+    let model = front.model_or_base(request.model)?;
+    let token_ids = request.token_ids.ok_or(HttpError::MissingField("token_ids"))?;
+    let request_id = match request.request_id {
+        Some(id) => id,
+        None => caller_request_id(&headers)?,
+    };
+    let prompt_logprobs = fields.prompt_logprobs;
+    let mut plan = fields.into_plan(SAMPLING_PARAMS)?;
+    plan.params.top_logprobs = extras.logprobs.unwrap_or(0);
+    plan.params.prompt_top_logprobs = prompt_logprobs;
+    plan.text.with_logprobs = extras.logprobs.is_some();
+    let prompt = PromptSpec { request_id, lora_name: front.lora_name_for(&model).to_owned(), token_ids };
+    let hold_until = front.coordinator().gate_deadline(None);
+    let started = sampling::start(front, vec![prompt], plan, hold_until, Api::Generate).await?;
+    let request_id = started.request_ids[0].clone();
+    let render = GenerateRender::new(
+        request_id.clone(),
+        created,
+        model,
+        front.codec().clone(),
+        extras.logprobs.is_some(),
+        prompt_logprobs.is_some(),
+        StreamOptions::wants_usage(request.stream_options),
+        started.prompt_tokens(),
+    );
+    let mut response = if request.stream.unwrap_or(false) {
+        sse_response(started.parts, render)
+    } else {
+        let all = deltas(started.parts).try_collect().await.map_err(|err| HttpError::in_api(err, Api::Generate))?;
+        Json(render.unary(all)).into_response()
+    };
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+    }
+    Ok(response)
+}

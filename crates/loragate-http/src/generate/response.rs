@@ -1,0 +1,173 @@
+//! The JSON of `POST /inference/v1/generate` (vLLM's `GenerateResponse`): `request_id`, `choices[]` with `index`,
+//! `token_ids`, `logprobs.content[] {token: "token_id:N", logprob, bytes: null, top_logprobs}`, `finish_reason`
+//! (`stop`, `length` or `abort`) and loragate's `segments`, the top-level `prompt_logprobs` in vLLM's shape, and
+//! `usage`. Streamed, each chunk carries one choice's new tokens.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::codec::TextCodec;
+use crate::error::Api;
+use crate::output::{
+    ChoiceDelta, ChunkRenderer, ContentLogprob, PromptLogprobs, SegmentJson, Usage, VllmPromptLogprobs,
+    content_logprobs, finish_reason, segments_json, to_json, to_value,
+};
+
+/// A generate response, or one streamed chunk of it.
+#[derive(Debug, Serialize)]
+pub(crate) struct GenerateResponse {
+    request_id: String,
+    created: u64,
+    model: String,
+    choices: Vec<GenerateChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_logprobs: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+}
+
+/// vLLM's `{"content": [...]}`.
+#[derive(Debug, Default, Serialize)]
+struct Logprobs {
+    content: Vec<ContentLogprob>,
+}
+
+/// One choice (all of it, or a delta of it in a chunk).
+#[derive(Debug, Serialize)]
+struct GenerateChoice {
+    index: u32,
+    token_ids: Vec<u32>,
+    logprobs: Option<Logprobs>,
+    finish_reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    segments: Option<Vec<SegmentJson>>,
+}
+
+/// How a generate request's output is rendered.
+pub(crate) struct GenerateRender {
+    request_id: String,
+    created: u64,
+    model: String,
+    codec: Arc<dyn TextCodec>,
+    with_logprobs: bool,
+    prompt_logprobs: bool,
+    include_usage: bool,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    /// Whether a chunk already carried the prompt's logprobs.
+    sent_prompt: bool,
+}
+
+impl GenerateRender {
+    /// A renderer: `with_logprobs` when `sampling_params.logprobs` was given, `prompt_logprobs` when
+    /// `sampling_params.prompt_logprobs` was.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        request_id: String,
+        created: u64,
+        model: String,
+        codec: Arc<dyn TextCodec>,
+        with_logprobs: bool,
+        prompt_logprobs: bool,
+        include_usage: bool,
+        prompt_tokens: usize,
+    ) -> Self {
+        Self {
+            request_id,
+            created,
+            model,
+            codec,
+            with_logprobs,
+            prompt_logprobs,
+            include_usage,
+            prompt_tokens,
+            completion_tokens: 0,
+            sent_prompt: false,
+        }
+    }
+
+    /// The unary response of every delta of the request.
+    pub(crate) fn unary(mut self, deltas: Vec<ChoiceDelta>) -> GenerateResponse {
+        let mut choices: BTreeMap<u32, GenerateChoice> = BTreeMap::new();
+        let mut prompt: Option<Arc<PromptLogprobs>> = None;
+        for mut delta in deltas {
+            prompt = prompt.or(delta.prompt.take());
+            let piece = self.choice(delta);
+            match choices.get_mut(&piece.index) {
+                Some(choice) => {
+                    choice.token_ids.extend(piece.token_ids);
+                    if let (Some(all), Some(more)) = (&mut choice.logprobs, piece.logprobs) {
+                        all.content.extend(more.content);
+                    }
+                    choice.finish_reason = piece.finish_reason.or(choice.finish_reason);
+                    choice.segments = piece.segments.or(choice.segments.take());
+                }
+                None => {
+                    choices.insert(piece.index, piece);
+                }
+            }
+        }
+        let prompt_logprobs = self.prompt_logprobs.then(|| self.prompt_json(prompt.as_deref()));
+        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        self.response(choices.into_values().collect(), prompt_logprobs, Some(usage))
+    }
+
+    fn prompt_json(&self, prompt: Option<&PromptLogprobs>) -> Value {
+        let Some(prompt) = prompt else { return Value::Null };
+        to_value(&VllmPromptLogprobs { prompt, codec: &*self.codec, as_token_ids: false })
+    }
+
+    fn response(
+        &self,
+        choices: Vec<GenerateChoice>,
+        prompt_logprobs: Option<Value>,
+        usage: Option<Usage>,
+    ) -> GenerateResponse {
+        GenerateResponse {
+            request_id: self.request_id.clone(),
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            prompt_logprobs,
+            usage,
+        }
+    }
+
+    fn choice(&mut self, delta: ChoiceDelta) -> GenerateChoice {
+        self.completion_tokens += delta.token_ids.len();
+        let logprobs =
+            self.with_logprobs.then(|| Logprobs { content: content_logprobs(&*self.codec, &delta.logprobs, true) });
+        GenerateChoice {
+            index: delta.index,
+            finish_reason: finish_reason(delta.finish.as_ref()),
+            token_ids: delta.token_ids,
+            logprobs,
+            segments: delta.segments.as_deref().map(segments_json),
+        }
+    }
+}
+
+impl ChunkRenderer for GenerateRender {
+    fn api(&self) -> Api {
+        Api::Generate
+    }
+
+    fn chunks(&mut self, mut delta: ChoiceDelta) -> Vec<String> {
+        let prompt = delta.prompt.take().filter(|_| self.prompt_logprobs && !self.sent_prompt);
+        self.sent_prompt |= prompt.is_some();
+        let prompt_logprobs = prompt.map(|prompt| self.prompt_json(Some(&prompt)));
+        let choice = self.choice(delta);
+        vec![to_json(&self.response(vec![choice], prompt_logprobs, None))]
+    }
+
+    fn finish(&mut self) -> Vec<String> {
+        if !self.include_usage {
+            return Vec::new();
+        }
+        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        vec![to_json(&self.response(Vec::new(), None, Some(usage)))]
+    }
+}

@@ -1,0 +1,81 @@
+//! The response side every sampling endpoint shares: the core's events of one request (one prompt) become choice
+//! deltas (text decoded incrementally, stop strings watched, logprobs with their alternatives, finish reason, version
+//! segments), the deltas of all the prompts of an HTTP request are merged, and streamed responses are framed as
+//! server-sent events. Each API family (OpenAI completions and chat, vLLM's generate, SGLang's generate) only
+//! renders these deltas in its own JSON shape, so unary and streamed responses, and the families, never disagree on
+//! what was generated.
+
+mod choice;
+mod decode;
+mod drive;
+mod logprobs;
+mod sse;
+mod stop;
+
+pub(crate) use self::choice::{ChoiceDelta, Choices, Finish, Matched, PromptLogprobs, TextOptions, TokenLogprob};
+pub(crate) use self::decode::decode_with_offsets;
+pub(crate) use self::drive::{Part, deltas};
+pub(crate) use self::logprobs::{
+    ContentLogprob, OrderedLogprobs, VllmPromptLogprobs, clamp_logprob, content_logprobs, token_label,
+};
+pub(crate) use self::sse::{ChunkRenderer, sse_response, to_json, to_value};
+
+use serde::Deserialize;
+
+/// OpenAI's `stream_options`.
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+pub(crate) struct StreamOptions {
+    /// Send a last chunk with the usage of the whole request.
+    pub(crate) include_usage: Option<bool>,
+}
+
+impl StreamOptions {
+    /// Whether a usage chunk ends the stream.
+    pub(crate) fn wants_usage(options: Option<Self>) -> bool {
+        options.and_then(|options| options.include_usage).unwrap_or(false)
+    }
+}
+
+/// OpenAI's token counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct Usage {
+    /// Prompt tokens, over every prompt.
+    pub(crate) prompt_tokens: usize,
+    /// Generated tokens, over every choice.
+    pub(crate) completion_tokens: usize,
+    /// Their sum.
+    pub(crate) total_tokens: usize,
+}
+
+impl Usage {
+    /// The usage of `prompt_tokens` and `completion_tokens`.
+    pub(crate) fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
+        Self { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+    }
+}
+
+/// The Unix time now, in seconds (responses' `created`).
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs())
+}
+
+/// The JSON of a finish reason (`"stop"`, `"length"`, `"abort"`).
+pub(crate) fn finish_reason(finish: Option<&Finish>) -> Option<&'static str> {
+    finish.map(|finish| finish.reason.as_str())
+}
+
+/// A version segment as every API family sends it: `{"lora_version", "start", "end"}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct SegmentJson {
+    lora_version: u64,
+    start: u32,
+    end: u32,
+}
+
+/// The JSON of `segments`.
+pub(crate) fn segments_json(segments: &[loragate_core::Segment]) -> Vec<SegmentJson> {
+    segments
+        .iter()
+        .map(|segment| SegmentJson { lora_version: segment.version.0, start: segment.start, end: segment.end })
+        .collect()
+}

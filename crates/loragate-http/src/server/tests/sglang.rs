@@ -1,0 +1,116 @@
+//! SGLang's `POST /generate`: AReaL's, skyrl-train's, verl's and slime's bodies, SGLang's shapes (one object or a
+//! list), logprob triples, finish reasons, aborts with their tokens, and the gate in `Coordinator::sample`.
+
+use serde_json::json;
+
+use super::*;
+
+const PROMPT: [u32; 3] = [72, 105, 33];
+
+#[tokio::test]
+async fn areals_body_answers_one_object_with_output_token_logprobs() {
+    let harness = serve(&["meow-v2"]).await;
+    let body = json!({"input_ids": PROMPT, "image_data": [], "sampling_params": {"top_p": 1.0, "top_k": 100000000,
+        "max_new_tokens": 3, "temperature": 0.7, "stop_token_ids": [], "ignore_eos": false,
+        "skip_special_tokens": true, "frequency_penalty": 0.0}, "return_logprob": true, "stream": false,
+        "lora_path": "meow-v2", "rid": "areal-1"});
+    let (status, body) = harness.post("/generate", body).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!((&body["text"], &body["output_ids"]), (&json!("\u{0}\u{1}\u{2}"), &json!([0, 1, 2])));
+    let meta = &body["meta_info"];
+    assert_eq!(
+        (&meta["id"], &meta["prompt_tokens"], &meta["completion_tokens"]),
+        (&json!("areal-1"), &json!(3), &json!(3))
+    );
+    assert_eq!(meta["finish_reason"], json!({"type": "length", "length": 3}));
+    let triples = meta["output_token_logprobs"].as_array().expect("triples");
+    let ids: Vec<Value> = triples.iter().map(|triple| triple[1].clone()).collect();
+    assert_eq!(json!(ids), body["output_ids"], "AReaL's [x[1] for x] gives the tokens");
+    assert_eq!(triples[0], json!([0.0, 0, null]));
+    assert_eq!(meta["weight_version"], "1");
+}
+
+#[tokio::test]
+async fn a_batch_answers_a_list_one_object_per_prompt_in_order() {
+    let harness = serve(&["meow"]).await;
+    // skyrl-train's SGLang body: no adapter (the base model), sampling params verbatim.
+    let body = json!({"input_ids": [PROMPT, [33]], "sampling_params": {"max_new_tokens": 2, "temperature": 0}});
+    let (status, body) = harness.post("/generate", body).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let outputs = body.as_array().expect("a list");
+    assert_eq!(outputs.len(), 2);
+    for output in outputs {
+        assert_eq!(
+            (&output["output_ids"], &output["meta_info"]["finish_reason"]["type"]),
+            (&json!([0, 1]), &json!("length"))
+        );
+    }
+    assert_eq!(
+        (&outputs[0]["meta_info"]["prompt_tokens"], &outputs[1]["meta_info"]["prompt_tokens"]),
+        (&json!(3), &json!(1))
+    );
+    assert!(outputs[0]["meta_info"].get("output_token_logprobs").is_none(), "not asked for");
+    let (status, text) =
+        harness.post("/generate", json!({"text": ["ab"], "sampling_params": {"max_new_tokens": 1}})).await;
+    assert_eq!(
+        (status, text[0]["meta_info"]["prompt_tokens"].clone()),
+        (StatusCode::OK, json!(3)),
+        "text gets the BOS"
+    );
+}
+
+#[tokio::test]
+async fn areals_scoring_asks_for_input_logprobs_from_logprob_start_len() {
+    let harness = serve(&["meow"]).await;
+    let body = json!({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+        "return_logprob": true, "logprob_start_len": 1, "top_logprobs_num": 0, "stream": false});
+    let (status, body) = harness.post("/generate", body).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let input = body["meta_info"]["input_token_logprobs"].as_array().expect("input logprobs");
+    assert_eq!(input.len(), 2, "from position 1 on");
+    assert!(input.iter().all(|triple| triple[0].is_number()), "no null past position 0: {input:?}");
+    assert_eq!((&input[0][1], &input[1][1]), (&json!(105), &json!(33)));
+    let (_, from_zero) = harness
+        .post("/generate", json!({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1}, "return_logprob": true, "logprob_start_len": 0, "top_logprobs_num": 1}))
+        .await;
+    let meta = &from_zero["meta_info"];
+    assert_eq!(meta["input_token_logprobs"][0], json!([null, 72, null]));
+    assert_eq!(meta["input_top_logprobs"][1], json!([[0.4, 106, null]]), "the scripted prompt token ranks 2");
+}
+
+#[tokio::test]
+async fn an_aborted_generate_answers_200_with_its_tokens_and_a_held_one_waits() {
+    let harness = serve(&["meow"]).await;
+    let body = json!({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 50}, "return_logprob": true,
+        "lora_path": "meow", "rid": "slime-1"});
+    let running = harness.spawn_post("/generate", body.clone(), "ignored");
+    eventually("the request runs", || async { harness.status_of("meow").await.in_flight == 1 }).await;
+    assert_eq!(harness.pause("meow").await["aborted"], json!(["slime-1"]), "the core request's id is the rid");
+    let (status, aborted) = running.await.expect("task");
+    assert_eq!(status, StatusCode::OK, "{aborted}");
+    assert_eq!(aborted["output_ids"], json!([0, 1, 2]));
+    assert_eq!(aborted["meta_info"]["finish_reason"]["type"], "abort");
+    assert_eq!(aborted["meta_info"]["output_token_logprobs"].as_array().map(Vec::len), Some(3));
+
+    let held = harness.spawn_post(
+        "/generate",
+        json!({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}, "lora_path": "meow"}),
+        "x",
+    );
+    eventually("the request is held", || async { harness.status_of("meow").await.held == 1 }).await;
+    harness.resume("meow").await;
+    let (status, released) = held.await.expect("task");
+    assert_eq!((status, &released["meta_info"]["finish_reason"]["type"]), (StatusCode::OK, &json!("length")));
+}
+
+#[tokio::test]
+async fn a_stream_sends_the_whole_output_so_far_in_every_chunk() {
+    let harness = serve(&["meow"]).await;
+    let chunks =
+        harness.stream("/generate", json!({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3}})).await;
+    let last = chunks.last().expect("chunks");
+    assert_eq!((&last["output_ids"], &last["text"]), (&json!([0, 1, 2]), &json!("\u{0}\u{1}\u{2}")));
+    assert_eq!(last["meta_info"]["finish_reason"]["type"], "length");
+    let lengths: Vec<usize> = chunks.iter().map(|chunk| chunk["output_ids"].as_array().map_or(0, Vec::len)).collect();
+    assert!(lengths.windows(2).all(|pair| pair[0] <= pair[1]), "cumulative: {lengths:?}");
+}
