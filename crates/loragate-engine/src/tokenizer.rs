@@ -35,10 +35,21 @@ impl Tokenizer {
     /// The tokens of `text`, with the special tokens the tokenizer's post-processor adds (a BOS for LLaMA; none for
     /// the demo model).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_with(text, true)
+    }
+
+    /// The tokens of `text`, with the post-processor's special tokens only if `add_special_tokens` (a rendered chat
+    /// template already holds its own).
+    pub fn encode_with(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
         self.inner
-            .encode(text, true)
+            .encode(text, add_special_tokens)
             .map(|encoding| encoding.get_ids().to_vec())
             .map_err(|err| TokenizerError(err.to_string()))
+    }
+
+    /// The vocabulary's own string for `id` (for a byte-level vocabulary, its GPT-2 characters), if it has one.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
     }
 
     /// The text of `ids`, skipping special tokens. Byte sequences that are not valid UTF-8 (a multi-byte character

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::future::select_all;
 use loragate_core::{AdapterName, AdapterRoot, AdapterSource, Coordinator, CoordinatorConfig, CoreError};
 use loragate_engine::{CandleEngine, DEMO_MODEL_NAME, DemoError, EngineConfig, EngineLoadError, ensure_demo_files};
-use loragate_http::HttpFront;
+use loragate_http::{ChatTemplate, HttpFront};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -164,7 +164,9 @@ impl RunningServer {
         let served_model_name = config.served_model_name.clone().unwrap_or(default_name);
 
         let engine_config = config.engine.clone();
+        let template_dir = model_dir.clone();
         let engine = blocking(move || CandleEngine::load(&model_dir, engine_config)).await??;
+        let chat_template = blocking(move || ChatTemplate::from_model_dir(&template_dir)).await?;
         let codec = Arc::new(TokenizerCodec::new(engine.tokenizer().cloned()));
         let adapter_root = match config.adapter_root.clone().or(default_root) {
             Some(path) => Some(AdapterRoot::new(&path).map_err(|source| ServeError::AdapterRoot { path, source })?),
@@ -194,7 +196,12 @@ impl RunningServer {
             draining.clone().cancelled_owned(),
             stop.clone().cancelled_owned(),
         ));
-        let http_front = HttpFront::new(coordinator.clone(), served_model_name.clone(), codec);
+        let mut http_front = HttpFront::new(coordinator.clone(), served_model_name.clone(), codec);
+        match chat_template {
+            Ok(Some(template)) => http_front = http_front.with_chat_template(template),
+            Ok(None) => tracing::info!("the model has no chat template; /v1/chat/completions answers 400"),
+            Err(err) => tracing::warn!(%err, "the model's chat template is unusable; /v1/chat/completions answers 400"),
+        }
         let http = tokio::spawn(loragate_http::serve_http(
             http_listener,
             http_front,

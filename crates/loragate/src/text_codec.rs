@@ -17,11 +17,15 @@ impl TokenizerCodec {
 }
 
 impl TextCodec for TokenizerCodec {
-    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
         let Some(tokenizer) = &self.tokenizer else {
             return Err("this model has no tokenizer.json, so prompts must be token ids".to_owned());
         };
-        tokenizer.encode(text).map_err(|err| err.to_string())
+        tokenizer.encode_with(text, add_special_tokens).map_err(|err| err.to_string())
+    }
+
+    fn token_str(&self, token_id: u32) -> Option<String> {
+        self.tokenizer.as_ref()?.id_to_token(token_id)
     }
 
     fn decode(&self, token_ids: &[u32]) -> String {
@@ -40,8 +44,9 @@ mod tests {
     #[test]
     fn without_a_tokenizer_text_prompts_are_refused_by_name_and_tokens_decode_to_nothing() {
         let codec = TokenizerCodec::new(None);
-        let refused = codec.encode("hello").expect_err("no tokenizer");
+        let refused = codec.encode("hello", true).expect_err("no tokenizer");
         assert!(refused.contains("tokenizer.json"), "{refused}");
         assert_eq!(codec.decode(&[1, 2, 3]), "");
+        assert_eq!(codec.token_str(1), None);
     }
 }

@@ -27,6 +27,12 @@ const CONTEXT_LENGTH: usize = 4096;
 pub(super) const TRAINING: TrainingPlan =
     TrainingPlan { rank: 8, alpha: 16.0, steps: 50, rows: 8, sequence_len: 48, learning_rate: 1e-2 };
 
+/// The demo's chat template (`tokenizer_config.json`'s `chat_template`): each message as `<|role|>`, a newline, its
+/// content and a newline, then `<|assistant|>` and a newline for the generation prompt. Small, but shaped like the
+/// templates of real chat models, and the adapters answer after it as after any prompt.
+const CHAT_TEMPLATE: &str = "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n\
+    {% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}";
+
 /// `config.json`.
 fn model_config() -> serde_json::Value {
     json!({
@@ -81,6 +87,7 @@ pub(super) fn write_base_model(dir: &Path, rng: &mut StdRng) -> Result<Llama, De
             "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>",
             "add_bos_token": false, "model_max_length": CONTEXT_LENGTH,
             "added_tokens_decoder": specials,
+            "chat_template": CHAT_TEMPLATE,
         }),
     )?;
     Ok(Llama::load(dir, &Device::Cpu, DType::F32, None)?)

@@ -11,13 +11,12 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::codec::TextCodec;
 use crate::error::Api;
 use crate::output::{
     ChoiceDelta, ChunkRenderer, Finish, OrderedLogprobs, PromptLogprobs, SegmentJson, TokenLogprob, Usage,
-    VllmPromptLogprobs, clamp_logprob, decode_with_offsets, segments_json, to_json, to_value, token_label,
+    VllmPromptLogprobs, clamp_logprob, decode_with_offsets, segments_json, to_json, token_label,
 };
 
 /// A completion response, or one streamed chunk of it.
@@ -42,9 +41,9 @@ struct CompletionChoice {
     token_ids: Vec<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     prompt_token_ids: Option<Vec<u32>>,
-    /// `Some(null)` when asked for but not produced (a request aborted before its prompt was read).
+    /// `Some(None)` (`null`) when asked for but not produced (a request aborted before its prompt was read).
     #[serde(skip_serializing_if = "Option::is_none")]
-    prompt_logprobs: Option<Value>,
+    prompt_logprobs: Option<Option<VllmPromptLogprobs>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     segments: Option<Vec<SegmentJson>>,
 }
@@ -204,12 +203,9 @@ impl CompletionRender {
         if let Some(logprobs) = &mut logprobs {
             logprobs.extend(self.generated_logprobs(&delta.logprobs, shift));
         }
-        let prompt_logprobs = (first && self.prompt_logprobs).then(|| match &delta.prompt {
-            Some(prompt) => {
-                let rendered = VllmPromptLogprobs { prompt, codec: &*self.codec, as_token_ids: self.as_token_ids };
-                to_value(&rendered)
-            }
-            None => Value::Null,
+        let prompt_logprobs = (first && self.prompt_logprobs).then(|| {
+            let prompt = delta.prompt.clone()?;
+            Some(VllmPromptLogprobs { prompt, codec: self.codec.clone(), as_token_ids: self.as_token_ids })
         });
         let prompt_token_ids = if first {
             self.prompt_token_ids.as_ref().and_then(|ids| ids.get(delta.prompt_index)).map(|ids| ids.to_vec())
@@ -291,7 +287,7 @@ impl ChunkRenderer for CompletionRender {
 #[cfg(test)]
 mod tests {
     use loragate_core::{AdapterVersion, FinishReason, Segment, TopLogprobs};
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
     use crate::output::Matched;

@@ -7,13 +7,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::codec::TextCodec;
 use crate::error::Api;
 use crate::output::{
     ChoiceDelta, ChunkRenderer, ContentLogprob, PromptLogprobs, SegmentJson, Usage, VllmPromptLogprobs,
-    content_logprobs, finish_reason, segments_json, to_json, to_value,
+    content_logprobs, finish_reason, segments_json, to_json,
 };
 
 /// A generate response, or one streamed chunk of it.
@@ -23,8 +22,9 @@ pub(crate) struct GenerateResponse {
     created: u64,
     model: String,
     choices: Vec<GenerateChoice>,
+    /// `Some(None)` (`null`) when asked for but not produced.
     #[serde(skip_serializing_if = "Option::is_none")]
-    prompt_logprobs: Option<Value>,
+    prompt_logprobs: Option<Option<VllmPromptLogprobs>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<Usage>,
 }
@@ -110,20 +110,19 @@ impl GenerateRender {
                 }
             }
         }
-        let prompt_logprobs = self.prompt_logprobs.then(|| self.prompt_json(prompt.as_deref()));
+        let prompt_logprobs = self.prompt_logprobs.then(|| self.prompt_json(prompt));
         let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
         self.response(choices.into_values().collect(), prompt_logprobs, Some(usage))
     }
 
-    fn prompt_json(&self, prompt: Option<&PromptLogprobs>) -> Value {
-        let Some(prompt) = prompt else { return Value::Null };
-        to_value(&VllmPromptLogprobs { prompt, codec: &*self.codec, as_token_ids: false })
+    fn prompt_json(&self, prompt: Option<Arc<PromptLogprobs>>) -> Option<VllmPromptLogprobs> {
+        Some(VllmPromptLogprobs { prompt: prompt?, codec: self.codec.clone(), as_token_ids: false })
     }
 
     fn response(
         &self,
         choices: Vec<GenerateChoice>,
-        prompt_logprobs: Option<Value>,
+        prompt_logprobs: Option<Option<VllmPromptLogprobs>>,
         usage: Option<Usage>,
     ) -> GenerateResponse {
         GenerateResponse {
@@ -158,7 +157,7 @@ impl ChunkRenderer for GenerateRender {
     fn chunks(&mut self, mut delta: ChoiceDelta) -> Vec<String> {
         let prompt = delta.prompt.take().filter(|_| self.prompt_logprobs && !self.sent_prompt);
         self.sent_prompt |= prompt.is_some();
-        let prompt_logprobs = prompt.map(|prompt| self.prompt_json(Some(&prompt)));
+        let prompt_logprobs = prompt.map(|prompt| self.prompt_json(Some(prompt)));
         let choice = self.choice(delta);
         vec![to_json(&self.response(vec![choice], prompt_logprobs, None))]
     }

@@ -2,6 +2,8 @@
 //! `"token_id:N"`), the clamp of `-inf` to OpenAI's `-9999.0`, ordered `{token: logprob}` maps, and vLLM's
 //! `prompt_logprobs` list.
 
+use std::sync::Arc;
+
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 
@@ -89,15 +91,22 @@ pub(crate) fn content_logprobs(
 }
 
 /// vLLM's `prompt_logprobs`: one entry per prompt token, the first `null`, each other an object keyed by token id
-/// (as a string), the prompt token's own entry first, then the most likely tokens, each
-/// `{"logprob", "rank", "decoded_token"}`.
-pub(crate) struct VllmPromptLogprobs<'a> {
+/// (as a string), the prompt token's own entry first (clients take the first value), then the most likely tokens,
+/// each `{"logprob", "rank", "decoded_token"}`. Serialized directly, so the order of the keys is kept.
+#[derive(Clone)]
+pub(crate) struct VllmPromptLogprobs {
     /// What the engine reported.
-    pub(crate) prompt: &'a PromptLogprobs,
+    pub(crate) prompt: Arc<PromptLogprobs>,
     /// For `decoded_token`.
-    pub(crate) codec: &'a dyn TextCodec,
+    pub(crate) codec: Arc<dyn TextCodec>,
     /// `decoded_token` as `"token_id:N"`.
     pub(crate) as_token_ids: bool,
+}
+
+impl std::fmt::Debug for VllmPromptLogprobs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VllmPromptLogprobs").field("prompt", &self.prompt).finish()
+    }
 }
 
 /// One `{"logprob", "rank", "decoded_token"}`.
@@ -123,14 +132,14 @@ impl Serialize for Position {
     }
 }
 
-impl VllmPromptLogprobs<'_> {
+impl VllmPromptLogprobs {
     fn position(&self, index: usize) -> Option<Position> {
         let token = *self.prompt.token_ids.get(index)?;
         let logprob = *self.prompt.logprobs.get(index)?;
         if index == 0 || logprob.is_nan() {
             return None;
         }
-        let label = |token| token_label(self.codec, token, self.as_token_ids);
+        let label = |token| token_label(&*self.codec, token, self.as_token_ids);
         let alternatives = self.prompt.top.as_ref().and_then(|top| top.get(index));
         let own = VllmLogprob {
             logprob: clamp_logprob(logprob),
@@ -153,7 +162,7 @@ impl VllmPromptLogprobs<'_> {
     }
 }
 
-impl Serialize for VllmPromptLogprobs<'_> {
+impl Serialize for VllmPromptLogprobs {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let len = self.prompt.token_ids.len();
         let mut seq = serializer.serialize_seq(Some(len))?;
@@ -166,8 +175,6 @@ impl Serialize for VllmPromptLogprobs<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use loragate_core::TopLogprobs;
     use serde_json::json;
 
@@ -176,7 +183,7 @@ mod tests {
 
     #[test]
     fn prompt_logprobs_put_the_prompt_token_first_even_outside_the_top() {
-        let prompt = PromptLogprobs {
+        let prompt = Arc::new(PromptLogprobs {
             token_ids: Arc::from(vec![104, 105, 33]),
             logprobs: vec![f32::NAN, -2.0, f32::NEG_INFINITY],
             top: Some(vec![
@@ -184,8 +191,9 @@ mod tests {
                 TopLogprobs { rank: 3, top: vec![(97, -0.1)] },
                 TopLogprobs { rank: 1, top: vec![(33, -0.5), (98, -1.5)] },
             ]),
-        };
-        let rendered = VllmPromptLogprobs { prompt: &prompt, codec: &ByteCodec, as_token_ids: false };
+        });
+        let codec: Arc<dyn TextCodec> = Arc::new(ByteCodec);
+        let rendered = VllmPromptLogprobs { prompt: prompt.clone(), codec: codec.clone(), as_token_ids: false };
         let text = serde_json::to_string(&rendered).expect("json");
         assert!(text.find("\"105\"") < text.find("\"97\""), "the prompt token's own entry comes first: {text}");
         let value: serde_json::Value = serde_json::from_str(&text).expect("json");
@@ -197,7 +205,7 @@ mod tests {
                 {"33": {"logprob": -9999.0, "rank": 1, "decoded_token": "!"}, "98": {"logprob": -1.5, "rank": 2, "decoded_token": "b"}},
             ])
         );
-        let as_ids = VllmPromptLogprobs { prompt: &prompt, codec: &ByteCodec, as_token_ids: true };
+        let as_ids = VllmPromptLogprobs { prompt, codec, as_token_ids: true };
         assert_eq!(serde_json::to_value(&as_ids).expect("json")[1]["105"]["decoded_token"], "token_id:105");
     }
 

@@ -59,14 +59,15 @@ async fn tinkers_sample_asks_for_n_sequences_and_prompt_logprobs() {
 #[tokio::test]
 async fn prime_rls_prefill_logprobs_reads_the_first_value_of_each_position() {
     let harness = serve(&["meow"]).await;
-    // No model: the base model; unset max_tokens would mean up to the context, here 1.
-    let body = json!({"token_ids": PROMPT, "sampling_params": {"max_tokens": 1, "temperature": 1.0, "top_p": 1.0, "prompt_logprobs": 1}});
+    // No model: the base model; unset max_tokens would mean up to the context, here 1. The scripted alternative
+    // of prompt token 99 is 100, which sorts before it as text: the order must be kept, not sorted.
+    let body = json!({"token_ids": [72, 99], "sampling_params": {"max_tokens": 1, "temperature": 1.0, "top_p": 1.0, "prompt_logprobs": 1}});
     let response = harness.client.post(harness.url("/inference/v1/generate")).json(&body).send().await.expect("send");
     let text = response.text().await.expect("body");
-    assert!(text.find(r#""105":"#) < text.find(r#""106":"#), "the prompt token's own entry first: {text}");
+    assert!(text.find(r#""99":"#) < text.find(r#""100":"#), "the prompt token's own entry first: {text}");
     let body: Value = serde_json::from_str(&text).expect("json");
     assert_eq!(body["model"], SERVED_NAME);
-    assert!((body["prompt_logprobs"][1]["105"]["logprob"].as_f64().expect("number") + 0.1).abs() < 1e-6);
+    assert!((body["prompt_logprobs"][1]["99"]["logprob"].as_f64().expect("number") + 0.1).abs() < 1e-6);
 }
 
 #[tokio::test]
