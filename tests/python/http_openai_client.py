@@ -4,10 +4,17 @@ Usage: python tests/python/http_openai_client.py BASE_URL   (e.g. http://127.0.0
 
 Assumes the demo model: base model served as `loragate-demo`, adapters `meow` and `woof` whose greedy output
 repeats "meow meow ..." / "woof woof ...". Exits non-zero with a message on the first failure.
+
+Completions (single, batched, streamed with `include_usage`, `logprobs: k`, `echo`), chat completions (unary and
+streamed, `logprobs` with `top_logprobs`), and a chat aborted by a pause: it comes back `abort` with its tokens,
+and a retry from the rendered prompt plus those tokens completes token-exact.
 """
 
 import sys
+import threading
+import time
 
+import httpx
 import openai
 
 PROMPT = "Make a single short animal noise."
@@ -66,7 +73,91 @@ def main() -> None:
     except openai.NotFoundError as err:
         check(err.status_code == 404, f"unknown model: status {err.status_code}")
 
+    completion_extras(client)
+    chat(client)
+    chat_abort_and_retry(client, base)
     print("ok: http_openai_client")
+
+
+def completion_extras(client: openai.OpenAI) -> None:
+    batch = client.completions.create(model="woof", prompt=[PROMPT, "Say something."], n=2, max_tokens=6, temperature=0)
+    check([choice.index for choice in batch.choices] == [0, 1, 2, 3], f"batch: choices by index: {batch.choices}")
+    check(all("woo" in choice.text for choice in batch.choices), f"batch: {[c.text for c in batch.choices]}")
+    check(batch.usage.completion_tokens == 24, f"batch usage: {batch.usage}")
+
+    scored = client.completions.create(model="meow", prompt=PROMPT, max_tokens=3, temperature=0, logprobs=2, echo=True)
+    choice = scored.choices[0]
+    check(choice.text.startswith(PROMPT), f"echo: the prompt comes first: {choice.text!r}")
+    logprobs = choice.logprobs
+    check(len(logprobs.tokens) == len(PROMPT) + 3 and logprobs.token_logprobs[0] is None, "echo logprobs")
+    check(all(2 <= len(top) <= 3 for top in logprobs.top_logprobs[1:]), f"top_logprobs: {logprobs.top_logprobs[-1]}")
+
+    chunks = list(client.completions.create(model="meow", prompt=PROMPT, max_tokens=4, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    check(chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4, f"usage chunk: {chunks[-1]}")
+
+
+def chat(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": PROMPT}]
+    answer = client.chat.completions.create(model="meow", messages=messages, max_completion_tokens=12, temperature=0,
+                                            logprobs=True, top_logprobs=2)
+    choice = answer.choices[0]
+    check(choice.message.role == "assistant" and "meow" in choice.message.content, f"chat: {choice.message}")
+    check(len(choice.logprobs.content) == 12, f"chat logprobs: {choice.logprobs}")
+    check(all(len(entry.top_logprobs) == 2 for entry in choice.logprobs.content), "top_logprobs: 2 per token")
+    check(answer.usage.completion_tokens == 12 and answer.id.startswith("chatcmpl-"), f"{answer.usage} {answer.id}")
+    pieces = []
+    for chunk in client.chat.completions.create(model="woof", messages=messages, max_completion_tokens=12,
+                                                temperature=0, stream=True):
+        check(chunk.object == "chat.completion.chunk", f"chunk object {chunk.object}")
+        pieces += [part.delta.content or "" for part in chunk.choices]
+    check("woof" in "".join(pieces), f"streamed chat: {''.join(pieces)!r}")
+
+
+def chat_abort_and_retry(client: openai.OpenAI, base: str) -> None:
+    """A long chat is aborted by a pause; it comes back `abort` with its tokens; a retry of the rendered prompt plus
+    those tokens (through /v1/completions, as token ids) completes token-exact."""
+    messages = [{"role": "user", "content": PROMPT}]
+    extra = {"ignore_eos": True, "return_token_ids": True}
+    outcome = {}
+
+    def long_chat() -> None:
+        outcome["answer"] = client.chat.completions.create(model="meow", messages=messages, temperature=0,
+                                                           max_completion_tokens=2000, extra_body=extra)
+
+    worker = threading.Thread(target=long_chat, daemon=True)
+    with httpx.Client(base_url=base, timeout=60) as http:
+        before = generated(http)
+        worker.start()
+        deadline = time.monotonic() + 60
+        while generated(http) <= before:
+            check(time.monotonic() < deadline, "the long chat never started generating")
+            time.sleep(0.01)
+        try:
+            report = http.post("/skyrl/v1/abort_lora_requests", json={"lora_name": "meow"}).json()
+            check(report.get("count") == 1, f"abort: {report}")
+        finally:
+            http.post("/skyrl/v1/resume_lora_requests", json={"lora_name": "meow"})
+    worker.join(60)
+    answer = outcome["answer"].model_dump()
+    choice = answer["choices"][0]
+    tokens, prompt = choice["token_ids"], answer["prompt_token_ids"]
+    check(choice["finish_reason"] == "abort" and 0 < len(tokens) < 2000, f"aborted chat: {choice['finish_reason']}")
+    retry = client.completions.create(model="meow", prompt=prompt + tokens, max_tokens=16, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    reference = client.chat.completions.create(model="meow", messages=messages, temperature=0,
+                                               max_completion_tokens=len(tokens) + 16, extra_body=extra)
+    check(tokens + retry.model_dump()["choices"][0]["token_ids"] == reference.model_dump()["choices"][0]["token_ids"],
+          "the retried chat continues token-exact")
+
+
+def generated(http: httpx.Client) -> float:
+    """Tokens generated so far by meow (from /metrics)."""
+    total = 0.0
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith("loragate_generated_tokens_total{") and 'adapter="meow"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 if __name__ == "__main__":

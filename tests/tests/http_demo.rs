@@ -83,3 +83,38 @@ async fn shutting_down_stops_both_fronts() {
     let grpc = tonic::transport::Channel::from_shared(format!("http://{grpc_addr}")).expect("uri").connect().await;
     assert!(grpc.is_err(), "the gRPC listener is closed after shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_models_chat_template_serves_chat_and_the_token_endpoints_agree_with_it() {
+    let demo = DemoServer::start().await;
+    let messages = json!([{"role": "user", "content": PROMPT}]);
+    let (status, chat) = post(
+        &demo,
+        "/v1/chat/completions",
+        json!({"model": "meow", "messages": messages, "max_tokens": 12, "temperature": 0, "return_token_ids": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{chat}");
+    assert!(chat["choices"][0]["message"]["content"].as_str().expect("content").contains("meow"), "{chat}");
+    let rendered = format!("<|user|>\n{PROMPT}\n<|assistant|>\n");
+    assert_eq!(chat["prompt_token_ids"], json!(rendered.as_bytes()), "the demo's template, from tokenizer_config.json");
+    let (_, tokenized) = post(&demo, "/tokenize", json!({"model": "loragate-demo", "messages": messages})).await;
+    assert_eq!(tokenized["tokens"], chat["prompt_token_ids"], "/tokenize renders the same template");
+
+    // The same tokens through vLLM's and SGLang's generate endpoints.
+    let prompt = chat["prompt_token_ids"].clone();
+    let (_, generated) = post(
+        &demo,
+        "/inference/v1/generate",
+        json!({"model": "meow", "token_ids": prompt, "sampling_params": {"max_tokens": 12, "temperature": 0}}),
+    )
+    .await;
+    assert_eq!(generated["choices"][0]["token_ids"], chat["choices"][0]["token_ids"], "{generated}");
+    let (_, sglang) = post(
+        &demo,
+        "/generate",
+        json!({"input_ids": prompt, "lora_path": "meow", "sampling_params": {"max_new_tokens": 12, "temperature": 0}}),
+    )
+    .await;
+    assert_eq!(sglang["output_ids"], chat["choices"][0]["token_ids"], "{sglang}");
+}

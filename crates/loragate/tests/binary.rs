@@ -1,5 +1,6 @@
 //! The `loragate` binary as users run it: `serve` on the embedded demo model announces its addresses, serves real
-//! Python clients (grpcio, the openai SDK, httpx), and exits cleanly on SIGTERM; `demo-model --out` writes files that
+//! Python clients (grpcio, the openai SDK, httpx, and the requests of SkyRL, prime-rl, AReaL, verl and slime, one
+//! script per framework against the same server), and exits cleanly on SIGTERM; `demo-model --out` writes files that
 //! `serve --model` serves the same way.
 //!
 //! The Python clients need `$LORAGATE_PYTHON` (default `python3`) with `grpcio grpcio-tools openai httpx`; the
@@ -104,6 +105,9 @@ fn serve_announces_the_demo_and_real_python_clients_pass_over_grpc_and_http() {
     let base_url = format!("http://{}", served.http_addr);
     run_python("http_openai_client.py", &base_url);
     run_python("http_skyrl_pause.py", &base_url);
+    for framework in ["compat_skyrl.py", "compat_prime_rl.py", "compat_areal.py", "compat_verl_slime.py"] {
+        run_python(framework, &base_url);
+    }
     let status = served.terminate();
     assert!(status.success(), "SIGTERM is a clean shutdown: {status}");
 }

@@ -1,0 +1,74 @@
+"""verl 0.9.1 (`AsyncHttpServerAdapter`, `main_generation_server`) and slime (`sglang_rollout`, engine control,
+external engines): SGLang's HTTP API against loragate.
+
+Usage: python tests/python/compat_verl_slime.py BASE_URL
+
+framework-clients.md §5-6: SGLang's /generate with verl's and slime's bodies (nulls inside sampling_params,
+`no_stop_trim`, `sampling_seed`, `custom_params`, the consistent-hash routing header), read as those clients read
+it; /flush_cache by GET; verl's LoRA sync steps around the tensor load (/v1/models, /unload_lora_adapter); verl's
+offline chat parsed by the openai SDK's `ChatCompletion(**data)`; slime's /server_info and /get_server_info.
+"""
+
+import httpx
+from openai.types.chat import ChatCompletion
+
+from compat_common import P, check, finite_logprob, get, post, run
+
+
+def verl(client):
+    answer = post(client, "/generate", {"input_ids": P, "sampling_params": {"max_new_tokens": 8, "temperature": 0.0},
+                                        "return_logprob": True, "lora_path": "meow"})
+    check(answer["meta_info"]["finish_reason"]["type"] == "length" and len(answer["output_ids"]) == 8, f"{answer}")
+    check("meow" in answer["text"], f"verl generate text {answer['text']!r}")
+    # LoRA sync: unload the previous actor adapter if listed, (load from tensors: out of scope), flush.
+    post(client, "/load_lora_adapter", {"lora_name": "verl_actor_lora_name", "lora_path": "meow"})
+    listed = [entry["id"] for entry in get(client, "/v1/models")["data"]]
+    check("verl_actor_lora_name" in listed, f"available_models: {listed}")
+    post(client, "/unload_lora_adapter", {"lora_name": "verl_actor_lora_name"})
+    check(client.get("/flush_cache").status_code == 200, "flush_cache answers 200 (verl retries until it does)")
+    # main_generation_server: a chat completion validated as the openai SDK's ChatCompletion.
+    data = post(client, "/v1/chat/completions",
+                {"model": "loragate-demo", "messages": [{"role": "user", "content": "Hello"}], "temperature": 1.0,
+                 "top_p": 1.0, "max_tokens": 8, "n": 2},
+                headers={"Authorization": "Bearer token-abc123"})
+    completion = ChatCompletion(**data)
+    check(len(completion.choices) == 2 and completion.usage.completion_tokens == 16, f"{completion}")
+
+
+def slime_sampling_params(max_new_tokens, top_p=1.0):
+    return {"temperature": 1.0, "top_p": top_p, "top_k": -1, "max_new_tokens": max_new_tokens, "stop": None,
+            "stop_token_ids": None, "skip_special_tokens": False, "no_stop_trim": True,
+            "spaces_between_special_tokens": False, "sampling_seed": 1234}
+
+
+def slime(client):
+    routing = {"X-SMG-Routing-Key": "sample-7"}
+    for top_p, extra in ((1.0, {}), (0.9, {"custom_params": {"return_top_p_token_ids": True}})):
+        body = {"sampling_params": slime_sampling_params(16, top_p), "return_logprob": True, "input_ids": P, **extra}
+        answer = post(client, "/generate", body, headers=routing)
+        meta = answer["meta_info"]
+        ids = [item[1] for item in meta["output_token_logprobs"]]
+        logprobs = [item[0] for item in meta["output_token_logprobs"]]
+        check(isinstance(answer["text"], str) and ids and all(map(finite_logprob, logprobs)), f"slime: {answer}")
+        check(meta["finish_reason"]["type"] in ("length", "stop"), f"finish_reason {meta['finish_reason']}")
+        check(meta["prompt_tokens"] == len(P) and meta["completion_tokens"] == len(ids), f"counts {meta}")
+        check(meta["cached_tokens"] == 0 and isinstance(meta.get("weight_version", ""), str), f"metrics {meta}")
+    same_seed = [post(client, "/generate", {"sampling_params": slime_sampling_params(16), "input_ids": P})["output_ids"]
+                 for _ in range(2)]
+    check(same_seed[0] == same_seed[1], "sampling_seed fixes the draws")
+    check(get(client, "/flush_cache") is None, "GET /flush_cache: 200, empty body")
+    for path in ("/server_info", "/get_server_info"):
+        info = get(client, path)
+        for field in ("tp_size", "pp_size", "ep_size", "moe_dp_size"):
+            check(info[field] == 1, f"{path}: {field} = {info.get(field)}")
+        check(info["disaggregation_mode"] == "null" and info["encoder_only"] is False, f"{path}: {info}")
+
+
+def main(base):
+    with httpx.Client(base_url=base, timeout=120) as client:
+        verl(client)
+        slime(client)
+
+
+if __name__ == "__main__":
+    run("compat_verl_slime", main)
