@@ -97,8 +97,8 @@ pub(crate) async fn create_chat_completion(
         lora_name: front.lora_name_for(&model).to_owned(),
         token_ids,
     };
-    let hold_until = front.coordinator().gate_deadline(None);
-    let started = sampling::start(front, vec![prompt], plan, hold_until, Api::Chat).await?;
+    let deadline = front.coordinator().gate_deadline(None);
+    let started = sampling::start(front, vec![prompt], plan, deadline, Api::Chat).await?;
     let request_id = started.request_ids[0].clone();
     let render = ChatRender::new(
         format!("chatcmpl-{request_id}"),

@@ -16,7 +16,7 @@ use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Json, Response};
 use futures::TryStreamExt;
 use http::{HeaderMap, HeaderValue};
-use loragate_core::RequestId;
+use loragate_core::{GateDeadline, RequestId};
 
 use self::request::{CompletionBody, Prompt};
 use self::response::{CompletionRender, EchoedPrompt};
@@ -25,7 +25,6 @@ use crate::json_body::{JsonValue, parse_value};
 use crate::output::{StreamOptions, deltas, sse_response, unix_now};
 use crate::sampling::{self, PromptSpec, SamplingPlan, VllmSampling, refuse_unless_neutral};
 use crate::server::{AppState, HttpFront};
-use crate::submission_gate::GateDeadline;
 
 /// The caller's request id header: the id aborts report, echoed in the response (`id` is `cmpl-<id>`).
 pub(crate) const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -121,11 +120,11 @@ pub(crate) async fn create_completion(
     let fields: VllmSampling = parse_value(&body, "")?;
     let plan = Plan::parse(front, request, fields, &caller_request_id(&headers)?)?;
     // The gate's deadline, so a request the gate let through waits no longer in total if the adapter closes again.
-    let hold_until = match gate {
-        Some(Extension(GateDeadline(deadline))) => deadline,
+    let deadline = match gate {
+        Some(Extension(deadline)) => deadline,
         None => front.coordinator().gate_deadline(None),
     };
-    let started = sampling::start(front, plan.prompts, plan.sampling, hold_until, Api::Completions).await?;
+    let started = sampling::start(front, plan.prompts, plan.sampling, deadline, Api::Completions).await?;
     let request_id = response_request_id(&started.request_ids);
     let codec = front.codec().clone();
     let echo = plan.echo.then(|| started.prompts.iter().map(|prompt| EchoedPrompt::new(&*codec, prompt)).collect());

@@ -100,21 +100,7 @@ impl HttpError {
     /// The HTTP status of this error (the contract's table).
     pub(crate) fn status(&self) -> StatusCode {
         match self {
-            Self::Core { error, .. } => match error {
-                CoreError::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
-                CoreError::UnknownAdapter(_) => StatusCode::NOT_FOUND,
-                CoreError::GateHoldExpired { .. } | CoreError::AdapterUnavailable(_) | CoreError::ShuttingDown => {
-                    StatusCode::SERVICE_UNAVAILABLE
-                }
-                CoreError::Engine(engine) => match engine {
-                    EngineError::AdapterFiles(_) => StatusCode::BAD_REQUEST,
-                    EngineError::AdapterIncompatible(_) => StatusCode::UNPROCESSABLE_ENTITY,
-                    EngineError::AdapterNotLoaded(_) => StatusCode::NOT_FOUND,
-                    EngineError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
-                    _ => StatusCode::INTERNAL_SERVER_ERROR,
-                },
-                _ => StatusCode::INTERNAL_SERVER_ERROR,
-            },
+            Self::Core { error, .. } => core_status(error),
             Self::InvalidJson { .. } | Self::MissingField(_) | Self::InvalidField { .. } | Self::UnreadableBody(_) => {
                 StatusCode::BAD_REQUEST
             }
@@ -213,10 +199,35 @@ pub(crate) fn wire_name(field: Field, api: Api) -> &'static str {
         (Api::Generate | Api::Sglang, Field::NumSamples) => "sampling_params.n",
         (_, Field::NumSamples) => "n",
         (_, Field::TimeoutS) => "timeout_s",
+        (_, Field::Mode) => "mode",
+        (_, Field::Owner) => "owner",
+        (_, Field::LeaseS) => "lease_s",
+        (_, Field::PauseId) => "pause_id",
         (_, Field::Path) => "lora_path",
         // The other sampling fields keep vLLM's names: nested in `sampling_params`, or flat.
         (Api::Generate | Api::Sglang, sampling) => sampling.grpc_path(),
         (_, other) => other.grpc_path().strip_prefix("sampling_params.").unwrap_or(other.grpc_path()),
+    }
+}
+
+fn core_status(error: &CoreError) -> StatusCode {
+    match error {
+        CoreError::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
+        CoreError::UnknownAdapter(_) => StatusCode::NOT_FOUND,
+        CoreError::GateHoldExpired { .. } | CoreError::AdapterUnavailable(_) | CoreError::ShuttingDown => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        CoreError::DrainTimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
+        // A failed swap answers as its load failed (bad files stay 400 / 422), with the swap's message.
+        CoreError::SwapFailed { source, .. } => core_status(source),
+        CoreError::Engine(engine) => match engine {
+            EngineError::AdapterFiles(_) => StatusCode::BAD_REQUEST,
+            EngineError::AdapterIncompatible(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            EngineError::AdapterNotLoaded(_) => StatusCode::NOT_FOUND,
+            EngineError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        },
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -226,6 +237,7 @@ fn core_param(error: &CoreError, api: Api) -> Option<&'static str> {
         CoreError::InvalidArgument { field, .. } => Some(wire_name(*field, api)),
         CoreError::UnknownAdapter(_) | CoreError::Engine(EngineError::AdapterNotLoaded(_)) => Some(adapter_field),
         CoreError::Engine(EngineError::AdapterFiles(_) | EngineError::AdapterIncompatible(_)) => Some("lora_path"),
+        CoreError::SwapFailed { source, .. } => core_param(source, api),
         _ => None,
     }
 }

@@ -51,8 +51,8 @@ pub(crate) async fn generate(
     plan.params.prompt_top_logprobs = prompt_logprobs;
     plan.text.with_logprobs = extras.logprobs.is_some();
     let prompt = PromptSpec { request_id, lora_name: front.lora_name_for(&model).to_owned(), token_ids };
-    let hold_until = front.coordinator().gate_deadline(None);
-    let started = sampling::start(front, vec![prompt], plan, hold_until, Api::Generate).await?;
+    let deadline = front.coordinator().gate_deadline(None);
+    let started = sampling::start(front, vec![prompt], plan, deadline, Api::Generate).await?;
     let request_id = started.request_ids[0].clone();
     let render = GenerateRender::new(
         request_id.clone(),

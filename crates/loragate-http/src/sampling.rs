@@ -14,9 +14,8 @@ mod vllm;
 use std::sync::Arc;
 
 use futures::future::try_join_all;
-use loragate_core::{RawSampleRequest, SampleRequest};
+use loragate_core::{GateDeadline, RawSampleRequest, SampleRequest};
 use serde_json::Value;
-use tokio::time::Instant;
 
 pub(crate) use self::sglang::SglangSampling;
 pub(crate) use self::stop_strings::StopStrings;
@@ -66,13 +65,13 @@ impl Started {
 }
 
 /// Validates one core request per prompt (every one before any starts, so a bad prompt in a batch starts nothing),
-/// then admits and starts them all together: each waits at its adapter's gate until `hold_until` at most. If one
-/// fails, the others are dropped, which cancels them.
+/// then admits and starts them all together: each waits at its adapter's gate within `deadline`. If one fails, the
+/// others are dropped, which cancels them.
 pub(crate) async fn start(
     front: &HttpFront,
     prompts: Vec<PromptSpec>,
     plan: SamplingPlan,
-    hold_until: Instant,
+    deadline: GateDeadline,
     api: Api,
 ) -> Result<Started, HttpError> {
     let coordinator = front.coordinator();
@@ -92,7 +91,7 @@ pub(crate) async fn start(
     let request_ids = requests.iter().map(|request| request.id().to_string()).collect();
     let prompts: Vec<Arc<[u32]>> = requests.iter().map(|request| request.prompt().clone()).collect();
     let num_samples = requests.first().map_or(1, SampleRequest::num_samples);
-    let streams = try_join_all(requests.into_iter().map(|request| coordinator.sample(request, hold_until)))
+    let streams = try_join_all(requests.into_iter().map(|request| coordinator.sample(request, deadline)))
         .await
         .map_err(|err| HttpError::in_api(err, api))?;
     let options = Arc::new(plan.text);

@@ -68,8 +68,8 @@ pub(crate) async fn generate(State(state): State<AppState>, JsonValue(body): Jso
         .zip(request_ids)
         .map(|((token_ids, lora_name), request_id)| PromptSpec { request_id, lora_name, token_ids })
         .collect();
-    let hold_until = front.coordinator().gate_deadline(None);
-    let started = sampling::start(front, specs, plan, hold_until, Api::Sglang).await?;
+    let deadline = front.coordinator().gate_deadline(None);
+    let started = sampling::start(front, specs, plan, deadline, Api::Sglang).await?;
     let options = SglangOptions {
         return_logprob,
         logprob_start_len,
