@@ -60,8 +60,14 @@ pub type EngineStream = BoxStream<'static, Result<EngineEvent, EngineError>>;
 /// - Dropping the stream means the caller is gone; the engine stops that request's sequences.
 /// - A sequence keeps the adapter weights it started with until it ends, even if the adapter is reloaded or unloaded
 ///   meanwhile, and stamps each token with their version.
+/// - Weights belong to a (name, version) pair. `load_adapter` installs its version only over an older one (a load
+///   that finishes after a newer version of the name was installed changes nothing and succeeds);
+///   `unload_adapter(name, version)` removes the name's weights only if their version is `version` or older. So an
+///   unload, or the clean-up of a load that finished after its adapter was unloaded, never removes weights that a
+///   later load of the same name installed.
 /// - `load_adapter` validates everything before installing: on error the previously installed weights of that name
-///   stay in service.
+///   stay in service. It returns within a bounded time: a load that cannot finish (a hung file system) fails and
+///   installs nothing, ever.
 #[async_trait]
 pub trait Engine: Send + Sync + 'static {
     /// The served model's limits.
@@ -70,7 +76,8 @@ pub trait Engine: Send + Sync + 'static {
     /// Starts sampling `request`; cancelling `cancel` aborts it.
     async fn generate(&self, request: SampleRequest, cancel: CancellationToken) -> Result<EngineStream, EngineError>;
 
-    /// Validates and installs the adapter at `source` under `name`, as `version`, for sequences started from now on.
+    /// Validates and installs the adapter at `source` under `name`, as `version`, for sequences started from now on
+    /// (unless a newer version of `name` is installed already).
     async fn load_adapter(
         &self,
         name: &AdapterName,
@@ -78,8 +85,9 @@ pub trait Engine: Send + Sync + 'static {
         source: &AdapterSource,
     ) -> Result<(), EngineError>;
 
-    /// Removes `name`'s weights for sequences started from now on.
-    async fn unload_adapter(&self, name: &AdapterName) -> Result<(), EngineError>;
+    /// Removes `name`'s weights for sequences started from now on if their version is `version` or older; newer
+    /// weights of `name` stay. Unknown names are fine.
+    async fn unload_adapter(&self, name: &AdapterName, version: AdapterVersion) -> Result<(), EngineError>;
 }
 
 /// What an engine can fail with.

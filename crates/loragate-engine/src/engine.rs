@@ -121,7 +121,16 @@ impl Engine for CandleEngine {
             .await
             .map_err(|err| EngineError::Internal(format!("the adapter loading task failed: {err}")))??;
         let installed = InstalledAdapter { version, weights: Arc::new(weights) };
-        let replaced = self.adapters.write().insert(name.clone(), installed);
+        let replaced = {
+            let mut adapters = self.adapters.write();
+            match adapters.get(name) {
+                Some(newer) if newer.version >= version => {
+                    tracing::info!(adapter = %name, %version, installed = %newer.version, "adapter superseded before it was installed");
+                    return Ok(());
+                }
+                _ => adapters.insert(name.clone(), installed),
+            }
+        };
         // Old weights still used by running sequences live on in their `Arc`s; otherwise they are freed here,
         // outside the lock.
         drop(replaced);
@@ -129,10 +138,16 @@ impl Engine for CandleEngine {
         Ok(())
     }
 
-    async fn unload_adapter(&self, name: &AdapterName) -> Result<(), EngineError> {
-        let removed = self.adapters.write().remove(name);
-        if removed.is_some() {
-            tracing::info!(adapter = %name, "adapter unloaded");
+    async fn unload_adapter(&self, name: &AdapterName, version: AdapterVersion) -> Result<(), EngineError> {
+        let removed = {
+            let mut adapters = self.adapters.write();
+            match adapters.get(name) {
+                Some(installed) if installed.version <= version => adapters.remove(name),
+                _ => None,
+            }
+        };
+        if let Some(removed) = removed {
+            tracing::info!(adapter = %name, version = %removed.version, "adapter unloaded");
         }
         Ok(())
     }

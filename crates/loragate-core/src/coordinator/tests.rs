@@ -20,6 +20,8 @@ use crate::ids::RequestId;
 use crate::output::{FinishReason, SampleOutput, Segment};
 use crate::testing::{ScriptedEngine, coordinator_with_adapters, eventually};
 
+mod unload_races;
+
 /// Tokens every scripted request emits before it waits to be aborted.
 const HOLD_AFTER: u32 = 3;
 /// A budget the scripted engine finishes at once (`Length`).
