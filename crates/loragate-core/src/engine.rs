@@ -58,6 +58,10 @@ pub type EngineStream = BoxStream<'static, Result<EngineEvent, EngineError>>;
 ///   the tokens it had produced (nothing produced is lost). A request whose token is cancelled before it starts ends
 ///   the same way with no tokens.
 /// - Dropping the stream means the caller is gone; the engine stops that request's sequences.
+/// - The stream's buffer is bounded and the engine never waits for a slow reader: it may coalesce a sequence's
+///   unread tokens into one [`EngineEvent::Tokens`] (same order, same versions).
+/// - A sequence whose output becomes non-finite ends with [`EngineError::NonFiniteOutput`]; nothing is sampled from
+///   NaN or infinite logits.
 /// - A sequence keeps the adapter weights it started with until it ends, even if the adapter is reloaded or unloaded
 ///   meanwhile, and stamps each token with their version.
 /// - Weights belong to a (name, version) pair. `load_adapter` installs its version only over an older one (a load
@@ -106,6 +110,10 @@ pub enum EngineError {
     /// The engine has stopped and serves nothing more.
     #[error("the engine has stopped")]
     Stopped,
+    /// A sequence's logits became NaN or infinite (an adapter's values overflowed the model's arithmetic): the
+    /// sequence was stopped rather than sampled from garbage. Other sequences are unaffected.
+    #[error("the model's output became non-finite (NaN or infinite logits) {0}; nothing was sampled from it")]
+    NonFiniteOutput(String),
     /// Anything else (a model computation failed).
     #[error("engine failure: {0}")]
     Internal(String),
@@ -119,6 +127,7 @@ impl EngineError {
             Self::AdapterIncompatible(_) => "adapter_incompatible",
             Self::AdapterNotLoaded(_) => "adapter_not_loaded",
             Self::Stopped => "engine_stopped",
+            Self::NonFiniteOutput(_) => "non_finite_output",
             Self::Internal(_) => "engine_internal",
         }
     }

@@ -12,6 +12,7 @@ use crate::test_support::{
     Collected, TempDir, collect, greedy, peft_tensors, request, tiny_config, tiny_model, write_peft,
 };
 
+mod adapter_files;
 mod races;
 
 fn engine() -> CandleEngine {
