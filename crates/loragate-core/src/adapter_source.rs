@@ -35,8 +35,9 @@ impl AdapterSource {
         self.root.as_deref()
     }
 
-    /// Opens the file `name` (a file name, no separators) of the directory for reading, with its length. Blocking (call it off the async
-    /// runtime). Refuses, with an [`io::ErrorKind::InvalidInput`] error naming the file:
+    /// Opens the file `name` (a file name, no separators) of the directory for reading, with its length. Blocking
+    /// (call it off the async runtime). Every error's message names the file. Refuses, with an
+    /// [`io::ErrorKind::InvalidInput`] error:
     /// - anything but a regular file: FIFOs, devices, sockets, directories (opening never blocks on a FIFO);
     /// - for a source inside an adapter root, a file whose canonical path is outside that root.
     ///
@@ -48,10 +49,11 @@ impl AdapterSource {
             io::Error::new(io::ErrorKind::InvalidInput, format!("{name} is not {place}"))
         };
         let missing = || io::Error::new(io::ErrorKind::NotFound, format!("{name} is missing"));
+        let unreadable = |err: io::Error| io::Error::new(err.kind(), format!("cannot read {name}: {err}"));
         let path = self.dir.join(name);
         match std::fs::symlink_metadata(&path) {
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Err(missing()),
-            Err(err) => return Err(err),
+            Err(err) => return Err(unreadable(err)),
             Ok(_) => {}
         }
         // Inside a root, a dangling link says no more than a link out: whether a path outside exists is private.
@@ -62,8 +64,9 @@ impl AdapterSource {
         if self.root.as_ref().is_some_and(|root| !canonical.starts_with(root)) {
             return Err(refused());
         }
-        let file = open_no_follow_no_block(&canonical).map_err(|_| refused())?;
-        let metadata = file.metadata()?;
+        let file = open_no_follow_no_block(&canonical)
+            .map_err(|err| if self.root.is_some() { refused() } else { unreadable(err) })?;
+        let metadata = file.metadata().map_err(unreadable)?;
         if !metadata.is_file() {
             return Err(refused());
         }

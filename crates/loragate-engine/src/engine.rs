@@ -146,7 +146,8 @@ impl Engine for CandleEngine {
             let mut adapters = self.adapters.write();
             match adapters.get(name) {
                 Some(newer) if newer.version >= version => {
-                    tracing::info!(adapter = %name, %version, installed = %newer.version, "adapter superseded before it was installed");
+                    let installed = newer.version;
+                    tracing::info!(adapter = %name, %version, %installed, "adapter superseded before it was installed");
                     return Ok(());
                 }
                 _ => adapters.insert(name.clone(), installed),

@@ -12,8 +12,9 @@
 //! A cancelled request is therefore answered within one step. Events go to each request's [`outbox`], which never
 //! makes a step wait for a slow reader. A sequence whose logits are not all finite (an adapter's values overflowed)
 //! fails with [`EngineError::NonFiniteOutput`] instead of sampling, and leaves the batch; the other rows go on.
-//! Errors of the model end the affected requests with [`EngineError::Internal`]; the thread keeps serving. Dropping the [`StepThread`] stops the thread after its
-//! current step, and every request still in it ends with [`EngineError::Stopped`].
+//! Errors of the model end the affected requests with [`EngineError::Internal`]; the thread keeps serving. Dropping
+//! the [`StepThread`] stops the thread after its current step, and every request still in it ends with
+//! [`EngineError::Stopped`].
 
 mod batch;
 mod outbox;

@@ -31,8 +31,7 @@ pub(super) struct AdapterConfig {
 impl AdapterConfig {
     /// Reads and validates the config of `source` for an engine running `dtype` that accepts ranks up to `max_rank`.
     pub(super) fn read(source: &AdapterSource, max_rank: usize, dtype: DType) -> Result<Self, EngineError> {
-        let (file, _) =
-            source.open_file(CONFIG_FILE).map_err(|err| EngineError::AdapterFiles(format!("cannot read {err}")))?;
+        let (file, _) = source.open_file(CONFIG_FILE).map_err(|err| EngineError::AdapterFiles(err.to_string()))?;
         let mut text = Vec::new();
         file.take(MAX_CONFIG_BYTES + 1)
             .read_to_end(&mut text)
@@ -158,9 +157,12 @@ mod tests {
         AdapterConfig::parse(serde_json::from_value(config).expect("well-formed"), 64, dtype)
     }
 
+    fn config(alpha: f64, r: usize, rslora: bool) -> serde_json::Value {
+        serde_json::json!({ "r": r, "lora_alpha": alpha, "target_modules": "q_proj", "use_rslora": rslora })
+    }
+
     #[test]
     fn scales_must_be_finite_and_bounded_as_the_engine_dtype_holds_them() {
-        let config = |alpha: f64, r: usize, rslora: bool| serde_json::json!({ "r": r, "lora_alpha": alpha, "target_modules": "q_proj", "use_rslora": rslora });
         assert_eq!(parse(config(16.0, 8, false), DType::F32).expect("alpha 16, r 8").scale, 2.0);
         assert_eq!(parse(config(16.0, 4, true), DType::BF16).expect("rsLoRA").scale, 8.0);
         assert_eq!(parse(config(-2048.0, 8, false), DType::F32).expect("negative, within bounds").scale, -256.0);

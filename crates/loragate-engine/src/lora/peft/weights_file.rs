@@ -29,7 +29,7 @@ pub(super) struct WeightsFile {
 impl WeightsFile {
     /// Opens the weights file of `source` and checks its size and header, reading nothing past the header.
     pub(super) fn open(source: &AdapterSource, max_bytes: u64) -> Result<Self, EngineError> {
-        let (mut file, len) = source.open_file(WEIGHTS_FILE).map_err(|err| files(format!("cannot read {err}")))?;
+        let (mut file, len) = source.open_file(WEIGHTS_FILE).map_err(|err| files(err.to_string()))?;
         if len > max_bytes {
             return Err(files(format!(
                 "{WEIGHTS_FILE} is {len} bytes, over the limit of {max_bytes} bytes (--max-adapter-bytes)"
