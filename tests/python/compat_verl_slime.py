@@ -6,13 +6,15 @@ Usage: python tests/python/compat_verl_slime.py BASE_URL
 framework-clients.md §5-6: SGLang's /generate with verl's and slime's bodies (nulls inside sampling_params,
 `no_stop_trim`, `sampling_seed`, `custom_params`, the consistent-hash routing header), read as those clients read
 it; /flush_cache by GET; verl's LoRA sync steps around the tensor load (/v1/models, /unload_lora_adapter); verl's
-offline chat parsed by the openai SDK's `ChatCompletion(**data)`; slime's /server_info and /get_server_info.
+offline chat parsed by the openai SDK's `ChatCompletion(**data)`; slime's /server_info and /get_server_info; and
+`/abort_request` by `rid` (verl) and with `abort_all` (slime, at the end of a rollout): the aborted /generate answers
+200 `abort` with its tokens, nothing is paused, and slime's resubmission of the partial sample completes.
 """
 
 import httpx
 from openai.types.chat import ChatCompletion
 
-from compat_common import P, check, finite_logprob, get, post, run
+from compat_common import P, Background, check, finite_logprob, get, metric, poll, post, run
 
 
 def verl(client):
@@ -64,10 +66,48 @@ def slime(client):
         check(info["disaggregation_mode"] == "null" and info["encoder_only"] is False, f"{path}: {info}")
 
 
+def wait_generating(client, adapter, count=1):
+    before = metric(client, "loragate_generated_tokens_total", adapter)
+    poll(f"{count} request(s) of {adapter} generating",
+         lambda: metric(client, "loragate_in_flight", adapter) >= count
+         and metric(client, "loragate_generated_tokens_total", adapter) > before)
+
+
+def aborts(base, client):
+    # verl: abort one request by its rid; the adapter stays open.
+    body = {"input_ids": P, "sampling_params": {"max_new_tokens": 2000, "temperature": 0.0, "ignore_eos": True},
+            "return_logprob": True, "lora_path": "meow", "rid": "fwbar-rid-1"}
+    running = Background(base, "/generate", body)
+    wait_generating(client, "meow")
+    response = client.post("/abort_request", json={"rid": "fwbar-rid-1", "abort_all": False})
+    check(response.status_code == 200, f"abort_request: {response.status_code}")
+    answer = running.result()
+    meta = answer["meta_info"]
+    check(meta["finish_reason"]["type"] == "abort" and 0 < len(answer["output_ids"]) < 2000, f"verl abort: {meta}")
+    check(len(meta["output_token_logprobs"]) == len(answer["output_ids"]), "the aborted tokens keep their logprobs")
+    check(metric(client, "loragate_paused", "meow") == 0, "an abort by rid pauses nothing")
+
+    # slime: abort_all at the end of a rollout; the partial sample is resubmitted with its tokens appended.
+    budget = 2000
+    sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": budget, "stop": None,
+                "stop_token_ids": None, "skip_special_tokens": False, "no_stop_trim": True, "ignore_eos": True}
+    running = Background(base, "/generate", {"sampling_params": sampling, "return_logprob": True, "input_ids": P})
+    wait_generating(client, "")
+    check(client.post("/abort_request", json={"abort_all": True}).status_code == 200, "abort_all")
+    partial = running.result()
+    check(partial["meta_info"]["finish_reason"]["type"] == "abort", f"slime abort: {partial['meta_info']}")
+    tokens = [item[1] for item in partial["meta_info"]["output_token_logprobs"]]
+    check(tokens == partial["output_ids"] and 0 < len(tokens) < budget, "the partial sample's tokens")
+    rest = dict(sampling, max_new_tokens=16)
+    resumed = post(client, "/generate", {"sampling_params": rest, "return_logprob": True, "input_ids": P + tokens})
+    check(resumed["meta_info"]["finish_reason"] == {"type": "length", "length": 16}, f"resubmitted: {resumed['meta_info']}")
+
+
 def main(base):
     with httpx.Client(base_url=base, timeout=120) as client:
         verl(client)
         slime(client)
+        aborts(base, client)
 
 
 if __name__ == "__main__":

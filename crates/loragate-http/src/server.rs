@@ -200,6 +200,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(create_chat_completion))
         .route("/inference/v1/generate", post(crate::generate::generate))
         .route("/generate", post(crate::sglang::generate))
+        .route("/abort_request", post(crate::sglang::abort_request))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/v1/models", get(list_models))

@@ -1,7 +1,9 @@
 //! SGLang's native API: `POST /generate` (AReaL's, skyrl-train's, verl's and slime's rollouts), single prompts or
-//! batches, answered in SGLang's shape. Each prompt is one core request (its id the caller's `rid`), sampled through
-//! `Coordinator::sample`, so a request for a paused adapter is held at its gate; an aborted one answers 200 with its
-//! partial `output_ids`, its logprobs and `finish_reason {"type": "abort"}`.
+//! batches, answered in SGLang's shape, and `POST /abort_request` (verl's and slime's). Each prompt is one core
+//! request (its id the caller's `rid`), sampled through `Coordinator::sample`, so a request for a paused adapter is
+//! held at its gate; an aborted one answers 200 with its partial `output_ids`, its logprobs and
+//! `finish_reason {"type": "abort"}`. `/abort_request` aborts requests by `rid` (or all of them) without pausing any
+//! adapter: new requests keep being admitted.
 //!
 //! `max_new_tokens` unset means up to the context length (SGLang's own default is 128), as everywhere in loragate.
 
@@ -11,13 +13,16 @@ mod response;
 use axum::extract::State;
 use axum::response::{IntoResponse, Json, Response};
 use futures::TryStreamExt;
+use http::StatusCode;
+use loragate_core::RequestId;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use self::request::{OneOrMany, SglangBody};
 use self::response::{SglangOptions, SglangRender};
 use crate::completions::prompt_request_ids;
 use crate::error::{Api, HttpError};
-use crate::json_body::{JsonValue, parse_value};
+use crate::json_body::{JsonValue, OptionalJsonBody, parse_value};
 use crate::output::{deltas, sse_response};
 use crate::sampling::{self, PromptSpec, SglangSampling, is_empty_collection, refuse_unless_neutral};
 use crate::server::{AppState, HttpFront};
@@ -84,6 +89,40 @@ pub(crate) async fn generate(State(state): State<AppState>, JsonValue(body): Jso
     }
     let all = deltas(started.parts).try_collect().await.map_err(|err| HttpError::in_api(err, Api::Sglang))?;
     Ok(Json(render.unary(all)).into_response())
+}
+
+/// The body of `POST /abort_request`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct AbortBody {
+    /// The request to abort (a `/generate` request's `rid`; an empty one aborts nothing).
+    rid: Option<String>,
+    /// Abort every admitted request instead.
+    abort_all: Option<bool>,
+}
+
+/// `POST /abort_request`: aborts the request `rid` (or, with `abort_all`, every admitted request of every adapter)
+/// and answers 200 with an empty body once each was handed back, as SGLang does. Nothing is paused: an aborted
+/// `/generate` answers `abort` with its tokens, and its resubmission is admitted at once. An unknown `rid` aborts
+/// nothing.
+pub(crate) async fn abort_request(
+    State(state): State<AppState>,
+    OptionalJsonBody(body): OptionalJsonBody<AbortBody>,
+) -> Result<StatusCode, HttpError> {
+    let coordinator = state.front().coordinator();
+    let report = if body.abort_all.unwrap_or(false) {
+        coordinator.abort_all_requests().await
+    } else {
+        let Some(rid) = body.rid.filter(|rid| !rid.is_empty()) else {
+            return Ok(StatusCode::OK);
+        };
+        let id = RequestId::parse_or_generate(&rid).map_err(|err| HttpError::in_api(err, Api::Sglang))?;
+        coordinator.abort_requests(&[id]).await
+    };
+    if !report.unacknowledged.is_empty() {
+        tracing::warn!(unacknowledged = ?report.unacknowledged, "abort_request: not every request was handed back in time");
+    }
+    tracing::debug!(aborted = ?report.aborted, kept = ?report.kept, "abort_request");
+    Ok(StatusCode::OK)
 }
 
 /// The prompts' token ids (text encoded with the tokenizer's special tokens), and whether they came as a batch.

@@ -97,6 +97,12 @@ impl Harness {
         (response.status(), response.json().await.expect("a JSON answer"))
     }
 
+    /// POSTs `body` as JSON; returns the status and the raw answer (for endpoints that answer an empty body).
+    async fn post_empty(&self, path: &str, body: Value) -> (StatusCode, String) {
+        let response = self.client.post(self.url(path)).json(&body).send().await.expect("send");
+        (response.status(), response.text().await.expect("body"))
+    }
+
     /// GETs `path`; returns the status and the JSON answer.
     async fn get(&self, path: &str) -> (StatusCode, Value) {
         let response = self.client.get(self.url(path)).send().await.expect("send");

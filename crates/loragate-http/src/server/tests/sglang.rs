@@ -114,3 +114,46 @@ async fn a_stream_sends_the_whole_output_so_far_in_every_chunk() {
     let lengths: Vec<usize> = chunks.iter().map(|chunk| chunk["output_ids"].as_array().map_or(0, Vec::len)).collect();
     assert!(lengths.windows(2).all(|pair| pair[0] <= pair[1]), "cumulative: {lengths:?}");
 }
+
+#[tokio::test]
+async fn abort_request_aborts_one_rid_or_all_without_pausing_anything() {
+    let harness = serve(&["meow", "woof"]).await;
+    let long = |lora: &str, rid: &str| json!({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 50}, "lora_path": lora, "rid": rid});
+    let first = harness.spawn_post("/generate", long("meow", "fwbar-rid-1"), "x");
+    let other = harness.spawn_post("/generate", long("meow", "fwbar-rid-2"), "x");
+    eventually("both run", || async { harness.status_of("meow").await.in_flight == 2 }).await;
+    let response = harness
+        .client
+        .post(harness.url("/abort_request"))
+        .json(&json!({"rid": "fwbar-rid-1", "abort_all": false}))
+        .send();
+    let response = response.await.expect("send");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.text().await.expect("body"), "", "SGLang answers an empty 200");
+    let (status, aborted) = first.await.expect("task");
+    assert_eq!((status, &aborted["meta_info"]["finish_reason"]["type"]), (StatusCode::OK, &json!("abort")));
+    assert_eq!(aborted["output_ids"], json!([0, 1, 2]), "handed back with its tokens");
+    let meow = harness.status_of("meow").await;
+    assert_eq!((meow.paused, meow.in_flight), (false, 1), "nothing paused; the other rid still runs");
+    let (status, fresh) = harness
+        .post("/generate", json!({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}, "lora_path": "meow"}))
+        .await;
+    assert_eq!(
+        (status, &fresh["meta_info"]["finish_reason"]["type"]),
+        (StatusCode::OK, &json!("length")),
+        "admitted at once"
+    );
+
+    let third = harness.spawn_post("/generate", long("woof", "slime-3"), "x");
+    eventually("woof runs too", || async { harness.status_of("woof").await.in_flight == 1 }).await;
+    let (status, _) = harness.post_empty("/abort_request", json!({"abort_all": true})).await;
+    assert_eq!(status, StatusCode::OK);
+    for task in [other, third] {
+        let (_, answer) = task.await.expect("task");
+        assert_eq!(answer["meta_info"]["finish_reason"]["type"], "abort", "{answer}");
+    }
+    let (status, _) = harness.post_empty("/abort_request", json!({"rid": "no-such-rid"})).await;
+    assert_eq!(status, StatusCode::OK, "an unknown rid aborts nothing");
+    let (status, _) = harness.post_empty("/abort_request", json!({"rid": "bad\nrid"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
