@@ -1,14 +1,18 @@
-//! The loragate HTTP front: OpenAI-compatible completions, SkyRL-compatible per-adapter pause control and
-//! vLLM-compatible adapter loading over a [`loragate_core::Coordinator`], with health and Prometheus metrics.
+//! The loragate HTTP front over a [`loragate_core::Coordinator`]: OpenAI-compatible completions and chat, vLLM's
+//! token-in/token-out generate and tokenizer endpoints, SGLang's native generate and abort, SkyRL-compatible
+//! per-adapter pause control and vLLM-compatible adapter loading, with health and Prometheus metrics — so the RL
+//! frameworks' clients (SkyRL, prime-rl, AReaL, verl, slime, the openai SDK) talk to loragate as to vLLM or SGLang.
 //!
-//! Data flow: a `POST /v1/completions` passes the **submission gate** (a middleware on that route only), which holds
-//! it while its adapter is paused → the handler parses the JSON into this crate's request types, encodes a text
-//! prompt with the [`TextCodec`], and hands the core a raw request, which the core validates → the coordinator
-//! admits and samples → the core's token events become OpenAI choices (text decoded incrementally, stop strings
-//! watched, logprobs) → one JSON response or server-sent events. Control endpoints (per adapter, and the engine-wide
-//! pause of vLLM, SGLang and AReaL) route to the coordinator. Every
-//! error becomes an OpenAI-style error response in one place (`error.rs`), with `param` naming the field in this
-//! API's terms. There is no second copy of any semantics: one gate, one registry, in the core.
+//! Data flow of a sampling request: the JSON body → this API's own fields and the sampling fields every API of its
+//! family shares (`sampling`: vLLM's names, or SGLang's), text prompts encoded by the [`TextCodec`] (chat messages
+//! first rendered with the model's [`ChatTemplate`]) → one validated core request per prompt →
+//! `Coordinator::sample`, which holds it while its adapter is paused (`/v1/completions` is also held earlier, by a
+//! body-buffering middleware) → the core's events become choice deltas in one shared translation (`output`: text
+//! decoded incrementally, stop strings watched, logprobs and their alternatives, finish reasons, version segments) →
+//! each API family renders them in its JSON shape, as one response or server-sent events. Control endpoints (per
+//! adapter, and the engine-wide pause of vLLM, SGLang and AReaL) route to the coordinator. Every error becomes an
+//! OpenAI-style error response in one place (`error.rs`), with `param` naming the field in this API's terms. There
+//! is no second copy of any semantics: one gate, one registry, in the core.
 //!
 //! ```no_run
 //! # async fn run(coordinator: loragate_core::Coordinator, codec: std::sync::Arc<dyn loragate_http::TextCodec>)
