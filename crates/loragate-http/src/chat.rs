@@ -13,12 +13,12 @@ use http::{HeaderMap, HeaderValue};
 use serde_json::{Map, Value, json};
 
 use self::request::ChatBody;
-use self::response::ChatRender;
+use self::response::{ChatOptions, ChatRender};
 use crate::chat_template::normalize_messages;
 use crate::completions::{REQUEST_ID_HEADER, caller_request_id};
 use crate::error::{Api, HttpError};
 use crate::json_body::{JsonValue, parse_value};
-use crate::output::{StreamOptions, deltas, sse_response, unix_now};
+use crate::output::{ResponseHeader, StreamOptions, deltas, sse_response, unix_now};
 use crate::sampling::{self, PromptSpec, VllmSampling, refuse_unless_neutral};
 use crate::server::{AppState, HttpFront};
 
@@ -100,17 +100,14 @@ pub(crate) async fn create_chat_completion(
     let deadline = front.coordinator().gate_deadline(None);
     let started = sampling::start(front, vec![prompt], plan, deadline, Api::Chat).await?;
     let request_id = started.request_ids[0].clone();
-    let render = ChatRender::new(
-        format!("chatcmpl-{request_id}"),
-        created,
-        model,
-        front.codec().clone(),
+    let options = ChatOptions {
         with_logprobs,
-        request.return_tokens_as_token_ids.unwrap_or(false),
-        request.return_token_ids.unwrap_or(false).then(|| started.prompts[0].to_vec()),
-        StreamOptions::wants_usage(request.stream_options),
-        started.prompt_tokens(),
-    );
+        as_token_ids: request.return_tokens_as_token_ids.unwrap_or(false),
+        prompt_token_ids: request.return_token_ids.unwrap_or(false).then(|| started.prompts[0].to_vec()),
+        include_usage: StreamOptions::wants_usage(request.stream_options),
+    };
+    let header = ResponseHeader { id: format!("chatcmpl-{request_id}"), created, model };
+    let render = ChatRender::new(header, front.codec().clone(), options, started.prompt_tokens());
     let mut response = if request.stream.unwrap_or(false) {
         sse_response(started.parts, render)
     } else {

@@ -19,10 +19,10 @@ use http::{HeaderMap, HeaderValue};
 use loragate_core::{GateDeadline, RequestId};
 
 use self::request::{CompletionBody, Prompt};
-use self::response::{CompletionRender, EchoedPrompt};
+use self::response::{CompletionOptions, CompletionRender, EchoedPrompt};
 use crate::error::{Api, HttpError};
 use crate::json_body::{JsonValue, parse_value};
-use crate::output::{StreamOptions, deltas, sse_response, unix_now};
+use crate::output::{ResponseHeader, StreamOptions, deltas, sse_response, unix_now};
 use crate::sampling::{self, PromptSpec, SamplingPlan, VllmSampling, refuse_unless_neutral};
 use crate::server::{AppState, HttpFront};
 
@@ -128,19 +128,16 @@ pub(crate) async fn create_completion(
     let request_id = response_request_id(&started.request_ids);
     let codec = front.codec().clone();
     let echo = plan.echo.then(|| started.prompts.iter().map(|prompt| EchoedPrompt::new(&*codec, prompt)).collect());
-    let render = CompletionRender::new(
-        format!("cmpl-{request_id}"),
-        created,
-        plan.model,
-        codec,
-        plan.with_logprobs,
-        plan.as_token_ids,
+    let options = CompletionOptions {
+        with_logprobs: plan.with_logprobs,
+        as_token_ids: plan.as_token_ids,
         echo,
-        plan.prompt_logprobs,
-        plan.return_token_ids.then(|| started.prompts.clone()),
-        plan.include_usage,
-        started.prompt_tokens(),
-    );
+        prompt_logprobs: plan.prompt_logprobs,
+        prompt_token_ids: plan.return_token_ids.then(|| started.prompts.clone()),
+        include_usage: plan.include_usage,
+    };
+    let header = ResponseHeader { id: format!("cmpl-{request_id}"), created, model: plan.model };
+    let render = CompletionRender::new(header, codec, options, started.prompt_tokens());
     let mut response = if plan.stream {
         sse_response(started.parts, render)
     } else {

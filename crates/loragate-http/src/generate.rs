@@ -15,11 +15,11 @@ use futures::TryStreamExt;
 use http::{HeaderMap, HeaderValue};
 
 use self::request::{GenerateBody, GenerateSampling};
-use self::response::GenerateRender;
+use self::response::{GenerateOptions, GenerateRender};
 use crate::completions::{REQUEST_ID_HEADER, caller_request_id};
 use crate::error::{Api, HttpError};
 use crate::json_body::{JsonValue, parse_value};
-use crate::output::{StreamOptions, deltas, sse_response, unix_now};
+use crate::output::{ResponseHeader, StreamOptions, deltas, sse_response, unix_now};
 use crate::sampling::{self, PromptSpec, VllmSampling, refuse_unless_neutral};
 use crate::server::AppState;
 
@@ -54,16 +54,13 @@ pub(crate) async fn generate(
     let deadline = front.coordinator().gate_deadline(None);
     let started = sampling::start(front, vec![prompt], plan, deadline, Api::Generate).await?;
     let request_id = started.request_ids[0].clone();
-    let render = GenerateRender::new(
-        request_id.clone(),
-        created,
-        model,
-        front.codec().clone(),
-        extras.logprobs.is_some(),
-        prompt_logprobs.is_some(),
-        StreamOptions::wants_usage(request.stream_options),
-        started.prompt_tokens(),
-    );
+    let options = GenerateOptions {
+        with_logprobs: extras.logprobs.is_some(),
+        prompt_logprobs: prompt_logprobs.is_some(),
+        include_usage: StreamOptions::wants_usage(request.stream_options),
+    };
+    let header = ResponseHeader { id: request_id.clone(), created, model };
+    let render = GenerateRender::new(header, front.codec().clone(), options, started.prompt_tokens());
     let mut response = if request.stream.unwrap_or(false) {
         sse_response(started.parts, render)
     } else {

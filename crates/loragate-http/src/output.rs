@@ -54,6 +54,17 @@ impl Usage {
     }
 }
 
+/// What every response and chunk of one request repeats.
+#[derive(Clone, Debug)]
+pub(crate) struct ResponseHeader {
+    /// The response's id (`cmpl-<request id>`, `chatcmpl-<request id>`, or the request id itself).
+    pub(crate) id: String,
+    /// Unix seconds when the request was received.
+    pub(crate) created: u64,
+    /// The `model` the request named (the served name when it named none).
+    pub(crate) model: String,
+}
+
 /// The Unix time now, in seconds (responses' `created`).
 pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs())

@@ -130,10 +130,16 @@ fn prompts(front: &HttpFront, request: &SglangBody) -> Result<(Vec<Vec<u32>>, bo
     match (&request.input_ids, &request.text) {
         (Some(_), Some(_)) => Err(HttpError::invalid("input_ids", "give input_ids or text, not both")),
         (Some(OneOrMany::One(ids)), None) => Ok((vec![ids.clone()], false)),
+        (Some(OneOrMany::Many(batch)), None) if batch.is_empty() => {
+            Err(HttpError::invalid("input_ids", "must not be empty"))
+        }
         (Some(OneOrMany::Many(batch)), None) => Ok((batch.clone(), true)),
         (None, Some(text)) => {
             let (texts, batch) = match text {
                 OneOrMany::One(text) => (vec![text.clone()], false),
+                OneOrMany::Many(texts) if texts.is_empty() => {
+                    return Err(HttpError::invalid("text", "must hold at least one prompt"));
+                }
                 OneOrMany::Many(texts) => (texts.clone(), true),
             };
             let encoded = texts

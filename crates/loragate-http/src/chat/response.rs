@@ -11,8 +11,8 @@ use serde::Serialize;
 use crate::codec::TextCodec;
 use crate::error::Api;
 use crate::output::{
-    ChoiceDelta, ChunkRenderer, ContentLogprob, SegmentJson, Usage, content_logprobs, finish_reason, segments_json,
-    to_json,
+    ChoiceDelta, ChunkRenderer, ContentLogprob, ResponseHeader, SegmentJson, Usage, content_logprobs, finish_reason,
+    segments_json, to_json,
 };
 
 /// A chat completion, or one streamed chunk of it.
@@ -58,48 +58,38 @@ struct ChatChoice {
     segments: Option<Vec<SegmentJson>>,
 }
 
+/// What the request asked its chat completion to show.
+#[derive(Debug, Default)]
+pub(crate) struct ChatOptions {
+    /// `logprobs: true`.
+    pub(crate) with_logprobs: bool,
+    /// `return_tokens_as_token_ids`.
+    pub(crate) as_token_ids: bool,
+    /// The rendered prompt, with `return_token_ids`.
+    pub(crate) prompt_token_ids: Option<Vec<u32>>,
+    /// With `stream`: end with a usage chunk.
+    pub(crate) include_usage: bool,
+}
+
 /// How a chat request's output is rendered.
 pub(crate) struct ChatRender {
-    id: String,
-    created: u64,
-    model: String,
+    header: ResponseHeader,
     codec: Arc<dyn TextCodec>,
-    with_logprobs: bool,
-    as_token_ids: bool,
-    prompt_token_ids: Option<Vec<u32>>,
-    include_usage: bool,
+    options: ChatOptions,
     prompt_tokens: usize,
     completion_tokens: usize,
     started: HashSet<u32>,
 }
 
 impl ChatRender {
-    /// A renderer: `with_logprobs` when `logprobs` is true; `prompt_token_ids` with `return_token_ids`.
-    #[allow(clippy::too_many_arguments)]
+    /// A renderer of a request whose prompt holds `prompt_tokens` tokens.
     pub(crate) fn new(
-        id: String,
-        created: u64,
-        model: String,
+        header: ResponseHeader,
         codec: Arc<dyn TextCodec>,
-        with_logprobs: bool,
-        as_token_ids: bool,
-        prompt_token_ids: Option<Vec<u32>>,
-        include_usage: bool,
+        options: ChatOptions,
         prompt_tokens: usize,
     ) -> Self {
-        Self {
-            id,
-            created,
-            model,
-            codec,
-            with_logprobs,
-            as_token_ids,
-            prompt_token_ids,
-            include_usage,
-            prompt_tokens,
-            completion_tokens: 0,
-            started: HashSet::new(),
-        }
+        Self { header, codec, options, prompt_tokens, completion_tokens: 0, started: HashSet::new() }
     }
 
     /// The unary response of every delta of the request.
@@ -126,7 +116,7 @@ impl ChatRender {
             }
         }
         let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
-        let prompt_token_ids = self.prompt_token_ids.take();
+        let prompt_token_ids = self.options.prompt_token_ids.take();
         self.completion("chat.completion", choices.into_values().collect(), Some(usage), prompt_token_ids)
     }
 
@@ -138,10 +128,10 @@ impl ChatRender {
         prompt_token_ids: Option<Vec<u32>>,
     ) -> ChatCompletion {
         ChatCompletion {
-            id: self.id.clone(),
+            id: self.header.id.clone(),
             object,
-            created: self.created,
-            model: self.model.clone(),
+            created: self.header.created,
+            model: self.header.model.clone(),
             choices,
             usage,
             prompt_token_ids,
@@ -153,8 +143,9 @@ impl ChatRender {
         self.completion_tokens += delta.token_ids.len();
         let first = self.started.insert(delta.index);
         let logprobs = self
+            .options
             .with_logprobs
-            .then(|| Logprobs { content: content_logprobs(&*self.codec, &delta.logprobs, self.as_token_ids) });
+            .then(|| Logprobs { content: content_logprobs(&*self.codec, &delta.logprobs, self.options.as_token_ids) });
         ChatChoice {
             index: delta.index,
             message: None,
@@ -175,12 +166,12 @@ impl ChunkRenderer for ChatRender {
     fn chunks(&mut self, delta: ChoiceDelta) -> Vec<String> {
         let first_ever = self.started.is_empty();
         let choice = self.choice(delta);
-        let prompt_token_ids = if first_ever { self.prompt_token_ids.clone() } else { None };
+        let prompt_token_ids = if first_ever { self.options.prompt_token_ids.clone() } else { None };
         vec![to_json(&self.completion("chat.completion.chunk", vec![choice], None, prompt_token_ids))]
     }
 
     fn finish(&mut self) -> Vec<String> {
-        if !self.include_usage {
+        if !self.options.include_usage {
             return Vec::new();
         }
         let usage = Usage::new(self.prompt_tokens, self.completion_tokens);

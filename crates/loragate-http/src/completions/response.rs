@@ -15,8 +15,8 @@ use serde::Serialize;
 use crate::codec::TextCodec;
 use crate::error::Api;
 use crate::output::{
-    ChoiceDelta, ChunkRenderer, Finish, OrderedLogprobs, PromptLogprobs, SegmentJson, TokenLogprob, Usage,
-    VllmPromptLogprobs, clamp_logprob, decode_with_offsets, segments_json, to_json, token_label,
+    ChoiceDelta, ChunkRenderer, Finish, OrderedLogprobs, PromptLogprobs, ResponseHeader, SegmentJson, TokenLogprob,
+    Usage, VllmPromptLogprobs, clamp_logprob, decode_with_offsets, segments_json, to_json, token_label,
 };
 
 /// A completion response, or one streamed chunk of it.
@@ -86,6 +86,8 @@ impl CompletionChoice {
 #[derive(Debug)]
 pub(crate) struct EchoedPrompt {
     text: String,
+    /// Its length in characters (the shift of the completion's text offsets).
+    chars: usize,
     offsets: Vec<usize>,
 }
 
@@ -93,19 +95,13 @@ impl EchoedPrompt {
     /// `prompt` decoded, with each token's offset.
     pub(crate) fn new(codec: &dyn TextCodec, prompt: &[u32]) -> Self {
         let (text, offsets) = decode_with_offsets(codec, prompt);
-        Self { text, offsets }
+        Self { chars: text.chars().count(), text, offsets }
     }
 }
 
-/// How a request's completion is rendered, unary or streamed.
-pub(crate) struct CompletionRender {
-    /// `cmpl-<request id>`.
-    pub(crate) id: String,
-    /// Unix seconds when the request was received.
-    pub(crate) created: u64,
-    /// The `model` the request named (the served name when it named none).
-    pub(crate) model: String,
-    pub(crate) codec: Arc<dyn TextCodec>,
+/// What the request asked its completion to show.
+#[derive(Debug, Default)]
+pub(crate) struct CompletionOptions {
     /// Whether to build the `logprobs` object.
     pub(crate) with_logprobs: bool,
     /// `return_tokens_as_token_ids`.
@@ -118,43 +114,28 @@ pub(crate) struct CompletionRender {
     pub(crate) prompt_token_ids: Option<Vec<Arc<[u32]>>>,
     /// With `stream`: end with a usage chunk.
     pub(crate) include_usage: bool,
+}
+
+/// How a request's completion is rendered, unary or streamed.
+pub(crate) struct CompletionRender {
+    header: ResponseHeader,
+    codec: Arc<dyn TextCodec>,
+    options: CompletionOptions,
     /// Prompt tokens over every prompt.
-    pub(crate) prompt_tokens: usize,
+    prompt_tokens: usize,
     completion_tokens: usize,
     started: HashSet<u32>,
 }
 
 impl CompletionRender {
-    /// A renderer; see the fields.
-    #[allow(clippy::too_many_arguments)]
+    /// A renderer of a request whose prompts hold `prompt_tokens` tokens in all.
     pub(crate) fn new(
-        id: String,
-        created: u64,
-        model: String,
+        header: ResponseHeader,
         codec: Arc<dyn TextCodec>,
-        with_logprobs: bool,
-        as_token_ids: bool,
-        echo: Option<Vec<EchoedPrompt>>,
-        prompt_logprobs: bool,
-        prompt_token_ids: Option<Vec<Arc<[u32]>>>,
-        include_usage: bool,
+        options: CompletionOptions,
         prompt_tokens: usize,
     ) -> Self {
-        Self {
-            id,
-            created,
-            model,
-            codec,
-            with_logprobs,
-            as_token_ids,
-            echo,
-            prompt_logprobs,
-            prompt_token_ids,
-            include_usage,
-            prompt_tokens,
-            completion_tokens: 0,
-            started: HashSet::new(),
-        }
+        Self { header, codec, options, prompt_tokens, completion_tokens: 0, started: HashSet::new() }
     }
 
     /// The unary response of every delta of the request.
@@ -175,10 +156,10 @@ impl CompletionRender {
 
     fn completion(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Completion {
         Completion {
-            id: self.id.clone(),
+            id: self.header.id.clone(),
             object: "text_completion",
-            created: self.created,
-            model: self.model.clone(),
+            created: self.header.created,
+            model: self.header.model.clone(),
             choices,
             usage,
         }
@@ -188,11 +169,11 @@ impl CompletionRender {
     fn choice(&mut self, delta: ChoiceDelta) -> CompletionChoice {
         self.completion_tokens += delta.token_ids.len();
         let first = self.started.insert(delta.index);
-        let echo = if first { self.echo.as_ref().and_then(|echo| echo.get(delta.prompt_index)) } else { None };
-        let shift =
-            self.echo.as_ref().and_then(|echo| echo.get(delta.prompt_index)).map_or(0, |e| e.text.chars().count());
+        let echoed = self.options.echo.as_ref().and_then(|echo| echo.get(delta.prompt_index));
+        let shift = echoed.map_or(0, |echoed| echoed.chars);
+        let echo = echoed.filter(|_| first);
         let mut text = String::new();
-        let mut logprobs = self.with_logprobs.then(LegacyLogprobs::default);
+        let mut logprobs = self.options.with_logprobs.then(LegacyLogprobs::default);
         if let Some(echo) = echo {
             text.push_str(&echo.text);
             if let Some(logprobs) = &mut logprobs {
@@ -203,12 +184,12 @@ impl CompletionRender {
         if let Some(logprobs) = &mut logprobs {
             logprobs.extend(self.generated_logprobs(&delta.logprobs, shift));
         }
-        let prompt_logprobs = (first && self.prompt_logprobs).then(|| {
+        let prompt_logprobs = (first && self.options.prompt_logprobs).then(|| {
             let prompt = delta.prompt.clone()?;
-            Some(VllmPromptLogprobs { prompt, codec: self.codec.clone(), as_token_ids: self.as_token_ids })
+            Some(VllmPromptLogprobs { prompt, codec: self.codec.clone(), as_token_ids: self.options.as_token_ids })
         });
         let prompt_token_ids = if first {
-            self.prompt_token_ids.as_ref().and_then(|ids| ids.get(delta.prompt_index)).map(|ids| ids.to_vec())
+            self.options.prompt_token_ids.as_ref().and_then(|ids| ids.get(delta.prompt_index)).map(|ids| ids.to_vec())
         } else {
             None
         };
@@ -227,11 +208,11 @@ impl CompletionRender {
     fn generated_logprobs(&self, entries: &[TokenLogprob], shift: usize) -> LegacyLogprobs {
         let mut logprobs = LegacyLogprobs::default();
         for entry in entries {
-            let label = token_label(&*self.codec, entry.token, self.as_token_ids);
+            let label = token_label(&*self.codec, entry.token, self.options.as_token_ids);
             let mut top = OrderedLogprobs::default();
             top.push(label.clone(), entry.logprob);
             for &(token, logprob) in entry.top.iter().flat_map(|top| &top.top) {
-                top.push(token_label(&*self.codec, token, self.as_token_ids), logprob);
+                top.push(token_label(&*self.codec, token, self.options.as_token_ids), logprob);
             }
             logprobs.tokens.push(label);
             logprobs.token_logprobs.push(Some(clamp_logprob(entry.logprob)));
@@ -245,14 +226,14 @@ impl CompletionRender {
         let mut logprobs = LegacyLogprobs::default();
         let Some(prompt) = prompt else { return logprobs };
         for (position, &token) in prompt.token_ids.iter().enumerate() {
-            let label = token_label(&*self.codec, token, self.as_token_ids);
+            let label = token_label(&*self.codec, token, self.options.as_token_ids);
             let logprob = prompt.logprobs.get(position).copied().filter(|logprob| position > 0 && !logprob.is_nan());
             let top = logprob.map(|logprob| {
                 let mut top = OrderedLogprobs::default();
                 top.push(label.clone(), logprob);
                 let alternatives = prompt.top.as_ref().and_then(|top| top.get(position));
                 for &(other, other_logprob) in alternatives.iter().flat_map(|top| &top.top) {
-                    top.push(token_label(&*self.codec, other, self.as_token_ids), other_logprob);
+                    top.push(token_label(&*self.codec, other, self.options.as_token_ids), other_logprob);
                 }
                 top
             });
@@ -276,7 +257,7 @@ impl ChunkRenderer for CompletionRender {
     }
 
     fn finish(&mut self) -> Vec<String> {
-        if !self.include_usage {
+        if !self.options.include_usage {
             return Vec::new();
         }
         let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
@@ -296,19 +277,9 @@ mod tests {
     fn render(with_logprobs: bool, echo: bool) -> CompletionRender {
         let codec: Arc<dyn TextCodec> = Arc::new(ByteCodec);
         let echo = echo.then(|| vec![EchoedPrompt::new(&*codec, b"Hi".map(u32::from).as_slice())]);
-        CompletionRender::new(
-            "cmpl-r1".into(),
-            7,
-            "meow".into(),
-            codec,
-            with_logprobs,
-            false,
-            echo,
-            false,
-            None,
-            true,
-            2,
-        )
+        let header = ResponseHeader { id: "cmpl-r1".into(), created: 7, model: "meow".into() };
+        let options = CompletionOptions { with_logprobs, echo, include_usage: true, ..CompletionOptions::default() };
+        CompletionRender::new(header, codec, options, 2)
     }
 
     fn delta(text: &str, finish: Option<FinishReason>) -> ChoiceDelta {

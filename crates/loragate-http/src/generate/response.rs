@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::codec::TextCodec;
 use crate::error::Api;
 use crate::output::{
-    ChoiceDelta, ChunkRenderer, ContentLogprob, PromptLogprobs, SegmentJson, Usage, VllmPromptLogprobs,
+    ChoiceDelta, ChunkRenderer, ContentLogprob, PromptLogprobs, ResponseHeader, SegmentJson, Usage, VllmPromptLogprobs,
     content_logprobs, finish_reason, segments_json, to_json,
 };
 
@@ -46,15 +46,22 @@ struct GenerateChoice {
     segments: Option<Vec<SegmentJson>>,
 }
 
+/// What the request asked its response to show.
+#[derive(Debug, Default)]
+pub(crate) struct GenerateOptions {
+    /// `sampling_params.logprobs` was given.
+    pub(crate) with_logprobs: bool,
+    /// `sampling_params.prompt_logprobs` was given.
+    pub(crate) prompt_logprobs: bool,
+    /// With `stream`: end with a usage chunk.
+    pub(crate) include_usage: bool,
+}
+
 /// How a generate request's output is rendered.
 pub(crate) struct GenerateRender {
-    request_id: String,
-    created: u64,
-    model: String,
+    header: ResponseHeader,
     codec: Arc<dyn TextCodec>,
-    with_logprobs: bool,
-    prompt_logprobs: bool,
-    include_usage: bool,
+    options: GenerateOptions,
     prompt_tokens: usize,
     completion_tokens: usize,
     /// Whether a chunk already carried the prompt's logprobs.
@@ -62,31 +69,14 @@ pub(crate) struct GenerateRender {
 }
 
 impl GenerateRender {
-    /// A renderer: `with_logprobs` when `sampling_params.logprobs` was given, `prompt_logprobs` when
-    /// `sampling_params.prompt_logprobs` was.
-    #[allow(clippy::too_many_arguments)]
+    /// A renderer of a request whose prompt holds `prompt_tokens` tokens; the header's id is the request id.
     pub(crate) fn new(
-        request_id: String,
-        created: u64,
-        model: String,
+        header: ResponseHeader,
         codec: Arc<dyn TextCodec>,
-        with_logprobs: bool,
-        prompt_logprobs: bool,
-        include_usage: bool,
+        options: GenerateOptions,
         prompt_tokens: usize,
     ) -> Self {
-        Self {
-            request_id,
-            created,
-            model,
-            codec,
-            with_logprobs,
-            prompt_logprobs,
-            include_usage,
-            prompt_tokens,
-            completion_tokens: 0,
-            sent_prompt: false,
-        }
+        Self { header, codec, options, prompt_tokens, completion_tokens: 0, sent_prompt: false }
     }
 
     /// The unary response of every delta of the request.
@@ -110,7 +100,7 @@ impl GenerateRender {
                 }
             }
         }
-        let prompt_logprobs = self.prompt_logprobs.then(|| self.prompt_json(prompt));
+        let prompt_logprobs = self.options.prompt_logprobs.then(|| self.prompt_json(prompt));
         let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
         self.response(choices.into_values().collect(), prompt_logprobs, Some(usage))
     }
@@ -126,9 +116,9 @@ impl GenerateRender {
         usage: Option<Usage>,
     ) -> GenerateResponse {
         GenerateResponse {
-            request_id: self.request_id.clone(),
-            created: self.created,
-            model: self.model.clone(),
+            request_id: self.header.id.clone(),
+            created: self.header.created,
+            model: self.header.model.clone(),
             choices,
             prompt_logprobs,
             usage,
@@ -137,8 +127,10 @@ impl GenerateRender {
 
     fn choice(&mut self, delta: ChoiceDelta) -> GenerateChoice {
         self.completion_tokens += delta.token_ids.len();
-        let logprobs =
-            self.with_logprobs.then(|| Logprobs { content: content_logprobs(&*self.codec, &delta.logprobs, true) });
+        let logprobs = self
+            .options
+            .with_logprobs
+            .then(|| Logprobs { content: content_logprobs(&*self.codec, &delta.logprobs, true) });
         GenerateChoice {
             index: delta.index,
             finish_reason: finish_reason(delta.finish.as_ref()),
@@ -155,7 +147,7 @@ impl ChunkRenderer for GenerateRender {
     }
 
     fn chunks(&mut self, mut delta: ChoiceDelta) -> Vec<String> {
-        let prompt = delta.prompt.take().filter(|_| self.prompt_logprobs && !self.sent_prompt);
+        let prompt = delta.prompt.take().filter(|_| self.options.prompt_logprobs && !self.sent_prompt);
         self.sent_prompt |= prompt.is_some();
         let prompt_logprobs = prompt.map(|prompt| self.prompt_json(Some(prompt)));
         let choice = self.choice(delta);
@@ -163,7 +155,7 @@ impl ChunkRenderer for GenerateRender {
     }
 
     fn finish(&mut self) -> Vec<String> {
-        if !self.include_usage {
+        if !self.options.include_usage {
             return Vec::new();
         }
         let usage = Usage::new(self.prompt_tokens, self.completion_tokens);

@@ -203,6 +203,19 @@ async fn each_bad_input_gets_its_status_and_an_error_naming_the_field() {
         ),
         ("sglang without a prompt", Send::Json("/generate", json!({})), StatusCode::BAD_REQUEST, Some("input_ids")),
         (
+            "sglang with an empty prompt",
+            Send::Json("/generate", json!({"input_ids": []})),
+            StatusCode::BAD_REQUEST,
+            Some("input_ids"),
+        ),
+        ("sglang with no texts", Send::Json("/generate", json!({"text": []})), StatusCode::BAD_REQUEST, Some("text")),
+        (
+            "sglang with an empty prompt in a batch",
+            Send::Json("/generate", json!({"input_ids": [[1], []]})),
+            StatusCode::BAD_REQUEST,
+            Some("input_ids"),
+        ),
+        (
             "sglang with max_new_tokens 0",
             Send::Json("/generate", json!({"input_ids": [1], "sampling_params": {"max_new_tokens": 0}})),
             StatusCode::BAD_REQUEST,
