@@ -6,8 +6,9 @@ Assumes the demo model: base model served as `loragate-demo`, adapters `meow` an
 repeats "meow meow ..." / "woof woof ...". Exits non-zero with a message on the first failure.
 
 Completions (single, batched, streamed with `include_usage`, `logprobs: k`, `echo`), chat completions (unary and
-streamed, `logprobs` with `top_logprobs`), and a chat aborted by a pause: it comes back `abort` with its tokens,
-and a retry from the rendered prompt plus those tokens completes token-exact.
+streamed, `logprobs` with `top_logprobs`), a chat aborted by a pause: it comes back `abort` with its tokens, and a
+retry from the rendered prompt plus those tokens completes token-exact. Ends with a keep-mode swap of meow's weights
+in the middle of a streamed completion (then loads meow's own weights back).
 """
 
 import sys
@@ -76,6 +77,7 @@ def main() -> None:
     completion_extras(client)
     chat(client)
     chat_abort_and_retry(client, base)
+    keep_swap_mid_stream(client, base)
     print("ok: http_openai_client")
 
 
@@ -158,6 +160,36 @@ def generated(http: httpx.Client) -> float:
         if line.startswith("loragate_generated_tokens_total{") and 'adapter="meow"' in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def keep_swap_mid_stream(client: openai.OpenAI, base: str) -> None:
+    """A keep-mode swap of meow's weights (vLLM's `load_inplace`) in the middle of a streamed completion: the SDK
+    knows nothing of pauses and gets one whole stream, whose last chunk's segments name both versions."""
+    budget = 96
+    stream = client.completions.create(model="meow", prompt=PROMPT, max_tokens=budget, temperature=0, stream=True)
+    chunks = iter(stream)
+    token_ids, text, last = [], [], None
+    while len(token_ids) < 8:
+        last = next(chunks).choices[0]
+        token_ids += getattr(last, "token_ids", None) or []
+        text.append(last.text)
+    swap = {"lora_name": "meow", "lora_path": "woof", "load_inplace": True}
+    answer = httpx.post(base + "/v1/load_lora_adapter", json=swap, timeout=60).json()
+    check(answer.get("kept_count") == 1, f"keep swap: the running completion should be kept, got {answer}")
+    kept_at = len(token_ids)
+    for chunk in chunks:
+        last = chunk.choices[0]
+        token_ids += getattr(last, "token_ids", None) or []
+        text.append(last.text)
+    check(last.finish_reason == "length", f"keep swap: finish_reason {last.finish_reason!r}, expected length")
+    check(len(token_ids) == budget, f"keep swap: {len(token_ids)} tokens, expected the whole budget of {budget}")
+    segments = getattr(last, "segments", None) or []
+    versions = [segment["lora_version"] for segment in segments]
+    check(versions[:1] == [1] and versions[-1:] == [answer["version"]], f"keep swap: segments {segments}")
+    check(segments[0]["end"] >= kept_at, f"keep swap: tokens before the swap came from v1: {segments}")
+    check("woof" in "".join(text)[-40:], f"keep swap: the new weights should bark, got {''.join(text)!r}")
+    restore = {"lora_name": "meow", "lora_path": "meow"}
+    check(httpx.post(base + "/v1/load_lora_adapter", json=restore, timeout=60).status_code == 200, "restore meow")
 
 
 if __name__ == "__main__":
