@@ -28,6 +28,7 @@ pub use self::registry::{AbortReport, Admission, Ending};
 pub use self::status::AdapterStatus;
 use crate::error::{CoreError, Field};
 use crate::ids::{AdapterKey, RequestId};
+use crate::limits::Occupancy;
 
 /// The longest `WaitLoraUnpaused` timeout honoured; longer ones are shortened to it.
 pub const MAX_WAIT_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
@@ -72,24 +73,31 @@ impl AdapterHandle {
 
     /// Registers a request. While the gate is closed the caller is held (and counted as held) until it opens, the
     /// adapter is removed, or `hold_until` passes ([`CoreError::GateHoldExpired`]).
+    ///
+    /// An admitted request counts against the in-flight limits until its [`Admission`] ends; a request over a
+    /// limit is refused at once with [`CoreError::Overloaded`].
     pub async fn admit(&self, request_id: RequestId, hold_until: Instant) -> Result<Admission, CoreError> {
         loop {
+            // Held requests are not in flight: wait at a closed gate first (this returns at once on an open one).
+            self.hold_while_paused(hold_until).await?;
+            let slot = self.cell.occupy(Occupancy::InFlight)?;
             match self.call(|reply| AdapterMsg::Admit { request_id: request_id.clone(), reply }).await? {
-                AdmitReply::Admitted(admission) => return Ok(admission),
-                AdmitReply::Paused => self.hold_while_paused(hold_until).await?,
+                AdmitReply::Admitted(admission) => return Ok(admission.occupying(slot)),
+                AdmitReply::Paused => {} // Closed again meanwhile: hold again.
                 AdmitReply::Retired(why) => return Err(self.retired_error(why)),
             }
         }
     }
 
     /// Holds the caller (counted as held) while the gate is closed: returns once it is open, or fails when the
-    /// adapter is retired or `hold_until` passes. Returns at once on an open gate.
+    /// adapter is retired or `hold_until` passes. Returns at once on an open gate. A caller over a held limit is
+    /// refused at once with [`CoreError::Overloaded`].
     pub async fn hold_while_paused(&self, hold_until: Instant) -> Result<(), CoreError> {
         if !self.cell.gate_state().paused {
             return Ok(());
         }
         let started = Instant::now();
-        let _held = Counted::new(&self.cell.held);
+        let _held = self.cell.occupy(Occupancy::Held)?;
         let outcome = wait_until_open(self.cell.subscribe_gate(), Some(hold_until)).await;
         let held_for = started.elapsed();
         self.cell.metrics.record_gate_hold(&self.cell.labels, held_for, outcome == GateWait::TimedOut);

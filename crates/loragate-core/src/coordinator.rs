@@ -16,9 +16,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::adapter::{AbortReport, AdapterHandle, AdapterStatus, Ending, Retirement};
 use crate::adapter_source::{AdapterRoot, AdapterSource};
+use crate::auth::Keyring;
 use crate::engine::{Engine, ModelInfo};
-use crate::error::CoreError;
+use crate::error::{CoreError, Field};
 use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
+use crate::limits::{Limits, LoadSnapshot, ServerLoad};
 use crate::manager::{AdapterManager, AdapterMap, ManagerArgs, ManagerMsg};
 use crate::metrics::CoreMetrics;
 use crate::sample_stream::SampleStream;
@@ -33,11 +35,25 @@ pub struct CoordinatorConfig {
     pub abort_ack_timeout: Duration,
     /// The only directory `LoadLoraAdapter` may read from; `None` refuses every load by path.
     pub adapter_root: Option<AdapterRoot>,
+    /// Caps on admitted and held sampling requests.
+    pub limits: Limits,
+    /// Who may do what, for every front (authentication is off with [`Keyring::open`]).
+    pub auth: Keyring,
+    /// Names no adapter may be loaded under: the base model's served names (an adapter under one could not be
+    /// addressed, since the name samples the base model).
+    pub reserved_names: Vec<String>,
 }
 
 impl Default for CoordinatorConfig {
     fn default() -> Self {
-        Self { max_gate_hold: Duration::from_secs(120), abort_ack_timeout: Duration::from_secs(10), adapter_root: None }
+        Self {
+            max_gate_hold: Duration::from_secs(120),
+            abort_ack_timeout: Duration::from_secs(10),
+            adapter_root: None,
+            limits: Limits::default(),
+            auth: Keyring::open(),
+            reserved_names: Vec::new(),
+        }
     }
 }
 
@@ -55,6 +71,7 @@ struct Inner {
     shutting_down: CancellationToken,
     live: Arc<LiveRequests>,
     metrics: Arc<CoreMetrics>,
+    load: Arc<ServerLoad>,
 }
 
 impl Drop for Inner {
@@ -68,7 +85,13 @@ impl Coordinator {
     pub async fn start(engine: Arc<dyn Engine>, config: CoordinatorConfig) -> Result<Self, SpawnErr> {
         let published: AdapterMap = Arc::new(DashMap::new());
         let metrics = Arc::new(CoreMetrics::default());
-        let args = ManagerArgs { engine: engine.clone(), published: published.clone(), metrics: metrics.clone() };
+        let load = ServerLoad::new(config.limits);
+        let args = ManagerArgs {
+            engine: engine.clone(),
+            published: published.clone(),
+            metrics: metrics.clone(),
+            server_load: load.clone(),
+        };
         let (manager, _join) = Actor::spawn(None, AdapterManager, args).await?;
         let inner = Inner {
             engine,
@@ -78,6 +101,7 @@ impl Coordinator {
             shutting_down: CancellationToken::new(),
             live: Arc::default(),
             metrics,
+            load,
         };
         Ok(Self { inner: Arc::new(inner) })
     }
@@ -96,6 +120,17 @@ impl Coordinator {
     /// [`CoreMetrics::set_adapter_gauges`] from [`Coordinator::statuses`] when scraped).
     pub fn metrics(&self) -> &CoreMetrics {
         &self.inner.metrics
+    }
+
+    /// Who may do what: every front authenticates callers and authorises their requests with it.
+    pub fn auth(&self) -> &Keyring {
+        &self.inner.config.auth
+    }
+
+    /// How many sampling requests are admitted and held now, over every adapter and the base model (see
+    /// [`Limits`]).
+    pub fn load(&self) -> LoadSnapshot {
+        self.inner.load.snapshot()
     }
 
     /// Validates a raw sampling request against the served model.
@@ -161,7 +196,7 @@ impl Coordinator {
         match &self.inner.config.adapter_root {
             Some(root) => root.resolve(requested).await,
             None => Err(CoreError::invalid(
-                crate::error::Field::Path,
+                Field::Path,
                 "this server loads no adapters by path (start it with --adapter-root DIR)",
             )),
         }
@@ -171,6 +206,12 @@ impl Coordinator {
     pub async fn load_adapter(&self, name: &AdapterName, source: AdapterSource) -> Result<AdapterVersion, CoreError> {
         if self.inner.shutting_down.is_cancelled() {
             return Err(CoreError::ShuttingDown);
+        }
+        if self.inner.config.reserved_names.iter().any(|reserved| reserved == name.as_str()) {
+            return Err(CoreError::invalid(
+                Field::LoraName,
+                format!("{name:?} is the base model's served name; an adapter under it could not be addressed"),
+            ));
         }
         let key = AdapterKey::Lora(name.clone());
         let name = name.clone();
@@ -196,6 +237,8 @@ impl Coordinator {
         if !report.unacknowledged.is_empty() {
             tracing::warn!(adapter = %name, unacknowledged = ?report.unacknowledged, "unload did not see every request handed back");
         }
+        // Its requests were handed back: nothing records under its name any more.
+        self.inner.metrics.forget_adapter(&key);
         self.inner.engine.unload_adapter(name).await?;
         Ok(())
     }

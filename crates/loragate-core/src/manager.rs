@@ -13,6 +13,7 @@ use crate::adapter_source::AdapterSource;
 use crate::engine::Engine;
 use crate::error::CoreError;
 use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
+use crate::limits::ServerLoad;
 use crate::metrics::CoreMetrics;
 
 /// The published adapters, read lock-free by request paths. Written only by the manager.
@@ -42,6 +43,7 @@ pub(crate) struct ManagerArgs {
     pub(crate) engine: Arc<dyn Engine>,
     pub(crate) published: AdapterMap,
     pub(crate) metrics: Arc<CoreMetrics>,
+    pub(crate) server_load: Arc<ServerLoad>,
 }
 
 /// One adapter under supervision.
@@ -57,6 +59,7 @@ pub(crate) struct ManagerState {
     engine: Arc<dyn Engine>,
     published: AdapterMap,
     metrics: Arc<CoreMetrics>,
+    server_load: Arc<ServerLoad>,
     supervised: HashMap<AdapterKey, Supervised>,
     keys_by_actor: HashMap<ActorId, AdapterKey>,
     /// The last version of every name ever unloaded, so a reload continues its count.
@@ -77,6 +80,7 @@ impl Actor for AdapterManager {
             engine: args.engine,
             published: args.published,
             metrics: args.metrics,
+            server_load: args.server_load,
             supervised: HashMap::new(),
             keys_by_actor: HashMap::new(),
             retired_versions: HashMap::new(),
@@ -192,7 +196,7 @@ impl ManagerState {
         key: AdapterKey,
         last_version: AdapterVersion,
     ) -> Result<(), ActorProcessingErr> {
-        let cell = Arc::new(AdapterCell::new(key.clone(), last_version, self.metrics.clone()));
+        let cell = Arc::new(AdapterCell::new(key.clone(), last_version, self.metrics.clone(), &self.server_load));
         let actor = self.start_incarnation(manager, &cell).await?;
         self.supervised.insert(key, Supervised { cell, actor, published: false, loads_outstanding: 0 });
         Ok(())

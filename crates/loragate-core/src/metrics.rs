@@ -3,6 +3,10 @@
 //! from a snapshot when metrics are scraped ([`CoreMetrics::set_adapter_gauges`]). Every coordinator owns its own
 //! metrics; nothing is global, so several servers can run in one process (tests do).
 
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -12,6 +16,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::adapter::AdapterStatus;
 use crate::ids::{AdapterKey, AdapterVersion};
+use crate::limits::Limit;
 
 /// Labels of per-adapter metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -36,6 +41,13 @@ pub struct AdapterVersionLabels {
     pub version: u64,
 }
 
+/// Labels of the overload counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    /// The limit's label ([`Limit::label`]).
+    limit: &'static str,
+}
+
 type HistogramFamily = Family<AdapterLabels, Histogram, fn() -> Histogram>;
 
 /// Durations from 1 ms to about 9 minutes.
@@ -53,11 +65,15 @@ pub struct CoreMetrics {
     gate_hold: HistogramFamily,
     gate_hold_expired: Family<AdapterLabels, Counter>,
     generated_tokens: Family<AdapterVersionLabels, Counter>,
+    overloaded: Family<LimitLabels, Counter>,
     paused: Family<AdapterLabels, Gauge>,
     in_flight: Family<AdapterLabels, Gauge>,
     held: Family<AdapterLabels, Gauge>,
     waiting: Family<AdapterLabels, Gauge>,
     version: Family<AdapterLabels, Gauge>,
+    /// The versions that have a `generated_tokens` series, per adapter, so that old versions and unloaded
+    /// adapters can be removed (families cannot be listed).
+    token_versions: Arc<Mutex<HashMap<String, BTreeSet<u64>>>>,
 }
 
 impl Default for CoreMetrics {
@@ -71,11 +87,13 @@ impl Default for CoreMetrics {
             gate_hold: histograms(),
             gate_hold_expired: Family::default(),
             generated_tokens: Family::default(),
+            overloaded: Family::default(),
             paused: Family::default(),
             in_flight: Family::default(),
             held: Family::default(),
             waiting: Family::default(),
             version: Family::default(),
+            token_versions: Arc::default(),
         }
     }
 }
@@ -114,8 +132,13 @@ impl CoreMetrics {
         );
         registry.register(
             "generated_tokens",
-            "Tokens generated, by adapter version (the two newest versions of each adapter are kept)",
+            "Tokens generated, by adapter version (the two newest versions of each loaded adapter are kept)",
             self.generated_tokens.clone(),
+        );
+        registry.register(
+            "overloaded",
+            "Sampling requests refused because a limit was reached (RESOURCE_EXHAUSTED / 429), by limit",
+            self.overloaded.clone(),
         );
         registry.register("paused", "1 while the adapter's gate is closed", self.paused.clone());
         registry.register("in_flight", "Admitted requests, queued or running", self.in_flight.clone());
@@ -165,15 +188,49 @@ impl CoreMetrics {
         }
     }
 
+    pub(crate) fn record_overload(&self, limit: Limit) {
+        self.overloaded.get_or_create(&LimitLabels { limit: limit.label() }).inc();
+    }
+
     pub(crate) fn record_tokens(&self, labels: &AdapterLabels, version: AdapterVersion, count: usize) {
         let labels = AdapterVersionLabels { adapter: labels.adapter.clone(), version: version.0 };
+        if let Some(counter) = self.generated_tokens.get(&labels) {
+            counter.inc_by(count as u64);
+            return;
+        }
+        self.token_versions.lock().entry(labels.adapter.clone()).or_default().insert(version.0);
         self.generated_tokens.get_or_create(&labels).inc_by(count as u64);
     }
 
-    /// Keeps the per-version series bounded: once `current` is installed, the series two versions back goes.
+    /// Keeps the per-version series bounded: once `current` is installed, only it and the version before it keep
+    /// their series (tokens of older versions still running recreate theirs until the next install).
     pub(crate) fn forget_old_versions(&self, labels: &AdapterLabels, current: AdapterVersion) {
-        if let Some(stale) = current.0.checked_sub(2) {
-            self.generated_tokens.remove(&AdapterVersionLabels { adapter: labels.adapter.clone(), version: stale });
+        let mut token_versions = self.token_versions.lock();
+        let Some(versions) = token_versions.get_mut(&labels.adapter) else { return };
+        let keep_from = current.0.saturating_sub(1);
+        let stale: Vec<u64> = versions.range(..keep_from).copied().collect();
+        for version in stale {
+            versions.remove(&version);
+            self.generated_tokens.remove(&AdapterVersionLabels { adapter: labels.adapter.clone(), version });
+        }
+    }
+
+    /// Removes every series of `adapter` (it was unloaded), so that names loaded and unloaded over time do not
+    /// accumulate.
+    pub(crate) fn forget_adapter(&self, adapter: &AdapterKey) {
+        let labels = AdapterLabels::of(adapter);
+        for counter in [&self.pauses, &self.aborted_requests, &self.gate_hold_expired] {
+            counter.remove(&labels);
+        }
+        for histogram in [&self.pause_duration, &self.abort_acknowledgement, &self.gate_hold] {
+            histogram.remove(&labels);
+        }
+        for gauge in [&self.paused, &self.in_flight, &self.held, &self.waiting, &self.version] {
+            gauge.remove(&labels);
+        }
+        let versions = self.token_versions.lock().remove(&labels.adapter).unwrap_or_default();
+        for version in versions {
+            self.generated_tokens.remove(&AdapterVersionLabels { adapter: labels.adapter.clone(), version });
         }
     }
 }
@@ -235,5 +292,47 @@ mod tests {
         let text = exposition(&metrics);
         assert!(text.contains("version=\"10\"") && text.contains("version=\"9\""), "{text}");
         assert!(!text.contains("version=\"8\""), "{text}");
+
+        // Versions with gaps (failed loads) and stragglers of old versions stay bounded too.
+        for version in [13, 17, 18, 25] {
+            metrics.record_tokens(&meow, AdapterVersion(version), 1);
+            metrics.record_tokens(&meow, AdapterVersion(version - 3), 1);
+            metrics.forget_old_versions(&meow, AdapterVersion(version));
+        }
+        let series = exposition(&metrics).matches("loragate_generated_tokens_total{").count();
+        assert!(series <= 3, "{}", exposition(&metrics));
+    }
+
+    #[tokio::test]
+    async fn adapters_loaded_and_unloaded_over_time_leave_no_series_behind() {
+        use crate::coordinator::CoordinatorConfig;
+        use crate::sampling::RawSampleRequest;
+        use crate::testing::{ScriptedEngine, coordinator_with_adapters};
+
+        let coordinator = coordinator_with_adapters(ScriptedEngine::new(3), CoordinatorConfig::default(), &[]).await;
+        let mut sizes = Vec::new();
+        for round in 0..60 {
+            let name = AdapterName::parse(&format!("tenant-{round}")).expect("name");
+            let source = crate::adapter_source::AdapterSource::trusted(format!("/a/{name}"));
+            coordinator.load_adapter(&name, source.clone()).await.expect("load");
+            coordinator.load_adapter(&name, source).await.expect("swap");
+            let raw = RawSampleRequest {
+                lora_name: name.to_string(),
+                prompt_token_ids: vec![1],
+                max_tokens: Some(2),
+                ..Default::default()
+            };
+            let request = coordinator.parse_sample(raw).expect("valid");
+            let stream = coordinator.sample(request, coordinator.gate_deadline(None)).await.expect("admitted");
+            stream.collect_output().await.expect("sampled");
+            coordinator.abort(&name).await.expect("pause");
+            coordinator.resume(&name).await.expect("resume");
+            coordinator.unload_adapter(&name).await.expect("unload");
+            coordinator.metrics().set_adapter_gauges(&coordinator.statuses().await);
+            sizes.push(exposition(coordinator.metrics()).len());
+        }
+        let text = exposition(coordinator.metrics());
+        assert!(!text.contains("tenant-"), "an unloaded adapter's series remain:\n{text}");
+        assert_eq!(sizes.first(), sizes.last(), "the exposition grows with every adapter ever loaded");
     }
 }

@@ -14,7 +14,9 @@ use tokio::sync::watch;
 use super::actor::AdapterMsg;
 use super::gate::{GateState, Retirement};
 use super::status::AdapterStatus;
+use crate::error::CoreError;
 use crate::ids::{AdapterKey, AdapterVersion};
+use crate::limits::{AdapterLoad, Occupancy, ServerLoad, Slot};
 use crate::metrics::{AdapterLabels, CoreMetrics};
 
 /// The durable state of one adapter. Gate writes (`close_gate`, `open_gate`, `install_version`, `retire`) are
@@ -25,7 +27,8 @@ pub(crate) struct AdapterCell {
     actor: watch::Sender<Option<ActorRef<AdapterMsg>>>,
     /// The last version handed to a load (installed or not), so versions are never reused, across restarts too.
     last_reserved_version: AtomicU64,
-    pub(crate) held: AtomicU32,
+    /// Its requests in flight and held, counted against the limits.
+    load: Arc<AdapterLoad>,
     pub(crate) waiting: AtomicU32,
     /// When the gate last closed (for the pause-duration metric).
     paused_at: Mutex<Option<Instant>>,
@@ -35,7 +38,12 @@ pub(crate) struct AdapterCell {
 
 impl AdapterCell {
     /// A cell for `key` whose first load will be `last_version.next()`. The gate starts open.
-    pub(crate) fn new(key: AdapterKey, last_version: AdapterVersion, metrics: Arc<CoreMetrics>) -> Self {
+    pub(crate) fn new(
+        key: AdapterKey,
+        last_version: AdapterVersion,
+        metrics: Arc<CoreMetrics>,
+        server_load: &Arc<ServerLoad>,
+    ) -> Self {
         let gate = GateState { paused: false, version: last_version, retired: None };
         Self {
             labels: AdapterLabels::of(&key),
@@ -45,7 +53,7 @@ impl AdapterCell {
             gate: watch::Sender::new(gate),
             actor: watch::Sender::new(None),
             last_reserved_version: AtomicU64::new(last_version.0),
-            held: AtomicU32::new(0),
+            load: AdapterLoad::new(server_load),
             waiting: AtomicU32::new(0),
         }
     }
@@ -60,6 +68,15 @@ impl AdapterCell {
 
     pub(crate) fn subscribe_gate(&self) -> watch::Receiver<GateState> {
         self.gate.subscribe()
+    }
+
+    /// Counts one of its requests as in flight or held, or refuses it naming the limit that is reached.
+    pub(crate) fn occupy(&self, occupancy: Occupancy) -> Result<Slot, CoreError> {
+        let slot = self.load.occupy(occupancy, &self.key);
+        if let Err(CoreError::Overloaded { limit, .. }) = &slot {
+            self.metrics.record_overload(*limit);
+        }
+        slot
     }
 
     /// Closes the gate (idempotent).
@@ -144,7 +161,7 @@ impl AdapterCell {
             version: gate.version,
             paused: gate.paused,
             in_flight: u32::try_from(in_flight).unwrap_or(u32::MAX),
-            held: self.held.load(Ordering::Acquire),
+            held: self.load.held(),
             waiting: self.waiting.load(Ordering::Acquire),
         }
     }
