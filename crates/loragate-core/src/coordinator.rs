@@ -207,18 +207,32 @@ impl Coordinator {
         if self.inner.shutting_down.is_cancelled() {
             return Err(CoreError::ShuttingDown);
         }
-        if self.inner.config.reserved_names.iter().any(|reserved| reserved == name.as_str()) {
-            return Err(CoreError::invalid(
-                Field::LoraName,
-                format!("{name:?} is the base model's served name; an adapter under it could not be addressed"),
-            ));
-        }
+        self.check_loadable_name(name)?;
         let key = AdapterKey::Lora(name.clone());
         let name = name.clone();
         match self.inner.manager.call(|reply| ManagerMsg::Load { name, source, reply }, None).await {
             Ok(CallResult::Success(result)) => result,
             _ => Err(CoreError::AdapterUnavailable(key)),
         }
+    }
+
+    /// Loads weights under `name` from `requested_path` (resolved against the adapter root, see
+    /// [`Coordinator::resolve_adapter_path`]); what `LoadLoraAdapter` does. The name is checked before the path.
+    pub async fn load_adapter_at(&self, name: &AdapterName, requested_path: &str) -> Result<AdapterVersion, CoreError> {
+        self.check_loadable_name(name)?;
+        let source = self.resolve_adapter_path(requested_path).await?;
+        self.load_adapter(name, source).await
+    }
+
+    /// Refuses the names reserved for the base model.
+    fn check_loadable_name(&self, name: &AdapterName) -> Result<(), CoreError> {
+        if self.inner.config.reserved_names.iter().any(|reserved| reserved == name.as_str()) {
+            return Err(CoreError::invalid(
+                Field::LoraName,
+                format!("{name:?} is the base model's served name; an adapter under it could not be addressed"),
+            ));
+        }
+        Ok(())
     }
 
     /// Unloads `name`: aborts its admitted requests (waiting for their hand-back), fails its held submissions and

@@ -48,6 +48,13 @@ struct LimitLabels {
     limit: &'static str,
 }
 
+/// Labels of the per-front counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FrontLabels {
+    /// The front (`grpc`, `http`).
+    front: &'static str,
+}
+
 type HistogramFamily = Family<AdapterLabels, Histogram, fn() -> Histogram>;
 
 /// Durations from 1 ms to about 9 minutes.
@@ -66,6 +73,7 @@ pub struct CoreMetrics {
     gate_hold_expired: Family<AdapterLabels, Counter>,
     generated_tokens: Family<AdapterVersionLabels, Counter>,
     overloaded: Family<LimitLabels, Counter>,
+    body_read_timeouts: Family<FrontLabels, Counter>,
     paused: Family<AdapterLabels, Gauge>,
     in_flight: Family<AdapterLabels, Gauge>,
     held: Family<AdapterLabels, Gauge>,
@@ -88,6 +96,7 @@ impl Default for CoreMetrics {
             gate_hold_expired: Family::default(),
             generated_tokens: Family::default(),
             overloaded: Family::default(),
+            body_read_timeouts: Family::default(),
             paused: Family::default(),
             in_flight: Family::default(),
             held: Family::default(),
@@ -140,6 +149,11 @@ impl CoreMetrics {
             "Sampling requests refused because a limit was reached (RESOURCE_EXHAUSTED / 429), by limit",
             self.overloaded.clone(),
         );
+        registry.register(
+            "request_body_timeouts",
+            "Requests whose body did not arrive within the gate deadline (--gate-max-wait), by front",
+            self.body_read_timeouts.clone(),
+        );
         registry.register("paused", "1 while the adapter's gate is closed", self.paused.clone());
         registry.register("in_flight", "Admitted requests, queued or running", self.in_flight.clone());
         registry.register("held", "Sampling requests held at the adapter's gate", self.held.clone());
@@ -186,6 +200,16 @@ impl CoreMetrics {
         if expired {
             self.gate_hold_expired.get_or_create(labels).inc();
         }
+    }
+
+    /// Counts a request whose body did not arrive in time on `front` (`grpc`, `http`).
+    pub fn record_body_read_timeout(&self, front: &'static str) {
+        self.body_read_timeouts.get_or_create(&FrontLabels { front }).inc();
+    }
+
+    /// Requests on `front` whose body did not arrive in time, so far.
+    pub fn body_read_timeouts(&self, front: &'static str) -> u64 {
+        self.body_read_timeouts.get(&FrontLabels { front }).map_or(0, |counter| counter.get())
     }
 
     pub(crate) fn record_overload(&self, limit: Limit) {

@@ -13,6 +13,7 @@
 //! # }
 //! ```
 
+mod auth;
 mod control_service;
 mod convert;
 mod grpc_timeout;
@@ -21,6 +22,7 @@ mod server;
 mod status;
 mod submission_gate;
 
+pub use auth::{AuthLayer, Authenticated};
 pub use control_service::LoraControlService;
 pub use sampler_service::{SampleChunks, SamplerService};
 pub use server::{GrpcServeError, serve_grpc};

@@ -11,6 +11,7 @@ use tonic::service::LayerExt;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
+use crate::auth::AuthLayer;
 use crate::control_service::LoraControlService;
 use crate::sampler_service::SamplerService;
 use crate::submission_gate::SubmissionGateLayer;
@@ -55,10 +56,12 @@ pub async fn serve_grpc(
         .build_v1alpha()?;
 
     let control = LoraControlServer::new(LoraControlService::new(coordinator.clone()));
-    let sampler =
-        SubmissionGateLayer::new(coordinator.clone()).named_layer(SamplerServer::new(SamplerService::new(coordinator)));
+    let sampler = SubmissionGateLayer::new(coordinator.clone())
+        .named_layer(SamplerServer::new(SamplerService::new(coordinator.clone())));
 
+    let auth = AuthLayer::new(coordinator.auth().clone());
     Server::builder()
+        .layer(auth)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
