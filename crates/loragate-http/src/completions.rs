@@ -1,5 +1,5 @@
-//! `POST /v1/completions`, OpenAI-compatible. Requests reach this handler through the submission gate, which
-//! already held them while their adapter was paused.
+//! `POST /v1/completions`, OpenAI-compatible. A request for a paused adapter is held, parsed, by the core's gate in
+//! `Coordinator::sample` (its body is gone by then).
 //!
 //! Data flow: the JSON body → [`CompletionBody`] (this API's forms) → the core's [`RawSampleRequest`] (text prompts
 //! encoded by the [`TextCodec`](crate::TextCodec)) → [`Coordinator::parse_sample`](loragate_core::Coordinator),
@@ -21,7 +21,7 @@ use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Json, Response};
 use futures::StreamExt;
 use http::{HeaderMap, HeaderValue};
-use loragate_core::{RawSampleRequest, SampleRequest, SampleStream};
+use loragate_core::{Action, Principal, RawSampleRequest, SampleRequest, SampleStream};
 
 use self::choice::Choices;
 use self::request::{CompletionBody, Prompt};
@@ -29,7 +29,6 @@ use self::response::{CompletionHeader, UnaryCompletion};
 use crate::error::HttpError;
 use crate::json_body::JsonBody;
 use crate::server::{AppState, HttpFront};
-use crate::submission_gate::GateDeadline;
 
 /// The caller's request id header: the id aborts report, echoed in the response (`id` is `cmpl-<id>`).
 pub(crate) const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -90,23 +89,20 @@ impl Plan {
 /// The handler of `POST /v1/completions`.
 pub(crate) async fn create_completion(
     State(state): State<AppState>,
-    gate: Option<Extension<GateDeadline>>,
+    Extension(caller): Extension<Principal>,
     headers: HeaderMap,
     JsonBody(body): JsonBody<CompletionBody>,
 ) -> Result<Response, HttpError> {
     let front = state.front();
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs());
     let plan = Plan::parse(front, body, caller_request_id(&headers)?)?;
+    caller.authorize(Action::Sample, plan.sample.adapter()).map_err(HttpError::sampling)?;
     let request_id = plan.sample.id().to_string();
     let header = CompletionHeader { id: format!("cmpl-{request_id}"), created, model: plan.model };
     let prompt_tokens = plan.sample.prompt().len();
     let count = plan.sample.num_samples();
     let choices = Choices::new(front.codec().clone(), count, plan.stops, plan.with_logprobs);
-    // The gate's deadline, so a request the gate let through waits no longer in total if the adapter closes again.
-    let hold_until = match gate {
-        Some(Extension(GateDeadline(deadline))) => deadline,
-        None => front.coordinator().gate_deadline(None),
-    };
+    let hold_until = front.coordinator().gate_deadline(None);
     let samples = front.coordinator().sample(plan.sample, hold_until).await.map_err(HttpError::sampling)?;
     let mut response = if plan.stream {
         stream::sse_response(header, choices, samples)
@@ -129,7 +125,9 @@ async fn collect(
 ) -> Result<UnaryCompletion, HttpError> {
     while !choices.all_finished() {
         let Some(event) = samples.next().await else { break };
-        if let Some(delta) = choices.on_event(event.map_err(HttpError::sampling)?) {
+        let (returned, delta) = choices.on_event_off_runtime(event.map_err(HttpError::sampling)?).await;
+        choices = returned;
+        if let Some(delta) = delta {
             unary.absorb(delta);
         }
     }

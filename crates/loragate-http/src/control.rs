@@ -3,8 +3,8 @@
 //! a name.
 
 use axum::Json;
-use axum::extract::State;
-use loragate_core::{AdapterName, parse_timeout_s};
+use axum::extract::{Extension, State};
+use loragate_core::{Action, AdapterKey, AdapterName, Principal, parse_timeout_s};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -36,17 +36,21 @@ pub(crate) struct LoadBody {
     lora_path: Option<String>,
 }
 
-fn adapter_name(raw: Option<String>) -> Result<AdapterName, HttpError> {
-    AdapterName::parse(&raw.ok_or(HttpError::MissingField("lora_name"))?).map_err(HttpError::control)
+/// The adapter a request names, once its caller is known to be allowed `action` on it.
+fn authorized(caller: &Principal, raw: Option<String>, action: Action) -> Result<AdapterName, HttpError> {
+    let name = AdapterName::parse(&raw.ok_or(HttpError::MissingField("lora_name"))?).map_err(HttpError::control)?;
+    caller.authorize(action, &AdapterKey::Lora(name.clone())).map_err(HttpError::control)?;
+    Ok(name)
 }
 
 /// `POST /skyrl/v1/abort_lora_requests`: pauses the adapter and aborts its requests; answers once each was handed
 /// back. `aborted` lists their request ids (a completion's `X-Request-Id`).
 pub(crate) async fn abort_lora_requests(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     JsonBody(body): JsonBody<LoraNameBody>,
 ) -> Result<Json<Value>, HttpError> {
-    let name = adapter_name(body.lora_name)?;
+    let name = authorized(&caller, body.lora_name, Action::Control)?;
     let report = state.front().coordinator().abort(&name).await.map_err(HttpError::control)?;
     if !report.unacknowledged.is_empty() {
         tracing::warn!(adapter = %name, unacknowledged = ?report.unacknowledged, "abort acknowledgement timed out");
@@ -59,9 +63,10 @@ pub(crate) async fn abort_lora_requests(
 /// `POST /skyrl/v1/resume_lora_requests`: reopens the adapter, releasing every held request and waiter.
 pub(crate) async fn resume_lora_requests(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     JsonBody(body): JsonBody<LoraNameBody>,
 ) -> Result<Json<Value>, HttpError> {
-    let name = adapter_name(body.lora_name)?;
+    let name = authorized(&caller, body.lora_name, Action::Control)?;
     let was_paused = state.front().coordinator().resume(&name).await.map_err(HttpError::control)?;
     Ok(Json(json!({"status": "ok", "was_paused": was_paused})))
 }
@@ -70,9 +75,10 @@ pub(crate) async fn resume_lora_requests(
 /// passes (`paused: true`).
 pub(crate) async fn wait_lora_unpaused(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     JsonBody(body): JsonBody<WaitBody>,
 ) -> Result<Json<Value>, HttpError> {
-    let name = adapter_name(body.lora_name)?;
+    let name = authorized(&caller, body.lora_name, Action::Sample)?;
     let timeout = parse_timeout_s(body.timeout_s.unwrap_or(DEFAULT_WAIT_TIMEOUT_S)).map_err(HttpError::control)?;
     let paused = state.front().coordinator().wait_unpaused(&name, timeout).await.map_err(HttpError::control)?;
     Ok(Json(json!({"paused": paused})))
@@ -81,19 +87,12 @@ pub(crate) async fn wait_lora_unpaused(
 /// `POST /v1/load_lora_adapter`: loads (or swaps in) weights from a directory under the adapter root.
 pub(crate) async fn load_lora_adapter(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     JsonBody(body): JsonBody<LoadBody>,
 ) -> Result<Json<Value>, HttpError> {
-    let front = state.front();
-    let name = adapter_name(body.lora_name)?;
-    if name.as_str() == front.served_model_name() {
-        return Err(HttpError::InvalidField {
-            param: "lora_name",
-            reason: format!("{name:?} is the base model's served name; an adapter under it could not be addressed"),
-        });
-    }
+    let name = authorized(&caller, body.lora_name, Action::Control)?;
     let path = body.lora_path.ok_or(HttpError::MissingField("lora_path"))?;
-    let source = front.coordinator().resolve_adapter_path(&path).await.map_err(HttpError::control)?;
-    let version = front.coordinator().load_adapter(&name, source).await.map_err(HttpError::control)?;
+    let version = state.front().coordinator().load_adapter_at(&name, &path).await.map_err(HttpError::control)?;
     tracing::info!(adapter = %name, %version, "adapter loaded");
     Ok(Json(json!({"status": "ok", "lora_name": name.as_str(), "version": version.0})))
 }
@@ -101,9 +100,10 @@ pub(crate) async fn load_lora_adapter(
 /// `POST /v1/unload_lora_adapter`: aborts the adapter's requests, fails its held ones, and frees its weights.
 pub(crate) async fn unload_lora_adapter(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     JsonBody(body): JsonBody<LoraNameBody>,
 ) -> Result<Json<Value>, HttpError> {
-    let name = adapter_name(body.lora_name)?;
+    let name = authorized(&caller, body.lora_name, Action::Control)?;
     state.front().coordinator().unload_adapter(&name).await.map_err(HttpError::control)?;
     tracing::info!(adapter = %name, "adapter unloaded");
     Ok(Json(json!({"status": "ok", "lora_name": name.as_str()})))

@@ -1,13 +1,16 @@
 //! The loragate HTTP front: OpenAI-compatible completions, SkyRL-compatible per-adapter pause control and
 //! vLLM-compatible adapter loading over a [`loragate_core::Coordinator`], with health and Prometheus metrics.
 //!
-//! Data flow: a `POST /v1/completions` passes the **submission gate** (a middleware on that route only), which holds
-//! it while its adapter is paused → the handler parses the JSON into this crate's request types, encodes a text
-//! prompt with the [`TextCodec`], and hands the core a raw request, which the core validates → the coordinator
+//! Data flow: every request passes the **guard** (one router-wide middleware: cross-origin browser requests,
+//! non-JSON POST bodies and callers without a valid key are refused) → a `POST /v1/completions` handler parses the
+//! JSON into this crate's request types, encodes a text prompt with the [`TextCodec`], and hands the core a raw
+//! request, which the core validates → the coordinator holds it, parsed, at its adapter's **submission gate** while
+//! the adapter is paused (`Coordinator::sample`, the gate every front shares: the request's body is gone by then),
 //! admits and samples → the core's token events become OpenAI choices (text decoded incrementally, stop strings
-//! watched, logprobs) → one JSON response or server-sent events. Control endpoints route to the coordinator. Every
-//! error becomes an OpenAI-style error response in one place (`error.rs`), with `param` naming the field in this
-//! API's terms. There is no second copy of any semantics: one gate, one registry, in the core.
+//! watched off the async runtime, logprobs) → one JSON response or server-sent events. Control endpoints route to
+//! the coordinator. Every error becomes an OpenAI-style error response in one place (`error.rs`), with `param`
+//! naming the field in this API's terms. There is no second copy of any semantics: one gate, one registry, one
+//! keyring, in the core.
 //!
 //! ```no_run
 //! # async fn run(coordinator: loragate_core::Coordinator, codec: std::sync::Arc<dyn loragate_http::TextCodec>)
@@ -25,11 +28,11 @@ mod codec;
 mod completions;
 mod control;
 mod error;
+mod guard;
 mod json_body;
 mod models;
 mod observability;
 mod server;
-mod submission_gate;
 #[cfg(test)]
 mod test_codec;
 

@@ -1,4 +1,4 @@
-//! Assembles the HTTP server: the routes, the submission gate on `/v1/completions` only, request metrics on every
+//! Assembles the HTTP server: the routes, the request guard in front of all of them, request metrics on every
 //! route, and graceful shutdown.
 
 use std::convert::Infallible;
@@ -20,9 +20,9 @@ use crate::control::{
     abort_lora_requests, load_lora_adapter, resume_lora_requests, unload_lora_adapter, wait_lora_unpaused,
 };
 use crate::error::HttpError;
+use crate::guard::guard;
 use crate::models::list_models;
 use crate::observability::{HttpMetrics, health, metrics, track_requests};
-use crate::submission_gate::submission_gate;
 
 /// The largest request body accepted unless [`HttpFront::with_body_limit`] says otherwise: 4 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
@@ -152,12 +152,13 @@ pub async fn serve_http(
     }
 }
 
-/// The routes. The gate sits on `/v1/completions` only: control, health, metrics and models answer while an
+/// The routes. The guard (cross-origin, content type, authentication) is applied last, so that it covers every
+/// route and the fallback: keep it the last layer when adding routes. Sampling requests for a paused adapter are
+/// held by the core's gate inside `Coordinator::sample`; control, health, metrics and models answer while an
 /// adapter is paused.
 fn router(state: AppState) -> Router {
-    let gated_completions = post(create_completion).layer(from_fn_with_state(state.clone(), submission_gate));
     Router::new()
-        .route("/v1/completions", gated_completions)
+        .route("/v1/completions", post(create_completion))
         .route("/v1/models", get(list_models))
         .route("/v1/load_lora_adapter", post(load_lora_adapter))
         .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
@@ -168,6 +169,7 @@ fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route_layer(from_fn_with_state(state.clone(), track_requests))
         .fallback(|uri: Uri| async move { HttpError::NoSuchEndpoint(uri.path().to_owned()) })
+        .layer(from_fn_with_state(state.clone(), guard))
         .with_state(state)
 }
 

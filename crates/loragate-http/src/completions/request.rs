@@ -86,7 +86,8 @@ fn single_prompt(value: Value) -> Result<Prompt, String> {
     }
 }
 
-/// The stop strings of a request: `"stop": "x"` or `"stop": ["x", "y"]`; none may be empty.
+/// The stop strings of a request: `"stop": "x"` or `"stop": ["x", "y"]`; none may be empty, and their count and
+/// length are capped (see `stop.rs`).
 #[derive(Debug, Default, PartialEq, Deserialize)]
 #[serde(try_from = "Value")]
 pub(crate) struct StopStrings(pub(crate) Vec<String>);
@@ -106,9 +107,7 @@ impl TryFrom<Value> for StopStrings {
                 .collect::<Result<_, _>>()?,
             other => return Err(format!("must be a string or an array of strings, got {other}")),
         };
-        if strings.iter().any(String::is_empty) {
-            return Err("stop strings must not be empty".to_owned());
-        }
+        super::stop::check_stop_strings(&strings)?;
         Ok(Self(strings))
     }
 }
@@ -166,7 +165,17 @@ mod tests {
         assert_eq!(stop(r#"["a", "bc"]"#), vec!["a".to_owned(), "bc".to_owned()]);
         assert!(stop("[]").is_empty());
         assert_eq!(body(r#"{"stop": null}"#).expect("null").stop, None);
-        for json in [r#"{"stop": ""}"#, r#"{"stop": ["a", ""]}"#, r#"{"stop": [1]}"#, r#"{"stop": 1}"#] {
+        let too_many = serde_json::to_string(&vec!["x"; super::super::stop::MAX_STOP_STRINGS + 1]).expect("json");
+        let too_long = serde_json::to_string(&"x".repeat(super::super::stop::MAX_STOP_STRING_BYTES + 1)).expect("json");
+        for json in [
+            r#"{"stop": ""}"#.to_owned(),
+            r#"{"stop": ["a", ""]}"#.to_owned(),
+            r#"{"stop": [1]}"#.to_owned(),
+            r#"{"stop": 1}"#.to_owned(),
+            format!(r#"{{"stop": {too_many}}}"#),
+            format!(r#"{{"stop": {too_long}}}"#),
+        ] {
+            let json = json.as_str();
             assert_eq!(rejected_param(json).as_deref(), Some("stop"), "{json}");
         }
     }

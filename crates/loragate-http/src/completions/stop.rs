@@ -1,8 +1,33 @@
 //! Stop strings, watched in a choice's decoded text as it grows. Text that could be the start of a stop string is
 //! held back until the next piece shows whether it is one, so a stop string split across tokens or chunks is
 //! still found and never sent to a streaming client.
+//!
+//! Limits: a request may give at most [`MAX_STOP_STRINGS`] stop strings of at most [`MAX_STOP_STRING_BYTES`] bytes
+//! each (more is a 400 naming `stop`), so watching one piece of text costs at most a few microseconds' worth of
+//! comparisons over a window shorter than the longest stop string. Matching runs off the async runtime anyway (see
+//! [`Choices::on_event_off_runtime`](super::choice::Choices::on_event_off_runtime)), so that no request's stop
+//! strings can stall others.
 
 use std::sync::Arc;
+
+/// The most stop strings one request may give.
+pub(crate) const MAX_STOP_STRINGS: usize = 16;
+/// The longest stop string accepted, in bytes.
+pub(crate) const MAX_STOP_STRING_BYTES: usize = 256;
+
+/// Checks a request's stop strings against the limits (none may be empty either).
+pub(crate) fn check_stop_strings(stops: &[String]) -> Result<(), String> {
+    if stops.len() > MAX_STOP_STRINGS {
+        return Err(format!("has {} stop strings, the limit is {MAX_STOP_STRINGS}", stops.len()));
+    }
+    if stops.iter().any(String::is_empty) {
+        return Err("stop strings must not be empty".to_owned());
+    }
+    if let Some(long) = stops.iter().find(|stop| stop.len() > MAX_STOP_STRING_BYTES) {
+        return Err(format!("a stop string is {} bytes long, the limit is {MAX_STOP_STRING_BYTES}", long.len()));
+    }
+    Ok(())
+}
 
 /// What the watcher says about a piece of text.
 #[derive(Debug, PartialEq, Eq)]
@@ -17,13 +42,21 @@ pub(crate) enum Watched {
 #[derive(Debug)]
 pub(crate) struct StopWatcher {
     stops: Arc<[String]>,
+    /// The longest stop string's length: held-back text is always shorter.
+    longest: usize,
     held: String,
 }
 
 impl StopWatcher {
-    /// A watcher for `stops` (none of them empty).
+    /// A watcher for `stops` (checked by [`check_stop_strings`]).
     pub(crate) fn new(stops: Arc<[String]>) -> Self {
-        Self { stops, held: String::new() }
+        let longest = stops.iter().map(String::len).max().unwrap_or(0);
+        Self { stops, longest, held: String::new() }
+    }
+
+    /// Whether there is anything to watch for.
+    pub(crate) fn is_watching(&self) -> bool {
+        !self.stops.is_empty()
     }
 
     /// Takes the next piece of text.
@@ -38,11 +71,14 @@ impl StopWatcher {
             before.truncate(at);
             return Watched::Stopped(before);
         }
-        // Hold back the longest tail that some stop string starts with.
+        // Hold back the longest tail that some stop string starts with (only tails shorter than the longest stop
+        // string can be one).
+        let shortest_start = self.held.len().saturating_sub(self.longest.saturating_sub(1));
         let keep_from = self
             .held
             .char_indices()
             .map(|(index, _)| index)
+            .filter(|&index| index >= shortest_start)
             .find(|&index| self.stops.iter().any(|stop| stop.starts_with(&self.held[index..])))
             .unwrap_or(self.held.len());
         let kept = self.held.split_off(keep_from);
@@ -107,6 +143,26 @@ mod tests {
     fn the_earliest_of_several_stop_strings_wins() {
         assert_eq!(run(&["meow", "ow"], &["a cow says meow"]), ("a c".into(), true));
         assert_eq!(run(&["xyz", "b"], &["a", "bc"]), ("a".into(), true));
+    }
+
+    #[test]
+    fn held_back_text_stays_shorter_than_the_longest_stop_string() {
+        let mut watcher = watcher(&["aaaab", "xy"]);
+        for _ in 0..1000 {
+            assert!(matches!(watcher.feed("a"), Watched::Continue(_)));
+            assert!(watcher.held.len() < 5, "{}", watcher.held.len());
+        }
+        assert_eq!(watcher.feed("b"), Watched::Stopped(String::new()));
+    }
+
+    #[test]
+    fn stop_strings_are_capped_in_count_and_length() {
+        let many: Vec<String> = (0..=MAX_STOP_STRINGS).map(|i| i.to_string()).collect();
+        assert!(check_stop_strings(&many).expect_err("too many").contains("limit"));
+        assert!(check_stop_strings(&many[..MAX_STOP_STRINGS]).is_ok());
+        assert!(check_stop_strings(&["x".repeat(MAX_STOP_STRING_BYTES + 1)]).is_err());
+        assert!(check_stop_strings(&["x".repeat(MAX_STOP_STRING_BYTES)]).is_ok());
+        assert!(check_stop_strings(&[String::new()]).is_err());
     }
 
     #[test]

@@ -20,15 +20,15 @@ use crate::error::HttpError;
 
 /// Where a streamed response is.
 enum Progress {
-    /// The request runs; more events may come.
-    Running { samples: SampleStream, choices: Choices },
+    /// The request runs; more events may come (the stream is boxed: it is large and this moves per event).
+    Running { samples: Box<SampleStream>, choices: Choices },
     /// `[DONE]` was sent.
     Done,
 }
 
 /// The SSE response for a started request.
 pub(crate) fn sse_response(header: CompletionHeader, choices: Choices, samples: SampleStream) -> Response {
-    let events = futures::stream::unfold(Progress::Running { samples, choices }, move |progress| {
+    let events = futures::stream::unfold(Progress::Running { samples: Box::new(samples), choices }, move |progress| {
         let header = header.clone();
         async move { next_events(&header, progress).await }
     })
@@ -44,7 +44,9 @@ async fn next_events(header: &CompletionHeader, progress: Progress) -> Option<(V
     loop {
         match samples.next().await {
             Some(Ok(event)) => {
-                let Some(delta) = choices.on_event(event) else { continue };
+                let (returned, delta) = choices.on_event_off_runtime(event).await;
+                choices = returned;
+                let Some(delta) = delta else { continue };
                 let chunk = data_event(&header.chunk(delta));
                 if choices.all_finished() {
                     return Some((vec![chunk, done_event()], Progress::Done));

@@ -7,6 +7,7 @@ mod completions;
 mod control;
 mod errors;
 mod gate;
+mod hardening;
 mod observability;
 
 use std::sync::Arc;
@@ -42,7 +43,9 @@ async fn serve(adapters: &[&str]) -> Harness {
     serve_engine(ScriptedEngine::new(HOLD_AFTER), CoordinatorConfig::default(), adapters).await
 }
 
-async fn serve_engine(engine: ScriptedEngine, config: CoordinatorConfig, adapters: &[&str]) -> Harness {
+/// A server over `engine` and `config` (with the served name reserved, as `loragate serve` does).
+async fn serve_engine(engine: ScriptedEngine, mut config: CoordinatorConfig, adapters: &[&str]) -> Harness {
+    config.reserved_names.push(SERVED_NAME.to_owned());
     let coordinator = coordinator_with_adapters(engine, config, adapters).await;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address");
