@@ -6,10 +6,14 @@ use std::future::{Future, IntoFuture};
 use std::sync::Arc;
 
 use axum::Router;
-use axum::middleware::from_fn_with_state;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request};
+use axum::middleware::{Next, from_fn, from_fn_with_state};
+use axum::response::Response;
 use axum::routing::{get, post};
 use http::Uri;
 use loragate_core::Coordinator;
+use loragate_net::{ActiveBody, Connection, ConnectionLimits, GuardedListener};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -27,21 +31,36 @@ use crate::observability::{HttpMetrics, health, metrics, track_requests};
 /// The largest request body accepted unless [`HttpFront::with_body_limit`] says otherwise: 4 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
 
-/// What the HTTP front serves: the coordinator, the base model's served name, the text codec, and the body limit.
+/// What the HTTP front serves: the coordinator, the base model's served name, the text codec, the body limit and
+/// the connection limits.
 #[derive(Clone)]
 pub struct HttpFront {
     coordinator: Coordinator,
     served_model_name: Arc<str>,
     codec: Arc<dyn TextCodec>,
     body_limit: usize,
+    connections: ConnectionLimits,
 }
 
 impl HttpFront {
     /// A front over `coordinator`. `served_model_name` is what `model` and `/v1/models` call the base model;
-    /// `codec` encodes text prompts and decodes generated tokens. The body limit is [`DEFAULT_BODY_LIMIT`].
+    /// `codec` encodes text prompts and decodes generated tokens. The body limit is [`DEFAULT_BODY_LIMIT`], the
+    /// connection limits are [`ConnectionLimits::default`].
     pub fn new(coordinator: Coordinator, served_model_name: impl Into<String>, codec: Arc<dyn TextCodec>) -> Self {
         let served_model_name: String = served_model_name.into();
-        Self { coordinator, served_model_name: served_model_name.into(), codec, body_limit: DEFAULT_BODY_LIMIT }
+        Self {
+            coordinator,
+            served_model_name: served_model_name.into(),
+            codec,
+            body_limit: DEFAULT_BODY_LIMIT,
+            connections: ConnectionLimits::default(),
+        }
+    }
+
+    /// Sets the connection cap and timeouts (clones of one [`ConnectionLimits`] share its cap with other fronts).
+    pub fn with_connection_limits(mut self, connections: ConnectionLimits) -> Self {
+        self.connections = connections;
+        self
     }
 
     /// Sets the largest request body accepted, in bytes (larger ones get 413).
@@ -120,6 +139,9 @@ pub enum HttpServeError {
 
 /// Serves the HTTP front on `listener` until `stop` resolves, then lets open requests finish.
 ///
+/// At most the front's `max_connections` connections are open at once; a connection without a request in progress
+/// past the header-read or idle timeout is closed (see [`ConnectionLimits`]).
+///
 /// `/health` answers 200 until `draining` resolves (the server is about to stop), then 503, so load balancers stop
 /// sending work while running requests finish.
 pub async fn serve_http(
@@ -128,10 +150,13 @@ pub async fn serve_http(
     draining: impl Future<Output = ()> + Send + 'static,
     stop: impl Future<Output = ()> + Send,
 ) -> Result<(), HttpServeError> {
+    let listener = GuardedListener::new(listener, front.connections.clone());
     let state = AppState::new(front);
     let shutdown = CancellationToken::new();
-    let server =
-        axum::serve(listener, router(state.clone())).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    // Outermost: a request counts as in progress on its connection from its head to the end of its response.
+    let app = router(state.clone()).layer(from_fn(mark_in_progress));
+    let server = axum::serve(listener, app.into_make_service_with_connect_info::<Connection>())
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let server = server.into_future();
     let mark_draining = async move {
         draining.await;
@@ -171,6 +196,15 @@ fn router(state: AppState) -> Router {
         .fallback(|uri: Uri| async move { HttpError::NoSuchEndpoint(uri.path().to_owned()) })
         .layer(from_fn_with_state(state.clone(), guard))
         .with_state(state)
+}
+
+/// Marks the request in progress on its connection until its response body is sent or dropped, so the
+/// connection is never closed as idle under a long-poll, a held request or a stream.
+async fn mark_in_progress(request: Request, next: Next) -> Response {
+    let active =
+        request.extensions().get::<ConnectInfo<Connection>>().map(|ConnectInfo(connection)| connection.begin());
+    let response = next.run(request).await;
+    response.map(|body| Body::new(ActiveBody::new(body, active)))
 }
 
 #[cfg(test)]

@@ -264,3 +264,45 @@ async fn the_base_models_served_name_cannot_be_loaded_as_an_adapter() {
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(status.message().starts_with("lora_name"), "{status:?}");
 }
+
+#[tokio::test]
+async fn idle_connections_are_closed_but_a_held_call_keeps_its_connection() {
+    use tokio::io::AsyncReadExt;
+
+    let coordinator =
+        coordinator_with_adapters(ScriptedEngine::new(HOLD_AFTER), CoordinatorConfig::default(), &["meow"]).await;
+    let limits = loragate_net::ConnectionLimits::new(16, Duration::from_millis(200), Duration::from_millis(400));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let (_stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(crate::serve_grpc_with(
+        listener,
+        coordinator.clone(),
+        limits.clone(),
+        std::future::pending(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    // A connection that never sends the HTTP/2 preface is closed by the header-read timeout.
+    let mut silent = tokio::net::TcpStream::connect(address).await.expect("connect");
+    let mut ignored = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), silent.read_to_end(&mut ignored)).await;
+    assert!(closed.is_ok(), "a silent connection is closed");
+
+    // A sample held at a paused gate for several idle timeouts keeps its connection and is answered on resume.
+    let meow = loragate_core::AdapterName::parse("meow").expect("name");
+    coordinator.abort(&meow).await.expect("pause");
+    let channel = Channel::from_shared(format!("http://{address}")).expect("uri").connect().await.expect("connect");
+    let mut sampler = SamplerClient::new(channel);
+    let held = tokio::spawn(async move { sampler.sample(sample_request("meow", 2)).await });
+    eventually("the sample is held", || async { coordinator.load().held == 1 }).await;
+    // Time passing is what is tested here (three idle timeouts), not a synchronisation.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(!held.is_finished(), "still held");
+    coordinator.resume(&meow).await.expect("resume");
+    let response = held.await.expect("task").expect("answered on the same connection");
+    assert_eq!(response.into_inner().sequences[0].finish_reason(), FinishReason::Length);
+    eventually("the idle connection is closed afterwards", || async { limits.open_connections() == 0 }).await;
+}

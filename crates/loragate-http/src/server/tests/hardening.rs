@@ -211,3 +211,91 @@ async fn overload_is_429_with_retry_after_naming_the_limit() {
     assert_eq!((status, &aborted["choices"][0]["finish_reason"]), (StatusCode::OK, &json!("abort")));
     harness.resume("meow").await;
 }
+
+/// A server over `config` and `connections`; returns its address and coordinator.
+async fn serve_connections(
+    config: CoordinatorConfig,
+    connections: loragate_net::ConnectionLimits,
+) -> (std::net::SocketAddr, Coordinator, oneshot::Sender<()>) {
+    let coordinator = coordinator_with_adapters(ScriptedEngine::new(HOLD_AFTER), config, &["meow"]).await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let front =
+        HttpFront::new(coordinator.clone(), SERVED_NAME, Arc::new(ByteCodec)).with_connection_limits(connections);
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(serve_http(listener, front, std::future::pending(), async move {
+        let _ = stopped.await;
+    }));
+    (address, coordinator, stop)
+}
+
+/// Reads until the server closes the connection (or `limit` passes); returns what was read.
+async fn read_until_closed(stream: &mut tokio::net::TcpStream, limit: Duration) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut received = Vec::new();
+    let closed = tokio::time::timeout(limit, stream.read_to_end(&mut received)).await;
+    closed.ok().map(|_| String::from_utf8_lossy(&received).into_owned())
+}
+
+#[tokio::test]
+async fn idle_and_slow_header_connections_are_closed_but_held_requests_and_long_polls_are_not() {
+    use tokio::io::AsyncWriteExt;
+
+    let limits = loragate_net::ConnectionLimits::new(64, Duration::from_millis(200), Duration::from_millis(400));
+    let (address, coordinator, _stop) = serve_connections(CoordinatorConfig::default(), limits.clone()).await;
+
+    // Silent and slow-header connections are closed by the header-read timeout.
+    let mut silent = tokio::net::TcpStream::connect(address).await.expect("connect");
+    let mut slow = tokio::net::TcpStream::connect(address).await.expect("connect");
+    slow.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n").await.expect("half a head");
+    let started = Instant::now();
+    assert!(read_until_closed(&mut silent, Duration::from_secs(10)).await.is_some(), "a silent connection is closed");
+    assert!(read_until_closed(&mut slow, Duration::from_secs(10)).await.is_some(), "a slow header is closed");
+    assert!(started.elapsed() >= Duration::from_millis(150), "{:?}", started.elapsed());
+
+    // A completion held at a paused gate for longer than the idle timeout keeps its connection.
+    let meow = loragate_core::AdapterName::parse("meow").expect("name");
+    coordinator.abort(&meow).await.expect("pause");
+    let client = reqwest::Client::builder().no_proxy().build().expect("client");
+    let url = format!("http://{address}");
+    let held = tokio::spawn({
+        let request = client
+            .post(format!("{url}/v1/completions"))
+            .json(&json!({"model": "meow", "prompt": "x", "max_tokens": 2}));
+        async move { request.send().await.map(|response| response.status()) }
+    });
+    let long_poll = tokio::spawn({
+        let request = client
+            .post(format!("{url}/skyrl/v1/wait_lora_unpaused"))
+            .json(&json!({"lora_name": "meow", "timeout_s": 1.0}));
+        async move { request.send().await.expect("send").json::<Value>().await.expect("json") }
+    });
+    let adapter = coordinator.lora(&meow).expect("loaded");
+    eventually("held and waiting", || async {
+        let status = adapter.status().await.expect("status");
+        status.held == 1 && status.waiting == 1
+    })
+    .await;
+    assert_eq!(long_poll.await.expect("task"), json!({"paused": true}), "the long-poll ran to its own timeout");
+    coordinator.resume(&meow).await.expect("resume");
+    assert_eq!(held.await.expect("task").expect("the held request's connection stayed open"), StatusCode::OK);
+    eventually("idle keep-alive connections are closed too", || async { limits.open_connections() == 0 }).await;
+}
+
+#[tokio::test]
+async fn past_the_connection_cap_new_connections_wait_for_a_free_slot() {
+    let limits = loragate_net::ConnectionLimits::new(2, Duration::from_millis(300), Duration::from_secs(60));
+    let (address, _coordinator, _stop) = serve_connections(CoordinatorConfig::default(), limits.clone()).await;
+    let _hogs: Vec<tokio::net::TcpStream> =
+        futures::future::join_all((0..2).map(|_| tokio::net::TcpStream::connect(address)))
+            .await
+            .into_iter()
+            .map(|hog| hog.expect("connect"))
+            .collect();
+    eventually("both slots are taken", || async { limits.open_connections() == 2 }).await;
+    let client = reqwest::Client::builder().no_proxy().build().expect("client");
+    let started = Instant::now();
+    let health = client.get(format!("http://{address}/health")).send().await.expect("served once a hog is closed");
+    assert_eq!(health.status(), StatusCode::OK);
+    assert!(started.elapsed() >= Duration::from_millis(200), "it waited for a slot: {:?}", started.elapsed());
+}
