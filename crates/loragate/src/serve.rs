@@ -6,9 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::select_all;
-use loragate_core::{AdapterName, AdapterRoot, AdapterSource, Coordinator, CoordinatorConfig, CoreError};
+use loragate_core::{
+    AdapterName, AdapterRoot, AdapterSource, Coordinator, CoordinatorConfig, CoreError, Key, KeyConfigError, Keyring,
+    Limits, TenantKeys,
+};
 use loragate_engine::{CandleEngine, DEMO_MODEL_NAME, DemoError, EngineConfig, EngineLoadError, ensure_demo_files};
 use loragate_http::HttpFront;
+use loragate_net::ConnectionLimits;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -57,8 +61,40 @@ pub struct ServeConfig {
     pub abort_ack_timeout: Duration,
     /// How long running requests may finish on shutdown before the rest are aborted.
     pub shutdown_grace: Duration,
+    /// Caps on admitted and held sampling requests.
+    pub limits: Limits,
+    /// The most connections open at once, both fronts together.
+    pub max_connections: usize,
+    /// How long a new connection may take to send its first request head.
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay without a request in progress.
+    pub idle_timeout: Duration,
+    /// Who may do what (off unless some key is given).
+    pub authentication: Authentication,
     /// How the engine runs.
     pub engine: EngineConfig,
+}
+
+/// The keys of `--api-key`, `--admin-key` and `--tenant-keys`; any one turns authentication on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Authentication {
+    /// May sample.
+    pub api_key: Option<Key>,
+    /// May do everything.
+    pub admin_key: Option<Key>,
+    /// A JSON file of tenant keys (see `docs/security.md`).
+    pub tenant_keys: Option<PathBuf>,
+}
+
+impl Authentication {
+    /// The keyring these keys make (reading the tenant file).
+    pub fn keyring(&self) -> Result<Keyring, KeyConfigError> {
+        let tenants = match &self.tenant_keys {
+            Some(path) => TenantKeys::read(path)?,
+            None => TenantKeys::default(),
+        };
+        Keyring::new(self.api_key.clone(), self.admin_key.clone(), tenants)
+    }
 }
 
 impl ServeConfig {
@@ -74,6 +110,11 @@ impl ServeConfig {
             gate_max_wait: Duration::from_secs(120),
             abort_ack_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(10),
+            limits: Limits::default(),
+            max_connections: loragate_net::DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout: loragate_net::DEFAULT_HEADER_READ_TIMEOUT,
+            idle_timeout: loragate_net::DEFAULT_IDLE_TIMEOUT,
+            authentication: Authentication::default(),
             engine: EngineConfig::default(),
         }
     }
@@ -109,6 +150,9 @@ pub enum ServeError {
         #[source]
         source: CoreError,
     },
+    /// The keys cannot be used.
+    #[error("authentication keys: {0}")]
+    Keys(#[from] KeyConfigError),
     /// The coordinator's actors could not start.
     #[error("starting the coordinator: {0}")]
     Coordinator(#[from] ractor::SpawnErr),
@@ -162,6 +206,10 @@ impl RunningServer {
         adapters.retain(|demo| !config.adapters.iter().any(|given| given.name == demo.name));
         adapters.extend(config.adapters.iter().cloned());
         let served_model_name = config.served_model_name.clone().unwrap_or(default_name);
+        let auth = config.authentication.keyring()?;
+        if auth.is_enabled() {
+            tracing::info!("authentication is on: callers must present a key");
+        }
 
         let engine_config = config.engine.clone();
         let engine = blocking(move || CandleEngine::load(&model_dir, engine_config)).await??;
@@ -174,7 +222,9 @@ impl RunningServer {
             max_gate_hold: config.gate_max_wait,
             abort_ack_timeout: config.abort_ack_timeout,
             adapter_root,
-            ..CoordinatorConfig::default()
+            limits: config.limits,
+            auth,
+            reserved_names: vec![served_model_name.clone()],
         };
         let coordinator = Coordinator::start(Arc::new(engine), coordinator_config).await?;
         for InitialAdapter { name, dir } in adapters {
@@ -188,14 +238,19 @@ impl RunningServer {
         let http_listener = bind(config.http_addr).await?;
         let http_addr = local_addr(&http_listener, config.http_addr)?;
 
+        // One cap over both fronts: it protects the process's file descriptors.
+        let connections =
+            ConnectionLimits::new(config.max_connections, config.header_read_timeout, config.idle_timeout);
         let (draining, stop) = (CancellationToken::new(), CancellationToken::new());
-        let grpc = tokio::spawn(loragate_grpc::serve_grpc(
+        let grpc = tokio::spawn(loragate_grpc::serve_grpc_with(
             grpc_listener,
             coordinator.clone(),
+            connections.clone(),
             draining.clone().cancelled_owned(),
             stop.clone().cancelled_owned(),
         ));
-        let http_front = HttpFront::new(coordinator.clone(), served_model_name.clone(), codec);
+        let http_front =
+            HttpFront::new(coordinator.clone(), served_model_name.clone(), codec).with_connection_limits(connections);
         let http = tokio::spawn(loragate_http::serve_http(
             http_listener,
             http_front,
