@@ -241,7 +241,7 @@ async fn sampler(
     let mut round = 0u64;
     while !stop.load(Ordering::Acquire) {
         round += 1;
-        if round % 10 == 0 {
+        if round.is_multiple_of(10) {
             // Walk away mid-request: held, queued or running, it must leave nothing behind.
             let mut request = tonic::Request::new(pb::SampleRequest {
                 lora_name: adapter.into(),
@@ -332,7 +332,7 @@ async fn trainer(channel: Channel, counters: Arc<Counters>, stop: Arc<AtomicBool
         assert!(report.unacknowledged_request_ids.is_empty(), "{adapter}: every aborted request was handed back");
         counters.pauses.fetch_add(1, Ordering::AcqRel);
         tokio::time::sleep(jitter(5..60)).await;
-        if turn % 3 == 0 {
+        if turn.is_multiple_of(3) {
             let swap = pb::LoadLoraAdapterRequest { lora_name: adapter.into(), path: adapter.into() };
             control.load_lora_adapter(swap).await.expect("swap while paused");
             counters.swaps.fetch_add(1, Ordering::AcqRel);
