@@ -14,7 +14,8 @@
 //! - every tenth request of a sampler instead walks away after a few milliseconds (held, queued or running);
 //! - `http_clients` clients on the HTTP front, half of them dropping their streamed completion after the first
 //!   chunk (a 429 is an allowed answer: HTTP clients do not retry);
-//! - a trainer cycling over the adapters: pause (abort), sometimes a weight swap, resume;
+//! - a trainer cycling over the adapters and the pause modes: abort (with a weight load while paused), keep (the
+//!   requests continue server-side when the adapter reopens), wait (drain), and the atomic `SwapLoraAdapter`;
 //! - a churn loop loading a fresh adapter, sampling it and unloading it while those samples run;
 //! - the server's in-flight cap is below the number of samplers, so overload (RESOURCE_EXHAUSTED, retried by the
 //!   clients with backoff) is part of the run.
@@ -86,9 +87,9 @@ pub struct SoakReport {
     pub http_answered: u64,
     /// HTTP completions refused with 429.
     pub http_overloaded: u64,
-    /// Pauses (aborts) by the trainer, and weight swaps among them.
+    /// Pauses by the trainer (abort, keep, wait and swaps).
     pub pauses: u64,
-    /// Weight swaps (loads under a loaded name, while paused).
+    /// Weight swaps (loads under a loaded name while paused, and atomic swaps).
     pub swaps: u64,
     /// Adapters loaded, sampled and unloaded under traffic.
     pub churned: u64,
@@ -320,24 +321,50 @@ async fn http_client(
     }
 }
 
-/// Pauses, sometimes swaps, and resumes the adapters in turn; always leaves them open.
+/// Pauses and resumes the adapters in turn, cycling through the pause modes (abort with a weight load while paused,
+/// keep, wait) and the atomic swap; always leaves them open.
 async fn trainer(channel: Channel, counters: Arc<Counters>, stop: Arc<AtomicBool>) {
     let mut control = pb::lora_control_client::LoraControlClient::new(channel);
     let mut turn = 0usize;
     while !stop.load(Ordering::Acquire) {
         let adapter = ADAPTERS[turn % ADAPTERS.len()];
+        let step = turn / ADAPTERS.len() % 4;
         turn += 1;
-        let pause = pb::AbortLoraRequestsRequest { lora_name: adapter.into() };
-        let report = control.abort_lora_requests(pause).await.expect("pause").into_inner();
-        assert!(report.unacknowledged_request_ids.is_empty(), "{adapter}: every aborted request was handed back");
+        if step == 3 {
+            // The atomic swap: pause (keep), load, reopen, in one call.
+            let swap = pb::SwapLoraAdapterRequest { lora_name: adapter.into(), path: adapter.into(), mode: 0 };
+            control.swap_lora_adapter(swap).await.expect("an atomic swap");
+            counters.swaps.fetch_add(1, Ordering::AcqRel);
+            counters.pauses.fetch_add(1, Ordering::AcqRel);
+            tokio::time::sleep(jitter(100..300)).await;
+            continue;
+        }
+        let mode = [pb::PauseMode::Abort, pb::PauseMode::Keep, pb::PauseMode::Wait][step];
+        let mut pause = tonic::Request::new(pb::AbortLoraRequestsRequest {
+            lora_name: adapter.into(),
+            mode: mode.into(),
+            owner: "soak-trainer".into(),
+            lease_s: 30.0,
+        });
+        // A wait-mode pause drains what runs; with hundreds queued it may not finish in time, and is then withdrawn.
+        pause.set_timeout(Duration::from_secs(2));
+        let report = match control.abort_lora_requests(pause).await {
+            Ok(report) => report.into_inner(),
+            Err(status) if mode == pb::PauseMode::Wait && status.code() == Code::DeadlineExceeded => {
+                tokio::time::sleep(jitter(100..300)).await;
+                continue;
+            }
+            Err(status) => panic!("{adapter}: a {mode:?} pause failed: {status:?}"),
+        };
+        assert!(report.unacknowledged_request_ids.is_empty(), "{adapter}: every stopped request was handed back");
         counters.pauses.fetch_add(1, Ordering::AcqRel);
         tokio::time::sleep(jitter(5..60)).await;
-        if turn.is_multiple_of(3) {
-            let swap = pb::LoadLoraAdapterRequest { lora_name: adapter.into(), path: adapter.into() };
-            control.load_lora_adapter(swap).await.expect("swap while paused");
+        if mode == pb::PauseMode::Abort {
+            let load = pb::LoadLoraAdapterRequest { lora_name: adapter.into(), path: adapter.into() };
+            control.load_lora_adapter(load).await.expect("a load while paused");
             counters.swaps.fetch_add(1, Ordering::AcqRel);
         }
-        let resume = pb::ResumeLoraRequestsRequest { lora_name: adapter.into() };
+        let resume = pb::ResumeLoraRequestsRequest { lora_name: adapter.into(), pause_id: report.pause_id };
         control.resume_lora_requests(resume).await.expect("resume");
         tokio::time::sleep(jitter(100..300)).await;
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::auth::Action;
 use crate::engine::EngineError;
-use crate::ids::AdapterKey;
+use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
 use crate::limits::Limit;
 
 /// A request field that failed validation. Its [`Display`](fmt::Display) is the field's path in the gRPC contract
@@ -36,6 +36,14 @@ pub enum Field {
     TimeoutS,
     /// `path` of an adapter to load.
     Path,
+    /// `mode` of a pause.
+    Mode,
+    /// `owner` of a pause.
+    Owner,
+    /// `lease_s` of a pause.
+    LeaseS,
+    /// `pause_id` of a resume.
+    PauseId,
 }
 
 impl Field {
@@ -53,6 +61,10 @@ impl Field {
             Self::NumSamples => "num_samples",
             Self::TimeoutS => "timeout_s",
             Self::Path => "path",
+            Self::Mode => "mode",
+            Self::Owner => "owner",
+            Self::LeaseS => "lease_s",
+            Self::PauseId => "pause_id",
         }
     }
 }
@@ -85,6 +97,31 @@ pub enum CoreError {
         adapter: AdapterKey,
         /// How long the request was held.
         held_for: Duration,
+    },
+    /// A pause in wait mode closed the gate, but requests were still running when the caller's deadline (or the
+    /// server's longest drain) came; the pause was withdrawn, so nothing stays paused because of the failed call.
+    #[error(
+        "{adapter} still had {still_running} request(s) running after {waited:?}; the wait-mode pause was withdrawn"
+    )]
+    DrainTimedOut {
+        /// The adapter being drained.
+        adapter: AdapterKey,
+        /// Requests still running at the deadline.
+        still_running: usize,
+        /// How long the pause waited.
+        waited: Duration,
+    },
+    /// The load of a swap failed: the adapter still serves its previous version, it was reopened (unless another
+    /// pause holds it) and the requests the swap kept continue on the previous weights.
+    #[error("swapping {adapter} failed, it keeps serving {serving} and its kept requests continue on it: {source}")]
+    SwapFailed {
+        /// The adapter.
+        adapter: AdapterName,
+        /// The version it keeps serving.
+        serving: AdapterVersion,
+        /// Why the load failed.
+        #[source]
+        source: Box<CoreError>,
     },
     /// The adapter's actor did not answer (it is restarting or the coordinator is stopping); retrying may succeed.
     #[error("{0} is not answering right now (its actor is restarting or the server is stopping)")]
@@ -132,6 +169,8 @@ impl CoreError {
             Self::InvalidArgument { .. } => "invalid_argument",
             Self::UnknownAdapter(_) => "unknown_adapter",
             Self::GateHoldExpired { .. } => "gate_hold_expired",
+            Self::DrainTimedOut { .. } => "drain_timed_out",
+            Self::SwapFailed { source, .. } => source.kind(),
             Self::AdapterUnavailable(_) => "adapter_unavailable",
             Self::ShuttingDown => "shutting_down",
             Self::Overloaded { .. } => "overloaded",

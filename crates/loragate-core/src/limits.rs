@@ -212,6 +212,14 @@ impl AdapterLoad {
         }
         Ok(Slot { load: self.clone(), occupancy })
     }
+
+    /// Counts one request as `occupancy` whatever the caps (it was accepted before; see
+    /// [`AdapterCell::occupy_uncapped`](crate::adapter::AdapterCell::occupy_uncapped)).
+    pub(crate) fn count(self: &Arc<Self>, occupancy: Occupancy) -> Slot {
+        self.counter(occupancy).count.fetch_add(1, Ordering::AcqRel);
+        self.server.counter(occupancy).count.fetch_add(1, Ordering::AcqRel);
+        Slot { load: self.clone(), occupancy }
+    }
 }
 
 fn overloaded(counter: &CappedCount, adapter: &AdapterKey) -> CoreError {

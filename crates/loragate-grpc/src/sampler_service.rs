@@ -28,10 +28,10 @@ impl SamplerService {
     /// Admits the request the gate parsed (waiting at its adapter's gate if it closed again since the submission
     /// gate let it through) and starts the engine.
     async fn start(&self, mut request: Request<pb::SampleRequest>) -> Result<SampleStream, Status> {
-        let Some(GatedSample { request, hold_until }) = request.extensions_mut().remove::<GatedSample>() else {
+        let Some(GatedSample { request, deadline }) = request.extensions_mut().remove::<GatedSample>() else {
             return Err(Status::internal("the Sampler service must be served behind its SubmissionGateLayer"));
         };
-        self.coordinator.sample(request, hold_until).await.map_err(status_from_core)
+        self.coordinator.sample(request, deadline).await.map_err(status_from_core)
     }
 }
 

@@ -20,7 +20,7 @@ use std::task::{Context, Poll};
 use bytes::{Buf, Bytes};
 use futures::future::BoxFuture;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
-use loragate_core::{Action, Coordinator, SampleRequest};
+use loragate_core::{Action, Coordinator, GateDeadline, SampleRequest};
 use loragate_proto::v1 as pb;
 use prost::Message;
 use tokio::time::Instant;
@@ -43,12 +43,13 @@ const FRAME_HEADER_BYTES: usize = 5;
 /// request travels parsed, in [`GatedSample`].
 const EMPTY_MESSAGE_FRAME: [u8; FRAME_HEADER_BYTES] = [0; FRAME_HEADER_BYTES];
 
-/// Request extension: the parsed request the gate let through, and when it must stop waiting at a gate (the
-/// handler uses the same deadline if the adapter closes again before admission).
+/// Request extension: the parsed request the gate let through, and its waiting limits (the handler admits with the
+/// same deadline if the adapter closes again before admission, and a keep-mode pause bounds its wait by the
+/// client's deadline).
 #[derive(Clone, Debug)]
 pub(crate) struct GatedSample {
     pub(crate) request: SampleRequest,
-    pub(crate) hold_until: Instant,
+    pub(crate) deadline: GateDeadline,
 }
 
 /// Applies [`SubmissionGate`] to a service (with `tonic::service::LayerExt::named_layer`, so that only the
@@ -114,18 +115,18 @@ async fn parse_and_hold(
     coordinator: &Coordinator,
     request: http::Request<Body>,
 ) -> Result<http::Request<Body>, Status> {
-    let hold_until = coordinator.gate_deadline(client_deadline(request.headers()));
+    let deadline = coordinator.gate_deadline(client_deadline(request.headers()));
     let principal = caller(request.headers(), request.extensions(), coordinator.auth()).map_err(status_from_core)?;
     let (mut parts, body) = request.into_parts();
-    let frame = read_message(coordinator, body, hold_until).await?;
+    let frame = read_message(coordinator, body, deadline.hold_until()).await?;
     let message = decode_message(&parts.headers, frame)?;
     let request = coordinator.parse_sample(raw_sample_request(message)).map_err(status_from_core)?;
     principal.authorize(Action::Sample, request.adapter()).map_err(status_from_core)?;
     // An unknown adapter is not held: the handler answers NOT_FOUND.
     if let Ok(adapter) = coordinator.adapter(request.adapter()) {
-        adapter.hold_while_paused(hold_until).await.map_err(status_from_core)?;
+        adapter.hold_while_paused(deadline.hold_until()).await.map_err(status_from_core)?;
     }
-    parts.extensions.insert(GatedSample { request, hold_until });
+    parts.extensions.insert(GatedSample { request, deadline });
     Ok(http::Request::from_parts(parts, Body::new(Full::new(Bytes::from_static(&EMPTY_MESSAGE_FRAME)))))
 }
 

@@ -102,8 +102,8 @@ pub(crate) async fn create_completion(
     let prompt_tokens = plan.sample.prompt().len();
     let count = plan.sample.num_samples();
     let choices = Choices::new(front.codec().clone(), count, plan.stops, plan.with_logprobs);
-    let hold_until = front.coordinator().gate_deadline(None);
-    let samples = front.coordinator().sample(plan.sample, hold_until).await.map_err(HttpError::sampling)?;
+    let deadline = front.coordinator().gate_deadline(None);
+    let samples = front.coordinator().sample(plan.sample, deadline).await.map_err(HttpError::sampling)?;
     let mut response = if plan.stream {
         stream::sse_response(header, choices, samples)
     } else {

@@ -35,11 +35,13 @@ const SEC_FETCH_SITE: &str = "sec-fetch-site";
 pub(crate) fn required_action(path: &str) -> Option<Action> {
     match path {
         "/health" | "/metrics" => None,
-        "/v1/completions" | "/v1/models" | "/skyrl/v1/wait_lora_unpaused" => Some(Action::Sample),
+        "/v1/completions" | "/v1/models" | "/skyrl/v1/wait_lora_unpaused" | "/is_paused" => Some(Action::Sample),
         "/skyrl/v1/abort_lora_requests"
         | "/skyrl/v1/resume_lora_requests"
+        | "/skyrl/v1/load_lora_adapter"
         | "/v1/load_lora_adapter"
         | "/v1/unload_lora_adapter" => Some(Action::Control),
+        // The engine-wide pause (/pause, /resume, /pause_generation, ...) and anything not classified yet.
         _ => Some(Action::Admin),
     }
 }
@@ -153,7 +155,12 @@ mod tests {
         assert_eq!(required_action("/v1/completions"), Some(Action::Sample));
         assert_eq!(required_action("/skyrl/v1/wait_lora_unpaused"), Some(Action::Sample));
         assert_eq!(required_action("/v1/load_lora_adapter"), Some(Action::Control));
-        assert_eq!(required_action("/pause"), Some(Action::Admin));
+        assert_eq!(required_action("/skyrl/v1/load_lora_adapter"), Some(Action::Control));
+        assert_eq!(required_action("/is_paused"), Some(Action::Sample));
+        for engine_wide in ["/pause", "/resume", "/pause_generation", "/continue_generation", "/areal_pause_generation"]
+        {
+            assert_eq!(required_action(engine_wide), Some(Action::Admin), "{engine_wide}");
+        }
         assert_eq!(required_action("/v1/completions/"), Some(Action::Admin));
     }
 }

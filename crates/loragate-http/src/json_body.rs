@@ -51,13 +51,34 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = HttpError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, HttpError> {
-        let coordinator = state.front().coordinator();
-        let deadline = coordinator.gate_deadline(None);
-        let bytes = read_body(request.into_body(), state.body_limit(), deadline).await.inspect_err(|err| {
-            if matches!(err, HttpError::BodyTimeout) {
-                coordinator.metrics().record_body_read_timeout("http");
-            }
-        })?;
+        let bytes = read_request_body(request, state).await?;
+        parse_json(&bytes).map(Self)
+    }
+}
+
+/// Reads a request's body within the server's limit and by the gate deadline, counting a body that timed out.
+async fn read_request_body(request: Request, state: &AppState) -> Result<Bytes, HttpError> {
+    let coordinator = state.front().coordinator();
+    let deadline = coordinator.gate_deadline(None).hold_until();
+    read_body(request.into_body(), state.body_limit(), deadline).await.inspect_err(|err| {
+        if matches!(err, HttpError::BodyTimeout) {
+            coordinator.metrics().record_body_read_timeout("http");
+        }
+    })
+}
+
+/// A JSON request body parsed into `T`, where an empty body means `T::default()` (control endpoints that clients
+/// call with `{}`, with no body, or with a few fields).
+pub(crate) struct OptionalJsonBody<T>(pub(crate) T);
+
+impl<T: DeserializeOwned + Default> FromRequest<AppState> for OptionalJsonBody<T> {
+    type Rejection = HttpError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, HttpError> {
+        let bytes = read_request_body(request, state).await?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Self(T::default()));
+        }
         parse_json(&bytes).map(Self)
     }
 }

@@ -7,10 +7,10 @@
 //! request, which the core validates → the coordinator holds it, parsed, at its adapter's **submission gate** while
 //! the adapter is paused (`Coordinator::sample`, the gate every front shares: the request's body is gone by then),
 //! admits and samples → the core's token events become OpenAI choices (text decoded incrementally, stop strings
-//! watched off the async runtime, logprobs) → one JSON response or server-sent events. Control endpoints route to
-//! the coordinator. Every error becomes an OpenAI-style error response in one place (`error.rs`), with `param`
-//! naming the field in this API's terms. There is no second copy of any semantics: one gate, one registry, one
-//! keyring, in the core.
+//! watched off the async runtime, logprobs) → one JSON response or server-sent events. Control endpoints (per
+//! adapter, and the engine-wide pause of vLLM, SGLang and AReaL) route to the coordinator. Every error becomes an
+//! OpenAI-style error response in one place (`error.rs`), with `param` naming the field in this API's terms. There
+//! is no second copy of any semantics: one gate, one registry, one keyring, in the core.
 //!
 //! ```no_run
 //! # async fn run(coordinator: loragate_core::Coordinator, codec: std::sync::Arc<dyn loragate_http::TextCodec>)
@@ -28,6 +28,7 @@ mod codec;
 mod completions;
 mod control;
 mod error;
+mod global_pause;
 mod guard;
 mod json_body;
 mod models;

@@ -225,6 +225,7 @@ impl RunningServer {
             limits: config.limits,
             auth,
             reserved_names: vec![served_model_name.clone()],
+            ..CoordinatorConfig::default()
         };
         let coordinator = Coordinator::start(Arc::new(engine), coordinator_config).await?;
         for InitialAdapter { name, dir } in adapters {

@@ -10,26 +10,36 @@ use parking_lot::Mutex;
 
 use ractor::ActorRef;
 use tokio::sync::watch;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::actor::AdapterMsg;
 use super::gate::{GateState, Retirement};
-use super::status::AdapterStatus;
+use super::pauses::{PauseBook, PauseId, PauseOwner, PauseRequest, Paused};
+use super::status::{AdapterStatus, ResumeReport};
 use crate::error::CoreError;
 use crate::ids::{AdapterKey, AdapterVersion};
 use crate::limits::{AdapterLoad, Occupancy, ServerLoad, Slot};
 use crate::metrics::{AdapterLabels, CoreMetrics};
 
-/// The durable state of one adapter. Gate writes (`close_gate`, `open_gate`, `install_version`, `retire`) are
-/// made by the adapter's actor only.
+/// Set in `last_reserved_version` by [`AdapterCell::seal_versions`]: no version is handed out after it.
+const SEALED: u64 = 1 << 63;
+
+/// The durable state of one adapter. Gate writes (`pause`, `release`, `expire_lease`, `install_version`, `retire`)
+/// are made by the adapter's actor only (and by the manager before the actor exists).
 pub(crate) struct AdapterCell {
     key: AdapterKey,
     gate: watch::Sender<GateState>,
     actor: watch::Sender<Option<ActorRef<AdapterMsg>>>,
-    /// The last version handed to a load (installed or not), so versions are never reused, across restarts too.
+    /// The last version handed to a load (installed or not), so versions are never reused, across restarts too; with
+    /// [`SEALED`] set once the adapter is unloaded.
     last_reserved_version: AtomicU64,
     /// Its requests in flight and held, counted against the limits.
     load: Arc<AdapterLoad>,
     pub(crate) waiting: AtomicU32,
+    /// Requests stopped by a keep-mode pause, waiting in the core to continue.
+    pub(crate) kept: AtomicU32,
+    /// The live pauses; the gate is closed while there is any.
+    pauses: Mutex<PauseBook>,
     /// When the gate last closed (for the pause-duration metric).
     paused_at: Mutex<Option<Instant>>,
     pub(crate) metrics: Arc<CoreMetrics>,
@@ -55,6 +65,8 @@ impl AdapterCell {
             last_reserved_version: AtomicU64::new(last_version.0),
             load: AdapterLoad::new(server_load),
             waiting: AtomicU32::new(0),
+            kept: AtomicU32::new(0),
+            pauses: Mutex::new(PauseBook::default()),
         }
     }
 
@@ -79,25 +91,71 @@ impl AdapterCell {
         slot
     }
 
-    /// Closes the gate (idempotent).
-    pub(crate) fn close_gate(&self) {
-        if self.gate.send_if_modified(|gate| !std::mem::replace(&mut gate.paused, true)) {
-            *self.paused_at.lock() = Some(Instant::now());
-            self.metrics.record_pause(&self.labels);
-        }
+    /// Counts one of its requests as in flight or held without checking the caps (a request the server already
+    /// accepted, coming back from a keep-mode pause).
+    pub(crate) fn occupy_uncapped(&self, occupancy: Occupancy) -> Slot {
+        self.load.count(occupancy)
     }
 
-    /// Opens the gate, releasing every waiter at once; returns whether it was closed.
-    pub(crate) fn open_gate(&self) -> bool {
-        let mut was_paused = false;
-        self.gate.send_if_modified(|gate| {
-            was_paused = std::mem::replace(&mut gate.paused, false);
-            was_paused
+    /// Adds `request`'s pause (or renews its owner's) and closes the gate. A lease's timer reports to whichever
+    /// incarnation of the actor is current when it fires.
+    pub(crate) fn pause(&self, request: &PauseRequest) -> Paused {
+        let paused = self.pauses.lock().pause(request, |pause_id, expires_at| {
+            let mut incarnations = self.subscribe_actor();
+            AbortOnDropHandle::new(tokio::spawn(async move {
+                tokio::time::sleep_until(expires_at).await;
+                // If the actor is between incarnations, tell the next one; stop once the adapter is removed.
+                loop {
+                    let Some(actor) = incarnations.borrow_and_update().clone() else { return };
+                    let ended = AdapterMsg::LeaseEnded { pause_id: pause_id.clone(), expires_at };
+                    if actor.cast(ended).is_ok() || incarnations.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }))
         });
-        if let Some(paused_at) = self.paused_at.lock().take().filter(|_| was_paused) {
+        self.sync_gate();
+        paused
+    }
+
+    /// Releases the pause `id` (every pause for `None`), reopening the gate if it was the last.
+    pub(crate) fn release(&self, id: Option<&PauseId>) -> ResumeReport {
+        let was_paused = self.gate_state().paused;
+        self.pauses.lock().release(id);
+        ResumeReport { was_paused, still_paused: self.sync_gate() }
+    }
+
+    /// Releases the pauses `owner` holds, reopening the gate if they were the last.
+    pub(crate) fn release_owner(&self, owner: &PauseOwner) -> ResumeReport {
+        let was_paused = self.gate_state().paused;
+        let pause_id =
+            self.pauses.lock().snapshot().into_iter().find(|pause| &pause.owner == owner).map(|pause| pause.pause_id);
+        if let Some(pause_id) = pause_id {
+            self.pauses.lock().release(Some(&pause_id));
+        }
+        ResumeReport { was_paused, still_paused: self.sync_gate() }
+    }
+
+    /// Ends the pause `id` if the lease that expires at `expires_at` is still its lease and has run out; returns the
+    /// owner whose pause ended.
+    pub(crate) fn expire_lease(&self, id: &PauseId, expires_at: tokio::time::Instant) -> Option<PauseOwner> {
+        let owner = self.pauses.lock().expire(id, expires_at)?;
+        self.metrics.record_lease_expiry(&self.labels);
+        self.sync_gate();
+        Some(owner)
+    }
+
+    /// Makes the gate say what the pause book says, recording pauses and reopenings; returns whether it is closed.
+    fn sync_gate(&self) -> bool {
+        let paused = self.pauses.lock().is_paused();
+        let changed = self.gate.send_if_modified(|gate| std::mem::replace(&mut gate.paused, paused) != paused);
+        if changed && paused {
+            *self.paused_at.lock() = Some(Instant::now());
+            self.metrics.record_pause(&self.labels);
+        } else if changed && let Some(paused_at) = self.paused_at.lock().take() {
             self.metrics.record_reopen(&self.labels, paused_at.elapsed());
         }
-        was_paused
+        paused
     }
 
     /// Marks the adapter as no longer serving, releasing every waiter with the reason (the first reason stays).
@@ -111,20 +169,25 @@ impl AdapterCell {
         });
     }
 
-    /// Hands out the next version number for a load.
-    pub(crate) fn reserve_version(&self) -> AdapterVersion {
-        AdapterVersion(self.last_reserved_version.fetch_add(1, Ordering::AcqRel) + 1)
+    /// Hands out the next version number for a load; `None` once the versions are sealed (the adapter is unloaded).
+    pub(crate) fn reserve_version(&self) -> Option<AdapterVersion> {
+        self.last_reserved_version
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| (last & SEALED == 0).then_some(last + 1))
+            .ok()
+            .map(|last| AdapterVersion(last + 1))
     }
 
-    /// Gives back a version whose load failed, if no later one was handed out, so failures leave no gaps.
+    /// Gives back a version whose load failed, if no later one was handed out (and the versions are not sealed), so
+    /// failures leave no gaps.
     pub(crate) fn release_version(&self, version: AdapterVersion) {
         let _ =
             self.last_reserved_version.compare_exchange(version.0, version.0 - 1, Ordering::AcqRel, Ordering::Acquire);
     }
 
-    /// The highest version reserved so far (for numbering a later reload of the same name).
-    pub(crate) fn last_reserved_version(&self) -> AdapterVersion {
-        AdapterVersion(self.last_reserved_version.load(Ordering::Acquire))
+    /// Stops handing out versions (the adapter is being unloaded) and returns the last one handed out: every version
+    /// this adapter's loads can ever install is at most that, and a reload of the name starts above it.
+    pub(crate) fn seal_versions(&self) -> AdapterVersion {
+        AdapterVersion(self.last_reserved_version.fetch_or(SEALED, Ordering::AcqRel) & !SEALED)
     }
 
     /// Makes `version` current unless a later one already is.
@@ -163,6 +226,27 @@ impl AdapterCell {
             in_flight: u32::try_from(in_flight).unwrap_or(u32::MAX),
             held: self.load.held(),
             waiting: self.waiting.load(Ordering::Acquire),
+            kept: self.kept.load(Ordering::Acquire),
+            pauses: self.pauses.lock().snapshot(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_versions_are_never_handed_out_and_a_release_does_not_unseal() {
+        let load = ServerLoad::new(crate::limits::Limits::default());
+        let cell = AdapterCell::new(AdapterKey::Base, AdapterVersion(4), Arc::default(), &load);
+        assert_eq!(cell.reserve_version(), Some(AdapterVersion(5)));
+        assert_eq!(cell.reserve_version(), Some(AdapterVersion(6)));
+        cell.release_version(AdapterVersion(5));
+        assert_eq!(cell.seal_versions(), AdapterVersion(6), "a release of an older version leaves the count");
+        assert_eq!(cell.reserve_version(), None);
+        cell.release_version(AdapterVersion(6));
+        assert_eq!(cell.reserve_version(), None, "still sealed after a release");
+        assert_eq!(cell.seal_versions(), AdapterVersion(6), "sealing again changes nothing");
     }
 }

@@ -102,7 +102,7 @@ async fn concurrent_admissions_never_exceed_the_cap_and_every_ending_gives_the_s
     }
     eventually("every slot is back", || async { coordinator.load() == LoadSnapshot::default() }).await;
     for name in ["meow", "woof"] {
-        coordinator.resume(&AdapterName::parse(name).expect("name")).await.expect("resume");
+        coordinator.resume(&AdapterName::parse(name).expect("name"), None).await.expect("resume");
     }
     let output = joined(spawn_sample(&coordinator, "meow", 2)).await.expect("admitted again under the cap");
     assert_eq!(output.sequences[0].token_ids, vec![0, 1]);
@@ -129,7 +129,7 @@ async fn one_adapter_at_its_cap_leaves_the_others_served() {
     let refused = joined(spawn_sample(&coordinator, "meow", 2)).await;
     assert_eq!(limit_of(&refused), Some(Limit::HeldPerAdapter), "{refused:?}");
     assert!(!held.is_finished());
-    coordinator.resume(&AdapterName::parse("meow").expect("name")).await.expect("resume");
+    coordinator.resume(&AdapterName::parse("meow").expect("name"), None).await.expect("resume");
     joined(held).await.expect("the held request is admitted on resume");
     assert_eq!(coordinator.load(), LoadSnapshot::default());
 }
@@ -150,4 +150,30 @@ async fn held_requests_over_the_servers_cap_are_refused_at_once() {
         task.abort();
     }
     eventually("held callers that left are counted out", || async { coordinator.load().held == 0 }).await;
+}
+
+#[tokio::test]
+async fn kept_requests_come_back_even_over_the_cap_and_count_against_it() {
+    use crate::adapter::{PauseMode, PauseRequest};
+
+    let coordinator = coordinator(Limits { max_in_flight: 2, ..Limits::default() }).await;
+    let meow = AdapterName::parse("meow").expect("name");
+    let kept: Vec<_> = (0..2).map(|_| spawn_sample(&coordinator, "meow", LONG)).collect();
+    eventually("meow fills the cap", || async { coordinator.load().in_flight == 2 }).await;
+    let pause = coordinator.pause(&meow, PauseRequest::new(PauseMode::Keep), None).await.expect("keep");
+    assert_eq!(pause.kept.len(), 2);
+    eventually("kept requests are not in flight", || async { coordinator.load().in_flight == 0 }).await;
+
+    let fresh: Vec<_> = (0..2).map(|_| spawn_sample(&coordinator, "woof", LONG)).collect();
+    eventually("woof takes the freed room", || async { coordinator.load().in_flight == 2 }).await;
+    coordinator.resume(&meow, Some(pause.pause_id)).await.expect("resume");
+    eventually("the kept requests run again, over the cap", || async { coordinator.load().in_flight == 4 }).await;
+    assert!(kept.iter().all(|task| !task.is_finished()), "no kept request was refused");
+    let refused = joined(spawn_sample(&coordinator, "", 2)).await;
+    assert_eq!(limit_of(&refused), Some(Limit::InFlight), "they count against the cap: {refused:?}");
+
+    for task in kept.into_iter().chain(fresh) {
+        task.abort();
+    }
+    eventually("every slot is back", || async { coordinator.load() == LoadSnapshot::default() }).await;
 }

@@ -86,7 +86,7 @@ async fn a_held_sample_keeps_its_parsed_form_not_its_body() {
     eventually("the request is held", || async { meow.status().await.expect("status").held == 1 }).await;
     assert!(dropped.load(Ordering::Acquire), "a held request keeps its body's bytes");
 
-    coordinator.resume(&loragate_core::AdapterName::parse("meow").expect("name")).await.expect("resume");
+    coordinator.resume(&loragate_core::AdapterName::parse("meow").expect("name"), None).await.expect("resume");
     let response = call.await.expect("task").expect("infallible");
     assert_eq!(grpc_status(response).await.0, Code::Ok);
 }
@@ -301,7 +301,7 @@ async fn idle_connections_are_closed_but_a_held_call_keeps_its_connection() {
     // Time passing is what is tested here (three idle timeouts), not a synchronisation.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert!(!held.is_finished(), "still held");
-    coordinator.resume(&meow).await.expect("resume");
+    coordinator.resume(&meow, None).await.expect("resume");
     let response = held.await.expect("task").expect("answered on the same connection");
     assert_eq!(response.into_inner().sequences[0].finish_reason(), FinishReason::Length);
     eventually("the idle connection is closed afterwards", || async { limits.open_connections() == 0 }).await;

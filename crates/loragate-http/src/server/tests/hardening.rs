@@ -58,7 +58,7 @@ async fn a_held_completion_keeps_its_parsed_form_not_its_body() {
     eventually("the completion is held", || async { adapter.status().await.expect("status").held == 1 }).await;
     assert!(dropped.load(Ordering::Acquire), "a held completion keeps its body's bytes");
 
-    coordinator.resume(&meow).await.expect("resume");
+    coordinator.resume(&meow, None).await.expect("resume");
     let response = call.await.expect("task").expect("infallible");
     assert_eq!(response.status(), StatusCode::OK);
 }
@@ -277,7 +277,7 @@ async fn idle_and_slow_header_connections_are_closed_but_held_requests_and_long_
     })
     .await;
     assert_eq!(long_poll.await.expect("task"), json!({"paused": true}), "the long-poll ran to its own timeout");
-    coordinator.resume(&meow).await.expect("resume");
+    coordinator.resume(&meow, None).await.expect("resume");
     assert_eq!(held.await.expect("task").expect("the held request's connection stayed open"), StatusCode::OK);
     eventually("idle keep-alive connections are closed too", || async { limits.open_connections() == 0 }).await;
 }
