@@ -11,6 +11,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptors = protox::compile([&proto_file], [&proto_root])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out_dir.join("loragate_descriptor.bin"), prost::Message::encode_to_vec(&descriptors))?;
-    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(descriptors)?;
+    // Our codec: prost's, with undecodable messages reported as INVALID_ARGUMENT (see src/codec.rs).
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .codec_path("crate::codec::LoragateCodec")
+        .compile_fds(descriptors)?;
     Ok(())
 }

@@ -5,6 +5,8 @@
 //! every test process. Each server's adapter root is a fresh temporary copy of the demo adapters, so a test can add
 //! adapters (broken ones too) without touching the cache.
 
+pub mod soak;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

@@ -33,6 +33,7 @@ pub use self::registry::{AbortReport, Admission, Ending, StopCause};
 pub use self::status::{AdapterStatus, PauseReport, ResumeReport};
 use crate::error::{CoreError, Field};
 use crate::ids::{AdapterKey, RequestId};
+use crate::limits::Occupancy;
 
 /// The longest `WaitLoraUnpaused` timeout honoured; longer ones are shortened to it.
 pub const MAX_WAIT_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
@@ -53,8 +54,9 @@ pub fn parse_timeout_s(raw: f64) -> Result<Duration, CoreError> {
 enum Waiter {
     /// A fresh sampling request, counted as held.
     Held,
-    /// A request a pause kept, counted as kept by its driver.
-    Kept,
+    /// A request a pause kept, counted as kept by its driver; with `Some(n)` it gives up once the adapter has had
+    /// more than `n` abort-mode pauses.
+    Kept { abort_pauses_seen: Option<u64> },
 }
 
 /// A typed handle on one adapter. Cheap to clone; stays valid across restarts of the adapter's actor.
@@ -86,18 +88,26 @@ impl AdapterHandle {
 
     /// Registers a request. While the gate is closed the caller is held (and counted as held) until it opens, the
     /// adapter is removed, or `hold_until` passes ([`CoreError::GateHoldExpired`]).
+    ///
+    /// An admitted request counts against the in-flight limits until its [`Admission`] ends; a request over a
+    /// limit is refused at once with [`CoreError::Overloaded`].
     pub async fn admit(&self, request_id: RequestId, hold_until: Instant) -> Result<Admission, CoreError> {
         self.admit_as(Waiter::Held, request_id, hold_until).await
     }
 
     /// [`AdapterHandle::admit`] for a request the core kept across a pause (its driver counts it as kept meanwhile,
     /// so it is not counted as held).
+    ///
+    /// With `abort_pauses_seen` (the adapter's count of abort-mode pauses when the request was admitted), an
+    /// abort-mode pause since then ends the wait with [`CoreError::AbortedWhileKept`]: such a pause hands back every request of
+    /// the adapter, kept ones included. Requests that continue through abort pauses pass `None`.
     pub(crate) async fn readmit_kept(
         &self,
         request_id: RequestId,
         hold_until: Instant,
+        abort_pauses_seen: Option<u64>,
     ) -> Result<Admission, CoreError> {
-        self.admit_as(Waiter::Kept, request_id, hold_until).await
+        self.admit_as(Waiter::Kept { abort_pauses_seen }, request_id, hold_until).await
     }
 
     async fn admit_as(
@@ -107,27 +117,43 @@ impl AdapterHandle {
         hold_until: Instant,
     ) -> Result<Admission, CoreError> {
         loop {
+            // Held requests are not in flight: wait at a closed gate first (this returns at once on an open one).
+            self.wait_while_paused(waiter, hold_until).await?;
+            let slot = match waiter {
+                Waiter::Held => self.cell.occupy(Occupancy::InFlight)?,
+                // Accepted before its pause: counted in flight again, never refused.
+                Waiter::Kept { .. } => self.cell.occupy_uncapped(Occupancy::InFlight),
+            };
             match self.call(|reply| AdapterMsg::Admit { request_id: request_id.clone(), reply }).await? {
-                AdmitReply::Admitted(admission) => return Ok(admission),
-                AdmitReply::Paused => self.wait_while_paused(waiter, hold_until).await?,
+                AdmitReply::Admitted(admission) => return Ok(admission.occupying(slot)),
+                AdmitReply::Paused => {} // Closed again meanwhile: wait again.
                 AdmitReply::Retired(why) => return Err(self.retired_error(why)),
             }
         }
     }
 
     /// Holds the caller (counted as held) while the gate is closed: returns once it is open, or fails when the
-    /// adapter is retired or `hold_until` passes. Returns at once on an open gate.
+    /// adapter is retired or `hold_until` passes. Returns at once on an open gate. A caller over a held limit is
+    /// refused at once with [`CoreError::Overloaded`].
     pub async fn hold_while_paused(&self, hold_until: Instant) -> Result<(), CoreError> {
         self.wait_while_paused(Waiter::Held, hold_until).await
     }
 
     async fn wait_while_paused(&self, waiter: Waiter, hold_until: Instant) -> Result<(), CoreError> {
-        if !self.cell.gate_state().paused {
+        let abort_pauses_seen = match waiter {
+            Waiter::Held => None,
+            Waiter::Kept { abort_pauses_seen } => abort_pauses_seen,
+        };
+        let gate = self.cell.gate_state();
+        if !gate.paused && abort_pauses_seen.is_none_or(|seen| gate.abort_pauses <= seen) {
             return Ok(());
         }
         let started = Instant::now();
-        let _held = (waiter == Waiter::Held).then(|| Counted::new(&self.cell.held));
-        let outcome = wait_until_open(self.cell.subscribe_gate(), Some(hold_until)).await;
+        let _held = match waiter {
+            Waiter::Held => Some(self.cell.occupy(Occupancy::Held)?),
+            Waiter::Kept { .. } => None,
+        };
+        let outcome = wait_until_open(self.cell.subscribe_gate(), Some(hold_until), abort_pauses_seen).await;
         let held_for = started.elapsed();
         if waiter == Waiter::Held {
             self.cell.metrics.record_gate_hold(&self.cell.labels, held_for, outcome == GateWait::TimedOut);
@@ -136,6 +162,7 @@ impl AdapterHandle {
             GateWait::Open => Ok(()),
             GateWait::TimedOut => Err(CoreError::GateHoldExpired { adapter: self.key().clone(), held_for }),
             GateWait::Retired(why) => Err(self.retired_error(why)),
+            GateWait::AbortPaused => Err(CoreError::AbortedWhileKept(self.key().clone())),
         }
     }
 
@@ -214,8 +241,8 @@ impl AdapterHandle {
     /// `timeout`. The caller is counted as waiting until this returns or is dropped.
     pub async fn wait_unpaused(&self, timeout: Duration) -> Result<bool, CoreError> {
         let _waiting = Counted::new(&self.cell.waiting);
-        match wait_until_open(self.cell.subscribe_gate(), Some(Instant::now() + timeout)).await {
-            GateWait::Open => Ok(false),
+        match wait_until_open(self.cell.subscribe_gate(), Some(Instant::now() + timeout), None).await {
+            GateWait::Open | GateWait::AbortPaused => Ok(false),
             GateWait::TimedOut => Ok(true),
             GateWait::Retired(why) => Err(self.retired_error(why)),
         }

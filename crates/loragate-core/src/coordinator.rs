@@ -20,10 +20,12 @@ use crate::adapter::{
     PauseRequest, ReleaseTarget, ResumeReport, Retirement,
 };
 use crate::adapter_source::{AdapterRoot, AdapterSource};
+use crate::auth::Keyring;
 use crate::engine::{Engine, ModelInfo};
-use crate::error::CoreError;
+use crate::error::{CoreError, Field};
 use crate::gate_deadline::GateDeadline;
 use crate::ids::{AdapterKey, AdapterName, AdapterVersion, RequestId};
+use crate::limits::{Limits, LoadSnapshot, ServerLoad};
 use crate::manager::{AdapterManager, AdapterMap, ManagerArgs, ManagerMsg};
 use crate::metrics::CoreMetrics;
 use crate::sample_stream::{Driver, SampleStream};
@@ -40,6 +42,13 @@ pub struct CoordinatorConfig {
     pub max_pause_drain: Duration,
     /// The only directory `LoadLoraAdapter` may read from; `None` refuses every load by path.
     pub adapter_root: Option<AdapterRoot>,
+    /// Caps on admitted and held sampling requests.
+    pub limits: Limits,
+    /// Who may do what, for every front (authentication is off with [`Keyring::open`]).
+    pub auth: Keyring,
+    /// Names no adapter may be loaded under: the base model's served names (an adapter under one could not be
+    /// addressed, since the name samples the base model).
+    pub reserved_names: Vec<String>,
 }
 
 impl Default for CoordinatorConfig {
@@ -49,6 +58,9 @@ impl Default for CoordinatorConfig {
             abort_ack_timeout: Duration::from_secs(10),
             max_pause_drain: Duration::from_secs(600),
             adapter_root: None,
+            limits: Limits::default(),
+            auth: Keyring::open(),
+            reserved_names: Vec::new(),
         }
     }
 }
@@ -67,6 +79,7 @@ struct Inner {
     shutting_down: CancellationToken,
     live: Arc<LiveRequests>,
     metrics: Arc<CoreMetrics>,
+    load: Arc<ServerLoad>,
 }
 
 impl Drop for Inner {
@@ -80,7 +93,13 @@ impl Coordinator {
     pub async fn start(engine: Arc<dyn Engine>, config: CoordinatorConfig) -> Result<Self, SpawnErr> {
         let published: AdapterMap = Arc::new(DashMap::new());
         let metrics = Arc::new(CoreMetrics::default());
-        let args = ManagerArgs { engine: engine.clone(), published: published.clone(), metrics: metrics.clone() };
+        let load = ServerLoad::new(config.limits);
+        let args = ManagerArgs {
+            engine: engine.clone(),
+            published: published.clone(),
+            metrics: metrics.clone(),
+            server_load: load.clone(),
+        };
         let (manager, _join) = Actor::spawn(None, AdapterManager, args).await?;
         let inner = Inner {
             engine,
@@ -90,6 +109,7 @@ impl Coordinator {
             shutting_down: CancellationToken::new(),
             live: Arc::default(),
             metrics,
+            load,
         };
         Ok(Self { inner: Arc::new(inner) })
     }
@@ -108,6 +128,17 @@ impl Coordinator {
     /// [`CoreMetrics::set_adapter_gauges`] from [`Coordinator::statuses`] when scraped).
     pub fn metrics(&self) -> &CoreMetrics {
         &self.inner.metrics
+    }
+
+    /// Who may do what: every front authenticates callers and authorises their requests with it.
+    pub fn auth(&self) -> &Keyring {
+        &self.inner.config.auth
+    }
+
+    /// How many sampling requests are admitted and held now, over every adapter and the base model (see
+    /// [`Limits`]).
+    pub fn load(&self) -> LoadSnapshot {
+        self.inner.load.snapshot()
     }
 
     /// Validates a raw sampling request against the served model.
@@ -300,7 +331,7 @@ impl Coordinator {
         match &self.inner.config.adapter_root {
             Some(root) => root.resolve(requested).await,
             None => Err(CoreError::invalid(
-                crate::error::Field::Path,
+                Field::Path,
                 "this server loads no adapters by path (start it with --adapter-root DIR)",
             )),
         }
@@ -311,12 +342,33 @@ impl Coordinator {
         if self.inner.shutting_down.is_cancelled() {
             return Err(CoreError::ShuttingDown);
         }
+        self.check_loadable_name(name)?;
         let key = AdapterKey::Lora(name.clone());
         let name = name.clone();
         match self.inner.manager.call(|reply| ManagerMsg::Load { name, source, reply }, None).await {
             Ok(CallResult::Success(result)) => result,
             _ => Err(CoreError::AdapterUnavailable(key)),
         }
+    }
+
+    /// Loads weights under `name` from `requested_path` (resolved against the adapter root, see
+    /// [`Coordinator::resolve_adapter_path`]); what `LoadLoraAdapter` does. The name is checked before the path.
+    pub async fn load_adapter_at(&self, name: &AdapterName, requested_path: &str) -> Result<AdapterVersion, CoreError> {
+        self.check_loadable_name(name)?;
+        let source = self.resolve_adapter_path(requested_path).await?;
+        self.load_adapter(name, source).await
+    }
+
+    /// Refuses the names reserved for the base model ([`CoordinatorConfig::reserved_names`]); every load does, and a
+    /// front checks it before resolving a path so that the error names the name.
+    pub fn check_loadable_name(&self, name: &AdapterName) -> Result<(), CoreError> {
+        if self.inner.config.reserved_names.iter().any(|reserved| reserved == name.as_str()) {
+            return Err(CoreError::invalid(
+                Field::LoraName,
+                format!("{name:?} is the base model's served name; an adapter under it could not be addressed"),
+            ));
+        }
+        Ok(())
     }
 
     /// Unloads `name`: aborts its admitted requests (waiting for their hand-back), fails its held submissions and
@@ -336,6 +388,8 @@ impl Coordinator {
         if !report.unacknowledged.is_empty() {
             tracing::warn!(adapter = %name, unacknowledged = ?report.unacknowledged, "unload did not see every request handed back");
         }
+        // Its requests were handed back: nothing records under its name any more.
+        self.inner.metrics.forget_adapter(&key);
         // Only the unloaded adapter's versions: a reload of the name that raced this unload keeps its weights.
         self.inner.engine.unload_adapter(name, unloading.last_version).await?;
         Ok(())

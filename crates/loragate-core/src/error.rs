@@ -3,8 +3,10 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::auth::Action;
 use crate::engine::EngineError;
 use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
+use crate::limits::Limit;
 
 /// A request field that failed validation. Its [`Display`](fmt::Display) is the field's path in the gRPC contract
 /// (`sampling_params.max_tokens`); fronts with other wire names (OpenAI's `max_tokens`, `prompt`) rename it where
@@ -142,12 +144,39 @@ pub enum CoreError {
         #[source]
         source: Box<CoreError>,
     },
+    /// A request a keep-mode pause held was waiting to continue when an abort-mode pause came: it ends `abort`
+    /// with the tokens it has (only its driver sees this error; the caller gets the abort).
+    #[error("{0} was paused in abort mode while this request was kept; it ends aborted")]
+    AbortedWhileKept(AdapterKey),
     /// The adapter's actor did not answer (it is restarting or the coordinator is stopping); retrying may succeed.
     #[error("{0} is not answering right now (its actor is restarting or the server is stopping)")]
     AdapterUnavailable(AdapterKey),
     /// The coordinator is shutting down and admits nothing new.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// A resource limit is reached: the request was refused at once, nothing of it was kept; retrying later may
+    /// succeed.
+    #[error("{adapter} cannot take this request now: {} ({cap} {}) is reached; retry later", .limit.flag(), .limit.counts())]
+    Overloaded {
+        /// The limit that is reached.
+        limit: Limit,
+        /// Its value.
+        cap: u32,
+        /// The adapter (or base model) the request was for.
+        adapter: AdapterKey,
+    },
+    /// Authentication is on and the caller presented no key, or an unknown one (the reason never contains the
+    /// key).
+    #[error("unauthenticated: {0} (send `Authorization: Bearer <key>`)")]
+    Unauthenticated(&'static str),
+    /// The caller's key does not allow this.
+    #[error("{}", permission_denied(*.action, .adapter.as_ref()))]
+    PermissionDenied {
+        /// What the caller wanted to do.
+        action: Action,
+        /// The adapter it wanted to do it on, if the request named one.
+        adapter: Option<AdapterKey>,
+    },
     /// The engine refused or failed the operation.
     #[error(transparent)]
     Engine(#[from] EngineError),
@@ -167,9 +196,20 @@ impl CoreError {
             Self::GateHoldExpired { .. } => "gate_hold_expired",
             Self::DrainTimedOut { .. } => "drain_timed_out",
             Self::SwapFailed { source, .. } => source.kind(),
+            Self::AbortedWhileKept(_) => "aborted_while_kept",
             Self::AdapterUnavailable(_) => "adapter_unavailable",
             Self::ShuttingDown => "shutting_down",
+            Self::Overloaded { .. } => "overloaded",
+            Self::Unauthenticated(_) => "unauthenticated",
+            Self::PermissionDenied { .. } => "permission_denied",
             Self::Engine(engine) => engine.kind(),
         }
+    }
+}
+
+fn permission_denied(action: Action, adapter: Option<&AdapterKey>) -> String {
+    match adapter {
+        Some(adapter) => format!("permission denied: this key may not {action} on {adapter}"),
+        None => format!("permission denied: this key may not {action}"),
     }
 }

@@ -43,11 +43,13 @@
 
 mod adapter;
 mod adapter_source;
+mod auth;
 mod coordinator;
 mod engine;
 mod error;
 mod gate_deadline;
 mod ids;
+mod limits;
 mod manager;
 mod metrics;
 mod output;
@@ -62,11 +64,15 @@ pub use adapter::{
     StopCause, parse_timeout_s,
 };
 pub use adapter_source::{AdapterRoot, AdapterSource};
+pub use auth::{
+    Action, AdapterPattern, Key, KeyConfigError, Keyring, MAX_KEY_LEN, Principal, Tenant, TenantKeys, bearer_token,
+};
 pub use coordinator::{Coordinator, CoordinatorConfig, SwapReport};
 pub use engine::{Engine, EngineError, EngineEvent, EngineStream, ModelInfo};
 pub use error::{CoreError, Field};
 pub use gate_deadline::GateDeadline;
 pub use ids::{AdapterKey, AdapterName, AdapterVersion, MAX_ADAPTER_NAME_LEN, MAX_REQUEST_ID_LEN, RequestId};
+pub use limits::{DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Limit, Limits, LoadSnapshot};
 pub use metrics::{AdapterLabels, AdapterVersionLabels, CoreMetrics};
 pub use output::{FinishReason, SampleOutput, Segment, SegmentsBuilder, SequenceOutput, TopLogprobs};
 pub use sample_stream::{SampleEvent, SampleStream};

@@ -16,6 +16,7 @@ use crate::adapter_source::AdapterSource;
 use crate::engine::Engine;
 use crate::error::CoreError;
 use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
+use crate::limits::ServerLoad;
 use crate::metrics::CoreMetrics;
 
 /// The published adapters, read lock-free by request paths. Written only by the manager.
@@ -60,6 +61,7 @@ pub(crate) struct ManagerArgs {
     pub(crate) engine: Arc<dyn Engine>,
     pub(crate) published: AdapterMap,
     pub(crate) metrics: Arc<CoreMetrics>,
+    pub(crate) server_load: Arc<ServerLoad>,
 }
 
 /// One adapter under supervision.
@@ -75,6 +77,7 @@ pub(crate) struct ManagerState {
     engine: Arc<dyn Engine>,
     published: AdapterMap,
     metrics: Arc<CoreMetrics>,
+    server_load: Arc<ServerLoad>,
     supervised: HashMap<AdapterKey, Supervised>,
     keys_by_actor: HashMap<ActorId, AdapterKey>,
     /// The last version of every name ever unloaded, so a reload continues its count.
@@ -97,6 +100,7 @@ impl Actor for AdapterManager {
             engine: args.engine,
             published: args.published,
             metrics: args.metrics,
+            server_load: args.server_load,
             supervised: HashMap::new(),
             keys_by_actor: HashMap::new(),
             retired_versions: HashMap::new(),
@@ -223,7 +227,7 @@ impl ManagerState {
         key: AdapterKey,
         last_version: AdapterVersion,
     ) -> Result<(), ActorProcessingErr> {
-        let cell = Arc::new(AdapterCell::new(key.clone(), last_version, self.metrics.clone()));
+        let cell = Arc::new(AdapterCell::new(key.clone(), last_version, self.metrics.clone(), &self.server_load));
         if let Some(global) = &self.global_pause {
             // No request can have reached the new adapter yet: the pause only closes its gate.
             cell.pause(global);

@@ -3,6 +3,10 @@
 //! from a snapshot when metrics are scraped ([`CoreMetrics::set_adapter_gauges`]). Every coordinator owns its own
 //! metrics; nothing is global, so several servers can run in one process (tests do).
 
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -12,6 +16,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::adapter::AdapterStatus;
 use crate::ids::{AdapterKey, AdapterVersion};
+use crate::limits::Limit;
 
 /// Labels of per-adapter metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -36,6 +41,20 @@ pub struct AdapterVersionLabels {
     pub version: u64,
 }
 
+/// Labels of the overload counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    /// The limit's label ([`Limit::label`]).
+    limit: &'static str,
+}
+
+/// Labels of the per-front counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FrontLabels {
+    /// The front (`grpc`, `http`).
+    front: &'static str,
+}
+
 type HistogramFamily = Family<AdapterLabels, Histogram, fn() -> Histogram>;
 
 /// Durations from 1 ms to about 9 minutes.
@@ -55,12 +74,17 @@ pub struct CoreMetrics {
     gate_hold: HistogramFamily,
     gate_hold_expired: Family<AdapterLabels, Counter>,
     generated_tokens: Family<AdapterVersionLabels, Counter>,
+    overloaded: Family<LimitLabels, Counter>,
+    body_read_timeouts: Family<FrontLabels, Counter>,
     paused: Family<AdapterLabels, Gauge>,
     in_flight: Family<AdapterLabels, Gauge>,
     held: Family<AdapterLabels, Gauge>,
     waiting: Family<AdapterLabels, Gauge>,
     kept: Family<AdapterLabels, Gauge>,
     version: Family<AdapterLabels, Gauge>,
+    /// The versions that have a `generated_tokens` series, per adapter, so that old versions and unloaded
+    /// adapters can be removed (families cannot be listed).
+    token_versions: Arc<Mutex<HashMap<String, BTreeSet<u64>>>>,
 }
 
 impl Default for CoreMetrics {
@@ -76,12 +100,15 @@ impl Default for CoreMetrics {
             gate_hold: histograms(),
             gate_hold_expired: Family::default(),
             generated_tokens: Family::default(),
+            overloaded: Family::default(),
+            body_read_timeouts: Family::default(),
             paused: Family::default(),
             in_flight: Family::default(),
             held: Family::default(),
             waiting: Family::default(),
             kept: Family::default(),
             version: Family::default(),
+            token_versions: Arc::default(),
         }
     }
 }
@@ -130,8 +157,18 @@ impl CoreMetrics {
         );
         registry.register(
             "generated_tokens",
-            "Tokens generated, by adapter version (the two newest versions of each adapter are kept)",
+            "Tokens generated, by adapter version (the two newest versions of each loaded adapter are kept)",
             self.generated_tokens.clone(),
+        );
+        registry.register(
+            "overloaded",
+            "Sampling requests refused because a limit was reached (RESOURCE_EXHAUSTED / 429), by limit",
+            self.overloaded.clone(),
+        );
+        registry.register(
+            "request_body_timeouts",
+            "Requests whose body did not arrive within the gate deadline (--gate-max-wait), by front",
+            self.body_read_timeouts.clone(),
         );
         registry.register("paused", "1 while the adapter's gate is closed", self.paused.clone());
         registry.register("in_flight", "Admitted requests, queued or running", self.in_flight.clone());
@@ -195,15 +232,62 @@ impl CoreMetrics {
         }
     }
 
+    /// Counts a request whose body did not arrive in time on `front` (`grpc`, `http`).
+    pub fn record_body_read_timeout(&self, front: &'static str) {
+        self.body_read_timeouts.get_or_create(&FrontLabels { front }).inc();
+    }
+
+    /// Requests on `front` whose body did not arrive in time, so far.
+    pub fn body_read_timeouts(&self, front: &'static str) -> u64 {
+        self.body_read_timeouts.get(&FrontLabels { front }).map_or(0, |counter| counter.get())
+    }
+
+    pub(crate) fn record_overload(&self, limit: Limit) {
+        self.overloaded.get_or_create(&LimitLabels { limit: limit.label() }).inc();
+    }
+
     pub(crate) fn record_tokens(&self, labels: &AdapterLabels, version: AdapterVersion, count: usize) {
         let labels = AdapterVersionLabels { adapter: labels.adapter.clone(), version: version.0 };
+        if let Some(counter) = self.generated_tokens.get(&labels) {
+            counter.inc_by(count as u64);
+            return;
+        }
+        self.token_versions.lock().entry(labels.adapter.clone()).or_default().insert(version.0);
         self.generated_tokens.get_or_create(&labels).inc_by(count as u64);
     }
 
-    /// Keeps the per-version series bounded: once `current` is installed, the series two versions back goes.
+    /// Keeps the per-version series bounded: once `current` is installed, only it and the version before it keep
+    /// their series (tokens of older versions still running recreate theirs until the next install).
     pub(crate) fn forget_old_versions(&self, labels: &AdapterLabels, current: AdapterVersion) {
-        if let Some(stale) = current.0.checked_sub(2) {
-            self.generated_tokens.remove(&AdapterVersionLabels { adapter: labels.adapter.clone(), version: stale });
+        let mut token_versions = self.token_versions.lock();
+        let Some(versions) = token_versions.get_mut(&labels.adapter) else { return };
+        let keep_from = current.0.saturating_sub(1);
+        let stale: Vec<u64> = versions.range(..keep_from).copied().collect();
+        for version in stale {
+            versions.remove(&version);
+            self.generated_tokens.remove(&AdapterVersionLabels { adapter: labels.adapter.clone(), version });
+        }
+    }
+
+    /// Removes every series of `adapter` (it was unloaded), so that names loaded and unloaded over time do not
+    /// accumulate.
+    pub(crate) fn forget_adapter(&self, adapter: &AdapterKey) {
+        let labels = AdapterLabels::of(adapter);
+        // Every per-adapter family (a test fails if one is missing: an unloaded adapter's series must all go).
+        for counter in
+            [&self.pauses, &self.aborted_requests, &self.kept_requests, &self.lease_expiries, &self.gate_hold_expired]
+        {
+            counter.remove(&labels);
+        }
+        for histogram in [&self.pause_duration, &self.abort_acknowledgement, &self.gate_hold] {
+            histogram.remove(&labels);
+        }
+        for gauge in [&self.paused, &self.in_flight, &self.held, &self.waiting, &self.kept, &self.version] {
+            gauge.remove(&labels);
+        }
+        let versions = self.token_versions.lock().remove(&labels.adapter).unwrap_or_default();
+        for version in versions {
+            self.generated_tokens.remove(&AdapterVersionLabels { adapter: labels.adapter.clone(), version });
         }
     }
 }
@@ -271,5 +355,50 @@ mod tests {
         let text = exposition(&metrics);
         assert!(text.contains("version=\"10\"") && text.contains("version=\"9\""), "{text}");
         assert!(!text.contains("version=\"8\""), "{text}");
+
+        // Versions with gaps (failed loads) and stragglers of old versions stay bounded too.
+        for version in [13, 17, 18, 25] {
+            metrics.record_tokens(&meow, AdapterVersion(version), 1);
+            metrics.record_tokens(&meow, AdapterVersion(version - 3), 1);
+            metrics.forget_old_versions(&meow, AdapterVersion(version));
+        }
+        let series = exposition(&metrics).matches("loragate_generated_tokens_total{").count();
+        assert!(series <= 3, "{}", exposition(&metrics));
+    }
+
+    #[tokio::test]
+    async fn adapters_loaded_and_unloaded_over_time_leave_no_series_behind() {
+        use crate::coordinator::CoordinatorConfig;
+        use crate::sampling::RawSampleRequest;
+        use crate::testing::{ScriptedEngine, coordinator_with_adapters};
+
+        let coordinator = coordinator_with_adapters(ScriptedEngine::new(3), CoordinatorConfig::default(), &[]).await;
+        let mut sizes = Vec::new();
+        for round in 0..60 {
+            let name = AdapterName::parse(&format!("tenant-{round}")).expect("name");
+            let source = crate::adapter_source::AdapterSource::trusted(format!("/a/{name}"));
+            coordinator.load_adapter(&name, source.clone()).await.expect("load");
+            coordinator.load_adapter(&name, source).await.expect("swap");
+            let raw = RawSampleRequest {
+                lora_name: name.to_string(),
+                prompt_token_ids: vec![1],
+                max_tokens: Some(2),
+                ..Default::default()
+            };
+            let request = coordinator.parse_sample(raw).expect("valid");
+            let stream = coordinator.sample(request, coordinator.gate_deadline(None)).await.expect("admitted");
+            stream.collect_output().await.expect("sampled");
+            coordinator.abort(&name).await.expect("pause");
+            let keep = crate::adapter::PauseRequest::parse(crate::adapter::PauseMode::Keep, "trainer", 60.0)
+                .expect("a keep pause with a lease");
+            coordinator.pause(&name, keep, None).await.expect("pause in keep mode");
+            coordinator.resume(&name, None).await.expect("resume");
+            coordinator.unload_adapter(&name).await.expect("unload");
+            coordinator.metrics().set_adapter_gauges(&coordinator.statuses().await);
+            sizes.push(exposition(coordinator.metrics()).len());
+        }
+        let text = exposition(coordinator.metrics());
+        assert!(!text.contains("tenant-"), "an unloaded adapter's series remain:\n{text}");
+        assert_eq!(sizes.first(), sizes.last(), "the exposition grows with every adapter ever loaded");
     }
 }

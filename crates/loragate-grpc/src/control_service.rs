@@ -1,9 +1,12 @@
 //! `loragate.v1.LoraControl`: pause/abort, resume, wait, load, unload and list, each on one adapter.
 
-use loragate_core::{AdapterName, Coordinator, CoreError, PauseId, PauseMode, PauseRequest, parse_timeout_s};
+use loragate_core::{
+    Action, AdapterKey, AdapterName, Coordinator, CoreError, PauseId, PauseMode, PauseRequest, parse_timeout_s,
+};
 use loragate_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
+use crate::auth::caller_of;
 use crate::convert::{adapter_status, pause_mode};
 use crate::grpc_timeout::client_deadline;
 use crate::status::status_from_core;
@@ -19,10 +22,14 @@ impl LoraControlService {
     pub fn new(coordinator: Coordinator) -> Self {
         Self { coordinator }
     }
-}
 
-fn adapter_name(raw: &str) -> Result<AdapterName, Status> {
-    AdapterName::parse(raw).map_err(status_from_core)
+    /// The adapter a request names, once its caller is known to be allowed `action` on it.
+    fn authorized<T>(&self, request: &Request<T>, raw_name: &str, action: Action) -> Result<AdapterName, Status> {
+        let name = AdapterName::parse(raw_name).map_err(status_from_core)?;
+        let principal = caller_of(request, self.coordinator.auth())?;
+        principal.authorize(action, &AdapterKey::Lora(name.clone())).map_err(status_from_core)?;
+        Ok(name)
+    }
 }
 
 fn count(n: usize) -> u32 {
@@ -40,8 +47,8 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         request: Request<pb::AbortLoraRequestsRequest>,
     ) -> Result<Response<pb::AbortLoraRequestsResponse>, Status> {
         let deadline = client_deadline(request.metadata().as_ref());
+        let name = self.authorized(&request, &request.get_ref().lora_name, Action::Control)?;
         let wire = request.into_inner();
-        let name = adapter_name(&wire.lora_name)?;
         let mode = pause_mode(wire.mode, PauseMode::Abort).map_err(status_from_core)?;
         let pause = PauseRequest::parse(mode, &wire.owner, wire.lease_s).map_err(status_from_core)?;
         answer(self.coordinator.pause(&name, pause, deadline).await.map(|report| {
@@ -62,7 +69,7 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         &self,
         request: Request<pb::ResumeLoraRequestsRequest>,
     ) -> Result<Response<pb::ResumeLoraRequestsResponse>, Status> {
-        let name = adapter_name(&request.get_ref().lora_name)?;
+        let name = self.authorized(&request, &request.get_ref().lora_name, Action::Control)?;
         let pause_id = PauseId::parse(&request.get_ref().pause_id).map_err(status_from_core)?;
         answer(self.coordinator.resume(&name, pause_id).await.map(|report| pb::ResumeLoraRequestsResponse {
             was_paused: report.was_paused,
@@ -75,9 +82,10 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         request: Request<pb::SwapLoraAdapterRequest>,
     ) -> Result<Response<pb::SwapLoraAdapterResponse>, Status> {
         let deadline = client_deadline(request.metadata().as_ref());
+        let name = self.authorized(&request, &request.get_ref().lora_name, Action::Control)?;
         let wire = request.into_inner();
-        let name = adapter_name(&wire.lora_name)?;
         let mode = pause_mode(wire.mode, PauseMode::Keep).map_err(status_from_core)?;
+        self.coordinator.check_loadable_name(&name).map_err(status_from_core)?;
         let source = self.coordinator.resolve_adapter_path(&wire.path).await.map_err(status_from_core)?;
         let swapped = self.coordinator.swap_adapter(&name, source, mode, deadline).await;
         if let Ok(swap) = &swapped {
@@ -94,7 +102,7 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         &self,
         request: Request<pb::WaitLoraUnpausedRequest>,
     ) -> Result<Response<pb::WaitLoraUnpausedResponse>, Status> {
-        let name = adapter_name(&request.get_ref().lora_name)?;
+        let name = self.authorized(&request, &request.get_ref().lora_name, Action::Sample)?;
         let timeout = parse_timeout_s(request.get_ref().timeout_s).map_err(status_from_core)?;
         answer(
             self.coordinator.wait_unpaused(&name, timeout).await.map(|paused| pb::WaitLoraUnpausedResponse { paused }),
@@ -105,9 +113,8 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         &self,
         request: Request<pb::LoadLoraAdapterRequest>,
     ) -> Result<Response<pb::LoadLoraAdapterResponse>, Status> {
-        let name = adapter_name(&request.get_ref().lora_name)?;
-        let source = self.coordinator.resolve_adapter_path(&request.get_ref().path).await.map_err(status_from_core)?;
-        let loaded = self.coordinator.load_adapter(&name, source).await;
+        let name = self.authorized(&request, &request.get_ref().lora_name, Action::Control)?;
+        let loaded = self.coordinator.load_adapter_at(&name, &request.get_ref().path).await;
         if let Ok(version) = &loaded {
             tracing::info!(adapter = %name, %version, "adapter loaded");
         }
@@ -118,15 +125,18 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         &self,
         request: Request<pb::UnloadLoraAdapterRequest>,
     ) -> Result<Response<pb::UnloadLoraAdapterResponse>, Status> {
-        let name = adapter_name(&request.get_ref().lora_name)?;
+        let name = self.authorized(&request, &request.get_ref().lora_name, Action::Control)?;
         answer(self.coordinator.unload_adapter(&name).await.map(|()| pb::UnloadLoraAdapterResponse {}))
     }
 
     async fn list_lora_adapters(
         &self,
-        _request: Request<pb::ListLoraAdaptersRequest>,
+        request: Request<pb::ListLoraAdaptersRequest>,
     ) -> Result<Response<pb::ListLoraAdaptersResponse>, Status> {
-        let adapters = self.coordinator.list_adapters().await.into_iter().map(adapter_status).collect();
+        let principal = caller_of(&request, self.coordinator.auth())?;
+        let listed = self.coordinator.list_adapters().await.into_iter();
+        // A tenant sees the adapters it may sample, not other tenants'.
+        let adapters = listed.filter(|status| principal.may_see(&status.key)).map(adapter_status).collect();
         Ok(Response::new(pb::ListLoraAdaptersResponse { adapters }))
     }
 }

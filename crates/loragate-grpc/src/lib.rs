@@ -13,6 +13,7 @@
 //! # }
 //! ```
 
+mod auth;
 mod control_service;
 mod convert;
 mod grpc_timeout;
@@ -21,8 +22,9 @@ mod server;
 mod status;
 mod submission_gate;
 
+pub use auth::{AuthLayer, Authenticated};
 pub use control_service::LoraControlService;
 pub use sampler_service::{SampleChunks, SamplerService};
-pub use server::{GrpcServeError, serve_grpc};
+pub use server::{GrpcServeError, serve_grpc, serve_grpc_with};
 pub use status::status_from_core;
 pub use submission_gate::{SubmissionGate, SubmissionGateLayer};

@@ -1,18 +1,19 @@
 //! `loragate.v1.Sampler`: `Sample` and `SampleStream`. Requests reach these handlers through the submission gate,
-//! which already held them while their adapter was paused.
+//! which already parsed and authorised them, and held them while their adapter was paused.
 
 use std::pin::Pin;
 
 use futures::{Stream, StreamExt};
-use loragate_core::{Coordinator, GateDeadline, SampleStream};
+use loragate_core::{Coordinator, SampleStream};
 use loragate_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::convert::{raw_sample_request, sample_response, stream_chunk};
-use crate::grpc_timeout::client_deadline;
+use crate::convert::{sample_response, stream_chunk};
 use crate::status::status_from_core;
+use crate::submission_gate::GatedSample;
 
-/// The `Sampler` service over a coordinator.
+/// The `Sampler` service over a coordinator. It serves only calls that passed the
+/// [`SubmissionGateLayer`](crate::SubmissionGateLayer), which parses each request at the edge.
 #[derive(Clone)]
 pub struct SamplerService {
     coordinator: Coordinator,
@@ -24,21 +25,13 @@ impl SamplerService {
         Self { coordinator }
     }
 
-    /// Validates the request, admits it (waiting at its adapter's gate if it closed again since the submission gate
-    /// let it through) and starts the engine.
-    async fn start(&self, request: Request<pb::SampleRequest>) -> Result<SampleStream, Status> {
-        let deadline = gate_deadline(&request, &self.coordinator);
-        let request =
-            self.coordinator.parse_sample(raw_sample_request(request.into_inner())).map_err(status_from_core)?;
+    /// Admits the request the gate parsed (waiting at its adapter's gate if it closed again since the submission
+    /// gate let it through) and starts the engine.
+    async fn start(&self, mut request: Request<pb::SampleRequest>) -> Result<SampleStream, Status> {
+        let Some(GatedSample { request, deadline }) = request.extensions_mut().remove::<GatedSample>() else {
+            return Err(Status::internal("the Sampler service must be served behind its SubmissionGateLayer"));
+        };
         self.coordinator.sample(request, deadline).await.map_err(status_from_core)
-    }
-}
-
-/// The deadline the submission gate computed at arrival, or (without the gate) the client's deadline.
-fn gate_deadline<T>(request: &Request<T>, coordinator: &Coordinator) -> GateDeadline {
-    match request.extensions().get::<GateDeadline>() {
-        Some(deadline) => *deadline,
-        None => coordinator.gate_deadline(client_deadline(request.metadata().as_ref())),
     }
 }
 

@@ -1,16 +1,18 @@
-//! Assembles the gRPC server: `LoraControl`, `Sampler` behind the submission gate, health and reflection.
+//! Assembles the gRPC server: `LoraControl`, `Sampler` behind the submission gate, health and reflection, behind
+//! authentication, on a listener with a connection cap and idle timeouts, with HTTP/2 keepalive.
 
 use std::future::Future;
 
 use loragate_core::Coordinator;
+use loragate_net::{ActivityLayer, ConnectionLimits, GuardedListener};
 use loragate_proto::FILE_DESCRIPTOR_SET;
 use loragate_proto::v1::lora_control_server::LoraControlServer;
 use loragate_proto::v1::sampler_server::SamplerServer;
 use tokio::net::TcpListener;
 use tonic::service::LayerExt;
 use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 
+use crate::auth::AuthLayer;
 use crate::control_service::LoraControlService;
 use crate::sampler_service::SamplerService;
 use crate::submission_gate::SubmissionGateLayer;
@@ -26,13 +28,28 @@ pub enum GrpcServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Serves the gRPC front on `listener` until `stop` resolves, then drains open calls.
-///
-/// Health reports `SERVING` for both services until `draining` resolves (the server is about to stop), then
-/// `NOT_SERVING`, so load balancers stop sending work while running requests finish.
+/// Serves the gRPC front on `listener` until `stop` resolves, then drains open calls, with the default
+/// [`ConnectionLimits`]; see [`serve_grpc_with`].
 pub async fn serve_grpc(
     listener: TcpListener,
     coordinator: Coordinator,
+    draining: impl Future<Output = ()> + Send + 'static,
+    stop: impl Future<Output = ()> + Send,
+) -> Result<(), GrpcServeError> {
+    serve_grpc_with(listener, coordinator, ConnectionLimits::default(), draining, stop).await
+}
+
+/// Serves the gRPC front on `listener` until `stop` resolves, then drains open calls.
+///
+/// Health reports `SERVING` for both services until `draining` resolves (the server is about to stop), then
+/// `NOT_SERVING`, so load balancers stop sending work while running requests finish. At most
+/// `connections.max_connections` connections are open at once (shared with every listener given the same limits);
+/// a connection without a call in progress past the header-read or idle timeout is closed, and HTTP/2 pings every
+/// `connections.keepalive_interval` close connections whose peer is gone.
+pub async fn serve_grpc_with(
+    listener: TcpListener,
+    coordinator: Coordinator,
+    connections: ConnectionLimits,
     draining: impl Future<Output = ()> + Send + 'static,
     stop: impl Future<Output = ()> + Send,
 ) -> Result<(), GrpcServeError> {
@@ -55,16 +72,27 @@ pub async fn serve_grpc(
         .build_v1alpha()?;
 
     let control = LoraControlServer::new(LoraControlService::new(coordinator.clone()));
-    let sampler =
-        SubmissionGateLayer::new(coordinator.clone()).named_layer(SamplerServer::new(SamplerService::new(coordinator)));
+    let sampler = SubmissionGateLayer::new(coordinator.clone())
+        .named_layer(SamplerServer::new(SamplerService::new(coordinator.clone())));
 
+    let auth = AuthLayer::new(coordinator.auth().clone());
+    let keepalive = Some(connections.keepalive_interval);
+    let incoming = futures::stream::unfold(GuardedListener::new(listener, connections), |mut listener| async move {
+        let (connection, _remote) = listener.accept().await;
+        Some((Ok::<_, std::io::Error>(connection), listener))
+    });
     Server::builder()
+        .http2_keepalive_interval(keepalive)
+        .http2_keepalive_timeout(keepalive)
+        // Outermost: a call counts as in progress on its connection from the start, refused ones included.
+        .layer(ActivityLayer)
+        .layer(auth)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(control)
         .add_service(sampler)
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener), stop)
+        .serve_with_incoming_shutdown(incoming, stop)
         .await?;
     Ok(())
 }

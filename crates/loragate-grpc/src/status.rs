@@ -18,6 +18,10 @@ pub fn status_from_core(err: CoreError) -> Status {
             Status::unavailable(message)
         }
         CoreError::DrainTimedOut { .. } => Status::deadline_exceeded(message),
+        CoreError::AbortedWhileKept(_) => Status::aborted(message),
+        CoreError::Overloaded { .. } => Status::resource_exhausted(message),
+        CoreError::Unauthenticated(_) => Status::unauthenticated(message),
+        CoreError::PermissionDenied { .. } => Status::permission_denied(message),
         CoreError::Engine(engine) => match engine {
             EngineError::AdapterFiles(_) => Status::invalid_argument(message),
             EngineError::AdapterIncompatible(_) => Status::failed_precondition(message),
@@ -33,7 +37,7 @@ pub fn status_from_core(err: CoreError) -> Status {
 mod tests {
     use std::time::Duration;
 
-    use loragate_core::{AdapterKey, AdapterName, Field};
+    use loragate_core::{Action, AdapterKey, AdapterName, Field, Limit};
     use tonic::Code;
 
     use super::*;
@@ -54,6 +58,17 @@ mod tests {
                 "meow",
             ),
             (CoreError::ShuttingDown, Code::Unavailable, "shutting down"),
+            (
+                CoreError::Overloaded { limit: Limit::InFlightPerAdapter, cap: 8, adapter: meow.clone() },
+                Code::ResourceExhausted,
+                "--max-in-flight-per-adapter",
+            ),
+            (CoreError::Unauthenticated("no API key was presented"), Code::Unauthenticated, "Bearer"),
+            (
+                CoreError::PermissionDenied { action: Action::Control, adapter: Some(meow.clone()) },
+                Code::PermissionDenied,
+                "meow",
+            ),
             (
                 EngineError::AdapterFiles("no adapter_config.json".into()).into(),
                 Code::InvalidArgument,

@@ -1,37 +1,55 @@
-//! The submission gate: a tower layer in front of the `Sampler` service that holds a request while its adapter is
-//! paused and lets it through the moment the adapter reopens.
+//! The submission gate: a tower layer in front of the `Sampler` service that parses each request at the edge and
+//! holds it, parsed, while its adapter is paused, letting it through the moment the adapter reopens.
 //!
-//! The layer reads the adapter from the request message itself (its `lora_name`, field 2 of `SampleRequest`), so
-//! clients need no extra header: it buffers the single request message (unary and server-streaming RPCs send
-//! exactly one), decodes only that field, waits at the adapter's gate, and passes the same bytes on. The hold is
-//! bounded by the client's `grpc-timeout` and the server's maximum; past it the call fails with `UNAVAILABLE`
-//! naming the adapter. A client that goes away while held drops this future, which uncounts it: nothing is left.
+//! For every call it reads the single request message (unary and server-streaming RPCs send exactly one) within
+//! the gate deadline, decodes it, validates it into the core's [`SampleRequest`] (errors are `INVALID_ARGUMENT`
+//! naming the field), checks that the caller may sample that adapter, and only then waits at the adapter's gate
+//! with [`AdapterHandle::hold_while_paused`](loragate_core::AdapterHandle::hold_while_paused), the one gate every
+//! front uses, counted as held and bounded by the held limits. The request's bytes are dropped before the hold: a
+//! held request keeps only its parsed form, which the context length bounds. The parsed request reaches the handler
+//! in a request extension; the handler admits it with the same deadline.
 //!
-//! Requests it cannot read (compressed messages, unknown or malformed names) pass through untouched: the handler
-//! rejects bad ones, and admission in the core still never admits into a closed gate.
+//! The deadline is the client's `grpc-timeout` (less a margin) capped by the server's maximum hold
+//! (`--gate-max-wait`). It bounds reading the message too: a call whose message never completes fails with
+//! `DEADLINE_EXCEEDED` and is counted (`loragate_request_body_timeouts_total{front="grpc"}`). Past the deadline a
+//! held call fails with `UNAVAILABLE` naming the adapter. A client that goes away while held drops this future,
+//! which uncounts it: nothing is left.
 
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use futures::future::BoxFuture;
-use http_body_util::{BodyExt, Full, Limited};
-use loragate_core::{AdapterKey, Coordinator};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use loragate_core::{Action, Coordinator, GateDeadline, SampleRequest};
+use loragate_proto::v1 as pb;
 use prost::Message;
+use tokio::time::Instant;
 use tonic::Status;
 use tonic::body::Body;
 use tower::{Layer, Service};
 
+use crate::auth::caller;
+use crate::convert::raw_sample_request;
 use crate::grpc_timeout::client_deadline;
 use crate::status::status_from_core;
 
-/// The largest request the gate buffers: tonic's default decoding limit plus the gRPC frame header.
-const MAX_GATED_REQUEST_BYTES: usize = 4 * 1024 * 1024 + 5;
+/// The largest request message read: tonic's default decoding limit.
+const MAX_REQUEST_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
-/// The one field of `SampleRequest` the gate reads; prost skips every other field.
-#[derive(Clone, PartialEq, Message)]
-struct LoraNameProbe {
-    #[prost(string, tag = "2")]
-    lora_name: String,
+/// The gRPC frame header: a compression flag and a 4-byte length.
+const FRAME_HEADER_BYTES: usize = 5;
+
+/// What the handler receives in place of the message: an empty `SampleRequest` frame (all defaults). The real
+/// request travels parsed, in [`GatedSample`].
+const EMPTY_MESSAGE_FRAME: [u8; FRAME_HEADER_BYTES] = [0; FRAME_HEADER_BYTES];
+
+/// Request extension: the parsed request the gate let through, and its waiting limits (the handler admits with the
+/// same deadline if the adapter closes again before admission, and a keep-mode pause bounds its wait by the
+/// client's deadline).
+#[derive(Clone, Debug)]
+pub(crate) struct GatedSample {
+    pub(crate) request: SampleRequest,
+    pub(crate) deadline: GateDeadline,
 }
 
 /// Applies [`SubmissionGate`] to a service (with `tonic::service::LayerExt::named_layer`, so that only the
@@ -83,7 +101,7 @@ where
         let mut ready = std::mem::replace(&mut self.inner, fresh);
         let coordinator = self.coordinator.clone();
         Box::pin(async move {
-            match hold_while_paused(&coordinator, request).await {
+            match parse_and_hold(&coordinator, request).await {
                 Ok(request) => ready.call(request).await,
                 Err(status) => Ok(status.into_http()),
             }
@@ -91,43 +109,72 @@ where
     }
 }
 
-/// Holds `request` while its adapter's gate is closed; returns it once open, with its
-/// [`GateDeadline`](loragate_core::GateDeadline) as a request extension (the handler admits with the same deadline
-/// if the adapter closes again before admission, and a keep-mode pause bounds its wait by the client's deadline).
-async fn hold_while_paused(
+/// Reads, parses and authorises the request, then holds it while its adapter's gate is closed; returns the call
+/// to pass on (the parsed request in a [`GatedSample`], an empty message as its body) once the gate is open.
+async fn parse_and_hold(
     coordinator: &Coordinator,
     request: http::Request<Body>,
 ) -> Result<http::Request<Body>, Status> {
     let deadline = coordinator.gate_deadline(client_deadline(request.headers()));
+    let principal = caller(request.headers(), request.extensions(), coordinator.auth()).map_err(status_from_core)?;
     let (mut parts, body) = request.into_parts();
-    let message = Limited::new(body, MAX_GATED_REQUEST_BYTES)
-        .collect()
-        .await
-        .map_err(|err| Status::out_of_range(format!("could not read the request: {err}")))?
-        .to_bytes();
-    if let Some(adapter) = adapter_of(&parts.headers, &message).and_then(|key| coordinator.adapter(&key).ok()) {
+    let frame = read_message(coordinator, body, deadline.hold_until()).await?;
+    let message = decode_message(&parts.headers, frame)?;
+    let request = coordinator.parse_sample(raw_sample_request(message)).map_err(status_from_core)?;
+    principal.authorize(Action::Sample, request.adapter()).map_err(status_from_core)?;
+    // An unknown adapter is not held: the handler answers NOT_FOUND.
+    if let Ok(adapter) = coordinator.adapter(request.adapter()) {
         adapter.hold_while_paused(deadline.hold_until()).await.map_err(status_from_core)?;
     }
-    parts.extensions.insert(deadline);
-    Ok(http::Request::from_parts(parts, Body::new(Full::new(message))))
+    parts.extensions.insert(GatedSample { request, deadline });
+    Ok(http::Request::from_parts(parts, Body::new(Full::new(Bytes::from_static(&EMPTY_MESSAGE_FRAME)))))
 }
 
-/// The adapter a buffered `SampleRequest` frame addresses, if it can be read.
-fn adapter_of(headers: &http::HeaderMap, frame: &Bytes) -> Option<AdapterKey> {
-    let compressed_stream = headers.get("grpc-encoding").is_some_and(|encoding| encoding != "identity");
-    let (&compressed_flag, rest) = frame.split_first()?;
-    if compressed_stream || compressed_flag != 0 || rest.len() < 4 {
-        return None;
+/// Reads the whole request body (one framed message) by `deadline`.
+async fn read_message(coordinator: &Coordinator, body: Body, deadline: Instant) -> Result<Bytes, Status> {
+    let limit = FRAME_HEADER_BYTES + MAX_REQUEST_MESSAGE_BYTES;
+    match tokio::time::timeout_at(deadline, Limited::new(body, limit).collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => Err(Status::out_of_range(format!(
+            "the request message is larger than the {MAX_REQUEST_MESSAGE_BYTES}-byte limit"
+        ))),
+        Ok(Err(err)) => Err(Status::cancelled(format!("the request message could not be read: {err}"))),
+        Err(_elapsed) => {
+            coordinator.metrics().record_body_read_timeout("grpc");
+            Err(Status::deadline_exceeded(
+                "the request message did not arrive in time (the gate deadline: the client's grpc-timeout capped by \
+                 the server's --gate-max-wait)",
+            ))
+        }
     }
-    let (length, message) = rest.split_at(4);
-    let length = u32::from_be_bytes(length.try_into().ok()?) as usize;
-    let probe = LoraNameProbe::decode(message.get(..length)?).ok()?;
-    AdapterKey::parse(&probe.lora_name).ok()
+}
+
+/// Decodes the single `SampleRequest` of a body. Anything but exactly one uncompressed, well-formed message is
+/// refused (`INVALID_ARGUMENT`; compressed messages, which this server never accepts, `UNIMPLEMENTED`).
+fn decode_message(headers: &http::HeaderMap, mut frame: Bytes) -> Result<pb::SampleRequest, Status> {
+    let compressed_stream = headers.get("grpc-encoding").is_some_and(|encoding| encoding != "identity");
+    if frame.len() < FRAME_HEADER_BYTES {
+        return Err(Status::invalid_argument("the call carries no complete request message"));
+    }
+    let compressed_flag = frame.get_u8();
+    let length = frame.get_u32() as usize;
+    if compressed_stream || compressed_flag != 0 {
+        return Err(Status::unimplemented("compressed request messages are not accepted; send them uncompressed"));
+    }
+    if frame.len() != length {
+        return Err(Status::invalid_argument(format!(
+            "the call must carry exactly one request message of {length} bytes, it carries {} bytes after the frame \
+             header",
+            frame.len()
+        )));
+    }
+    pb::SampleRequest::decode(frame)
+        .map_err(|err| Status::invalid_argument(format!("the request message is not a valid SampleRequest: {err}")))
 }
 
 #[cfg(test)]
 mod tests {
-    use loragate_proto::v1::SampleRequest;
+    use tonic::Code;
 
     use super::*;
 
@@ -140,34 +187,41 @@ mod tests {
     }
 
     #[test]
-    fn the_probe_reads_lora_name_from_a_full_sample_request() {
-        let request = SampleRequest {
+    fn a_framed_sample_request_decodes_whole() {
+        let request = pb::SampleRequest {
             request_id: "r".into(),
             lora_name: "meow".into(),
             prompt_token_ids: vec![1, 2, 3],
             num_samples: 4,
             ..Default::default()
         };
-        let key = adapter_of(&http::HeaderMap::new(), &frame(&request));
-        assert_eq!(key.map(|key| key.as_wire_str().to_owned()), Some("meow".to_owned()));
-        let base = SampleRequest { prompt_token_ids: vec![1], ..Default::default() };
-        assert_eq!(adapter_of(&http::HeaderMap::new(), &frame(&base)), Some(AdapterKey::Base));
+        assert_eq!(decode_message(&http::HeaderMap::new(), frame(&request)).expect("decodes"), request);
+        assert_eq!(EMPTY_MESSAGE_FRAME.as_slice(), frame(&pb::SampleRequest::default()).as_ref());
     }
 
     #[test]
-    fn unreadable_frames_are_passed_through() {
-        let request = SampleRequest { lora_name: "meow".into(), ..Default::default() };
+    fn anything_but_one_plain_message_is_refused() {
+        let request = pb::SampleRequest { lora_name: "meow".into(), ..Default::default() };
         let mut compressed = frame(&request).to_vec();
         compressed[0] = 1;
         let mut gzip = http::HeaderMap::new();
         gzip.insert("grpc-encoding", http::HeaderValue::from_static("gzip"));
-        for (headers, bytes) in [
-            (http::HeaderMap::new(), Bytes::from(compressed)),
-            (gzip, frame(&request)),
-            (http::HeaderMap::new(), Bytes::from_static(&[0, 0, 0])),
-            (http::HeaderMap::new(), Bytes::from_static(&[0, 0, 0, 0, 9, 1])),
-        ] {
-            assert_eq!(adapter_of(&headers, &bytes), None);
+        let mut two = frame(&request).to_vec();
+        two.extend_from_slice(&frame(&request));
+        let cases = [
+            (http::HeaderMap::new(), Bytes::from(compressed), Code::Unimplemented),
+            (gzip, frame(&request), Code::Unimplemented),
+            (http::HeaderMap::new(), Bytes::from_static(&[0, 0, 0]), Code::InvalidArgument),
+            (http::HeaderMap::new(), Bytes::from_static(&[0, 0, 0, 0, 9, 1]), Code::InvalidArgument),
+            (http::HeaderMap::new(), Bytes::from(two), Code::InvalidArgument),
+            // Field 2 (lora_name) as a varint: not protobuf for this message.
+            (http::HeaderMap::new(), Bytes::from_static(&[0, 0, 0, 0, 2, 0x10, 0x01]), Code::InvalidArgument),
+            // A truncated length-delimited field.
+            (http::HeaderMap::new(), Bytes::from_static(&[0, 0, 0, 0, 2, 0x12, 0x09]), Code::InvalidArgument),
+        ];
+        for (headers, bytes, code) in cases {
+            let status = decode_message(&headers, bytes.clone()).expect_err("refused");
+            assert_eq!(status.code(), code, "{bytes:?}: {status:?}");
         }
     }
 }

@@ -6,10 +6,11 @@
 mod request;
 mod response;
 
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Json, Response};
 use futures::TryStreamExt;
 use http::{HeaderMap, HeaderValue};
+use loragate_core::Principal;
 use serde_json::{Map, Value, json};
 
 use self::request::ChatBody;
@@ -48,6 +49,7 @@ pub(crate) fn chat_prompt(
 /// The handler of `POST /v1/chat/completions`.
 pub(crate) async fn create_chat_completion(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     headers: HeaderMap,
     JsonValue(body): JsonValue,
 ) -> Result<Response, HttpError> {
@@ -97,8 +99,7 @@ pub(crate) async fn create_chat_completion(
         lora_name: front.lora_name_for(&model).to_owned(),
         token_ids,
     };
-    let deadline = front.coordinator().gate_deadline(None);
-    let started = sampling::start(front, vec![prompt], plan, deadline, Api::Chat).await?;
+    let started = sampling::start(front, &caller, vec![prompt], plan, Api::Chat).await?;
     let request_id = started.request_ids[0].clone();
     let options = ChatOptions {
         with_logprobs,

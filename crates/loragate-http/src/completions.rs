@@ -1,5 +1,5 @@
-//! `POST /v1/completions`, OpenAI-compatible with vLLM's extensions. Requests reach this handler through the
-//! submission gate, which already held them while their adapter was paused.
+//! `POST /v1/completions`, OpenAI-compatible with vLLM's extensions. A request for a paused adapter is held, parsed,
+//! by the core's gate in `Coordinator::sample` (its body is gone by then).
 //!
 //! Data flow: the JSON body → [`CompletionBody`] (this API's own fields) and the shared
 //! [`VllmSampling`] → one [`PromptSpec`] per prompt (text encoded by the [`TextCodec`](crate::TextCodec)) →
@@ -16,7 +16,7 @@ use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Json, Response};
 use futures::TryStreamExt;
 use http::{HeaderMap, HeaderValue};
-use loragate_core::{GateDeadline, RequestId};
+use loragate_core::{Principal, RequestId};
 
 use self::request::{CompletionBody, Prompt};
 use self::response::{CompletionOptions, CompletionRender, EchoedPrompt};
@@ -110,7 +110,7 @@ pub(crate) fn response_request_id(request_ids: &[String]) -> String {
 /// The handler of `POST /v1/completions`.
 pub(crate) async fn create_completion(
     State(state): State<AppState>,
-    gate: Option<Extension<GateDeadline>>,
+    Extension(caller): Extension<Principal>,
     headers: HeaderMap,
     JsonValue(body): JsonValue,
 ) -> Result<Response, HttpError> {
@@ -119,12 +119,7 @@ pub(crate) async fn create_completion(
     let request: CompletionBody = parse_value(&body, "")?;
     let fields: VllmSampling = parse_value(&body, "")?;
     let plan = Plan::parse(front, request, fields, &caller_request_id(&headers)?)?;
-    // The gate's deadline, so a request the gate let through waits no longer in total if the adapter closes again.
-    let deadline = match gate {
-        Some(Extension(deadline)) => deadline,
-        None => front.coordinator().gate_deadline(None),
-    };
-    let started = sampling::start(front, plan.prompts, plan.sampling, deadline, Api::Completions).await?;
+    let started = sampling::start(front, &caller, plan.prompts, plan.sampling, Api::Completions).await?;
     let request_id = response_request_id(&started.request_ids);
     let codec = front.codec().clone();
     let echo = plan.echo.then(|| started.prompts.iter().map(|prompt| EchoedPrompt::new(&*codec, prompt)).collect());

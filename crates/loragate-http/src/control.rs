@@ -5,9 +5,9 @@
 //! is ever made up for a name.
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use http::StatusCode;
-use loragate_core::{AdapterName, PauseId, PauseMode, PauseRequest, parse_timeout_s};
+use loragate_core::{Action, AdapterKey, AdapterName, PauseId, PauseMode, PauseRequest, Principal, parse_timeout_s};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -58,8 +58,11 @@ pub(crate) struct LoadBody {
     load_inplace: bool,
 }
 
-fn adapter_name(raw: Option<String>) -> Result<AdapterName, HttpError> {
-    AdapterName::parse(&raw.ok_or(HttpError::MissingField("lora_name"))?).map_err(HttpError::control)
+/// The adapter a request names, once its caller is known to be allowed `action` on it.
+fn authorized(caller: &Principal, raw: Option<String>, action: Action) -> Result<AdapterName, HttpError> {
+    let name = AdapterName::parse(&raw.ok_or(HttpError::MissingField("lora_name"))?).map_err(HttpError::control)?;
+    caller.authorize(action, &AdapterKey::Lora(name.clone())).map_err(HttpError::control)?;
+    Ok(name)
 }
 
 /// `POST /skyrl/v1/abort_lora_requests`: pauses the adapter in `mode` (default `abort`); answers once each aborted
@@ -67,9 +70,10 @@ fn adapter_name(raw: Option<String>) -> Result<AdapterName, HttpError> {
 /// aborted requests' ids (a completion's `X-Request-Id`), `pause_id` names the pause for a targeted resume.
 pub(crate) async fn abort_lora_requests(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     JsonBody(body): JsonBody<PauseBody>,
 ) -> Result<Json<Value>, HttpError> {
-    let name = adapter_name(body.lora_name)?;
+    let name = authorized(&caller, body.lora_name, Action::Control)?;
     let mode = body.mode.as_deref().map_or(Ok(PauseMode::Abort), PauseMode::parse).map_err(HttpError::control)?;
     let pause = PauseRequest::parse(mode, body.owner.as_deref().unwrap_or(""), body.lease_s.unwrap_or(0.0))
         .map_err(HttpError::control)?;
@@ -94,9 +98,10 @@ pub(crate) async fn abort_lora_requests(
 /// is left it reopens, releasing every held request, kept request and waiter.
 pub(crate) async fn resume_lora_requests(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     JsonBody(body): JsonBody<ResumeBody>,
 ) -> Result<Json<Value>, HttpError> {
-    let name = adapter_name(body.lora_name)?;
+    let name = authorized(&caller, body.lora_name, Action::Control)?;
     let pause_id = PauseId::parse(body.pause_id.as_deref().unwrap_or("")).map_err(HttpError::control)?;
     let report = state.front().coordinator().resume(&name, pause_id).await.map_err(HttpError::control)?;
     Ok(Json(json!({"status": "ok", "was_paused": report.was_paused, "still_paused": report.still_paused})))
@@ -106,9 +111,10 @@ pub(crate) async fn resume_lora_requests(
 /// passes (`paused: true`).
 pub(crate) async fn wait_lora_unpaused(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     JsonBody(body): JsonBody<WaitBody>,
 ) -> Result<Json<Value>, HttpError> {
-    let name = adapter_name(body.lora_name)?;
+    let name = authorized(&caller, body.lora_name, Action::Sample)?;
     let timeout = parse_timeout_s(body.timeout_s.unwrap_or(DEFAULT_WAIT_TIMEOUT_S)).map_err(HttpError::control)?;
     let paused = state.front().coordinator().wait_unpaused(&name, timeout).await.map_err(HttpError::control)?;
     Ok(Json(json!({"paused": paused})))
@@ -118,10 +124,11 @@ pub(crate) async fn wait_lora_unpaused(
 /// them under a loaded name; with `load_inplace: true` on a loaded name, as the atomic keep-mode swap.
 pub(crate) async fn load_lora_adapter(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     JsonBody(body): JsonBody<LoadBody>,
 ) -> Result<Json<Value>, HttpError> {
     let swap = body.load_inplace.then_some(PauseMode::Keep);
-    load(&state, body, swap).await
+    load(&state, &caller, body, swap).await
 }
 
 /// `POST /skyrl/v1/load_lora_adapter`: SkyRL 0.4's in-place reload (new weights under the same name every step,
@@ -129,23 +136,24 @@ pub(crate) async fn load_lora_adapter(
 /// continue on the new weights with their tokens' versions recorded.
 pub(crate) async fn skyrl_load_lora_adapter(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     JsonBody(body): JsonBody<LoadBody>,
 ) -> Result<Json<Value>, HttpError> {
-    load(&state, body, Some(PauseMode::Keep)).await
+    load(&state, &caller, body, Some(PauseMode::Keep)).await
 }
 
 /// Loads `body`'s adapter, as a swap in `swap` mode if given (a plain load for a name not loaded yet).
-async fn load(state: &AppState, body: LoadBody, swap: Option<PauseMode>) -> Result<Json<Value>, HttpError> {
-    let front = state.front();
-    let name = adapter_name(body.lora_name)?;
-    if name.as_str() == front.served_model_name() {
-        return Err(HttpError::invalid(
-            "lora_name",
-            format!("{name:?} is the base model's served name; an adapter under it could not be addressed"),
-        ));
-    }
+async fn load(
+    state: &AppState,
+    caller: &Principal,
+    body: LoadBody,
+    swap: Option<PauseMode>,
+) -> Result<Json<Value>, HttpError> {
+    let name = authorized(caller, body.lora_name, Action::Control)?;
+    let coordinator = state.front().coordinator();
+    // The name first: a reserved one is refused whatever the path.
+    coordinator.check_loadable_name(&name).map_err(HttpError::control)?;
     let path = body.lora_path.ok_or(HttpError::MissingField("lora_path"))?;
-    let coordinator = front.coordinator();
     let source = coordinator.resolve_adapter_path(&path).await.map_err(HttpError::control)?;
     let (version, kept, aborted) = match swap {
         Some(mode) => {
@@ -167,9 +175,10 @@ async fn load(state: &AppState, body: LoadBody, swap: Option<PauseMode>) -> Resu
 /// `POST /v1/unload_lora_adapter`: aborts the adapter's requests, fails its held ones, and frees its weights.
 pub(crate) async fn unload_lora_adapter(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     JsonBody(body): JsonBody<LoraNameBody>,
 ) -> Result<Json<Value>, HttpError> {
-    let name = adapter_name(body.lora_name)?;
+    let name = authorized(&caller, body.lora_name, Action::Control)?;
     state.front().coordinator().unload_adapter(&name).await.map_err(HttpError::control)?;
     tracing::info!(adapter = %name, "adapter unloaded");
     Ok(Json(json!({"status": "ok", "lora_name": name.as_str()})))

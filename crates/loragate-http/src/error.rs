@@ -8,7 +8,8 @@
 
 use axum::Json;
 use axum::response::{IntoResponse, Response};
-use http::StatusCode;
+use http::header::{RETRY_AFTER, WWW_AUTHENTICATE};
+use http::{HeaderValue, StatusCode};
 use loragate_core::{CoreError, EngineError, Field};
 use serde::Serialize;
 
@@ -68,9 +69,18 @@ pub(crate) enum HttpError {
     /// The body could not be read (the client stopped sending it).
     #[error("could not read the request body: {0}")]
     UnreadableBody(String),
+    /// The body did not arrive by the gate deadline (`--gate-max-wait`).
+    #[error("the request body did not arrive in time (the limit is the server's --gate-max-wait)")]
+    BodyTimeout,
     /// No endpoint at that path.
     #[error("no endpoint at {0}")]
     NoSuchEndpoint(String),
+    /// A browser request from another origin (this server serves no pages; such requests are refused).
+    #[error("cross-origin browser requests are refused (the request carries {0})")]
+    CrossOrigin(&'static str),
+    /// A POST body that is not declared as JSON.
+    #[error("{}", unsupported_media_type(.0.as_deref()))]
+    UnsupportedMediaType(Option<String>),
     /// The metrics could not be written out.
     #[error("encoding the metrics: {0}")]
     MetricsEncoding(#[from] std::fmt::Error),
@@ -97,6 +107,11 @@ impl HttpError {
         Self::Core { error, api: Api::Control }
     }
 
+    /// An authentication or permission refusal from the request guard (before any endpoint ran).
+    pub(crate) fn access(error: CoreError) -> Self {
+        Self::Core { error, api: Api::Control }
+    }
+
     /// The HTTP status of this error (the contract's table).
     pub(crate) fn status(&self) -> StatusCode {
         match self {
@@ -105,7 +120,10 @@ impl HttpError {
                 StatusCode::BAD_REQUEST
             }
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::NoSuchEndpoint(_) => StatusCode::NOT_FOUND,
+            Self::CrossOrigin(_) => StatusCode::FORBIDDEN,
+            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::MetricsEncoding(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -119,7 +137,10 @@ impl HttpError {
             Self::InvalidField { .. } => "invalid_argument",
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::UnreadableBody(_) => "unreadable_body",
+            Self::BodyTimeout => "body_timeout",
             Self::NoSuchEndpoint(_) => "no_such_endpoint",
+            Self::CrossOrigin(_) => "cross_origin",
+            Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::MetricsEncoding(_) => "internal",
         }
     }
@@ -131,7 +152,10 @@ impl HttpError {
             Self::InvalidJson { param, .. } => param.clone(),
             Self::MissingField(param) => Some((*param).to_owned()),
             Self::InvalidField { param, .. } => Some(param.clone()),
+            Self::UnsupportedMediaType(_) => Some("Content-Type".to_owned()),
+            Self::CrossOrigin(header) => Some((*header).to_owned()),
             Self::BodyTooLarge { .. }
+            | Self::BodyTimeout
             | Self::UnreadableBody(_)
             | Self::NoSuchEndpoint(_)
             | Self::MetricsEncoding(_) => None,
@@ -143,6 +167,9 @@ impl HttpError {
         let status = self.status();
         let kind = match status {
             StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
             StatusCode::SERVICE_UNAVAILABLE => "service_unavailable_error",
             status if status.is_server_error() => "server_error",
             _ => "invalid_request_error",
@@ -156,7 +183,29 @@ impl IntoResponse for HttpError {
         if self.status().is_server_error() {
             tracing::warn!(error = %self, "request failed");
         }
-        (self.status(), Json(self.body())).into_response()
+        let status = self.status();
+        let mut response = (status, Json(self.body())).into_response();
+        match status {
+            StatusCode::UNAUTHORIZED => {
+                response.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            StatusCode::TOO_MANY_REQUESTS => {
+                response.headers_mut().insert(RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+            }
+            _ => {}
+        }
+        response
+    }
+}
+
+/// What a 429 tells its client to wait before retrying, in seconds: a limit frees up as requests finish, which
+/// takes about as long as a short generation.
+const RETRY_AFTER_SECONDS: u32 = 1;
+
+fn unsupported_media_type(content_type: Option<&str>) -> String {
+    match content_type {
+        Some(content_type) => format!("a POST body must be JSON (Content-Type: application/json), not {content_type}"),
+        None => "a POST body must be JSON: send Content-Type: application/json".to_owned(),
     }
 }
 
@@ -218,6 +267,10 @@ fn core_status(error: &CoreError) -> StatusCode {
             StatusCode::SERVICE_UNAVAILABLE
         }
         CoreError::DrainTimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
+        CoreError::AbortedWhileKept(_) => StatusCode::CONFLICT,
+        CoreError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+        CoreError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+        CoreError::PermissionDenied { .. } => StatusCode::FORBIDDEN,
         // A failed swap answers as its load failed (bad files stay 400 / 422), with the swap's message.
         CoreError::SwapFailed { source, .. } => core_status(source),
         CoreError::Engine(engine) => match engine {
@@ -235,7 +288,10 @@ fn core_param(error: &CoreError, api: Api) -> Option<&'static str> {
     let adapter_field = wire_name(Field::LoraName, api);
     match error {
         CoreError::InvalidArgument { field, .. } => Some(wire_name(*field, api)),
-        CoreError::UnknownAdapter(_) | CoreError::Engine(EngineError::AdapterNotLoaded(_)) => Some(adapter_field),
+        CoreError::UnknownAdapter(_)
+        | CoreError::Engine(EngineError::AdapterNotLoaded(_))
+        | CoreError::Overloaded { .. }
+        | CoreError::PermissionDenied { adapter: Some(_), .. } => Some(adapter_field),
         CoreError::Engine(EngineError::AdapterFiles(_) | EngineError::AdapterIncompatible(_)) => Some("lora_path"),
         CoreError::SwapFailed { source, .. } => core_param(source, api),
         _ => None,
@@ -253,7 +309,7 @@ fn core_message(error: &CoreError, api: Api) -> String {
 mod tests {
     use std::time::Duration;
 
-    use loragate_core::{AdapterKey, AdapterName};
+    use loragate_core::{Action, AdapterKey, AdapterName, Limit};
 
     use super::*;
 
@@ -339,6 +395,31 @@ mod tests {
             (HttpError::MissingField("model"), StatusCode::BAD_REQUEST, Some("model"), "model"),
             (HttpError::BodyTooLarge { limit: 10 }, StatusCode::PAYLOAD_TOO_LARGE, None, "10-byte"),
             (HttpError::NoSuchEndpoint("/v2/x".into()), StatusCode::NOT_FOUND, None, "/v2/x"),
+            (
+                HttpError::sampling(CoreError::Overloaded { limit: Limit::Held, cap: 4, adapter: meow() }),
+                StatusCode::TOO_MANY_REQUESTS,
+                Some("model"),
+                "--max-held",
+            ),
+            (
+                HttpError::access(CoreError::Unauthenticated("no API key was presented")),
+                StatusCode::UNAUTHORIZED,
+                None,
+                "Bearer",
+            ),
+            (
+                HttpError::control(CoreError::PermissionDenied { action: Action::Control, adapter: Some(meow()) }),
+                StatusCode::FORBIDDEN,
+                Some("lora_name"),
+                "meow",
+            ),
+            (HttpError::CrossOrigin("Origin"), StatusCode::FORBIDDEN, Some("Origin"), "cross-origin"),
+            (
+                HttpError::UnsupportedMediaType(Some("text/plain".into())),
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                Some("Content-Type"),
+                "text/plain",
+            ),
         ];
         for (error, status, param, mentions) in cases {
             let body = serde_json::to_value(error.body()).expect("serialize");
@@ -348,5 +429,14 @@ mod tests {
             assert!(message.contains(mentions), "{message:?} should mention {mentions:?}");
             assert!(body["error"]["type"].is_string() && body["error"]["code"].is_string(), "{body}");
         }
+    }
+
+    #[test]
+    fn refusals_carry_the_headers_clients_act_on() {
+        let overloaded = HttpError::sampling(CoreError::Overloaded { limit: Limit::InFlight, cap: 1, adapter: meow() });
+        let response = overloaded.into_response();
+        assert_eq!(response.headers().get(RETRY_AFTER).map(HeaderValue::as_bytes), Some(b"1".as_slice()));
+        let response = HttpError::access(CoreError::Unauthenticated("the API key is not valid")).into_response();
+        assert_eq!(response.headers().get(WWW_AUTHENTICATE).map(HeaderValue::as_bytes), Some(b"Bearer".as_slice()));
     }
 }

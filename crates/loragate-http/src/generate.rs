@@ -9,10 +9,11 @@
 mod request;
 mod response;
 
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Json, Response};
 use futures::TryStreamExt;
 use http::{HeaderMap, HeaderValue};
+use loragate_core::Principal;
 
 use self::request::{GenerateBody, GenerateSampling};
 use self::response::{GenerateOptions, GenerateRender};
@@ -29,6 +30,7 @@ const SAMPLING_PARAMS: &str = "sampling_params";
 /// The handler of `POST /inference/v1/generate`.
 pub(crate) async fn generate(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     headers: HeaderMap,
     JsonValue(body): JsonValue,
 ) -> Result<Response, HttpError> {
@@ -51,8 +53,7 @@ pub(crate) async fn generate(
     plan.params.prompt_top_logprobs = prompt_logprobs;
     plan.text.with_logprobs = extras.logprobs.is_some();
     let prompt = PromptSpec { request_id, lora_name: front.lora_name_for(&model).to_owned(), token_ids };
-    let deadline = front.coordinator().gate_deadline(None);
-    let started = sampling::start(front, vec![prompt], plan, deadline, Api::Generate).await?;
+    let started = sampling::start(front, &caller, vec![prompt], plan, Api::Generate).await?;
     let request_id = started.request_ids[0].clone();
     let options = GenerateOptions {
         with_logprobs: extras.logprobs.is_some(),

@@ -1,7 +1,9 @@
-//! Request bodies: read within the server's limit, then parsed as JSON into this front's own request types, with
-//! every failure a 400 (413 over the limit) naming the field where there is one (its path of keys, such as
-//! `sampling_params.max_tokens`). This replaces axum's `Json` extractor, whose rejections are 415/422 with
-//! plain-text bodies.
+//! Request bodies: read within the server's limit and by the gate deadline (`--gate-max-wait`: a body that never
+//! completes fails with 408 and is counted in `loragate_request_body_timeouts_total{front="http"}`), then parsed as
+//! JSON into this front's own request types, with every failure a 400 (413 over the limit) naming the field where
+//! there is one (its path of keys, such as `sampling_params.max_tokens`). This replaces axum's `Json` extractor,
+//! whose rejections are 415/422 with plain-text bodies. The bytes are dropped once parsed: nothing downstream (a
+//! request held at a paused gate included) keeps them.
 //!
 //! A body can also be read once as a [`JsonValue`] and parsed into several types ([`parse_value`]): the sampling
 //! endpoints parse the fields every API shares into one type and their own fields into another.
@@ -13,16 +15,18 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use serde_path_to_error::{Path, Segment};
+use tokio::time::Instant;
 
 use crate::error::HttpError;
 use crate::server::AppState;
 
-/// Reads a whole body, refusing more than `limit` bytes.
-pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, HttpError> {
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => Err(HttpError::BodyTooLarge { limit }),
-        Err(err) => Err(HttpError::UnreadableBody(err.to_string())),
+/// Reads a whole body by `deadline`, refusing more than `limit` bytes.
+pub(crate) async fn read_body(body: Body, limit: usize, deadline: Instant) -> Result<Bytes, HttpError> {
+    match tokio::time::timeout_at(deadline, Limited::new(body, limit).collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => Err(HttpError::BodyTooLarge { limit }),
+        Ok(Err(err)) => Err(HttpError::UnreadableBody(err.to_string())),
+        Err(_elapsed) => Err(HttpError::BodyTimeout),
     }
 }
 
@@ -67,7 +71,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = HttpError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, HttpError> {
-        let bytes = read_body(request.into_body(), state.body_limit()).await?;
+        let bytes = read_request_body(request, state).await?;
         parse_json(&bytes).map(Self)
     }
 }
@@ -80,9 +84,20 @@ impl FromRequest<AppState> for JsonValue {
     type Rejection = HttpError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, HttpError> {
-        let bytes = read_body(request.into_body(), state.body_limit()).await?;
+        let bytes = read_request_body(request, state).await?;
         parse_json(&bytes).map(Self)
     }
+}
+
+/// Reads a request's body within the server's limit and by the gate deadline, counting a body that timed out.
+async fn read_request_body(request: Request, state: &AppState) -> Result<Bytes, HttpError> {
+    let coordinator = state.front().coordinator();
+    let deadline = coordinator.gate_deadline(None).hold_until();
+    read_body(request.into_body(), state.body_limit(), deadline).await.inspect_err(|err| {
+        if matches!(err, HttpError::BodyTimeout) {
+            coordinator.metrics().record_body_read_timeout("http");
+        }
+    })
 }
 
 /// A JSON request body parsed into `T`, where an empty body means `T::default()` (control endpoints that clients
@@ -93,7 +108,7 @@ impl<T: DeserializeOwned + Default> FromRequest<AppState> for OptionalJsonBody<T
     type Rejection = HttpError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, HttpError> {
-        let bytes = read_body(request.into_body(), state.body_limit()).await?;
+        let bytes = read_request_body(request, state).await?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(Self(T::default()));
         }
@@ -103,6 +118,7 @@ impl<T: DeserializeOwned + Default> FromRequest<AppState> for OptionalJsonBody<T
 
 #[cfg(test)]
 mod tests {
+    use futures::StreamExt;
     use serde::Deserialize;
 
     use super::*;
@@ -164,8 +180,18 @@ mod tests {
 
     #[tokio::test]
     async fn bodies_over_the_limit_are_refused() {
-        let err = read_body(Body::from(vec![b'x'; 11]), 10).await.expect_err("too large");
+        let later = Instant::now() + std::time::Duration::from_secs(10);
+        let err = read_body(Body::from(vec![b'x'; 11]), 10, later).await.expect_err("too large");
         assert!(matches!(err, HttpError::BodyTooLarge { limit: 10 }), "{err:?}");
-        assert_eq!(read_body(Body::from("1234567890"), 10).await.expect("fits").len(), 10);
+        assert_eq!(read_body(Body::from("1234567890"), 10, later).await.expect("fits").len(), 10);
+    }
+
+    #[tokio::test]
+    async fn a_body_that_never_completes_fails_at_the_deadline() {
+        let trickle = futures::stream::once(async { Ok::<_, std::io::Error>(Bytes::from_static(b"{")) })
+            .chain(futures::stream::pending());
+        let deadline = Instant::now() + std::time::Duration::from_millis(50);
+        let err = read_body(Body::from_stream(trickle), 100, deadline).await.expect_err("never completes");
+        assert!(matches!(err, HttpError::BodyTimeout), "{err:?}");
     }
 }

@@ -3,16 +3,18 @@
 //! per-adapter pause control and vLLM-compatible adapter loading, with health and Prometheus metrics — so the RL
 //! frameworks' clients (SkyRL, prime-rl, AReaL, verl, slime, the openai SDK) talk to loragate as to vLLM or SGLang.
 //!
-//! Data flow of a sampling request: the JSON body → this API's own fields and the sampling fields every API of its
-//! family shares (`sampling`: vLLM's names, or SGLang's), text prompts encoded by the [`TextCodec`] (chat messages
-//! first rendered with the model's [`ChatTemplate`]) → one validated core request per prompt →
-//! `Coordinator::sample`, which holds it while its adapter is paused (`/v1/completions` is also held earlier, by a
-//! body-buffering middleware) → the core's events become choice deltas in one shared translation (`output`: text
-//! decoded incrementally, stop strings watched, logprobs and their alternatives, finish reasons, version segments) →
-//! each API family renders them in its JSON shape, as one response or server-sent events. Control endpoints (per
-//! adapter, and the engine-wide pause of vLLM, SGLang and AReaL) route to the coordinator. Every error becomes an
-//! OpenAI-style error response in one place (`error.rs`), with `param` naming the field in this API's terms. There
-//! is no second copy of any semantics: one gate, one registry, in the core.
+//! Data flow of a sampling request: every request passes the **guard** (one router-wide middleware: cross-origin
+//! browser requests, non-JSON POST bodies and callers without a valid key are refused) → the JSON body → this API's
+//! own fields and the sampling fields every API of its family shares (`sampling`: vLLM's names, or SGLang's), text
+//! prompts encoded by the [`TextCodec`] (chat messages first rendered with the model's [`ChatTemplate`]) → one
+//! validated core request per prompt → `Coordinator::sample`, which holds it, parsed, at its adapter's **submission
+//! gate** while the adapter is paused (the gate every front shares: the request's body is gone by then) → the core's
+//! events become choice deltas in one shared translation (`output`: text decoded incrementally, stop strings watched
+//! off the async runtime, logprobs and their alternatives, finish reasons, version segments) → each API family
+//! renders them in its JSON shape, as one response or server-sent events. Control endpoints (per adapter, and the
+//! engine-wide pause of vLLM, SGLang and AReaL) route to the coordinator. Every error becomes an OpenAI-style error
+//! response in one place (`error.rs`), with `param` naming the field in this API's terms. There is no second copy
+//! of any semantics: one gate, one registry, one keyring, in the core.
 //!
 //! ```no_run
 //! # async fn run(coordinator: loragate_core::Coordinator, codec: std::sync::Arc<dyn loragate_http::TextCodec>)
@@ -34,6 +36,7 @@ mod control;
 mod error;
 mod generate;
 mod global_pause;
+mod guard;
 mod json_body;
 mod models;
 mod observability;
@@ -41,7 +44,6 @@ mod output;
 mod sampling;
 mod server;
 mod sglang;
-mod submission_gate;
 #[cfg(test)]
 mod test_codec;
 mod tokenize;

@@ -5,8 +5,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
-use axum::extract::State;
-use loragate_core::{AdapterKey, AdapterStatus};
+use axum::extract::{Extension, State};
+use loragate_core::{AdapterKey, AdapterStatus, Principal};
 use serde::Serialize;
 
 use crate::server::AppState;
@@ -35,7 +35,11 @@ struct ModelCard {
 }
 
 /// The handler of `GET /v1/models`.
-pub(crate) async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
+/// A tenant sees the base model and the adapters it may sample, not other tenants'.
+pub(crate) async fn list_models(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+) -> Json<ModelList> {
     let front = state.front();
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs());
     let max_model_len = front.coordinator().model_info().context_length;
@@ -59,6 +63,7 @@ pub(crate) async fn list_models(State(state): State<AppState>) -> Json<ModelList
         }
     };
     // Ordered base model first, then adapters by name.
-    let data = front.coordinator().statuses().await.into_iter().map(card).collect();
+    let statuses = front.coordinator().statuses().await.into_iter();
+    let data = statuses.filter(|status| caller.may_see(&status.key)).map(card).collect();
     Json(ModelList { object: "list", data })
 }

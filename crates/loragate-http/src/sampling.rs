@@ -14,7 +14,7 @@ mod vllm;
 use std::sync::Arc;
 
 use futures::future::try_join_all;
-use loragate_core::{GateDeadline, RawSampleRequest, SampleRequest};
+use loragate_core::{Action, Principal, RawSampleRequest, SampleRequest};
 use serde_json::Value;
 
 pub(crate) use self::sglang::SglangSampling;
@@ -64,14 +64,14 @@ impl Started {
     }
 }
 
-/// Validates one core request per prompt (every one before any starts, so a bad prompt in a batch starts nothing),
-/// then admits and starts them all together: each waits at its adapter's gate within `deadline`. If one fails, the
-/// others are dropped, which cancels them.
+/// Validates one core request per prompt and checks that `caller` may sample each one's adapter (every one before
+/// any starts, so a bad prompt in a batch starts nothing), then admits and starts them all together: each waits at
+/// its adapter's gate within the server's gate deadline. If one fails, the others are dropped, which cancels them.
 pub(crate) async fn start(
     front: &HttpFront,
+    caller: &Principal,
     prompts: Vec<PromptSpec>,
     plan: SamplingPlan,
-    deadline: GateDeadline,
     api: Api,
 ) -> Result<Started, HttpError> {
     let coordinator = front.coordinator();
@@ -88,6 +88,10 @@ pub(crate) async fn start(
         })
         .collect::<Result<Vec<SampleRequest>, _>>()
         .map_err(|err| HttpError::in_api(err, api))?;
+    for request in &requests {
+        caller.authorize(Action::Sample, request.adapter()).map_err(|err| HttpError::in_api(err, api))?;
+    }
+    let deadline = coordinator.gate_deadline(None);
     let request_ids = requests.iter().map(|request| request.id().to_string()).collect();
     let prompts: Vec<Arc<[u32]>> = requests.iter().map(|request| request.prompt().clone()).collect();
     let num_samples = requests.first().map_or(1, SampleRequest::num_samples);

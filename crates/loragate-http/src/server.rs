@@ -1,4 +1,4 @@
-//! Assembles the HTTP server: the routes, the submission gate on `/v1/completions` only, request metrics on every
+//! Assembles the HTTP server: the routes, the request guard in front of all of them, request metrics on every
 //! route, and graceful shutdown.
 
 use std::convert::Infallible;
@@ -6,10 +6,14 @@ use std::future::{Future, IntoFuture};
 use std::sync::Arc;
 
 use axum::Router;
-use axum::middleware::from_fn_with_state;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request};
+use axum::middleware::{Next, from_fn, from_fn_with_state};
+use axum::response::Response;
 use axum::routing::{get, post};
 use http::Uri;
 use loragate_core::Coordinator;
+use loragate_net::{ActiveBody, Connection, ConnectionLimits, GuardedListener};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -26,16 +30,16 @@ use crate::error::HttpError;
 use crate::global_pause::{
     areal_continue_generation, areal_pause_generation, continue_generation, is_paused, pause, pause_generation, resume,
 };
+use crate::guard::guard;
 use crate::models::list_models;
 use crate::observability::{HttpMetrics, health, metrics, track_requests};
-use crate::submission_gate::submission_gate;
 use crate::tokenize::{detokenize, tokenize};
 
 /// The largest request body accepted unless [`HttpFront::with_body_limit`] says otherwise: 4 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
 
 /// What the HTTP front serves: the coordinator, the base model's served name, the text codec, the chat template
-/// (if the model has one), and the body limit.
+/// (if the model has one), the body limit and the connection limits.
 #[derive(Clone)]
 pub struct HttpFront {
     coordinator: Coordinator,
@@ -43,11 +47,13 @@ pub struct HttpFront {
     codec: Arc<dyn TextCodec>,
     chat_template: Option<Arc<ChatTemplate>>,
     body_limit: usize,
+    connections: ConnectionLimits,
 }
 
 impl HttpFront {
     /// A front over `coordinator`. `served_model_name` is what `model` and `/v1/models` call the base model;
-    /// `codec` encodes text prompts and decodes generated tokens. The body limit is [`DEFAULT_BODY_LIMIT`].
+    /// `codec` encodes text prompts and decodes generated tokens. The body limit is [`DEFAULT_BODY_LIMIT`], the
+    /// connection limits are [`ConnectionLimits::default`].
     pub fn new(coordinator: Coordinator, served_model_name: impl Into<String>, codec: Arc<dyn TextCodec>) -> Self {
         let served_model_name: String = served_model_name.into();
         Self {
@@ -56,6 +62,7 @@ impl HttpFront {
             codec,
             chat_template: None,
             body_limit: DEFAULT_BODY_LIMIT,
+            connections: ConnectionLimits::default(),
         }
     }
 
@@ -63,6 +70,12 @@ impl HttpFront {
     /// requests get 400 saying the model has no chat template.
     pub fn with_chat_template(mut self, template: ChatTemplate) -> Self {
         self.chat_template = Some(Arc::new(template));
+        self
+    }
+
+    /// Sets the connection cap and timeouts (clones of one [`ConnectionLimits`] share its cap with other fronts).
+    pub fn with_connection_limits(mut self, connections: ConnectionLimits) -> Self {
+        self.connections = connections;
         self
     }
 
@@ -158,6 +171,9 @@ pub enum HttpServeError {
 
 /// Serves the HTTP front on `listener` until `stop` resolves, then lets open requests finish.
 ///
+/// At most the front's `max_connections` connections are open at once; a connection without a request in progress
+/// past the header-read or idle timeout is closed (see [`ConnectionLimits`]).
+///
 /// `/health` answers 200 until `draining` resolves (the server is about to stop), then 503, so load balancers stop
 /// sending work while running requests finish.
 pub async fn serve_http(
@@ -166,10 +182,13 @@ pub async fn serve_http(
     draining: impl Future<Output = ()> + Send + 'static,
     stop: impl Future<Output = ()> + Send,
 ) -> Result<(), HttpServeError> {
+    let listener = GuardedListener::new(listener, front.connections.clone());
     let state = AppState::new(front);
     let shutdown = CancellationToken::new();
-    let server =
-        axum::serve(listener, router(state.clone())).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    // Outermost: a request counts as in progress on its connection from its head to the end of its response.
+    let app = router(state.clone()).layer(from_fn(mark_in_progress));
+    let server = axum::serve(listener, app.into_make_service_with_connect_info::<Connection>())
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let server = server.into_future();
     let mark_draining = async move {
         draining.await;
@@ -190,13 +209,13 @@ pub async fn serve_http(
     }
 }
 
-/// The routes. The body-buffering gate middleware sits on `/v1/completions` only; the other sampling endpoints
-/// (`/v1/chat/completions`, `/inference/v1/generate`, SGLang's `/generate`) are held by `Coordinator::sample`
-/// itself, in their parsed form. Control, health, metrics and models answer while an adapter is paused.
+/// The routes. The guard (cross-origin, content type, authentication) is applied last, so that it covers every
+/// route and the fallback: keep it the last layer when adding routes. Sampling requests for a paused adapter are
+/// held by the core's gate inside `Coordinator::sample`; control, health, metrics and models answer while an
+/// adapter is paused.
 fn router(state: AppState) -> Router {
-    let gated_completions = post(create_completion).layer(from_fn_with_state(state.clone(), submission_gate));
     Router::new()
-        .route("/v1/completions", gated_completions)
+        .route("/v1/completions", post(create_completion))
         .route("/v1/chat/completions", post(create_chat_completion))
         .route("/inference/v1/generate", post(crate::generate::generate))
         .route("/generate", post(crate::sglang::generate))
@@ -227,7 +246,17 @@ fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route_layer(from_fn_with_state(state.clone(), track_requests))
         .fallback(|uri: Uri| async move { HttpError::NoSuchEndpoint(uri.path().to_owned()) })
+        .layer(from_fn_with_state(state.clone(), guard))
         .with_state(state)
+}
+
+/// Marks the request in progress on its connection until its response body is sent or dropped, so the
+/// connection is never closed as idle under a long-poll, a held request or a stream.
+async fn mark_in_progress(request: Request, next: Next) -> Response {
+    let active =
+        request.extensions().get::<ConnectInfo<Connection>>().map(|ConnectInfo(connection)| connection.begin());
+    let response = next.run(request).await;
+    response.map(|body| Body::new(ActiveBody::new(body, active)))
 }
 
 #[cfg(test)]

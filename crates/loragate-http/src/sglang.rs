@@ -10,11 +10,11 @@
 mod request;
 mod response;
 
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Json, Response};
 use futures::TryStreamExt;
 use http::StatusCode;
-use loragate_core::RequestId;
+use loragate_core::{Principal, RequestId};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -31,7 +31,11 @@ use crate::server::{AppState, HttpFront};
 const SAMPLING_PARAMS: &str = "sampling_params";
 
 /// The handler of `POST /generate`.
-pub(crate) async fn generate(State(state): State<AppState>, JsonValue(body): JsonValue) -> Result<Response, HttpError> {
+pub(crate) async fn generate(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    JsonValue(body): JsonValue,
+) -> Result<Response, HttpError> {
     let front = state.front();
     let request: SglangBody = parse_value(&body, "")?;
     refuse_out_of_scope(&request)?;
@@ -73,8 +77,7 @@ pub(crate) async fn generate(State(state): State<AppState>, JsonValue(body): Jso
         .zip(request_ids)
         .map(|((token_ids, lora_name), request_id)| PromptSpec { request_id, lora_name, token_ids })
         .collect();
-    let deadline = front.coordinator().gate_deadline(None);
-    let started = sampling::start(front, specs, plan, deadline, Api::Sglang).await?;
+    let started = sampling::start(front, &caller, specs, plan, Api::Sglang).await?;
     let options = SglangOptions {
         return_logprob,
         logprob_start_len,

@@ -15,6 +15,8 @@
 //! assert_eq!(request.num_samples, 0); // 0 means 1
 //! ```
 
+pub mod codec;
+
 /// Generated code of the `loragate.v1` package.
 #[allow(missing_docs, unreachable_pub, clippy::all)]
 pub mod v1 {

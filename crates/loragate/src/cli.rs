@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use loragate_core::AdapterName;
+use loragate_core::{AdapterName, DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Key, Limits};
 use loragate_engine::{DType, Device, EngineConfig};
 
 use crate::duration_arg::parse_duration;
-use crate::serve::{InitialAdapter, ModelSource, ServeConfig};
+use crate::serve::{Authentication, InitialAdapter, ModelSource, ServeConfig};
 
 /// loragate: swap LoRA adapter weights while rollouts keep sampling, safely and per adapter.
 #[derive(Debug, Parser)]
@@ -97,6 +97,41 @@ pub struct ServeArgs {
     /// How long reading and checking one adapter may take before its load fails (installing nothing).
     #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
     pub adapter_load_timeout: Duration,
+    /// The most sampling requests admitted at once (queued or running), over every adapter and the base model;
+    /// more are refused with RESOURCE_EXHAUSTED / 429.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
+    pub max_in_flight: u32,
+    /// The most sampling requests held at paused adapters' gates at once; more are refused with
+    /// RESOURCE_EXHAUSTED / 429.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_HELD)]
+    pub max_held: u32,
+    /// The most sampling requests admitted at once for any one adapter (default: only --max-in-flight applies).
+    #[arg(long, value_name = "N")]
+    pub max_in_flight_per_adapter: Option<u32>,
+    /// The most sampling requests held at any one adapter's gate (default: only --max-held applies).
+    #[arg(long, value_name = "N")]
+    pub max_held_per_adapter: Option<u32>,
+    /// The most connections open at once, gRPC and HTTP together; more wait to be accepted.
+    #[arg(long, value_name = "N", default_value_t = loragate_net::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// How long a new connection may take to send its first complete request head before it is closed.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay without a request in progress before it is closed (long-polls, held
+    /// requests and streams are in progress).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+    /// Turns authentication on: this key may sample (send it as `Authorization: Bearer KEY`, on gRPC as
+    /// `authorization` metadata). Health and metrics stay open.
+    #[arg(long, value_name = "KEY", env = "LORAGATE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<Key>,
+    /// Turns authentication on: this key may do everything (pause, resume, load, unload, and sample).
+    #[arg(long, value_name = "KEY", env = "LORAGATE_ADMIN_KEY", hide_env_values = true)]
+    pub admin_key: Option<Key>,
+    /// Turns authentication on with per-tenant keys: a JSON file mapping each key to
+    /// {"adapters": [names or prefixes like "team-a/*"], "control": bool} (see docs/security.md).
+    #[arg(long, value_name = "FILE")]
+    pub tenant_keys: Option<PathBuf>,
     /// Where the demo model is generated and cached (default: $LORAGATE_CACHE_DIR, $XDG_CACHE_HOME/loragate or
     /// ~/.cache/loragate).
     #[arg(long, value_name = "DIR")]
@@ -118,6 +153,20 @@ impl ServeArgs {
             adapters: self.adapters,
             adapter_root: self.adapter_root,
             gate_max_wait: self.gate_max_wait,
+            limits: Limits {
+                max_in_flight: self.max_in_flight,
+                max_held: self.max_held,
+                max_in_flight_per_adapter: self.max_in_flight_per_adapter,
+                max_held_per_adapter: self.max_held_per_adapter,
+            },
+            max_connections: self.max_connections,
+            header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
+            authentication: Authentication {
+                api_key: self.api_key,
+                admin_key: self.admin_key,
+                tenant_keys: self.tenant_keys,
+            },
             abort_ack_timeout: self.abort_ack_timeout,
             max_pause_drain: self.max_pause_drain,
             shutdown_grace: self.shutdown_grace,
@@ -197,6 +246,59 @@ mod tests {
         for bad in ["meow", "=dir", "bad name=dir", "meow="] {
             assert!(Cli::try_parse_from(["loragate", "serve", "--adapter", bad]).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn limits_connections_and_keys_have_the_issues_defaults_and_flags() {
+        let Command::Serve(args) = Cli::parse_from(["loragate", "serve"]).command else { panic!("serve") };
+        let config = args.into_config();
+        assert_eq!(config.limits, Limits::default());
+        assert_eq!((config.limits.max_in_flight, config.limits.max_held), (1024, 4096));
+        assert_eq!(config.max_connections, 4096);
+        assert_eq!(
+            (config.header_read_timeout, config.idle_timeout),
+            (Duration::from_secs(10), Duration::from_secs(60))
+        );
+        assert!(config.authentication.api_key.is_none() || std::env::var_os("LORAGATE_API_KEY").is_some());
+
+        let cli = Cli::try_parse_from([
+            "loragate",
+            "serve",
+            "--max-in-flight",
+            "8",
+            "--max-held",
+            "16",
+            "--max-in-flight-per-adapter",
+            "2",
+            "--max-held-per-adapter",
+            "4",
+            "--max-connections",
+            "32",
+            "--header-read-timeout",
+            "2s",
+            "--idle-timeout",
+            "5s",
+            "--api-key",
+            "k-api",
+            "--admin-key",
+            "k-admin",
+            "--tenant-keys",
+            "/etc/loragate/tenants.json",
+        ])
+        .expect("parses");
+        let Command::Serve(args) = cli.command else { panic!("serve") };
+        let config = args.into_config();
+        let expected = Limits {
+            max_in_flight: 8,
+            max_held: 16,
+            max_in_flight_per_adapter: Some(2),
+            max_held_per_adapter: Some(4),
+        };
+        assert_eq!(config.limits, expected);
+        assert_eq!((config.max_connections, config.idle_timeout), (32, Duration::from_secs(5)));
+        assert_eq!(config.authentication.api_key, Some(Key::parse("k-api").expect("key")));
+        assert!(!format!("{config:?}").contains("k-admin"), "keys are redacted from Debug output");
+        assert!(Cli::try_parse_from(["loragate", "serve", "--api-key", "has space"]).is_err());
     }
 
     #[test]

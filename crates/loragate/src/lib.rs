@@ -27,4 +27,4 @@ pub use cli::{Cli, Command, ServeArgs};
 pub use compute_threads::{default_compute_threads, set_compute_threads};
 pub use duration_arg::parse_duration;
 pub use loragate_engine::{DemoFiles, default_cache_dir, ensure_demo_files};
-pub use serve::{InitialAdapter, ModelSource, RunningServer, ServeConfig, ServeError};
+pub use serve::{Authentication, InitialAdapter, ModelSource, RunningServer, ServeConfig, ServeError};

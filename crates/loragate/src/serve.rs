@@ -6,9 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::select_all;
-use loragate_core::{AdapterName, AdapterRoot, AdapterSource, Coordinator, CoordinatorConfig, CoreError};
+use loragate_core::{
+    AdapterName, AdapterRoot, AdapterSource, Coordinator, CoordinatorConfig, CoreError, Key, KeyConfigError, Keyring,
+    Limits, TenantKeys,
+};
 use loragate_engine::{CandleEngine, DEMO_MODEL_NAME, DemoError, EngineConfig, EngineLoadError, ensure_demo_files};
 use loragate_http::{ChatTemplate, HttpFront};
+use loragate_net::ConnectionLimits;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -59,8 +63,40 @@ pub struct ServeConfig {
     pub max_pause_drain: Duration,
     /// How long running requests may finish on shutdown before the rest are aborted.
     pub shutdown_grace: Duration,
+    /// Caps on admitted and held sampling requests.
+    pub limits: Limits,
+    /// The most connections open at once, both fronts together.
+    pub max_connections: usize,
+    /// How long a new connection may take to send its first request head.
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay without a request in progress.
+    pub idle_timeout: Duration,
+    /// Who may do what (off unless some key is given).
+    pub authentication: Authentication,
     /// How the engine runs.
     pub engine: EngineConfig,
+}
+
+/// The keys of `--api-key`, `--admin-key` and `--tenant-keys`; any one turns authentication on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Authentication {
+    /// May sample.
+    pub api_key: Option<Key>,
+    /// May do everything.
+    pub admin_key: Option<Key>,
+    /// A JSON file of tenant keys (see `docs/security.md`).
+    pub tenant_keys: Option<PathBuf>,
+}
+
+impl Authentication {
+    /// The keyring these keys make (reading the tenant file).
+    pub fn keyring(&self) -> Result<Keyring, KeyConfigError> {
+        let tenants = match &self.tenant_keys {
+            Some(path) => TenantKeys::read(path)?,
+            None => TenantKeys::default(),
+        };
+        Keyring::new(self.api_key.clone(), self.admin_key.clone(), tenants)
+    }
 }
 
 impl ServeConfig {
@@ -77,6 +113,11 @@ impl ServeConfig {
             abort_ack_timeout: Duration::from_secs(10),
             max_pause_drain: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(10),
+            limits: Limits::default(),
+            max_connections: loragate_net::DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout: loragate_net::DEFAULT_HEADER_READ_TIMEOUT,
+            idle_timeout: loragate_net::DEFAULT_IDLE_TIMEOUT,
+            authentication: Authentication::default(),
             engine: EngineConfig::default(),
         }
     }
@@ -112,6 +153,9 @@ pub enum ServeError {
         #[source]
         source: CoreError,
     },
+    /// The keys cannot be used.
+    #[error("authentication keys: {0}")]
+    Keys(#[from] KeyConfigError),
     /// The coordinator's actors could not start.
     #[error("starting the coordinator: {0}")]
     Coordinator(#[from] ractor::SpawnErr),
@@ -165,6 +209,10 @@ impl RunningServer {
         adapters.retain(|demo| !config.adapters.iter().any(|given| given.name == demo.name));
         adapters.extend(config.adapters.iter().cloned());
         let served_model_name = config.served_model_name.clone().unwrap_or(default_name);
+        let auth = config.authentication.keyring()?;
+        if auth.is_enabled() {
+            tracing::info!("authentication is on: callers must present a key");
+        }
 
         let engine_config = config.engine.clone();
         let template_dir = model_dir.clone();
@@ -180,6 +228,9 @@ impl RunningServer {
             abort_ack_timeout: config.abort_ack_timeout,
             max_pause_drain: config.max_pause_drain,
             adapter_root,
+            limits: config.limits,
+            auth,
+            reserved_names: vec![served_model_name.clone()],
         };
         let coordinator = Coordinator::start(Arc::new(engine), coordinator_config).await?;
         for InitialAdapter { name, dir } in adapters {
@@ -193,14 +244,19 @@ impl RunningServer {
         let http_listener = bind(config.http_addr).await?;
         let http_addr = local_addr(&http_listener, config.http_addr)?;
 
+        // One cap over both fronts: it protects the process's file descriptors.
+        let connections =
+            ConnectionLimits::new(config.max_connections, config.header_read_timeout, config.idle_timeout);
         let (draining, stop) = (CancellationToken::new(), CancellationToken::new());
-        let grpc = tokio::spawn(loragate_grpc::serve_grpc(
+        let grpc = tokio::spawn(loragate_grpc::serve_grpc_with(
             grpc_listener,
             coordinator.clone(),
+            connections.clone(),
             draining.clone().cancelled_owned(),
             stop.clone().cancelled_owned(),
         ));
-        let mut http_front = HttpFront::new(coordinator.clone(), served_model_name.clone(), codec);
+        let mut http_front =
+            HttpFront::new(coordinator.clone(), served_model_name.clone(), codec).with_connection_limits(connections);
         match chat_template {
             Ok(Some(template)) => http_front = http_front.with_chat_template(template),
             Ok(None) => tracing::info!("the model has no chat template; /v1/chat/completions answers 400"),

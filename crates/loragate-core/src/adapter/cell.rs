@@ -14,9 +14,11 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::actor::AdapterMsg;
 use super::gate::{GateState, Retirement};
-use super::pauses::{PauseBook, PauseId, PauseOwner, PauseRequest, Paused};
+use super::pauses::{PauseBook, PauseId, PauseMode, PauseOwner, PauseRequest, Paused};
 use super::status::{AdapterStatus, ResumeReport};
+use crate::error::CoreError;
 use crate::ids::{AdapterKey, AdapterVersion};
+use crate::limits::{AdapterLoad, Occupancy, ServerLoad, Slot};
 use crate::metrics::{AdapterLabels, CoreMetrics};
 
 /// Set in `last_reserved_version` by [`AdapterCell::seal_versions`]: no version is handed out after it.
@@ -31,7 +33,8 @@ pub(crate) struct AdapterCell {
     /// The last version handed to a load (installed or not), so versions are never reused, across restarts too; with
     /// [`SEALED`] set once the adapter is unloaded.
     last_reserved_version: AtomicU64,
-    pub(crate) held: AtomicU32,
+    /// Its requests in flight and held, counted against the limits.
+    load: Arc<AdapterLoad>,
     pub(crate) waiting: AtomicU32,
     /// Requests stopped by a keep-mode pause, waiting in the core to continue.
     pub(crate) kept: AtomicU32,
@@ -45,8 +48,13 @@ pub(crate) struct AdapterCell {
 
 impl AdapterCell {
     /// A cell for `key` whose first load will be `last_version.next()`. The gate starts open.
-    pub(crate) fn new(key: AdapterKey, last_version: AdapterVersion, metrics: Arc<CoreMetrics>) -> Self {
-        let gate = GateState { paused: false, version: last_version, retired: None };
+    pub(crate) fn new(
+        key: AdapterKey,
+        last_version: AdapterVersion,
+        metrics: Arc<CoreMetrics>,
+        server_load: &Arc<ServerLoad>,
+    ) -> Self {
+        let gate = GateState { paused: false, version: last_version, retired: None, abort_pauses: 0 };
         Self {
             labels: AdapterLabels::of(&key),
             metrics,
@@ -55,7 +63,7 @@ impl AdapterCell {
             gate: watch::Sender::new(gate),
             actor: watch::Sender::new(None),
             last_reserved_version: AtomicU64::new(last_version.0),
-            held: AtomicU32::new(0),
+            load: AdapterLoad::new(server_load),
             waiting: AtomicU32::new(0),
             kept: AtomicU32::new(0),
             pauses: Mutex::new(PauseBook::default()),
@@ -72,6 +80,21 @@ impl AdapterCell {
 
     pub(crate) fn subscribe_gate(&self) -> watch::Receiver<GateState> {
         self.gate.subscribe()
+    }
+
+    /// Counts one of its requests as in flight or held, or refuses it naming the limit that is reached.
+    pub(crate) fn occupy(&self, occupancy: Occupancy) -> Result<Slot, CoreError> {
+        let slot = self.load.occupy(occupancy, &self.key);
+        if let Err(CoreError::Overloaded { limit, .. }) = &slot {
+            self.metrics.record_overload(*limit);
+        }
+        slot
+    }
+
+    /// Counts one of its requests as in flight or held without checking the caps (a request the server already
+    /// accepted, coming back from a keep-mode pause).
+    pub(crate) fn occupy_uncapped(&self, occupancy: Occupancy) -> Slot {
+        self.load.count(occupancy)
     }
 
     /// Adds `request`'s pause (or renews its owner's) and closes the gate. A lease's timer reports to whichever
@@ -91,6 +114,10 @@ impl AdapterCell {
                 }
             }))
         });
+        if request.mode == PauseMode::Abort {
+            // Before the gate closes, so that a kept request never sees this pause close the gate without it.
+            self.gate.send_modify(|gate| gate.abort_pauses += 1);
+        }
         self.sync_gate();
         paused
     }
@@ -201,7 +228,7 @@ impl AdapterCell {
             version: gate.version,
             paused: gate.paused,
             in_flight: u32::try_from(in_flight).unwrap_or(u32::MAX),
-            held: self.held.load(Ordering::Acquire),
+            held: self.load.held(),
             waiting: self.waiting.load(Ordering::Acquire),
             kept: self.kept.load(Ordering::Acquire),
             pauses: self.pauses.lock().snapshot(),
@@ -215,7 +242,8 @@ mod tests {
 
     #[test]
     fn sealed_versions_are_never_handed_out_and_a_release_does_not_unseal() {
-        let cell = AdapterCell::new(AdapterKey::Base, AdapterVersion(4), Arc::default());
+        let load = ServerLoad::new(crate::limits::Limits::default());
+        let cell = AdapterCell::new(AdapterKey::Base, AdapterVersion(4), Arc::default(), &load);
         assert_eq!(cell.reserve_version(), Some(AdapterVersion(5)));
         assert_eq!(cell.reserve_version(), Some(AdapterVersion(6)));
         cell.release_version(AdapterVersion(5));

@@ -18,6 +18,9 @@ pub struct GateState {
     pub version: AdapterVersion,
     /// Set once the adapter stops serving (unloaded, or the server is shutting down); waiters give up.
     pub retired: Option<Retirement>,
+    /// How many abort-mode pauses the adapter has had. A kept request waiting to continue gives up (it ends `abort`,
+    /// with its tokens) when this grows: an abort-mode pause hands back every request of the adapter, kept ones too.
+    pub abort_pauses: u64,
 }
 
 /// Why an adapter stopped serving.
@@ -38,11 +41,19 @@ pub(crate) enum GateWait {
     TimedOut,
     /// The adapter stopped serving.
     Retired(Retirement),
+    /// An abort-mode pause came after the one the waiter was told to give up at.
+    AbortPaused,
 }
 
-/// Waits until the gate is open, the adapter is retired, or `deadline` passes (`None`: no deadline).
-pub(crate) async fn wait_until_open(mut gate: watch::Receiver<GateState>, deadline: Option<Instant>) -> GateWait {
-    let settled = gate.wait_for(|state| state.retired.is_some() || !state.paused);
+/// Waits until the gate is open, the adapter is retired, or `deadline` passes (`None`: no deadline); with
+/// `abort_pauses_seen`, also until an abort-mode pause beyond that count has come (even if the gate reopened since).
+pub(crate) async fn wait_until_open(
+    mut gate: watch::Receiver<GateState>,
+    deadline: Option<Instant>,
+    abort_pauses_seen: Option<u64>,
+) -> GateWait {
+    let aborted = move |state: &GateState| abort_pauses_seen.is_some_and(|seen| state.abort_pauses > seen);
+    let settled = gate.wait_for(|state| state.retired.is_some() || !state.paused || aborted(state));
     let outcome = match deadline {
         Some(deadline) => match tokio::time::timeout_at(deadline, settled).await {
             Ok(outcome) => outcome.map(|state| *state),
@@ -52,6 +63,7 @@ pub(crate) async fn wait_until_open(mut gate: watch::Receiver<GateState>, deadli
     };
     match outcome {
         Ok(GateState { retired: Some(why), .. }) => GateWait::Retired(why),
+        Ok(state) if aborted(&state) => GateWait::AbortPaused,
         Ok(_) => GateWait::Open,
         // The sender lives in the adapter's cell, which the waiter's handle keeps alive; a closed channel means the
         // adapter is gone.
@@ -87,32 +99,32 @@ mod tests {
     use super::*;
 
     fn gate(paused: bool) -> (watch::Sender<GateState>, watch::Receiver<GateState>) {
-        watch::channel(GateState { paused, version: AdapterVersion(1), retired: None })
+        watch::channel(GateState { paused, version: AdapterVersion(1), retired: None, abort_pauses: 0 })
     }
 
     #[tokio::test]
     async fn an_open_gate_answers_at_once() {
         let (_tx, rx) = gate(false);
-        assert_eq!(wait_until_open(rx, Some(Instant::now())).await, GateWait::Open);
+        assert_eq!(wait_until_open(rx, Some(Instant::now()), None).await, GateWait::Open);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_closed_gate_times_out_at_the_deadline() {
         let (_tx, rx) = gate(true);
         let deadline = Instant::now() + Duration::from_secs(3);
-        assert_eq!(wait_until_open(rx, Some(deadline)).await, GateWait::TimedOut);
+        assert_eq!(wait_until_open(rx, Some(deadline), None).await, GateWait::TimedOut);
         assert!(Instant::now() >= deadline);
     }
 
     #[tokio::test]
     async fn reopening_and_retirement_release_waiters() {
         let (tx, rx) = gate(true);
-        let waiter = tokio::spawn(wait_until_open(rx.clone(), None));
+        let waiter = tokio::spawn(wait_until_open(rx.clone(), None, None));
         tx.send_modify(|state| state.paused = false);
         assert_eq!(waiter.await.ok(), Some(GateWait::Open));
 
         tx.send_modify(|state| state.paused = true);
-        let waiter = tokio::spawn(wait_until_open(rx, None));
+        let waiter = tokio::spawn(wait_until_open(rx, None, None));
         tx.send_modify(|state| state.retired = Some(Retirement::Unloaded));
         assert_eq!(waiter.await.ok(), Some(GateWait::Retired(Retirement::Unloaded)));
     }

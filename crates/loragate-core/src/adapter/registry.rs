@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::ids::{AdapterVersion, RequestId};
+use crate::limits::Slot;
 
 /// How an admitted request ended, as seen by whoever waits for it to be handed back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,7 +117,7 @@ impl InFlightRegistry {
         let hand_back = Arc::new(HandBack::default());
         let entry = Entry { request_id: request_id.clone(), cancel: cancel.clone(), hand_back: hand_back.clone() };
         self.entries.insert(ticket, entry);
-        Admission { request_id, version, cancel, hand_back }
+        Admission { request_id, version, cancel, hand_back, _in_flight: None }
     }
 
     /// Cancels every request not yet handed back, for `cause`, and returns what to wait on for each. Entries stay
@@ -233,6 +234,8 @@ pub struct Admission {
     version: AdapterVersion,
     cancel: CancellationToken,
     hand_back: Arc<HandBack>,
+    /// Counts the request against the in-flight limits for as long as it is admitted.
+    _in_flight: Option<Slot>,
 }
 
 impl std::fmt::Debug for HandBack {
@@ -250,6 +253,12 @@ impl Admission {
     /// The adapter's version when the request was admitted.
     pub fn version_at_admission(&self) -> AdapterVersion {
         self.version
+    }
+
+    /// Makes the admission hold `slot` (its place under the in-flight limits) until it ends.
+    pub(crate) fn occupying(mut self, slot: Slot) -> Self {
+        self._in_flight = Some(slot);
+        self
     }
 
     /// The token an abort cancels; hand it to the engine.

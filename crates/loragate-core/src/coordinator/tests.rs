@@ -693,3 +693,15 @@ async fn pauses_holds_aborts_and_tokens_are_counted_per_adapter() {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
 }
+
+#[tokio::test]
+async fn the_base_models_served_name_cannot_become_an_adapter() {
+    let config = CoordinatorConfig { reserved_names: vec!["demo".into()], ..CoordinatorConfig::default() };
+    let coordinator = coordinator_with_adapters(ScriptedEngine::new(HOLD_AFTER), config, &[]).await;
+    let err = coordinator.load_adapter(&name("demo"), AdapterSource::trusted("/a/demo")).await.expect_err("reserved");
+    assert!(matches!(err, CoreError::InvalidArgument { field: crate::error::Field::LoraName, .. }), "{err}");
+    let err = coordinator.load_adapter_at(&name("demo"), "no/such/path").await.expect_err("reserved");
+    assert!(err.to_string().starts_with("lora_name"), "the name is checked before the path: {err}");
+    assert!(coordinator.list_adapters().await.is_empty(), "nothing was created");
+    coordinator.load_adapter(&name("demo2"), AdapterSource::trusted("/a/demo2")).await.expect("other names load");
+}

@@ -6,8 +6,8 @@
 //! to continue it) is not forwarded as aborted: the driver hands the request back as *kept*, waits for the adapter
 //! to reopen (counted as kept, bounded by the request's deadline), registers the request again and samples
 //! `prompt + tokens so far` with the remaining budget for each such sequence, on the weights current then. If the
-//! adapter is unloaded, the server stops or the deadline passes first, the sequence ends with `FINISH_REASON_ABORT`
-//! and every token it produced.
+//! adapter is unloaded, the server stops, an abort-mode pause comes (for a request that does not continue through
+//! them) or the deadline passes first, the sequence ends with `FINISH_REASON_ABORT` and every token it produced.
 
 use std::sync::Arc;
 
@@ -60,6 +60,9 @@ pub(crate) struct Driver {
     sequences: Vec<Sequence>,
     attempts: u32,
     aborted: bool,
+    /// The adapter's count of abort-mode pauses when the current attempt was admitted: one after it ends the
+    /// request while kept (unless it continues through abort pauses).
+    abort_pauses_at_admission: u64,
     _live: LiveRequest,
 }
 
@@ -78,7 +81,18 @@ impl Driver {
                 progress: Progress::Running,
             })
             .collect();
-        Self { engine, adapter, request, deadline, sequences, attempts: 0, aborted: false, _live: live }
+        let abort_pauses_at_admission = adapter.cell().gate_state().abort_pauses;
+        Self {
+            engine,
+            adapter,
+            request,
+            deadline,
+            sequences,
+            attempts: 0,
+            aborted: false,
+            abort_pauses_at_admission,
+            _live: live,
+        }
     }
 
     pub(crate) fn num_samples(&self) -> usize {
@@ -191,9 +205,14 @@ impl Driver {
         if continuations.is_empty() {
             return None;
         }
-        let admission = match self.adapter.readmit_kept(self.request.id().clone(), self.deadline.hold_from_now()).await
-        {
-            Ok(admission) => admission,
+        let gives_up_at = (!self.request.continues_through_abort_pauses()).then_some(self.abort_pauses_at_admission);
+        let readmitted =
+            self.adapter.readmit_kept(self.request.id().clone(), self.deadline.hold_from_now(), gives_up_at);
+        let admission = match readmitted.await {
+            Ok(admission) => {
+                self.abort_pauses_at_admission = self.adapter.cell().gate_state().abort_pauses;
+                admission
+            }
             Err(why) => {
                 tracing::debug!(request = %self.request.id(), %why, "a kept request ends without its continuation");
                 for (index, _) in continuations {

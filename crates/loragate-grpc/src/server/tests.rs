@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use loragate_core::CoordinatorConfig;
 use loragate_core::testing::{ScriptedEngine, coordinator_with_adapters, eventually};
+use loragate_core::{Coordinator, CoordinatorConfig};
 use loragate_proto::v1::lora_control_client::LoraControlClient;
 use loragate_proto::v1::sampler_client::SamplerClient;
 use loragate_proto::v1::{self as pb, FinishReason};
@@ -13,6 +13,8 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use super::*;
+
+mod hardening;
 
 /// Tokens each scripted request emits before it waits to be aborted.
 const HOLD_AFTER: u32 = 3;
@@ -25,21 +27,26 @@ struct Harness {
 }
 
 async fn serve(adapters: &[&str]) -> Harness {
-    let coordinator =
-        coordinator_with_adapters(ScriptedEngine::new(HOLD_AFTER), CoordinatorConfig::default(), adapters).await;
+    serve_with(CoordinatorConfig::default(), adapters).await.0
+}
+
+/// A server over `config`, and its coordinator.
+async fn serve_with(config: CoordinatorConfig, adapters: &[&str]) -> (Harness, Coordinator) {
+    let coordinator = coordinator_with_adapters(ScriptedEngine::new(HOLD_AFTER), config, adapters).await;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address");
     let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(serve_grpc(listener, coordinator, std::future::pending(), async move {
+    tokio::spawn(serve_grpc(listener, coordinator.clone(), std::future::pending(), async move {
         let _ = stopped.await;
     }));
     let channel = Channel::from_shared(format!("http://{address}")).expect("uri").connect().await.expect("connect");
-    Harness {
+    let harness = Harness {
         control: LoraControlClient::new(channel.clone()),
         sampler: SamplerClient::new(channel.clone()),
         channel,
         _stop: stop,
-    }
+    };
+    (harness, coordinator)
 }
 
 fn sample_request(lora: &str, max_tokens: u32) -> pb::SampleRequest {

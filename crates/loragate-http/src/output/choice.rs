@@ -154,6 +154,28 @@ impl Choices {
         }
     }
 
+    /// Takes one event, like [`Choices::on_event`]. When the request has stop strings, the decoding and matching
+    /// run on the blocking pool, off the async runtime, so that no request's matching can stall the runtime's
+    /// workers; without stop strings there is little to do and it runs inline.
+    pub(crate) async fn on_event_off_runtime(mut self, event: SampleEvent) -> (Self, Option<ChoiceDelta>) {
+        if !self.choices.iter().any(|choice| choice.stop.is_watching()) {
+            let delta = self.on_event(event);
+            return (self, delta);
+        }
+        let work = tokio::task::spawn_blocking(move || {
+            let delta = self.on_event(event);
+            (self, delta)
+        });
+        match work.await {
+            Ok(done) => done,
+            // As if it had run inline: a panic in the matching panics the request's task.
+            Err(err) => match err.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                Err(err) => panic!("the blocking pool dropped stop-string matching: {err}"),
+            },
+        }
+    }
+
     /// Whether every choice has ended (the request's stream may be dropped: nothing more is wanted from it).
     pub(crate) fn all_finished(&self) -> bool {
         self.choices.iter().all(|choice| choice.finished)
@@ -307,6 +329,41 @@ mod tests {
 
     fn finished(sequence: u32, reason: FinishReason) -> SampleEvent {
         SampleEvent::Finished { sequence, reason, segments: Vec::new() }
+    }
+
+    /// A byte codec that records which threads decode.
+    #[derive(Default)]
+    struct ThreadRecordingCodec(std::sync::Mutex<Vec<std::thread::ThreadId>>);
+
+    impl TextCodec for ThreadRecordingCodec {
+        fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
+            ByteCodec.encode(text, add_special_tokens)
+        }
+
+        fn decode(&self, token_ids: &[u32]) -> String {
+            self.0.lock().expect("lock").push(std::thread::current().id());
+            ByteCodec.decode(token_ids)
+        }
+
+        fn token_str(&self, token_id: u32) -> Option<String> {
+            ByteCodec.token_str(token_id)
+        }
+    }
+
+    #[tokio::test]
+    async fn with_stop_strings_decoding_and_matching_run_off_the_runtimes_threads() {
+        let runtime_thread = std::thread::current().id();
+        for (stops, off_runtime, text) in [(vec!["woof".to_owned()], true, "meow "), (vec![], false, "meow woof")] {
+            let codec = Arc::new(ThreadRecordingCodec::default());
+            let options = TextOptions { stops: stops.into(), ..TextOptions::default() };
+            let choices = Choices::new(codec.clone(), Arc::new(options), 0, vec![7].into(), 1);
+            let (choices, delta) = choices.on_event_off_runtime(tokens(0, "meow woof")).await;
+            assert_eq!(delta.expect("delta").text, text);
+            assert_eq!(choices.all_finished(), off_runtime, "only the stop string ends the choice");
+            let threads = codec.0.lock().expect("lock").clone();
+            assert!(!threads.is_empty());
+            assert_eq!(threads.iter().all(|thread| *thread != runtime_thread), off_runtime, "{threads:?}");
+        }
     }
 
     #[test]

@@ -12,13 +12,14 @@ use super::choice::{ChoiceDelta, Choices};
 /// One started core request and its choices.
 pub(crate) struct Part {
     choices: Choices,
-    samples: SampleStream,
+    /// Boxed: the stream is large and a part moves on every event.
+    samples: Box<SampleStream>,
 }
 
 impl Part {
     /// `samples`, rendered into `choices`.
     pub(crate) fn new(choices: Choices, samples: SampleStream) -> Self {
-        Self { choices, samples }
+        Self { choices, samples: Box::new(samples) }
     }
 }
 
@@ -33,7 +34,9 @@ async fn next_delta(state: Option<Part>) -> Option<(Result<ChoiceDelta, CoreErro
     while !part.choices.all_finished() {
         match part.samples.next().await? {
             Ok(event) => {
-                if let Some(delta) = part.choices.on_event(event) {
+                let (choices, delta) = part.choices.on_event_off_runtime(event).await;
+                part.choices = choices;
+                if let Some(delta) = delta {
                     return Some((Ok(delta), Some(part)));
                 }
             }

@@ -1,6 +1,12 @@
 //! Stop strings, watched in a choice's decoded text as it grows. Text that could be the start of a stop string is
 //! held back until the next piece shows whether it is one, so a stop string split across tokens or chunks is
 //! still found and never sent to a streaming client.
+//!
+//! The request side caps how many stop strings a request gives and how long they are (`sampling/stop_strings.rs`),
+//! and held-back text is always shorter than the longest one, so watching one piece of text costs at most a few
+//! microseconds' worth of comparisons. Matching runs off the async runtime anyway (see
+//! [`Choices::on_event_off_runtime`](super::choice::Choices::on_event_off_runtime)), so that no request's stop
+//! strings can stall others.
 
 use std::sync::Arc;
 
@@ -22,13 +28,21 @@ pub(crate) enum Watched {
 #[derive(Debug)]
 pub(crate) struct StopWatcher {
     stops: Arc<[String]>,
+    /// The longest stop string's length: held-back text is always shorter.
+    longest: usize,
     held: String,
 }
 
 impl StopWatcher {
-    /// A watcher for `stops` (none of them empty).
+    /// A watcher for `stops` (none empty: the request side checks them).
     pub(crate) fn new(stops: Arc<[String]>) -> Self {
-        Self { stops, held: String::new() }
+        let longest = stops.iter().map(String::len).max().unwrap_or(0);
+        Self { stops, longest, held: String::new() }
+    }
+
+    /// Whether there is anything to watch for.
+    pub(crate) fn is_watching(&self) -> bool {
+        !self.stops.is_empty()
     }
 
     /// Takes the next piece of text.
@@ -45,11 +59,14 @@ impl StopWatcher {
             before.truncate(at);
             return Watched::Stopped { before, stop };
         }
-        // Hold back the longest tail that some stop string starts with.
+        // Hold back the longest tail that some stop string starts with (only tails shorter than the longest stop
+        // string can be one).
+        let shortest_start = self.held.len().saturating_sub(self.longest.saturating_sub(1));
         let keep_from = self
             .held
             .char_indices()
             .map(|(index, _)| index)
+            .filter(|&index| index >= shortest_start)
             .find(|&index| self.stops.iter().any(|stop| stop.starts_with(&self.held[index..])))
             .unwrap_or(self.held.len());
         let kept = self.held.split_off(keep_from);
@@ -116,6 +133,16 @@ mod tests {
         let mut watcher = watcher(&["meow", "ow"]);
         assert_eq!(watcher.feed("a cow"), Watched::Stopped { before: "a c".into(), stop: "ow".into() });
         assert_eq!(run(&["xyz", "b"], &["a", "bc"]), ("a".into(), true));
+    }
+
+    #[test]
+    fn held_back_text_stays_shorter_than_the_longest_stop_string() {
+        let mut watcher = watcher(&["aaaab", "xy"]);
+        for _ in 0..1000 {
+            assert!(matches!(watcher.feed("a"), Watched::Continue(_)));
+            assert!(watcher.held.len() < 5, "{}", watcher.held.len());
+        }
+        assert_eq!(watcher.feed("b"), Watched::Stopped { before: String::new(), stop: "aaaab".to_owned() });
     }
 
     #[test]

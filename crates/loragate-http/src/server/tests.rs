@@ -10,6 +10,7 @@ mod control;
 mod errors;
 mod gate;
 mod generate;
+mod hardening;
 mod observability;
 mod sglang;
 
@@ -63,12 +64,15 @@ async fn serve_with_chat(adapters: &[&str]) -> Harness {
     .await
 }
 
+/// A server over `engine` and `config` (with the served name reserved, as `loragate serve` does), its front set up
+/// by `configure`.
 async fn serve_front(
     engine: ScriptedEngine,
-    config: CoordinatorConfig,
+    mut config: CoordinatorConfig,
     adapters: &[&str],
     configure: impl FnOnce(HttpFront) -> HttpFront,
 ) -> Harness {
+    config.reserved_names.push(SERVED_NAME.to_owned());
     let coordinator = coordinator_with_adapters(engine, config, adapters).await;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address");

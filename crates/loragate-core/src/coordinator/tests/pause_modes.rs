@@ -335,6 +335,38 @@ async fn a_request_that_asks_is_continued_through_an_abort_pause() {
 }
 
 #[tokio::test]
+async fn an_abort_pause_ends_kept_requests_with_their_tokens_unless_they_continue_through_aborts() {
+    let coordinator = coordinator(&["meow"]).await;
+    let continued = request(&coordinator, "meow", HOLD_AFTER + 2, "tinker").continue_through_abort_pauses();
+    let tinker = {
+        let coordinator = coordinator.clone();
+        tokio::spawn(async move {
+            let deadline = coordinator.gate_deadline(None);
+            coordinator.sample(continued, deadline).await?.collect_output().await
+        })
+    };
+    let plain = spawn_sample(&coordinator, "meow", HOLD_AFTER + 2, "plain");
+    eventually("running", || async { status(&coordinator, "meow").await.in_flight == 2 }).await;
+    let kept = coordinator.pause(&name("meow"), keep(), None).await.expect("keep pause");
+    assert_eq!(kept.kept.len(), 2);
+    coordinator.abort(&name("meow")).await.expect("abort pause");
+    let output = joined(plain).await.expect("handed back");
+    let sequence = &output.sequences[0];
+    assert_eq!(sequence.finish_reason, FinishReason::Abort, "an abort pause reaches a kept request");
+    assert_eq!(sequence.token_ids, vec![0, 1, 2], "with every token it had");
+    assert!(!tinker.is_finished(), "a request continuing through aborts stays kept");
+    assert_eq!(status(&coordinator, "meow").await.kept, 1);
+    coordinator.resume(&name("meow"), None).await.expect("resume");
+    let output = joined(tinker).await.expect("finished");
+    assert_eq!((output.sequences[0].finish_reason, output.sequences[0].token_ids.len()), (FinishReason::Length, 5));
+    eventually("nothing is left", || async {
+        let status = status(&coordinator, "meow").await;
+        (status.in_flight, status.kept, status.held) == (0, 0, 0)
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn abort_all_requests_aborts_every_adapter_without_pausing() {
     let coordinator = coordinator(&["meow", "woof"]).await;
     let tasks: Vec<_> =

@@ -9,6 +9,7 @@ use super::*;
 enum Send {
     Json(&'static str, Value),
     Raw(&'static str, String),
+    Text(&'static str, String),
     WithRequestId(Value, String),
     Get(&'static str),
 }
@@ -290,6 +291,18 @@ async fn each_bad_input_gets_its_status_and_an_error_naming_the_field() {
             Some("stop"),
         ),
         (
+            "a thousand stop strings",
+            Send::Json("/v1/completions", completion(json!({"stop": vec!["x"; 1000]}))),
+            StatusCode::BAD_REQUEST,
+            Some("stop"),
+        ),
+        (
+            "a text/plain body",
+            Send::Text("/v1/completions", completion(json!({})).to_string()),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Some("Content-Type"),
+        ),
+        (
             "negative logprobs",
             Send::Json("/v1/completions", completion(json!({"logprobs": -1}))),
             StatusCode::BAD_REQUEST,
@@ -390,7 +403,12 @@ async fn each_bad_input_gets_its_status_and_an_error_naming_the_field() {
     for (case, send, status, param) in cases {
         let request = match send {
             Send::Json(path, body) => harness.client.post(harness.url(path)).json(&body),
-            Send::Raw(path, body) => harness.client.post(harness.url(path)).body(body),
+            Send::Raw(path, body) => {
+                harness.client.post(harness.url(path)).header("content-type", "application/json").body(body)
+            }
+            Send::Text(path, body) => {
+                harness.client.post(harness.url(path)).header("content-type", "text/plain").body(body)
+            }
             Send::WithRequestId(body, id) => {
                 harness.client.post(harness.url("/v1/completions")).header("X-Request-Id", id).json(&body)
             }

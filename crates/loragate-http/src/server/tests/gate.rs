@@ -1,5 +1,5 @@
-//! The submission gate on `/v1/completions`: holds while paused, releases on resume, expires with 503, leaves
-//! nothing behind when the client goes away, and gates nothing else.
+//! The submission gate on `/v1/completions` (the core's, inside `Coordinator::sample`): holds while paused, releases
+//! on resume, expires with 503, leaves nothing behind when the client goes away, and gates nothing else.
 
 use serde_json::json;
 
@@ -26,16 +26,15 @@ async fn a_fresh_completion_is_held_while_paused_and_admitted_on_resume() {
 }
 
 #[tokio::test]
-async fn the_hold_comes_before_the_handler_reads_the_request() {
+async fn a_request_is_parsed_before_it_is_held_so_a_bad_one_is_refused_at_once() {
     let harness = serve(&["meow"]).await;
     harness.pause("meow").await;
-    // Readable `model`, invalid `max_tokens`: the middleware holds it; the handler would have refused it at once.
-    let held = harness.spawn_completion(json!({"model": "meow", "prompt": "x", "max_tokens": 0}), "early-1");
-    eventually("the request is held", || async { harness.status_of("meow").await.held == 1 }).await;
-    assert!(!held.is_finished());
-    harness.resume("meow").await;
-    let (status, body) = held.await.expect("task");
+    // Readable `model`, invalid `max_tokens`: refused at once, never held.
+    let (status, body) =
+        harness.post("/v1/completions", json!({"model": "meow", "prompt": "x", "max_tokens": 0})).await;
     assert_eq!((status, &body["error"]["param"]), (StatusCode::BAD_REQUEST, &json!("max_tokens")));
+    assert_eq!(harness.status_of("meow").await.held, 0);
+    harness.resume("meow").await;
 }
 
 #[tokio::test]
@@ -89,8 +88,15 @@ async fn only_completions_are_gated() {
             harness.post("/v1/completions", json!({"model": other, "prompt": "x", "max_tokens": 1})).await;
         assert_eq!(status, StatusCode::OK, "{other} is not held by meow's pause: {body}");
     }
-    // An unreadable body is passed through (not held) and refused by the handler.
-    let response = harness.client.post(harness.url("/v1/completions")).body("{not json").send().await.expect("send");
+    // An unreadable body is refused, never held.
+    let response = harness
+        .client
+        .post(harness.url("/v1/completions"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .expect("send");
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     assert_eq!(harness.status_of("meow").await.held, 0);
     harness.resume("meow").await;
