@@ -98,6 +98,10 @@ pub enum EngineError {
     /// The engine has stopped and serves nothing more.
     #[error("the engine has stopped")]
     Stopped,
+    /// The engine cannot serve this now but may later (a remote engine with no healthy worker for the request);
+    /// the reason says what is missing.
+    #[error("the engine is unavailable: {0}")]
+    Unavailable(String),
     /// Anything else (a model computation failed).
     #[error("engine failure: {0}")]
     Internal(String),
@@ -111,6 +115,7 @@ impl EngineError {
             Self::AdapterIncompatible(_) => "adapter_incompatible",
             Self::AdapterNotLoaded(_) => "adapter_not_loaded",
             Self::Stopped => "engine_stopped",
+            Self::Unavailable(_) => "engine_unavailable",
             Self::Internal(_) => "engine_internal",
         }
     }

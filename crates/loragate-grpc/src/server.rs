@@ -1,9 +1,11 @@
 //! Assembles the gRPC server: `LoraControl`, `Sampler` behind the submission gate, health and reflection.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use loragate_core::Coordinator;
 use loragate_proto::FILE_DESCRIPTOR_SET;
+use loragate_proto::v1::fleet_server::FleetServer;
 use loragate_proto::v1::lora_control_server::LoraControlServer;
 use loragate_proto::v1::sampler_server::SamplerServer;
 use tokio::net::TcpListener;
@@ -12,6 +14,7 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
 use crate::control_service::LoraControlService;
+use crate::fleet_service::{FleetControl, FleetService};
 use crate::sampler_service::SamplerService;
 use crate::submission_gate::SubmissionGateLayer;
 
@@ -36,13 +39,31 @@ pub async fn serve_grpc(
     draining: impl Future<Output = ()> + Send + 'static,
     stop: impl Future<Output = ()> + Send,
 ) -> Result<(), GrpcServeError> {
+    serve_grpc_with_fleet(listener, coordinator, None, draining, stop).await
+}
+
+/// [`serve_grpc`], also serving `Fleet` over `fleet` when the coordinator runs in front of a fleet of workers.
+pub async fn serve_grpc_with_fleet(
+    listener: TcpListener,
+    coordinator: Coordinator,
+    fleet: Option<Arc<dyn FleetControl>>,
+    draining: impl Future<Output = ()> + Send + 'static,
+    stop: impl Future<Output = ()> + Send,
+) -> Result<(), GrpcServeError> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<LoraControlServer<LoraControlService>>().await;
     health.set_serving::<SamplerServer<SamplerService>>().await;
+    let serves_fleet = fleet.is_some();
+    if serves_fleet {
+        health.set_serving::<FleetServer<FleetService>>().await;
+    }
     tokio::spawn(async move {
         draining.await;
         health.set_not_serving::<LoraControlServer<LoraControlService>>().await;
         health.set_not_serving::<SamplerServer<SamplerService>>().await;
+        if serves_fleet {
+            health.set_not_serving::<FleetServer<FleetService>>().await;
+        }
     });
 
     let reflection_v1 = tonic_reflection::server::Builder::configure()
@@ -64,6 +85,7 @@ pub async fn serve_grpc(
         .add_service(reflection_v1alpha)
         .add_service(control)
         .add_service(sampler)
+        .add_optional_service(fleet.map(|fleet| FleetServer::new(FleetService::new(fleet))))
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), stop)
         .await?;
     Ok(())

@@ -34,4 +34,5 @@ mod submission_gate;
 mod test_codec;
 
 pub use codec::TextCodec;
+pub use observability::MetricsSource;
 pub use server::{DEFAULT_BODY_LIMIT, HttpFront, HttpServeError, serve_http};

@@ -21,7 +21,7 @@ use crate::control::{
 };
 use crate::error::HttpError;
 use crate::models::list_models;
-use crate::observability::{HttpMetrics, health, metrics, track_requests};
+use crate::observability::{HttpMetrics, MetricsSource, health, metrics, track_requests};
 use crate::submission_gate::submission_gate;
 
 /// The largest request body accepted unless [`HttpFront::with_body_limit`] says otherwise: 4 MiB.
@@ -34,6 +34,7 @@ pub struct HttpFront {
     served_model_name: Arc<str>,
     codec: Arc<dyn TextCodec>,
     body_limit: usize,
+    metrics_sources: Vec<Arc<dyn MetricsSource>>,
 }
 
 impl HttpFront {
@@ -41,7 +42,23 @@ impl HttpFront {
     /// `codec` encodes text prompts and decodes generated tokens. The body limit is [`DEFAULT_BODY_LIMIT`].
     pub fn new(coordinator: Coordinator, served_model_name: impl Into<String>, codec: Arc<dyn TextCodec>) -> Self {
         let served_model_name: String = served_model_name.into();
-        Self { coordinator, served_model_name: served_model_name.into(), codec, body_limit: DEFAULT_BODY_LIMIT }
+        Self {
+            coordinator,
+            served_model_name: served_model_name.into(),
+            codec,
+            body_limit: DEFAULT_BODY_LIMIT,
+            metrics_sources: Vec::new(),
+        }
+    }
+
+    /// Adds `source`'s metrics to `/metrics` (a fleet's per-worker metrics).
+    pub fn with_metrics_source(mut self, source: Arc<dyn MetricsSource>) -> Self {
+        self.metrics_sources.push(source);
+        self
+    }
+
+    pub(crate) fn metrics_sources(&self) -> &[Arc<dyn MetricsSource>] {
+        &self.metrics_sources
     }
 
     /// Sets the largest request body accepted, in bytes (larger ones get 413).
@@ -84,6 +101,9 @@ impl AppState {
     fn new(front: HttpFront) -> Self {
         let mut registry = Registry::with_prefix("loragate");
         front.coordinator.metrics().register(&mut registry);
+        for source in &front.metrics_sources {
+            source.register(&mut registry);
+        }
         let metrics = HttpMetrics::default();
         metrics.register(registry.sub_registry_with_prefix("http"));
         Self(Arc::new(Shared { front, metrics, registry, draining: CancellationToken::new() }))
