@@ -1,5 +1,6 @@
 //! [`FleetEngine`]: the core's [`Engine`] over a fleet of workers.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +32,10 @@ pub struct FleetConfig {
     pub abort_ack_timeout: Duration,
     /// How long [`FleetEngine::wait_ready`] waits for the initial workers to settle.
     pub join_timeout: Duration,
+    /// The coordinator's adapter root (canonical). Adapter paths inside it go to the workers relative to it, so each
+    /// worker resolves them against its own adapter root (the same tree, wherever it is mounted there); other paths
+    /// go as given.
+    pub adapter_root: Option<PathBuf>,
 }
 
 impl Default for FleetConfig {
@@ -41,6 +46,7 @@ impl Default for FleetConfig {
             adapter_timeout: Duration::from_secs(60),
             abort_ack_timeout: Duration::from_secs(2),
             join_timeout: Duration::from_secs(60),
+            adapter_root: None,
         }
     }
 }
@@ -94,6 +100,12 @@ impl FleetEngine {
     pub(crate) fn membership(&self) -> &Membership {
         &self.membership
     }
+
+    /// An adapter directory as the workers see it: relative to the adapter root if inside it, else as given.
+    fn path_for_workers(&self, dir: &Path) -> String {
+        let relative = self.config.adapter_root.as_deref().and_then(|root| dir.strip_prefix(root).ok());
+        relative.unwrap_or(dir).to_string_lossy().into_owned()
+    }
 }
 
 impl Drop for FleetEngine {
@@ -123,8 +135,7 @@ impl Engine for FleetEngine {
         source: &AdapterSource,
     ) -> Result<(), EngineError> {
         let engine_name = versioned_name(name, version);
-        // The path goes to the workers as given: they resolve it against their own adapter roots.
-        let source_path = source.dir().to_string_lossy().into_owned();
+        let source_path = self.path_for_workers(source.dir());
         let staged = stage(&self.membership, &engine_name, &source_path, self.config.adapter_timeout).await;
         self.metrics.record_stage(staged.is_ok());
         staged?;

@@ -179,10 +179,14 @@ impl RunningServer {
         let model = ResolvedModel::of(&config.model).await?;
         let served_model_name = config.served_model_name.clone().unwrap_or_else(|| model.name.clone());
         let adapter_root_dir = config.adapter_root.clone().or_else(|| model.adapter_root.clone());
+        let adapter_root = match adapter_root_dir.clone() {
+            Some(path) => Some(AdapterRoot::new(&path).map_err(|source| ServeError::AdapterRoot { path, source })?),
+            None => None,
+        };
         let backend = if config.workers.is_empty() {
             Backend::in_process(&model, &config).await?
         } else {
-            Backend::fleet(&model, &config).await?
+            Backend::fleet(&model, &config, adapter_root.as_ref()).await?
         };
         let mut adapters = backend.demo_adapters(&model);
         adapters.retain(|demo| !config.adapters.iter().any(|given| given.name == demo.name));
@@ -193,10 +197,6 @@ impl RunningServer {
             adapters.push(given.clone());
         }
 
-        let adapter_root = match adapter_root_dir {
-            Some(path) => Some(AdapterRoot::new(&path).map_err(|source| ServeError::AdapterRoot { path, source })?),
-            None => None,
-        };
         let coordinator_config = CoordinatorConfig {
             max_gate_hold: config.gate_max_wait,
             abort_ack_timeout: config.abort_ack_timeout,
@@ -360,14 +360,23 @@ impl Backend {
         Ok(Self { engine: Arc::new(engine), tokenizer, fleet: None })
     }
 
-    /// The fleet, once at least one worker is ready. The model directory supplies only the limits and tokenizer.
-    async fn fleet(model: &ResolvedModel, config: &ServeConfig) -> Result<Self, ServeError> {
+    /// The fleet, once at least one worker is ready. The model directory supplies only the limits and tokenizer;
+    /// adapter paths inside the adapter root go to the workers relative to it.
+    async fn fleet(
+        model: &ResolvedModel,
+        config: &ServeConfig,
+        adapter_root: Option<&AdapterRoot>,
+    ) -> Result<Self, ServeError> {
         let (dir, max_context) = (model.dir.clone(), config.engine.max_context_length);
         let (info, tokenizer) = blocking(move || {
             Ok::<_, EngineLoadError>((read_model_info(&dir, max_context)?, Tokenizer::from_model_dir(&dir)?))
         })
         .await??;
-        let fleet_config = FleetConfig { health_interval: config.worker_health_interval, ..FleetConfig::default() };
+        let fleet_config = FleetConfig {
+            health_interval: config.worker_health_interval,
+            adapter_root: adapter_root.map(|root| root.path().to_owned()),
+            ..FleetConfig::default()
+        };
         let fleet = Arc::new(FleetEngine::start(info, config.workers.clone(), fleet_config).await?);
         fleet.wait_ready().await?;
         Ok(Self { engine: fleet.clone(), tokenizer, fleet: Some(fleet) })

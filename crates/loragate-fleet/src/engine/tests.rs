@@ -110,6 +110,7 @@ fn config() -> FleetConfig {
         adapter_timeout: Duration::from_secs(5),
         abort_ack_timeout: Duration::from_secs(2),
         join_timeout: Duration::from_secs(10),
+        adapter_root: None,
     }
 }
 
