@@ -30,7 +30,7 @@ pub struct FleetConfig {
     pub adapter_timeout: Duration,
     /// How long an aborted sequence waits for its worker's `ABORTED` before it is handed back with what it has.
     pub abort_ack_timeout: Duration,
-    /// How long [`FleetEngine::wait_ready`] waits for the initial workers to settle.
+    /// How long [`FleetEngine::wait_ready`] waits for a first worker to become READY.
     pub join_timeout: Duration,
     /// The coordinator's adapter root (canonical). Adapter paths inside it go to the workers relative to it, so each
     /// worker resolves them against its own adapter root (the same tree, wherever it is mounted there); other paths
@@ -77,8 +77,8 @@ impl FleetEngine {
         Ok(Self { info: model, config, membership, versions, metrics })
     }
 
-    /// Waits until every worker added at start has answered and caught up or failed (at most the join timeout);
-    /// fails if none is READY then.
+    /// Waits until some worker is READY and every other one added at start has caught up or failed (unreachable
+    /// workers are retried every health interval, for at most the join timeout); fails if none is READY then.
     pub async fn wait_ready(&self) -> Result<(), FleetError> {
         let roster = self.membership.settled(self.config.join_timeout).await;
         if roster.workers.iter().any(|worker| worker.state == WorkerState::Ready) {

@@ -414,7 +414,8 @@ async fn with_no_ready_worker_the_fleet_says_which_workers_it_has() {
     let nobody = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let address = format!("http://{}", nobody.local_addr().expect("addr"));
     drop(nobody);
-    let fleet = FleetEngine::start(model(), vec![WorkerAddress::parse(&address).expect("address")], config())
+    let config = FleetConfig { join_timeout: Duration::from_millis(300), ..config() };
+    let fleet = FleetEngine::start(model(), vec![WorkerAddress::parse(&address).expect("address")], config)
         .await
         .expect("fleet");
     let err = fleet.wait_ready().await.expect_err("nobody listens there");
