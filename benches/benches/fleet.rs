@@ -113,7 +113,7 @@ fn abort_1000_over_3_workers(c: &mut Criterion) {
                     let report = coordinator.abort(&name).await.expect("abort");
                     total += started.elapsed();
                     assert_eq!((report.aborted.len(), report.unacknowledged.len()), (IN_FLIGHT, 0));
-                    coordinator.resume(&name).await.expect("resume");
+                    coordinator.resume(&name, None).await.expect("resume");
                     for reader in readers {
                         assert_eq!(reader.await.expect("reader").1, FinishReason::Abort);
                     }
@@ -290,7 +290,7 @@ fn worker_death_to_last_hand_back(c: &mut Criterion) {
 
                 runtime.block_on(async {
                     coordinator.abort(&name).await.expect("abort the others");
-                    coordinator.resume(&name).await.expect("resume");
+                    coordinator.resume(&name, None).await.expect("resume");
                     for reader in others {
                         reader.await.expect("reader");
                     }

@@ -201,6 +201,7 @@ impl RunningServer {
             max_gate_hold: config.gate_max_wait,
             abort_ack_timeout: config.abort_ack_timeout,
             adapter_root,
+            ..CoordinatorConfig::default()
         };
         let coordinator = Coordinator::start(backend.engine.clone(), coordinator_config).await?;
         for InitialAdapter { name, dir } in adapters {

@@ -173,12 +173,12 @@ impl Fleet {
     }
 
     async fn abort(&self, lora_name: &str) -> pb::AbortLoraRequestsResponse {
-        let request = pb::AbortLoraRequestsRequest { lora_name: lora_name.into() };
+        let request = pb::AbortLoraRequestsRequest { lora_name: lora_name.into(), ..Default::default() };
         self.control().abort_lora_requests(request).await.expect("AbortLoraRequests").into_inner()
     }
 
     async fn resume(&self, lora_name: &str) {
-        let request = pb::ResumeLoraRequestsRequest { lora_name: lora_name.into() };
+        let request = pb::ResumeLoraRequestsRequest { lora_name: lora_name.into(), ..Default::default() };
         self.control().resume_lora_requests(request).await.expect("ResumeLoraRequests");
     }
 

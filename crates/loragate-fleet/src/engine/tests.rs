@@ -203,7 +203,7 @@ async fn versions_are_staged_as_name_at_version_requests_spread_and_an_abort_han
     for reader in readers {
         assert_eq!(reader.await.expect("reader"), vec![(FinishReason::Abort, HOLD_AFTER as usize)]);
     }
-    coordinator.resume(&name("meow")).await.expect("resume");
+    coordinator.resume(&name("meow"), None).await.expect("resume");
     assert_eq!(finish(sample(&coordinator, "", 2, 1).await).await, vec![(FinishReason::Length, 2)], "base model");
     let spread = sample(&coordinator, "meow", 100, 3).await;
     eventually("the three sequences of one request run on three workers", || async {
@@ -393,7 +393,7 @@ async fn a_drained_worker_leaves_after_its_requests_and_an_added_one_joins_caugh
         vec![workers[1].address.as_str()]
     );
     assert!(snapshot.epoch >= epoch + 2, "draining and leaving are membership changes");
-    coordinator.resume(&name("meow")).await.expect("resume");
+    coordinator.resume(&name("meow"), None).await.expect("resume");
 
     fleet.add_worker(&leaving).await.expect("add it back");
     eventually("the added worker is READY", || async {
