@@ -372,6 +372,29 @@ async fn versions_are_staged_everywhere_requests_spread_a_pause_aborts_on_every_
     let still = read_to_end(fleet.stream("meow", 16).await, Received::default()).await;
     assert!(still.segments.iter().all(|s| s.lora_version == 2), "the previous version keeps serving");
 
+    // Several seeded samples of one request spread over the workers, reproducibly (sequence i uses seed + i
+    // whichever worker runs it), with the prompt's logprobs first (the unscored first one NaN).
+    let seeded = pb::SampleRequest {
+        num_samples: 3,
+        include_prompt_logprobs: true,
+        sampling_params: Some(pb::SamplingParams {
+            max_tokens: Some(24),
+            temperature: 1.0,
+            seed: Some(11),
+            ..Default::default()
+        }),
+        ..request("woof", 24)
+    };
+    let first = fleet.sampler().sample(seeded.clone()).await.expect("Sample").into_inner();
+    let again = fleet.sampler().sample(seeded).await.expect("Sample").into_inner();
+    assert_eq!(first.prompt_logprobs.len(), PROMPT.len());
+    assert!(first.prompt_logprobs[0].is_nan() && first.prompt_logprobs[1..].iter().all(|l| l.is_finite() && *l <= 0.0));
+    let tokens = |response: &pb::SampleResponse| -> Vec<Vec<u32>> {
+        response.sequences.iter().map(|s| s.token_ids.clone()).collect()
+    };
+    assert_eq!(tokens(&first), tokens(&again), "the same seed gives the same tokens");
+    assert!(first.sequences.iter().all(|s| s.token_ids.len() == 24 && s.logprobs.len() == 24));
+
     // Every front works over the fleet: HTTP completions too.
     let url = format!("http://{}/v1/completions", fleet.serve.field("http_addr"));
     let body = serde_json::json!({"model": "woof", "prompt": "Make a single short animal noise.", "max_tokens": 12});

@@ -39,6 +39,10 @@ impl TestWorker {
     }
 
     fn start_on(root: &Path, port: u16) -> Self {
+        Self::serving(Arc::new(ScriptedEngine::new(HOLD_AFTER)), root, port)
+    }
+
+    fn serving(engine: Arc<dyn Engine>, root: &Path, port: u16) -> Self {
         let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind");
         listener.set_nonblocking(true).expect("non-blocking");
         let port = listener.local_addr().expect("addr").port();
@@ -54,7 +58,6 @@ impl TestWorker {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                let engine = Arc::new(ScriptedEngine::new(HOLD_AFTER));
                 tokio::select! {
                     served = serve_worker(listener, engine, config) => served.expect("the worker serves"),
                     () = killed.cancelled() => {}
@@ -427,4 +430,86 @@ async fn with_no_ready_worker_the_fleet_says_which_workers_it_has() {
         Err(other) => panic!("unexpected {other:?}"),
         Ok(_) => panic!("no worker can run it"),
     }
+}
+
+/// An engine that ignores cancellation: each request gets three tokens, then nothing, ever.
+struct DeafEngine(ModelInfo);
+
+#[async_trait::async_trait]
+impl Engine for DeafEngine {
+    fn model_info(&self) -> &ModelInfo {
+        &self.0
+    }
+
+    async fn generate(
+        &self,
+        _request: loragate_core::SampleRequest,
+        _cancel: CancellationToken,
+    ) -> Result<loragate_core::EngineStream, EngineError> {
+        let tokens = loragate_core::EngineEvent::Tokens {
+            sequence: 0,
+            version: loragate_core::AdapterVersion::BASE,
+            token_ids: vec![1, 2, 3],
+            logprobs: vec![-0.5; 3],
+        };
+        Ok(futures::stream::iter([Ok(tokens)]).chain(futures::stream::pending()).boxed())
+    }
+
+    async fn load_adapter(
+        &self,
+        _name: &AdapterName,
+        _version: loragate_core::AdapterVersion,
+        _source: &AdapterSource,
+    ) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    async fn unload_adapter(&self, _name: &AdapterName) -> Result<(), EngineError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn an_abort_the_worker_never_acknowledges_hands_back_what_arrived_once_the_bound_passes() {
+    let root = adapter_root(false);
+    let worker = TestWorker::serving(Arc::new(DeafEngine(model())), root.path(), 0);
+    let address = WorkerAddress::parse(&worker.address).expect("address");
+    let config = FleetConfig { abort_ack_timeout: Duration::from_millis(200), ..config() };
+    let fleet = FleetEngine::start(model(), vec![address], config).await.expect("fleet");
+    fleet.wait_ready().await.expect("ready");
+    let raw = RawSampleRequest { prompt_token_ids: vec![1], max_tokens: Some(100), ..Default::default() };
+    let request = loragate_core::SampleRequest::parse(raw, &model()).expect("valid");
+    let cancel = CancellationToken::new();
+    let mut events = fleet.generate(request, cancel.clone()).await.expect("started");
+    let first = events.next().await.expect("an event").expect("no error");
+    assert!(matches!(first, loragate_core::EngineEvent::Tokens { ref token_ids, .. } if token_ids.len() == 3));
+
+    cancel.cancel();
+    let last = events.next().await.expect("an event").expect("no error");
+    assert_eq!(last, loragate_core::EngineEvent::Finished { sequence: 0, reason: FinishReason::Abort });
+    assert!(events.next().await.is_none(), "the stream ends after its sequence");
+    eventually("the dropped stream leaves the worker's count", || async {
+        fleet.snapshot().workers.iter().all(|w| w.in_flight == 0)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn prompt_logprobs_a_worker_does_not_report_fail_the_request_rather_than_being_invented() {
+    let root = adapter_root(false);
+    let workers: Vec<TestWorker> = (0..3).map(|_| TestWorker::start(root.path())).collect();
+    let (fleet, _coordinator) = fleet(&workers.iter().collect::<Vec<_>>()).await;
+    let raw = RawSampleRequest {
+        prompt_token_ids: vec![1, 2],
+        max_tokens: Some(2),
+        num_samples: 3,
+        include_prompt_logprobs: true,
+        ..Default::default()
+    };
+    let request = loragate_core::SampleRequest::parse(raw, &model()).expect("valid");
+    let mut events = fleet.generate(request, CancellationToken::new()).await.expect("started");
+    // The scripted engine reports no prompt logprobs: the worker's prompt info then has none, and the fleet refuses
+    // the mismatch rather than inventing them.
+    let first = events.next().await.expect("an event");
+    assert!(matches!(first, Err(EngineError::Internal(ref why)) if why.contains("prompt logprobs")), "{first:?}");
 }
