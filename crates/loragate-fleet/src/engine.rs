@@ -17,7 +17,7 @@ use crate::generate;
 use crate::membership::{Membership, MembershipSettings};
 use crate::metrics::FleetMetrics;
 use crate::staging::stage;
-use crate::versions::Versions;
+use crate::versions::{Installed, Versions};
 
 /// How a fleet runs.
 #[derive(Clone, Debug)]
@@ -139,21 +139,26 @@ impl Engine for FleetEngine {
         let staged = stage(&self.membership, &engine_name, &source_path, self.config.adapter_timeout).await;
         self.metrics.record_stage(staged.is_ok());
         staged?;
-        self.membership
-            .install(engine_name.clone(), source_path)
-            .await
-            .map_err(|err| EngineError::Unavailable(err.to_string()))?;
-        if let Some(replaced) = self.versions.install(name, version) {
-            self.membership.retire_later(replaced);
+        let unavailable = |err: FleetError| EngineError::Unavailable(err.to_string());
+        match self.versions.install(name, version) {
+            Installed::Replaced { retire_now } => {
+                self.membership.install(engine_name.clone(), source_path).await.map_err(unavailable)?;
+                if let Some(replaced) = retire_now {
+                    self.membership.retire_later(replaced);
+                }
+                tracing::info!(adapter = %engine_name, "adapter version staged on every ready worker and installed");
+            }
+            // A newer version was installed meanwhile: the copies just staged serve nothing.
+            Installed::Superseded => self.membership.retire(engine_name).await.map_err(unavailable)?,
         }
-        tracing::info!(adapter = %engine_name, "adapter version staged on every ready worker and installed");
         Ok(())
     }
 
-    /// New requests of `name` fail at once; every version is unloaded from the workers as soon as nothing runs on
-    /// it (those drained already before this returns).
-    async fn unload_adapter(&self, name: &AdapterName) -> Result<(), EngineError> {
-        for engine_name in self.versions.remove(name) {
+    /// Versions `version` and older of `name` stop serving (new requests of `name` fail at once unless a newer
+    /// version is installed); each is unloaded from the workers as soon as nothing runs on it (those drained already
+    /// before this returns).
+    async fn unload_adapter(&self, name: &AdapterName, version: AdapterVersion) -> Result<(), EngineError> {
+        for engine_name in self.versions.remove(name, version) {
             self.membership.retire(engine_name).await.map_err(|err| EngineError::Unavailable(err.to_string()))?;
         }
         Ok(())

@@ -61,21 +61,32 @@ impl Versions {
         })
     }
 
-    /// Makes `version` the one new requests of `name` get. Returns the engine-side name of the version it replaced
-    /// if nothing is pinned to it (retire it now); a pinned one is retired when its last pin goes.
-    pub(crate) fn install(&self, name: &AdapterName, version: AdapterVersion) -> Option<String> {
+    /// Makes `version` the one new requests of `name` get, unless a newer one is installed already.
+    pub(crate) fn install(&self, name: &AdapterName, version: AdapterVersion) -> Installed {
         let mut table = self.table.lock();
-        let replaced = table.installed.insert(name.clone(), version)?;
-        retire(&mut table, name, replaced)
+        match table.installed.get(name) {
+            Some(current) if *current > version => Installed::Superseded,
+            _ => match table.installed.insert(name.clone(), version) {
+                Some(replaced) => Installed::Replaced { retire_now: retire(&mut table, name, replaced) },
+                None => Installed::Replaced { retire_now: None },
+            },
+        }
     }
 
-    /// Stops serving `name`: new requests get `AdapterNotLoaded`. Returns the engine-side names of its versions
-    /// nothing is pinned to (retire them now); pinned ones are retired when their last pin goes.
-    pub(crate) fn remove(&self, name: &AdapterName) -> Vec<String> {
+    /// Stops serving versions `up_to` and older of `name` (if the installed one is among them, new requests get
+    /// `AdapterNotLoaded`). Returns the engine-side names of those versions nothing is pinned to (retire them now);
+    /// pinned ones are retired when their last pin goes. Newer versions stay.
+    pub(crate) fn remove(&self, name: &AdapterName, up_to: AdapterVersion) -> Vec<String> {
         let mut table = self.table.lock();
-        let mut versions: Vec<AdapterVersion> =
-            table.pinned.keys().filter(|(pinned, _)| pinned == name).map(|(_, version)| *version).collect();
-        versions.extend(table.installed.remove(name));
+        let mut versions: Vec<AdapterVersion> = table
+            .pinned
+            .keys()
+            .filter(|(pinned, version)| pinned == name && *version <= up_to)
+            .map(|(_, version)| *version)
+            .collect();
+        if table.installed.get(name).is_some_and(|installed| *installed <= up_to) {
+            versions.extend(table.installed.remove(name));
+        }
         versions.sort_unstable();
         versions.dedup();
         versions.into_iter().filter_map(|version| retire(&mut table, name, version)).collect()
@@ -95,6 +106,16 @@ impl Versions {
             }
         }
     }
+}
+
+/// What [`Versions::install`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Installed {
+    /// The version is installed. The one it replaced, if nothing is pinned to it, is to be retired now (a pinned one
+    /// is retired when its last pin goes).
+    Replaced { retire_now: Option<String> },
+    /// A newer version was installed already: this one serves nothing.
+    Superseded,
 }
 
 /// Marks `version` of `name` retired; answers its engine-side name if it can be unloaded now.
@@ -155,12 +176,16 @@ mod tests {
         let (versions, drained) = table();
         let name = AdapterName::parse("meow").expect("name");
         assert!(matches!(versions.pin(&meow()), Err(EngineError::AdapterNotLoaded(_))));
-        assert_eq!(versions.install(&name, AdapterVersion(1)), None, "nothing was installed before");
+        assert_eq!(versions.install(&name, AdapterVersion(1)), Installed::Replaced { retire_now: None });
         let first = versions.pin(&meow()).expect("pin v1");
         let second = versions.pin(&meow()).expect("pin v1 again");
         assert_eq!((first.engine_name(), first.version()), ("meow@1", AdapterVersion(1)));
 
-        assert_eq!(versions.install(&name, AdapterVersion(2)), None, "v1 is pinned: retired later");
+        assert_eq!(
+            versions.install(&name, AdapterVersion(2)),
+            Installed::Replaced { retire_now: None },
+            "v1 is pinned"
+        );
         let newer = versions.pin(&meow()).expect("pin v2");
         assert_eq!(newer.engine_name(), "meow@2", "new requests get the new version");
         drop(first);
@@ -170,7 +195,10 @@ mod tests {
 
         drop(newer);
         assert_eq!(drained.lock().len(), 1, "v2 is installed: its pins going retires nothing");
-        assert_eq!(versions.install(&name, AdapterVersion(3)), Some("meow@2".into()), "unpinned: retire at once");
+        let retire_now = Some("meow@2".to_owned());
+        assert_eq!(versions.install(&name, AdapterVersion(3)), Installed::Replaced { retire_now }, "unpinned");
+        assert_eq!(versions.install(&name, AdapterVersion(2)), Installed::Superseded, "never over a newer version");
+        assert_eq!(versions.pin(&meow()).expect("pin").engine_name(), "meow@3");
     }
 
     #[test]
@@ -181,7 +209,7 @@ mod tests {
         let old = versions.pin(&meow()).expect("pin v1");
         versions.install(&name, AdapterVersion(2));
         let current = versions.pin(&meow()).expect("pin v2");
-        assert!(versions.remove(&name).is_empty(), "both versions are pinned");
+        assert!(versions.remove(&name, AdapterVersion(2)).is_empty(), "both versions are pinned");
         assert!(matches!(versions.pin(&meow()), Err(EngineError::AdapterNotLoaded(_))));
         drop(current);
         drop(old);
@@ -190,7 +218,10 @@ mod tests {
         assert_eq!(names, vec!["meow@1".to_owned(), "meow@2".to_owned()]);
 
         versions.install(&name, AdapterVersion(3));
-        assert_eq!(versions.remove(&name), vec!["meow@3".to_owned()], "unpinned: retired at once");
+        versions.install(&name, AdapterVersion(4));
+        assert!(versions.remove(&name, AdapterVersion(2)).is_empty(), "v4 is newer than the unload: it stays");
+        assert_eq!(versions.pin(&meow()).expect("pin").engine_name(), "meow@4");
+        assert_eq!(versions.remove(&name, AdapterVersion(4)), vec!["meow@4".to_owned()], "unpinned: retired at once");
     }
 
     #[test]
@@ -218,7 +249,10 @@ mod tests {
                 })
                 .collect();
             for version in 2..=200 {
-                retired_now.extend(versions.install(&name, AdapterVersion(version)));
+                if let Installed::Replaced { retire_now: Some(name) } = versions.install(&name, AdapterVersion(version))
+                {
+                    retired_now.push(name);
+                }
             }
             for pinner in pinners {
                 pinner.join().expect("pinner");

@@ -464,7 +464,11 @@ impl Engine for DeafEngine {
         Ok(())
     }
 
-    async fn unload_adapter(&self, _name: &AdapterName) -> Result<(), EngineError> {
+    async fn unload_adapter(
+        &self,
+        _name: &AdapterName,
+        _version: loragate_core::AdapterVersion,
+    ) -> Result<(), EngineError> {
         Ok(())
     }
 }

@@ -250,8 +250,9 @@ impl WorkerState {
                         }
                     };
                     self.updating = true;
+                    let version = AdapterVersion(record.lora_id.unsigned_abs());
                     tokio::spawn(async move {
-                        let result = engine.unload_adapter(&name).await;
+                        let result = engine.unload_adapter(&name, version).await;
                         report(&actor, UpdateOutcome::Unloaded { record, result }, reply);
                     });
                 }
