@@ -116,6 +116,10 @@ pub enum EngineError {
     /// The engine has stopped and serves nothing more.
     #[error("the engine has stopped")]
     Stopped,
+    /// The engine cannot serve this now but may later (a remote engine with no healthy worker for the request);
+    /// the reason says what is missing.
+    #[error("the engine is unavailable: {0}")]
+    Unavailable(String),
     /// A sequence's logits became NaN or infinite (an adapter's values overflowed the model's arithmetic): the
     /// sequence was stopped rather than sampled from garbage. Other sequences are unaffected.
     #[error("the model's output became non-finite (NaN or infinite logits) {0}; nothing was sampled from it")]
@@ -133,6 +137,7 @@ impl EngineError {
             Self::AdapterIncompatible(_) => "adapter_incompatible",
             Self::AdapterNotLoaded(_) => "adapter_not_loaded",
             Self::Stopped => "engine_stopped",
+            Self::Unavailable(_) => "engine_unavailable",
             Self::NonFiniteOutput(_) => "non_finite_output",
             Self::Internal(_) => "engine_internal",
         }

@@ -101,6 +101,18 @@ impl CandleEngine {
     }
 }
 
+/// The limits of the model in `model_dir` as [`CandleEngine::load`] would serve them (context capped at
+/// `max_context_length`), read from its `config.json` and `generation_config.json` without loading any weights: what a
+/// coordinator in front of a fleet of workers validates requests against.
+pub fn read_model_info(model_dir: &Path, max_context_length: Option<u32>) -> Result<ModelInfo, EngineLoadError> {
+    let config = ModelConfig::from_model_dir(model_dir)?;
+    Ok(ModelInfo {
+        vocab_size: config.vocab_size as u32,
+        context_length: config.served_context(max_context_length.map(|max| max as usize)) as u32,
+        eos_token_ids: config.eos_token_ids,
+    })
+}
+
 #[async_trait]
 impl Engine for CandleEngine {
     fn model_info(&self) -> &ModelInfo {

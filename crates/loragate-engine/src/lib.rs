@@ -39,6 +39,6 @@ mod tokenizer;
 
 pub use config::{DType, Device, EngineConfig, ParseDTypeError, ParseDeviceError};
 pub use demo::{DEMO_MODEL_NAME, DemoError, DemoFiles, default_cache_dir, ensure_demo_files, write_demo_files};
-pub use engine::CandleEngine;
+pub use engine::{CandleEngine, read_model_info};
 pub use error::EngineLoadError;
 pub use tokenizer::{TOKENIZER_FILE, Tokenizer, TokenizerError};

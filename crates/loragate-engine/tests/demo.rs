@@ -9,7 +9,7 @@ use futures::StreamExt;
 use loragate_core::{
     AdapterName, AdapterSource, AdapterVersion, Engine, EngineEvent, FinishReason, RawSampleRequest, SampleRequest,
 };
-use loragate_engine::{CandleEngine, DemoFiles, EngineConfig, Tokenizer, ensure_demo_files};
+use loragate_engine::{CandleEngine, DemoFiles, EngineConfig, Tokenizer, ensure_demo_files, read_model_info};
 use tokio_util::sync::CancellationToken;
 
 /// Generated once per test process (and cached across processes by `ensure_demo_files`).
@@ -141,4 +141,15 @@ fn the_demo_is_a_real_hugging_face_model_directory_with_peft_adapters_and_a_byte
     let cache = files.root.parent().expect("cache dir");
     let again = ensure_demo_files(cache).expect("cached demo");
     assert_eq!(&again, files, "a complete copy is reused");
+}
+
+#[test]
+fn the_model_info_read_without_weights_is_what_the_loaded_engine_serves() {
+    let files = demo();
+    for cap in [None, Some(128)] {
+        let config = EngineConfig { max_context_length: cap, ..EngineConfig::default() };
+        let engine = CandleEngine::load(&files.model_dir, config).expect("demo model");
+        let read = read_model_info(&files.model_dir, cap).expect("config.json");
+        assert_eq!(&read, engine.model_info(), "cap {cap:?}");
+    }
 }

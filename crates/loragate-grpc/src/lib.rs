@@ -3,7 +3,8 @@
 //! Data flow: a call arrives → the [`SubmissionGateLayer`] (on the `Sampler` service only) holds it while its
 //! adapter is paused → [`SamplerService`] validates it into a core request and samples through the coordinator →
 //! tokens stream back with their adapter versions. [`LoraControlService`] routes control calls to the adapter's
-//! actor. Every core error becomes a gRPC status in one place, [`status_from_core`].
+//! actor. Every core error becomes a gRPC status in one place, [`status_from_core`]. A server in front of a fleet of
+//! workers also serves `Fleet` ([`FleetService`]) over the [`FleetControl`] trait, which the fleet crate implements.
 //!
 //! ```no_run
 //! # async fn run(coordinator: loragate_core::Coordinator) -> Result<(), Box<dyn std::error::Error>> {
@@ -16,6 +17,7 @@
 mod auth;
 mod control_service;
 mod convert;
+mod fleet_service;
 mod grpc_timeout;
 mod sampler_service;
 mod server;
@@ -24,7 +26,8 @@ mod submission_gate;
 
 pub use auth::{AuthLayer, Authenticated};
 pub use control_service::LoraControlService;
+pub use fleet_service::{FleetControl, FleetControlError, FleetService, FleetSnapshot, WorkerSnapshot, WorkerState};
 pub use sampler_service::{SampleChunks, SamplerService};
 pub use server::{GrpcServeError, serve_grpc, serve_grpc_with};
-pub use status::status_from_core;
+pub use status::{status_from_core, status_from_fleet};
 pub use submission_gate::{SubmissionGate, SubmissionGateLayer};

@@ -2,10 +2,12 @@
 //! authentication, on a listener with a connection cap and idle timeouts, with HTTP/2 keepalive.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use loragate_core::Coordinator;
 use loragate_net::{ActivityLayer, ConnectionLimits, GuardedListener};
 use loragate_proto::FILE_DESCRIPTOR_SET;
+use loragate_proto::v1::fleet_server::FleetServer;
 use loragate_proto::v1::lora_control_server::LoraControlServer;
 use loragate_proto::v1::sampler_server::SamplerServer;
 use tokio::net::TcpListener;
@@ -14,6 +16,7 @@ use tonic::transport::Server;
 
 use crate::auth::AuthLayer;
 use crate::control_service::LoraControlService;
+use crate::fleet_service::{FleetControl, FleetService};
 use crate::sampler_service::SamplerService;
 use crate::submission_gate::SubmissionGateLayer;
 
@@ -36,12 +39,13 @@ pub async fn serve_grpc(
     draining: impl Future<Output = ()> + Send + 'static,
     stop: impl Future<Output = ()> + Send,
 ) -> Result<(), GrpcServeError> {
-    serve_grpc_with(listener, coordinator, ConnectionLimits::default(), draining, stop).await
+    serve_grpc_with(listener, coordinator, ConnectionLimits::default(), None, draining, stop).await
 }
 
-/// Serves the gRPC front on `listener` until `stop` resolves, then drains open calls.
+/// Serves the gRPC front on `listener` until `stop` resolves, then drains open calls; also serves `Fleet` over
+/// `fleet` when the coordinator runs in front of a fleet of workers.
 ///
-/// Health reports `SERVING` for both services until `draining` resolves (the server is about to stop), then
+/// Health reports `SERVING` for the services until `draining` resolves (the server is about to stop), then
 /// `NOT_SERVING`, so load balancers stop sending work while running requests finish. At most
 /// `connections.max_connections` connections are open at once (shared with every listener given the same limits);
 /// a connection without a call in progress past the header-read or idle timeout is closed, and HTTP/2 pings every
@@ -50,16 +54,24 @@ pub async fn serve_grpc_with(
     listener: TcpListener,
     coordinator: Coordinator,
     connections: ConnectionLimits,
+    fleet: Option<Arc<dyn FleetControl>>,
     draining: impl Future<Output = ()> + Send + 'static,
     stop: impl Future<Output = ()> + Send,
 ) -> Result<(), GrpcServeError> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<LoraControlServer<LoraControlService>>().await;
     health.set_serving::<SamplerServer<SamplerService>>().await;
+    let serves_fleet = fleet.is_some();
+    if serves_fleet {
+        health.set_serving::<FleetServer<FleetService>>().await;
+    }
     tokio::spawn(async move {
         draining.await;
         health.set_not_serving::<LoraControlServer<LoraControlService>>().await;
         health.set_not_serving::<SamplerServer<SamplerService>>().await;
+        if serves_fleet {
+            health.set_not_serving::<FleetServer<FleetService>>().await;
+        }
     });
 
     let reflection_v1 = tonic_reflection::server::Builder::configure()
@@ -92,6 +104,7 @@ pub async fn serve_grpc_with(
         .add_service(reflection_v1alpha)
         .add_service(control)
         .add_service(sampler)
+        .add_optional_service(fleet.map(|fleet| FleetServer::new(FleetService::new(fleet))))
         .serve_with_incoming_shutdown(incoming, stop)
         .await?;
     Ok(())

@@ -3,6 +3,8 @@
 use loragate_core::{CoreError, EngineError};
 use tonic::Status;
 
+use crate::fleet_service::FleetControlError;
+
 /// Maps a core error to the gRPC status the contract names for it. Messages name the field or the adapter.
 pub fn status_from_core(err: CoreError) -> Status {
     let message = err.to_string();
@@ -26,10 +28,21 @@ pub fn status_from_core(err: CoreError) -> Status {
             EngineError::AdapterFiles(_) => Status::invalid_argument(message),
             EngineError::AdapterIncompatible(_) => Status::failed_precondition(message),
             EngineError::AdapterNotLoaded(_) => Status::not_found(message),
-            EngineError::Stopped => Status::unavailable(message),
+            EngineError::Stopped | EngineError::Unavailable(_) => Status::unavailable(message),
             _ => Status::internal(message),
         },
         _ => Status::internal(message),
+    }
+}
+
+/// Maps a fleet membership error to its gRPC status. Messages name the field or the worker.
+pub fn status_from_fleet(err: FleetControlError) -> Status {
+    let message = err.to_string();
+    match &err {
+        FleetControlError::InvalidArgument { .. } => Status::invalid_argument(message),
+        FleetControlError::UnknownWorker(_) => Status::not_found(message),
+        FleetControlError::WorkerExists(_) => Status::already_exists(message),
+        _ => Status::unavailable(message),
     }
 }
 
@@ -76,12 +89,39 @@ mod tests {
             ),
             (EngineError::AdapterIncompatible("q_proj shape".into()).into(), Code::FailedPrecondition, "q_proj"),
             (EngineError::Internal("boom".into()).into(), Code::Internal, "boom"),
+            (EngineError::Unavailable("no READY worker holds meow@2".into()).into(), Code::Unavailable, "meow@2"),
         ];
         for (err, code, mentions) in cases {
             let described = err.to_string();
             let status = status_from_core(err);
             assert_eq!(status.code(), code, "{described}");
             assert!(status.message().contains(mentions), "{:?} should mention {mentions}", status.message());
+        }
+    }
+}
+
+#[cfg(test)]
+mod fleet_tests {
+    use tonic::Code;
+
+    use super::*;
+
+    #[test]
+    fn each_fleet_error_gets_its_code_and_names_the_worker_or_field() {
+        let cases = [
+            (
+                FleetControlError::InvalidArgument { field: "address", reason: "names no port".into() },
+                Code::InvalidArgument,
+                "address",
+            ),
+            (FleetControlError::UnknownWorker("http://w:1".into()), Code::NotFound, "http://w:1"),
+            (FleetControlError::WorkerExists("http://w:2".into()), Code::AlreadyExists, "http://w:2"),
+            (FleetControlError::Unavailable("stopping".into()), Code::Unavailable, "stopping"),
+        ];
+        for (err, code, mentions) in cases {
+            let status = status_from_fleet(err);
+            assert_eq!(status.code(), code);
+            assert!(status.message().contains(mentions), "{:?}", status.message());
         }
     }
 }

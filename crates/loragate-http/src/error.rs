@@ -277,7 +277,7 @@ fn core_status(error: &CoreError) -> StatusCode {
             EngineError::AdapterFiles(_) => StatusCode::BAD_REQUEST,
             EngineError::AdapterIncompatible(_) => StatusCode::UNPROCESSABLE_ENTITY,
             EngineError::AdapterNotLoaded(_) => StatusCode::NOT_FOUND,
-            EngineError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+            EngineError::Stopped | EngineError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         },
         _ => StatusCode::INTERNAL_SERVER_ERROR,

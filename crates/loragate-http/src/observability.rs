@@ -22,6 +22,16 @@ use tokio::time::Instant;
 use crate::error::HttpError;
 use crate::server::AppState;
 
+/// More metrics for `/metrics` from outside this front (a fleet's per-worker metrics): registered once in the
+/// server's registry (under the `loragate` prefix), and refreshed before every scrape.
+pub trait MetricsSource: Send + Sync + 'static {
+    /// Registers the metrics (give them a sub-registry prefix of their own).
+    fn register(&self, registry: &mut Registry);
+
+    /// Brings state gauges up to date; called before every scrape. Must not block.
+    fn refresh(&self);
+}
+
 /// The content type of `/metrics`.
 const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -86,6 +96,9 @@ pub(crate) async fn track_requests(State(state): State<AppState>, request: Reque
 pub(crate) async fn metrics(State(state): State<AppState>) -> Result<Response, HttpError> {
     let coordinator = state.front().coordinator();
     coordinator.metrics().set_adapter_gauges(&coordinator.statuses().await);
+    for source in state.front().metrics_sources() {
+        source.refresh();
+    }
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, state.registry())?;
     Ok(([(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], text).into_response())

@@ -32,7 +32,7 @@ use crate::global_pause::{
 };
 use crate::guard::guard;
 use crate::models::list_models;
-use crate::observability::{HttpMetrics, health, metrics, track_requests};
+use crate::observability::{HttpMetrics, MetricsSource, health, metrics, track_requests};
 use crate::tokenize::{detokenize, tokenize};
 
 /// The largest request body accepted unless [`HttpFront::with_body_limit`] says otherwise: 4 MiB.
@@ -48,6 +48,7 @@ pub struct HttpFront {
     chat_template: Option<Arc<ChatTemplate>>,
     body_limit: usize,
     connections: ConnectionLimits,
+    metrics_sources: Vec<Arc<dyn MetricsSource>>,
 }
 
 impl HttpFront {
@@ -63,6 +64,7 @@ impl HttpFront {
             chat_template: None,
             body_limit: DEFAULT_BODY_LIMIT,
             connections: ConnectionLimits::default(),
+            metrics_sources: Vec::new(),
         }
     }
 
@@ -77,6 +79,16 @@ impl HttpFront {
     pub fn with_connection_limits(mut self, connections: ConnectionLimits) -> Self {
         self.connections = connections;
         self
+    }
+
+    /// Adds `source`'s metrics to `/metrics` (a fleet's per-worker metrics).
+    pub fn with_metrics_source(mut self, source: Arc<dyn MetricsSource>) -> Self {
+        self.metrics_sources.push(source);
+        self
+    }
+
+    pub(crate) fn metrics_sources(&self) -> &[Arc<dyn MetricsSource>] {
+        &self.metrics_sources
     }
 
     /// Sets the largest request body accepted, in bytes (larger ones get 413).
@@ -135,6 +147,9 @@ impl AppState {
     fn new(front: HttpFront) -> Self {
         let mut registry = Registry::with_prefix("loragate");
         front.coordinator.metrics().register(&mut registry);
+        for source in &front.metrics_sources {
+            source.register(&mut registry);
+        }
         let metrics = HttpMetrics::default();
         metrics.register(registry.sub_registry_with_prefix("http"));
         Self(Arc::new(Shared { front, metrics, registry, draining: CancellationToken::new() }))

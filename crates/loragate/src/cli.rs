@@ -1,4 +1,4 @@
-//! The command line: `loragate serve` and `loragate demo-model`.
+//! The command line: `loragate serve`, `loragate worker` and `loragate demo-model`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -7,9 +7,11 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use loragate_core::{AdapterName, DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Key, Limits};
 use loragate_engine::{DType, Device, EngineConfig};
+use loragate_fleet::WorkerAddress;
 
 use crate::duration_arg::parse_duration;
 use crate::serve::{Authentication, InitialAdapter, ModelSource, ServeConfig};
+use crate::worker::WorkerSettings;
 
 /// loragate: swap LoRA adapter weights while rollouts keep sampling, safely and per adapter.
 #[derive(Debug, Parser)]
@@ -25,6 +27,9 @@ pub struct Cli {
 pub enum Command {
     /// Serve a model and its LoRA adapters over gRPC and HTTP (the built-in demo model when no --model is given).
     Serve(Box<ServeArgs>),
+    /// Serve the model over vLLM's own gRPC protocol (vllm.Inference, vllm.Control, grpc.health.v1) as one worker
+    /// of a fleet behind `loragate serve --worker URL` (the built-in demo model when no --model is given).
+    Worker(Box<WorkerArgs>),
     /// Write the demo base model (Hugging Face format) and its `meow` and `woof` adapters (PEFT format) to a
     /// directory: DIR/model/, DIR/adapters/meow/, DIR/adapters/woof/.
     DemoModel {
@@ -71,32 +76,15 @@ pub struct ServeArgs {
     /// On SIGINT/SIGTERM, how long running requests may finish before the rest are aborted.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
-    /// Where the model runs: cpu, cuda or cuda:N (CUDA needs a build with the `cuda` feature).
-    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
-    pub device: Device,
-    /// The weights' type: f32, bf16 or f16 (half precision on CUDA only).
-    #[arg(long, value_name = "DTYPE", default_value = "f32")]
-    pub dtype: DType,
-    /// The most sequences decoded together in one engine step.
-    #[arg(long, value_name = "N", default_value_t = 64)]
-    pub max_batch_size: usize,
-    /// CPU threads for the engine's tensor operations (default: $RAYON_NUM_THREADS, else half the cores, at least
-    /// 1). Candle's small CPU ops lose more to cross-thread synchronisation than they gain, and the async runtime
-    /// needs cores too (see docs/benchmarks.md).
-    #[arg(long, value_name = "N", default_value_t = crate::compute_threads::default_compute_threads())]
-    pub compute_threads: usize,
-    /// Serve at most this many tokens of context (default: the model's own length).
-    #[arg(long, value_name = "TOKENS")]
-    pub max_context_length: Option<u32>,
-    /// The largest LoRA rank (`r`) an adapter may have; loads of larger ones are refused.
-    #[arg(long, value_name = "RANK", default_value_t = EngineConfig::DEFAULT_MAX_LORA_RANK)]
-    pub max_lora_rank: usize,
-    /// The largest adapter weights file (adapter_model.safetensors) accepted, in bytes (default: 1 GiB).
-    #[arg(long, value_name = "BYTES", default_value_t = EngineConfig::DEFAULT_MAX_ADAPTER_BYTES)]
-    pub max_adapter_bytes: u64,
-    /// How long reading and checking one adapter may take before its load fails (installing nothing).
-    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
-    pub adapter_load_timeout: Duration,
+    /// A worker to front instead of running the model in-process: its gRPC address (`http://HOST:PORT`), speaking
+    /// vLLM's protocol (`loragate worker`, or vLLM's `vllm-rs serve MODEL --grpc-port PORT`). Repeatable. With
+    /// workers, --model supplies only the config and tokenizer, and --adapter paths are passed to the workers as
+    /// given (they resolve them against their own adapter roots).
+    #[arg(long = "worker", value_name = "URL", value_parser = parse_worker)]
+    pub workers: Vec<WorkerAddress>,
+    /// How often each worker's health is checked (grpc.health.v1), in seconds.
+    #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = parse_duration)]
+    pub worker_health_interval: Duration,
     /// The most sampling requests admitted at once (queued or running), over every adapter and the base model;
     /// more are refused with RESOURCE_EXHAUSTED / 429.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
@@ -132,19 +120,111 @@ pub struct ServeArgs {
     /// {"adapters": [names or prefixes like "team-a/*"], "control": bool} (see docs/security.md).
     #[arg(long, value_name = "FILE")]
     pub tenant_keys: Option<PathBuf>,
+    /// How the model runs in-process (with --worker, only --max-context-length and --cache-dir apply).
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// `loragate worker`.
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// Address of the gRPC server (vllm.Inference, vllm.Control, grpc.health.v1).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub grpc_addr: SocketAddr,
+    /// A Hugging Face model directory. Without it, the built-in demo model is served (no adapter loaded: the
+    /// fleet loads them).
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+    /// What `GenerateRequest.model` may name and GetModelInfo reports (default: the model directory's name;
+    /// `loragate-demo` for the demo).
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
+    /// The only directory LoadLora may read adapters from (relative paths are taken from it). Default for the demo:
+    /// its adapters directory; otherwise loading is refused.
+    #[arg(long, value_name = "DIR")]
+    pub adapter_root: Option<PathBuf>,
+    /// How the model runs.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+impl WorkerArgs {
+    /// The worker these arguments describe.
+    pub fn into_settings(self) -> WorkerSettings {
+        WorkerSettings {
+            grpc_addr: self.grpc_addr,
+            model: self.engine.model_source(self.model),
+            served_model_name: self.served_model_name,
+            adapter_root: self.adapter_root,
+            engine: self.engine.engine_config(),
+        }
+    }
+}
+
+/// How the model runs: the flags `serve` and `worker` share.
+#[derive(Debug, Args)]
+pub struct EngineArgs {
+    /// Where the model runs: cpu, cuda or cuda:N (CUDA needs a build with the `cuda` feature).
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: Device,
+    /// The weights' type: f32, bf16 or f16 (half precision on CUDA only).
+    #[arg(long, value_name = "DTYPE", default_value = "f32")]
+    pub dtype: DType,
+    /// The most sequences decoded together in one engine step.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_batch_size: usize,
+    /// CPU threads for the engine's tensor operations (default: $RAYON_NUM_THREADS, else half the cores, at least
+    /// 1). Candle's small CPU ops lose more to cross-thread synchronisation than they gain, and the async runtime
+    /// needs cores too (see docs/benchmarks.md).
+    #[arg(long, value_name = "N", default_value_t = crate::compute_threads::default_compute_threads())]
+    pub compute_threads: usize,
+    /// Serve at most this many tokens of context (default: the model's own length).
+    #[arg(long, value_name = "TOKENS")]
+    pub max_context_length: Option<u32>,
+    /// The largest LoRA rank (`r`) an adapter may have; loads of larger ones are refused.
+    #[arg(long, value_name = "RANK", default_value_t = EngineConfig::DEFAULT_MAX_LORA_RANK)]
+    pub max_lora_rank: usize,
+    /// The largest adapter weights file (adapter_model.safetensors) accepted, in bytes (default: 1 GiB).
+    #[arg(long, value_name = "BYTES", default_value_t = EngineConfig::DEFAULT_MAX_ADAPTER_BYTES)]
+    pub max_adapter_bytes: u64,
+    /// How long reading and checking one adapter may take before its load fails (installing nothing).
+    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
+    pub adapter_load_timeout: Duration,
     /// Where the demo model is generated and cached (default: $LORAGATE_CACHE_DIR, $XDG_CACHE_HOME/loragate or
     /// ~/.cache/loragate).
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
 }
 
+impl EngineArgs {
+    /// The engine configuration.
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            device: self.device,
+            dtype: self.dtype,
+            max_batch_size: self.max_batch_size,
+            max_context_length: self.max_context_length,
+            max_lora_rank: self.max_lora_rank,
+            max_adapter_bytes: self.max_adapter_bytes,
+            adapter_load_timeout: self.adapter_load_timeout,
+        }
+    }
+
+    /// The model: `dir`, or the demo model cached in --cache-dir.
+    fn model_source(&self, dir: Option<PathBuf>) -> ModelSource {
+        match dir {
+            Some(dir) => ModelSource::Directory(dir),
+            None => ModelSource::Demo {
+                cache_dir: self.cache_dir.clone().unwrap_or_else(loragate_engine::default_cache_dir),
+            },
+        }
+    }
+}
+
 impl ServeArgs {
     /// The server configuration these arguments describe.
     pub fn into_config(self) -> ServeConfig {
-        let model = match self.model {
-            Some(dir) => ModelSource::Directory(dir),
-            None => ModelSource::Demo { cache_dir: self.cache_dir.unwrap_or_else(loragate_engine::default_cache_dir) },
-        };
+        let model = self.engine.model_source(self.model);
         ServeConfig {
             grpc_addr: self.grpc_addr,
             http_addr: self.http_addr,
@@ -170,17 +250,15 @@ impl ServeArgs {
             abort_ack_timeout: self.abort_ack_timeout,
             max_pause_drain: self.max_pause_drain,
             shutdown_grace: self.shutdown_grace,
-            engine: EngineConfig {
-                device: self.device,
-                dtype: self.dtype,
-                max_batch_size: self.max_batch_size,
-                max_context_length: self.max_context_length,
-                max_lora_rank: self.max_lora_rank,
-                max_adapter_bytes: self.max_adapter_bytes,
-                adapter_load_timeout: self.adapter_load_timeout,
-            },
+            engine: self.engine.engine_config(),
+            workers: self.workers,
+            worker_health_interval: self.worker_health_interval,
         }
     }
+}
+
+fn parse_worker(raw: &str) -> Result<WorkerAddress, String> {
+    WorkerAddress::parse(raw).map_err(|err| err.to_string())
 }
 
 fn parse_initial_adapter(raw: &str) -> Result<InitialAdapter, String> {
@@ -239,7 +317,7 @@ mod tests {
         let names: Vec<_> = args.adapters.iter().map(|a| a.name.to_string()).collect();
         assert_eq!(names, vec!["meow", "woof"]);
         assert_eq!(args.gate_max_wait, Duration::from_secs(5));
-        assert_eq!(args.device, Device::Cuda(1));
+        assert_eq!(args.engine.device, Device::Cuda(1));
         let engine = args.into_config().engine;
         assert_eq!((engine.max_lora_rank, engine.max_adapter_bytes), (16, 1_000_000));
         assert_eq!(engine.adapter_load_timeout, Duration::from_secs(5));
@@ -299,6 +377,55 @@ mod tests {
         assert_eq!(config.authentication.api_key, Some(Key::parse("k-api").expect("key")));
         assert!(!format!("{config:?}").contains("k-admin"), "keys are redacted from Debug output");
         assert!(Cli::try_parse_from(["loragate", "serve", "--api-key", "has space"]).is_err());
+    }
+
+    #[test]
+    fn serve_fronts_repeated_workers_and_checks_them_every_interval() {
+        let Cli { command: Command::Serve(args) } = Cli::parse_from(["loragate", "serve"]) else { panic!("serve") };
+        assert!(args.workers.is_empty(), "no worker: the in-process engine");
+        assert_eq!(args.worker_health_interval, Duration::from_secs(2), "the default interval");
+        let cli = Cli::try_parse_from([
+            "loragate",
+            "serve",
+            "--worker",
+            "http://127.0.0.1:9001",
+            "--worker",
+            "http://127.0.0.1:9002",
+            "--worker-health-interval",
+            "0.5",
+        ])
+        .expect("parses");
+        let Command::Serve(args) = cli.command else { panic!("serve") };
+        let config = args.into_config();
+        let workers: Vec<&str> = config.workers.iter().map(WorkerAddress::as_str).collect();
+        assert_eq!(workers, ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]);
+        assert_eq!(config.worker_health_interval, Duration::from_millis(500));
+        let bad = Cli::try_parse_from(["loragate", "serve", "--worker", "127.0.0.1:9001"]).expect_err("not a URL");
+        assert!(bad.to_string().contains("--worker"), "{bad}");
+    }
+
+    #[test]
+    fn worker_needs_an_address_and_takes_the_engine_flags() {
+        assert!(Cli::try_parse_from(["loragate", "worker"]).is_err(), "--grpc-addr is required");
+        let cli = Cli::try_parse_from([
+            "loragate",
+            "worker",
+            "--grpc-addr",
+            "127.0.0.1:9001",
+            "--adapter-root",
+            "/a",
+            "--max-batch-size",
+            "8",
+            "--device",
+            "cpu",
+        ])
+        .expect("parses");
+        let Command::Worker(args) = cli.command else { panic!("worker") };
+        let settings = args.into_settings();
+        assert_eq!(settings.grpc_addr, "127.0.0.1:9001".parse().expect("address"));
+        assert_eq!(settings.engine.max_batch_size, 8);
+        assert_eq!(settings.adapter_root.as_deref(), Some(std::path::Path::new("/a")));
+        assert!(matches!(settings.model, ModelSource::Demo { .. }));
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! This crate puts the pieces together: the candle engine ([`loragate_engine`]), the coordinator
 //! ([`loragate_core`]), the gRPC front ([`loragate_grpc`]) and the HTTP front ([`loragate_http`]); `loragate serve`
 //! runs them, and [`RunningServer`] does the same in-process (the cross-crate tests start real servers on
-//! `127.0.0.1:0` with it).
+//! `127.0.0.1:0` with it). With `--worker URL`, `serve` fronts a fleet of workers ([`loragate_fleet`]) instead of
+//! the in-process engine; `loragate worker` ([`RunningWorker`]) is such a worker, the engine behind vLLM's own gRPC
+//! protocol ([`loragate_worker`]).
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), loragate::ServeError> {
@@ -22,9 +24,11 @@ mod compute_threads;
 mod duration_arg;
 mod serve;
 mod text_codec;
+mod worker;
 
-pub use cli::{Cli, Command, ServeArgs};
+pub use cli::{Cli, Command, EngineArgs, ServeArgs, WorkerArgs};
 pub use compute_threads::{default_compute_threads, set_compute_threads};
 pub use duration_arg::parse_duration;
 pub use loragate_engine::{DemoFiles, default_cache_dir, ensure_demo_files};
 pub use serve::{Authentication, InitialAdapter, ModelSource, RunningServer, ServeConfig, ServeError};
+pub use worker::{RunningWorker, WorkerSettings};

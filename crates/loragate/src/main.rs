@@ -1,10 +1,10 @@
-//! The `loragate` command: `loragate serve` and `loragate demo-model --out DIR`.
+//! The `loragate` command: `loragate serve`, `loragate worker` and `loragate demo-model --out DIR`.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use loragate::{Cli, Command, RunningServer};
+use loragate::{Cli, Command, RunningServer, RunningWorker};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
@@ -14,11 +14,16 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
-    if let Command::Serve(args) = &cli.command {
+    let compute_threads = match &cli.command {
+        Command::Serve(args) => Some(args.engine.compute_threads),
+        Command::Worker(args) => Some(args.engine.compute_threads),
+        Command::DemoModel { .. } => None,
+    };
+    if let Some(threads) = compute_threads {
         // SAFETY: no other thread exists yet: the async runtime starts below, and logging spawns none.
         #[allow(unsafe_code)]
         unsafe {
-            loragate::set_compute_threads(args.compute_threads);
+            loragate::set_compute_threads(threads);
         }
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -31,6 +36,7 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve(*args).await,
+            Command::Worker(args) => worker(*args).await,
             Command::DemoModel { out } => {
                 let written = tokio::task::spawn_blocking(move || loragate_engine::write_demo_files(&out)).await;
                 match written {
@@ -70,4 +76,18 @@ async fn serve(args: loragate::ServeArgs) -> Result<(), String> {
         })
     );
     server.run_until_signal().await.map_err(|err| err.to_string())
+}
+
+async fn worker(args: loragate::WorkerArgs) -> Result<(), String> {
+    let worker = RunningWorker::start(args.into_settings()).await.map_err(|err| err.to_string())?;
+    // The same machine-readable ready line as `serve`.
+    println!(
+        "{}",
+        serde_json::json!({
+            "event": "ready",
+            "grpc_addr": worker.grpc_addr().to_string(),
+            "model": worker.served_model_name(),
+        })
+    );
+    worker.run_until_signal().await.map_err(|err| err.to_string())
 }

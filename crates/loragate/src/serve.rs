@@ -1,4 +1,5 @@
-//! `loragate serve`: the engine, the coordinator and both fronts, started together and stopped gracefully.
+//! `loragate serve`: the engine (in-process, or a fleet of workers), the coordinator and both fronts, started
+//! together and stopped gracefully.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -7,10 +8,15 @@ use std::time::Duration;
 
 use futures::future::select_all;
 use loragate_core::{
-    AdapterName, AdapterRoot, AdapterSource, Coordinator, CoordinatorConfig, CoreError, Key, KeyConfigError, Keyring,
-    Limits, TenantKeys,
+    AdapterName, AdapterRoot, AdapterSource, Coordinator, CoordinatorConfig, CoreError, Engine, Key, KeyConfigError,
+    Keyring, Limits, TenantKeys,
 };
-use loragate_engine::{CandleEngine, DEMO_MODEL_NAME, DemoError, EngineConfig, EngineLoadError, ensure_demo_files};
+use loragate_engine::{
+    CandleEngine, DEMO_MODEL_NAME, DemoError, EngineConfig, EngineLoadError, Tokenizer, ensure_demo_files,
+    read_model_info,
+};
+use loragate_fleet::{FleetConfig, FleetEngine, FleetError, WorkerAddress};
+use loragate_grpc::FleetControl;
 use loragate_http::{ChatTemplate, HttpFront};
 use loragate_net::ConnectionLimits;
 use tokio::net::TcpListener;
@@ -75,6 +81,10 @@ pub struct ServeConfig {
     pub authentication: Authentication,
     /// How the engine runs.
     pub engine: EngineConfig,
+    /// Workers to front instead of running the engine in-process (`--worker`); empty for the in-process engine.
+    pub workers: Vec<WorkerAddress>,
+    /// How often the workers' health is checked.
+    pub worker_health_interval: Duration,
 }
 
 /// The keys of `--api-key`, `--admin-key` and `--tenant-keys`; any one turns authentication on.
@@ -119,6 +129,8 @@ impl ServeConfig {
             idle_timeout: loragate_net::DEFAULT_IDLE_TIMEOUT,
             authentication: Authentication::default(),
             engine: EngineConfig::default(),
+            workers: Vec::new(),
+            worker_health_interval: Duration::from_secs(2),
         }
     }
 }
@@ -177,6 +189,22 @@ pub enum ServeError {
     /// A blocking start-up task panicked.
     #[error("start-up task failed: {0}")]
     Startup(String),
+    /// The fleet of workers could not start (no worker became ready).
+    #[error("--worker: {0}")]
+    Fleet(#[from] FleetError),
+    /// With workers, an `--adapter` path leaves the adapter root.
+    #[error("--adapter {name}={}: the path leaves the adapter root {}", dir.display(), root.display())]
+    AdapterOutsideRoot {
+        /// Its name.
+        name: AdapterName,
+        /// Its path.
+        dir: PathBuf,
+        /// The adapter root.
+        root: PathBuf,
+    },
+    /// The worker could not serve.
+    #[error(transparent)]
+    Worker(#[from] loragate_worker::WorkerServeError),
 }
 
 /// A running server. [`RunningServer::shutdown`] stops it gracefully.
@@ -192,37 +220,36 @@ pub struct RunningServer {
 }
 
 impl RunningServer {
-    /// Loads the model and the start-up adapters, binds both addresses and starts serving.
+    /// Loads the model (or starts the fleet of workers) and the start-up adapters, binds both addresses and starts
+    /// serving.
     pub async fn start(config: ServeConfig) -> Result<Self, ServeError> {
-        let (model_dir, mut adapters, default_root, default_name) = match &config.model {
-            ModelSource::Demo { cache_dir } => {
-                let cache_dir = cache_dir.clone();
-                let files = blocking(move || ensure_demo_files(&cache_dir)).await??;
-                let demo_adapters = vec![
-                    InitialAdapter { name: demo_name("meow"), dir: files.meow_dir.clone() },
-                    InitialAdapter { name: demo_name("woof"), dir: files.woof_dir.clone() },
-                ];
-                (files.model_dir, demo_adapters, Some(files.adapters_dir), DEMO_MODEL_NAME.to_owned())
-            }
-            ModelSource::Directory(dir) => (dir.clone(), Vec::new(), None, directory_name(dir)),
-        };
-        adapters.retain(|demo| !config.adapters.iter().any(|given| given.name == demo.name));
-        adapters.extend(config.adapters.iter().cloned());
-        let served_model_name = config.served_model_name.clone().unwrap_or(default_name);
+        let model = ResolvedModel::of(&config.model).await?;
+        let served_model_name = config.served_model_name.clone().unwrap_or_else(|| model.name.clone());
         let auth = config.authentication.keyring()?;
         if auth.is_enabled() {
             tracing::info!("authentication is on: callers must present a key");
         }
-
-        let engine_config = config.engine.clone();
-        let template_dir = model_dir.clone();
-        let engine = blocking(move || CandleEngine::load(&model_dir, engine_config)).await??;
+        let template_dir = model.dir.clone();
         let chat_template = blocking(move || ChatTemplate::from_model_dir(&template_dir)).await?;
-        let codec = Arc::new(TokenizerCodec::new(engine.tokenizer().cloned()));
-        let adapter_root = match config.adapter_root.clone().or(default_root) {
+        let adapter_root_dir = config.adapter_root.clone().or_else(|| model.adapter_root.clone());
+        let adapter_root = match adapter_root_dir.clone() {
             Some(path) => Some(AdapterRoot::new(&path).map_err(|source| ServeError::AdapterRoot { path, source })?),
             None => None,
         };
+        let backend = if config.workers.is_empty() {
+            Backend::in_process(&model, &config).await?
+        } else {
+            Backend::fleet(&model, &config, adapter_root.as_ref()).await?
+        };
+        let mut adapters = backend.demo_adapters(&model);
+        adapters.retain(|demo| !config.adapters.iter().any(|given| given.name == demo.name));
+        for given in &config.adapters {
+            if backend.fleet.is_some() {
+                confine(given, adapter_root_dir.as_deref())?;
+            }
+            adapters.push(given.clone());
+        }
+
         let coordinator_config = CoordinatorConfig {
             max_gate_hold: config.gate_max_wait,
             abort_ack_timeout: config.abort_ack_timeout,
@@ -232,12 +259,13 @@ impl RunningServer {
             auth,
             reserved_names: vec![served_model_name.clone()],
         };
-        let coordinator = Coordinator::start(Arc::new(engine), coordinator_config).await?;
+        let coordinator = Coordinator::start(backend.engine.clone(), coordinator_config).await?;
         for InitialAdapter { name, dir } in adapters {
             let loaded = coordinator.load_adapter(&name, AdapterSource::trusted(&dir)).await;
             let version = loaded.map_err(|source| ServeError::Adapter { name: name.clone(), dir, source })?;
             tracing::info!(adapter = %name, %version, "adapter loaded");
         }
+        let codec = Arc::new(TokenizerCodec::new(backend.tokenizer));
 
         let grpc_listener = bind(config.grpc_addr).await?;
         let grpc_addr = local_addr(&grpc_listener, config.grpc_addr)?;
@@ -248,10 +276,12 @@ impl RunningServer {
         let connections =
             ConnectionLimits::new(config.max_connections, config.header_read_timeout, config.idle_timeout);
         let (draining, stop) = (CancellationToken::new(), CancellationToken::new());
+        let fleet_control = backend.fleet.clone().map(|fleet| fleet as Arc<dyn FleetControl>);
         let grpc = tokio::spawn(loragate_grpc::serve_grpc_with(
             grpc_listener,
             coordinator.clone(),
             connections.clone(),
+            fleet_control,
             draining.clone().cancelled_owned(),
             stop.clone().cancelled_owned(),
         ));
@@ -261,6 +291,9 @@ impl RunningServer {
             Ok(Some(template)) => http_front = http_front.with_chat_template(template),
             Ok(None) => tracing::info!("the model has no chat template; /v1/chat/completions answers 400"),
             Err(err) => tracing::warn!(%err, "the model's chat template is unusable; /v1/chat/completions answers 400"),
+        }
+        if let Some(fleet) = &backend.fleet {
+            http_front = http_front.with_metrics_source(fleet.clone());
         }
         let http = tokio::spawn(loragate_http::serve_http(
             http_listener,
@@ -342,7 +375,110 @@ impl RunningServer {
     }
 }
 
-async fn shutdown_signal() {
+/// The model's files, wherever they come from.
+pub(crate) struct ResolvedModel {
+    /// The Hugging Face directory.
+    pub(crate) dir: PathBuf,
+    /// The demo's adapters (none for a directory).
+    pub(crate) demo_adapters: Vec<InitialAdapter>,
+    /// The default adapter root (the demo's adapters directory).
+    pub(crate) adapter_root: Option<PathBuf>,
+    /// The default served name.
+    pub(crate) name: String,
+}
+
+impl ResolvedModel {
+    /// Generates the demo files if needed (blocking work off the runtime).
+    pub(crate) async fn of(source: &ModelSource) -> Result<Self, ServeError> {
+        Ok(match source {
+            ModelSource::Demo { cache_dir } => {
+                let cache_dir = cache_dir.clone();
+                let files = blocking(move || ensure_demo_files(&cache_dir)).await??;
+                let demo_adapters = vec![
+                    InitialAdapter { name: demo_name("meow"), dir: files.meow_dir.clone() },
+                    InitialAdapter { name: demo_name("woof"), dir: files.woof_dir.clone() },
+                ];
+                Self {
+                    dir: files.model_dir,
+                    demo_adapters,
+                    adapter_root: Some(files.adapters_dir),
+                    name: DEMO_MODEL_NAME.to_owned(),
+                }
+            }
+            ModelSource::Directory(dir) => {
+                Self { dir: dir.clone(), demo_adapters: Vec::new(), adapter_root: None, name: directory_name(dir) }
+            }
+        })
+    }
+}
+
+/// What runs the model: the in-process engine, or a fleet of workers.
+struct Backend {
+    engine: Arc<dyn Engine>,
+    tokenizer: Option<Tokenizer>,
+    fleet: Option<Arc<FleetEngine>>,
+}
+
+impl Backend {
+    async fn in_process(model: &ResolvedModel, config: &ServeConfig) -> Result<Self, ServeError> {
+        let (dir, engine_config) = (model.dir.clone(), config.engine.clone());
+        let engine = blocking(move || CandleEngine::load(&dir, engine_config)).await??;
+        let tokenizer = engine.tokenizer().cloned();
+        Ok(Self { engine: Arc::new(engine), tokenizer, fleet: None })
+    }
+
+    /// The fleet, once at least one worker is ready. The model directory supplies only the limits and tokenizer;
+    /// adapter paths inside the adapter root go to the workers relative to it.
+    async fn fleet(
+        model: &ResolvedModel,
+        config: &ServeConfig,
+        adapter_root: Option<&AdapterRoot>,
+    ) -> Result<Self, ServeError> {
+        let (dir, max_context) = (model.dir.clone(), config.engine.max_context_length);
+        let (info, tokenizer) = blocking(move || {
+            Ok::<_, EngineLoadError>((read_model_info(&dir, max_context)?, Tokenizer::from_model_dir(&dir)?))
+        })
+        .await??;
+        let fleet_config = FleetConfig {
+            health_interval: config.worker_health_interval,
+            adapter_root: adapter_root.map(|root| root.path().to_owned()),
+            ..FleetConfig::default()
+        };
+        let fleet = Arc::new(FleetEngine::start(info, config.workers.clone(), fleet_config).await?);
+        fleet.wait_ready().await?;
+        Ok(Self { engine: fleet.clone(), tokenizer, fleet: Some(fleet) })
+    }
+
+    /// The demo's adapters. The workers of a fleet get their paths relative to their own adapter roots (a worker on
+    /// the demo model defaults to the demo's adapters directory), so they need not share this machine's cache.
+    fn demo_adapters(&self, model: &ResolvedModel) -> Vec<InitialAdapter> {
+        let mut adapters = model.demo_adapters.clone();
+        if self.fleet.is_some() {
+            for adapter in &mut adapters {
+                adapter.dir = PathBuf::from(adapter.name.as_str());
+            }
+        }
+        adapters
+    }
+}
+
+/// Checks, without touching the filesystem (the path is the workers'), that `adapter`'s path stays inside `root`:
+/// no `..`, and an absolute path must start with the root.
+fn confine(adapter: &InitialAdapter, root: Option<&Path>) -> Result<(), ServeError> {
+    let Some(root) = root else { return Ok(()) };
+    let escapes = adapter.dir.components().any(|part| matches!(part, std::path::Component::ParentDir))
+        || (adapter.dir.is_absolute() && !adapter.dir.starts_with(root));
+    if escapes {
+        return Err(ServeError::AdapterOutsideRoot {
+            name: adapter.name.clone(),
+            dir: adapter.dir.clone(),
+            root: root.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) async fn shutdown_signal() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
@@ -363,19 +499,19 @@ async fn shutdown_signal() {
     let _ = interrupt.await;
 }
 
-async fn bind(address: SocketAddr) -> Result<TcpListener, ServeError> {
+pub(crate) async fn bind(address: SocketAddr) -> Result<TcpListener, ServeError> {
     TcpListener::bind(address).await.map_err(|source| ServeError::Bind { address, source })
 }
 
-fn local_addr(listener: &TcpListener, address: SocketAddr) -> Result<SocketAddr, ServeError> {
+pub(crate) fn local_addr(listener: &TcpListener, address: SocketAddr) -> Result<SocketAddr, ServeError> {
     listener.local_addr().map_err(|source| ServeError::Bind { address, source })
 }
 
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, ServeError> {
+pub(crate) async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, ServeError> {
     tokio::task::spawn_blocking(work).await.map_err(join_error)
 }
 
-fn join_error(err: tokio::task::JoinError) -> ServeError {
+pub(crate) fn join_error(err: tokio::task::JoinError) -> ServeError {
     ServeError::Startup(err.to_string())
 }
 

@@ -47,6 +47,11 @@ impl ModelConfig {
         Self::parse(raw, generation)
     }
 
+    /// The positions served: the model's own length, capped at `max_context` if given.
+    pub(crate) fn served_context(&self, max_context: Option<usize>) -> usize {
+        max_context.map_or(self.max_position_embeddings, |max| max.min(self.max_position_embeddings))
+    }
+
     fn parse(raw: RawConfig, generation: Option<RawGenerationConfig>) -> Result<Self, EngineLoadError> {
         if let Some(model_type) = &raw.model_type
             && !SUPPORTED_MODEL_TYPES.contains(&model_type.as_str())

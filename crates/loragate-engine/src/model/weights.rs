@@ -82,8 +82,7 @@ impl Llama {
             true => embed_tokens.clone(),
             false => weights.take("lm_head.weight", (config.vocab_size, hidden).into())?,
         };
-        let context_length =
-            max_context.map_or(config.max_position_embeddings, |max| max.min(config.max_position_embeddings));
+        let context_length = config.served_context(max_context);
         let rope = RopeTables::new(&config, context_length, device, dtype).map_err(weights_error)?;
         Ok(Self { config, embed_tokens, layers, norm, lm_head, rope, context_length, device: device.clone(), dtype })
     }

@@ -279,6 +279,7 @@ async fn idle_connections_are_closed_but_a_held_call_keeps_its_connection() {
         listener,
         coordinator.clone(),
         limits.clone(),
+        None,
         std::future::pending(),
         async {
             let _ = stopped.await;

@@ -1,0 +1,557 @@
+//! A real fleet on loopback: three `loragate worker` processes behind `loragate serve --worker ...`, driven over gRPC
+//! (the loragate contract, the retry client, the `Fleet` service, each worker's own `vllm.Control`) and HTTP.
+//!
+//! One fleet per scenario group, shared by the scenarios of the group (they run in order; each leaves the fleet as
+//! the next expects it):
+//! - staging `NAME@V` everywhere, requests spreading, a pause aborting on every worker, a swap draining the old
+//!   version away, a failed load rolling back;
+//! - a worker killed with SIGKILL mid-sample and restarted on its address, `RemoveWorker` with drain, `AddWorker`.
+//!
+//! Plus a Python `grpcio` client generated from vllm-proto's own `.proto` files, driving one worker directly. The
+//! Python client needs `$LORAGATE_PYTHON` (default `python3`) with `grpcio grpcio-tools`; the README's test command
+//! sets that up.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use loragate_client::SamplingClient;
+use loragate_core::testing::{eventually, eventually_within};
+use loragate_proto::v1::fleet_client::FleetClient;
+use loragate_proto::v1::lora_control_client::LoraControlClient;
+use loragate_proto::v1::sampler_client::SamplerClient;
+use loragate_proto::v1::{self as pb, FinishReason};
+use tonic::transport::Channel;
+use tonic::{Code, Streaming};
+
+const PATIENCE: Duration = Duration::from_secs(120);
+const PROMPT: &[u8] = b"Make a single short animal noise.";
+
+/// A child process (killed when dropped) and the JSON ready line it printed.
+struct Process {
+    child: Child,
+    ready: serde_json::Value,
+}
+
+impl Process {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_loragate"))
+            .args(args)
+            .env("LORAGATE_CACHE_DIR", cache_dir())
+            .env("RUST_LOG", "warn")
+            .env("RAYON_NUM_THREADS", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("loragate starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = sender.send(line);
+        });
+        let line = receiver.recv_timeout(PATIENCE).expect("the ready line in time");
+        let ready: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line:?}"));
+        assert_eq!(ready["event"], "ready", "{ready}");
+        Self { child, ready }
+    }
+
+    fn field(&self, key: &str) -> String {
+        self.ready[key].as_str().unwrap_or_else(|| panic!("{key} in {}", self.ready)).to_owned()
+    }
+
+    /// SIGKILL: no shutdown, no goodbye.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A `loragate worker` on 127.0.0.1.
+struct Worker {
+    process: Process,
+    port: u16,
+    root: Option<PathBuf>,
+}
+
+impl Worker {
+    /// A worker on a free port (`port` 0) or on `port`, with `root` as its adapter root (default: the demo's).
+    fn start(root: Option<&Path>, port: u16) -> Self {
+        let address = format!("127.0.0.1:{port}");
+        let mut args = vec!["worker".to_owned(), "--grpc-addr".to_owned(), address];
+        if let Some(root) = root {
+            args.extend(["--adapter-root".to_owned(), root.display().to_string()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let process = Process::start(&args);
+        let port = process.field("grpc_addr").rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+        Self { process, port, root: root.map(Path::to_owned) }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The adapters the worker itself lists (`vllm.Control/ListLoras`).
+    async fn loras(&self) -> BTreeSet<String> {
+        let mut control = vllm_proto::control_client::ControlClient::new(channel(&self.url()).await);
+        let listed = control.list_loras(vllm_proto::ListLorasRequest {}).await.expect("ListLoras");
+        listed.into_inner().adapters.into_iter().map(|adapter| adapter.lora_name).collect()
+    }
+
+    fn restart(&mut self) {
+        self.process.kill();
+        *self = Self::start(self.root.as_deref(), self.port);
+    }
+}
+
+/// Three workers and the coordinator in front of them.
+struct Fleet {
+    workers: Vec<Worker>,
+    serve: Process,
+    channel: Channel,
+}
+
+impl Fleet {
+    async fn start(workers: Vec<Worker>, adapter_root: Option<&Path>) -> Self {
+        let mut args = vec!["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"];
+        args.extend(["--worker-health-interval", "0.2"]);
+        let urls: Vec<String> = workers.iter().map(Worker::url).collect();
+        for url in &urls {
+            args.extend(["--worker", url.as_str()]);
+        }
+        let root = adapter_root.map(|root| root.display().to_string());
+        if let Some(root) = &root {
+            args.extend(["--adapter-root", root.as_str()]);
+        }
+        let serve = Process::start(&args);
+        assert_eq!(serve.ready["adapters"], serde_json::json!(["meow", "woof"]), "{}", serve.ready);
+        let channel = channel(&format!("http://{}", serve.field("grpc_addr"))).await;
+        Self { workers, serve, channel }
+    }
+
+    fn control(&self) -> LoraControlClient<Channel> {
+        LoraControlClient::new(self.channel.clone())
+    }
+
+    fn sampler(&self) -> SamplerClient<Channel> {
+        SamplerClient::new(self.channel.clone())
+    }
+
+    fn fleet(&self) -> FleetClient<Channel> {
+        FleetClient::new(self.channel.clone())
+    }
+
+    async fn workers(&self) -> pb::ListWorkersResponse {
+        self.fleet().list_workers(pb::ListWorkersRequest {}).await.expect("ListWorkers").into_inner()
+    }
+
+    async fn worker(&self, url: &str) -> Option<pb::Worker> {
+        self.workers().await.workers.into_iter().find(|worker| worker.address == url)
+    }
+
+    async fn in_state(&self, url: &str, state: pb::WorkerState) -> bool {
+        self.worker(url).await.is_some_and(|worker| worker.state() == state)
+    }
+
+    async fn metrics(&self) -> String {
+        let url = format!("http://{}/metrics", self.serve.field("http_addr"));
+        reqwest::get(url).await.expect("metrics").text().await.expect("text")
+    }
+
+    async fn stream(&self, lora_name: &str, max_tokens: u32) -> Streaming<pb::SampleStreamResponse> {
+        self.sampler().sample_stream(request(lora_name, max_tokens)).await.expect("SampleStream").into_inner()
+    }
+
+    async fn abort(&self, lora_name: &str) -> pb::AbortLoraRequestsResponse {
+        let request = pb::AbortLoraRequestsRequest { lora_name: lora_name.into(), ..Default::default() };
+        self.control().abort_lora_requests(request).await.expect("AbortLoraRequests").into_inner()
+    }
+
+    async fn resume(&self, lora_name: &str) {
+        let request = pb::ResumeLoraRequestsRequest { lora_name: lora_name.into(), ..Default::default() };
+        self.control().resume_lora_requests(request).await.expect("ResumeLoraRequests");
+    }
+
+    async fn load(&self, lora_name: &str, path: &str) -> Result<u64, tonic::Status> {
+        let request = pb::LoadLoraAdapterRequest { lora_name: lora_name.into(), path: path.into() };
+        Ok(self.control().load_lora_adapter(request).await?.into_inner().version)
+    }
+
+    /// Every adapter held by any worker, by the fleet's account and by the workers' own.
+    async fn held_anywhere(&self) -> BTreeSet<String> {
+        let mut held: BTreeSet<String> = self.workers().await.workers.into_iter().flat_map(|w| w.adapters).collect();
+        for worker in &self.workers {
+            held.extend(worker.loras().await);
+        }
+        held
+    }
+}
+
+async fn channel(url: &str) -> Channel {
+    Channel::from_shared(url.to_owned()).expect("uri").connect().await.expect("connect")
+}
+
+fn request(lora_name: &str, max_tokens: u32) -> pb::SampleRequest {
+    pb::SampleRequest {
+        lora_name: lora_name.into(),
+        prompt_token_ids: PROMPT.iter().map(|&b| u32::from(b)).collect(),
+        sampling_params: Some(pb::SamplingParams {
+            max_tokens: Some(max_tokens),
+            ignore_eos: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn text(tokens: &[u32]) -> String {
+    String::from_utf8_lossy(&tokens.iter().filter(|&&t| t < 256).map(|&t| t as u8).collect::<Vec<_>>()).into_owned()
+}
+
+/// One sequence as a stream delivered it.
+#[derive(Debug, Default)]
+struct Received {
+    tokens: Vec<u32>,
+    finish: Option<FinishReason>,
+    segments: Vec<pb::VersionSegment>,
+}
+
+impl Received {
+    fn covered(&self) -> u32 {
+        self.segments.iter().map(|s| s.end - s.start).sum()
+    }
+}
+
+/// Reads until the stream produced at least `count` tokens (or ended).
+async fn read_tokens(stream: &mut Streaming<pb::SampleStreamResponse>, received: &mut Received, count: usize) {
+    while received.tokens.len() < count && received.finish.is_none() {
+        let chunk = stream.message().await.expect("no error").expect("the stream goes on");
+        accept(received, chunk);
+    }
+}
+
+fn accept(received: &mut Received, chunk: pb::SampleStreamResponse) {
+    received.tokens.extend(chunk.token_ids.iter().copied());
+    if chunk.finish_reason() != FinishReason::Unspecified {
+        received.finish = Some(chunk.finish_reason());
+        received.segments = chunk.segments;
+    }
+}
+
+/// Reads a stream to its end.
+async fn read_to_end(mut stream: Streaming<pb::SampleStreamResponse>, mut received: Received) -> Received {
+    while let Some(chunk) = stream.message().await.expect("no error") {
+        accept(&mut received, chunk);
+    }
+    received
+}
+
+/// A copy of the demo's adapters (`meow`, `woof`, and unless `partial` `kitten`, a copy of meow) in a temp dir.
+fn adapter_root(partial: bool) -> tempfile::TempDir {
+    let files = loragate::ensure_demo_files(&cache_dir()).expect("demo files");
+    let root = tempfile::tempdir().expect("temp dir");
+    let mut copies = vec![("meow", &files.meow_dir), ("woof", &files.woof_dir)];
+    if !partial {
+        copies.push(("kitten", &files.meow_dir));
+    }
+    for (name, from) in copies {
+        std::fs::create_dir(root.path().join(name)).expect("mkdir");
+        for entry in std::fs::read_dir(from).expect("read adapter dir") {
+            let entry = entry.expect("entry");
+            std::fs::copy(entry.path(), root.path().join(name).join(entry.file_name())).expect("copy");
+        }
+    }
+    root
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("LORAGATE_CACHE_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/loragate-test-cache"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_are_staged_everywhere_requests_spread_a_pause_aborts_on_every_worker_and_swaps_drain_and_roll_back() {
+    let (root, partial_root) = (adapter_root(false), adapter_root(true));
+    let workers = vec![
+        Worker::start(Some(root.path()), 0),
+        Worker::start(Some(root.path()), 0),
+        Worker::start(Some(partial_root.path()), 0),
+    ];
+    let fleet = Fleet::start(workers, Some(root.path())).await;
+
+    // Staged as NAME@V on every worker, in the fleet's account and the workers' own.
+    let listed = fleet.workers().await;
+    assert!(listed.epoch >= 6, "three joins and three READY transitions: {}", listed.epoch);
+    for worker in &listed.workers {
+        assert_eq!(worker.state(), pb::WorkerState::Ready, "{worker:?}");
+        assert_eq!(worker.adapters, ["meow@1", "woof@1"], "{worker:?}");
+    }
+    for worker in &fleet.workers {
+        assert_eq!(worker.loras().await, BTreeSet::from(["meow@1".to_owned(), "woof@1".to_owned()]));
+    }
+
+    // Requests spread: six meow samples run two per worker (the least busy worker takes the next).
+    let mut meows = Vec::new();
+    for _ in 0..6 {
+        let mut stream = fleet.stream("meow", 3000).await;
+        let mut received = Received::default();
+        read_tokens(&mut stream, &mut received, 4).await;
+        meows.push((stream, received));
+    }
+    let in_flight: Vec<u32> = fleet.workers().await.workers.iter().map(|w| w.in_flight).collect();
+    assert_eq!(in_flight, [2, 2, 2]);
+
+    // Pausing meow aborts its requests on every worker, with their partial tokens; woof runs on.
+    let woofs: Vec<_> = futures::future::join_all((0..3).map(|_| fleet.stream("woof", 200))).await;
+    let woofs: Vec<_> =
+        woofs.into_iter().map(|stream| tokio::spawn(read_to_end(stream, Received::default()))).collect();
+    let meows: Vec<_> =
+        meows.into_iter().map(|(stream, received)| tokio::spawn(read_to_end(stream, received))).collect();
+    let aborted = fleet.abort("meow").await;
+    assert_eq!((aborted.aborted_count, aborted.unacknowledged_request_ids.len()), (6, 0), "{aborted:?}");
+    for meow in meows {
+        let meow = meow.await.expect("reader");
+        assert_eq!(meow.finish, Some(FinishReason::Abort));
+        assert!(meow.tokens.len() >= 4 && meow.tokens.len() < 3000, "partial: {}", meow.tokens.len());
+        assert_eq!(meow.covered() as usize, meow.tokens.len(), "segments cover every token");
+        assert!(meow.segments.iter().all(|s| s.lora_version == 1));
+        assert!(text(&meow.tokens).contains("meow"));
+    }
+    for woof in woofs {
+        let woof = woof.await.expect("reader");
+        assert_eq!((woof.finish, woof.tokens.len()), (Some(FinishReason::Length), 200), "woof is not paused");
+        assert!(text(&woof.tokens).contains("woof"));
+    }
+    let metrics = fleet.metrics().await;
+    for worker in &fleet.workers {
+        let line = format!("loragate_fleet_worker_abort_calls_total{{worker=\"{}\"}} ", worker.url());
+        let calls = metrics.lines().find_map(|l| l.strip_prefix(&line)).expect("per-worker abort calls");
+        assert!(calls.trim().parse::<u64>().expect("a count") >= 1, "every worker was sent its aborts");
+    }
+    fleet.resume("meow").await;
+
+    // A swap: the new version is staged everywhere; the old one stays while a request runs on it, then goes.
+    let mut on_v1 = fleet.stream("meow", 3000).await;
+    read_tokens(&mut on_v1, &mut Received::default(), 4).await;
+    assert_eq!(fleet.load("meow", "woof").await.expect("swap"), 2);
+    let held = fleet.held_anywhere().await;
+    assert!(held.contains("meow@1") && held.contains("meow@2"), "{held:?}");
+    let swapped = read_to_end(fleet.stream("meow", 16).await, Received::default()).await;
+    assert!(text(&swapped.tokens).contains("woof") && swapped.segments.iter().all(|s| s.lora_version == 2));
+    drop(on_v1);
+    eventually_within("meow@1 is unloaded from every worker", PATIENCE, || async {
+        !fleet.held_anywhere().await.contains("meow@1")
+    })
+    .await;
+
+    // A load that fails on one worker (kitten is not in its adapter root) rolls back on the others.
+    let failed = fleet.load("meow", "kitten").await.expect_err("kitten is missing on the third worker");
+    assert_eq!(failed.code(), Code::InvalidArgument, "{failed:?}");
+    assert!(
+        failed.message().contains(&fleet.workers[2].url()) && failed.message().contains("rolled back"),
+        "{failed:?}"
+    );
+    let held = fleet.held_anywhere().await;
+    assert!(!held.iter().any(|name| name == "meow@3"), "rolled back everywhere: {held:?}");
+    let still = read_to_end(fleet.stream("meow", 16).await, Received::default()).await;
+    assert!(still.segments.iter().all(|s| s.lora_version == 2), "the previous version keeps serving");
+
+    // Several seeded samples of one request spread over the workers, reproducibly (sequence i uses seed + i
+    // whichever worker runs it), with the prompt's logprobs first (the unscored first one NaN).
+    let seeded = pb::SampleRequest {
+        num_samples: 3,
+        include_prompt_logprobs: true,
+        sampling_params: Some(pb::SamplingParams {
+            max_tokens: Some(24),
+            temperature: 1.0,
+            seed: Some(11),
+            ..Default::default()
+        }),
+        ..request("woof", 24)
+    };
+    let first = fleet.sampler().sample(seeded.clone()).await.expect("Sample").into_inner();
+    let again = fleet.sampler().sample(seeded).await.expect("Sample").into_inner();
+    assert_eq!(first.prompt_logprobs.len(), PROMPT.len());
+    assert!(first.prompt_logprobs[0].is_nan() && first.prompt_logprobs[1..].iter().all(|l| l.is_finite() && *l <= 0.0));
+    let tokens = |response: &pb::SampleResponse| -> Vec<Vec<u32>> {
+        response.sequences.iter().map(|s| s.token_ids.clone()).collect()
+    };
+    assert_eq!(tokens(&first), tokens(&again), "the same seed gives the same tokens");
+    assert!(first.sequences.iter().all(|s| s.token_ids.len() == 24 && s.logprobs.len() == 24));
+
+    // Every front works over the fleet: HTTP completions too.
+    let url = format!("http://{}/v1/completions", fleet.serve.field("http_addr"));
+    let body = serde_json::json!({"model": "woof", "prompt": "Make a single short animal noise.", "max_tokens": 12});
+    let answer: serde_json::Value =
+        reqwest::Client::new().post(url).json(&body).send().await.expect("post").json().await.expect("json");
+    assert!(answer["choices"][0]["text"].as_str().is_some_and(|t| t.contains("woof")), "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_hands_back_its_samples_comes_back_caught_up_and_workers_can_be_drained_and_added() {
+    let workers = (0..3).map(|_| Worker::start(None, 0)).collect();
+    let mut fleet = Fleet::start(workers, None).await;
+
+    // Six raw samples (two per worker) and three through the retry client (one per worker).
+    let mut raws = Vec::new();
+    for _ in 0..6 {
+        let mut stream = fleet.stream("meow", 3000).await;
+        let mut received = Received::default();
+        read_tokens(&mut stream, &mut received, 4).await;
+        raws.push(tokio::spawn(read_to_end(stream, received)));
+    }
+    let retried: Vec<_> = (0..3)
+        .map(|_| {
+            let client = SamplingClient::new(fleet.channel.clone(), "meow");
+            tokio::spawn(async move {
+                let params = pb::SamplingParams { max_tokens: Some(1500), ignore_eos: true, ..Default::default() };
+                client.sample(PROMPT.iter().map(|&b| u32::from(b)).collect(), params, 1).await
+            })
+        })
+        .collect();
+    eventually("three sequences run on every worker", || async {
+        fleet.workers().await.workers.iter().all(|w| w.in_flight == 3)
+    })
+    .await;
+
+    // SIGKILL mid-sample: its raw samples come back aborted with their tokens, the retry client finishes its one
+    // on the others, the worker turns UNHEALTHY, and new samples succeed.
+    let victim = fleet.workers[0].url();
+    fleet.workers[0].process.kill();
+    eventually("the killed worker's two raw samples came back", || async {
+        raws.iter().filter(|raw| raw.is_finished()).count() == 2
+    })
+    .await;
+    let mut running = Vec::new();
+    for raw in raws {
+        if raw.is_finished() {
+            let raw = raw.await.expect("reader");
+            assert_eq!(raw.finish, Some(FinishReason::Abort));
+            assert!(!raw.tokens.is_empty() && raw.covered() as usize == raw.tokens.len(), "with every token: {raw:?}");
+        } else {
+            running.push(raw);
+        }
+    }
+    eventually("the killed worker is UNHEALTHY", || fleet.in_state(&victim, pb::WorkerState::Unhealthy)).await;
+    assert!(!fleet.worker(&victim).await.expect("listed").last_error.is_empty(), "it says why");
+    for retry in retried {
+        let response = retry.await.expect("task").expect("the retry client finishes it");
+        let sequence = &response.sequences[0];
+        assert_eq!((sequence.finish_reason(), sequence.token_ids.len()), (FinishReason::Length, 1500));
+        assert_eq!(sequence.segments.iter().map(|s| s.end - s.start).sum::<u32>(), 1500);
+    }
+    let fresh = fleet.sampler().sample(request("meow", 16)).await.expect("new samples succeed").into_inner();
+    assert_eq!(fresh.sequences[0].token_ids.len(), 16);
+
+    // Restarted on the same address, it comes back caught up.
+    fleet.workers[0].restart();
+    eventually_within("the restarted worker is READY", PATIENCE, || fleet.in_state(&victim, pb::WorkerState::Ready))
+        .await;
+    assert_eq!(fleet.workers[0].loras().await, BTreeSet::from(["meow@1".to_owned(), "woof@1".to_owned()]));
+
+    // The raw samples on the survivors are handed back by a pause as usual (unless they finished meanwhile).
+    let aborted = fleet.abort("meow").await;
+    let mut handed_back = 0;
+    for raw in running {
+        let raw = raw.await.expect("reader");
+        match raw.finish {
+            Some(FinishReason::Abort) => handed_back += 1,
+            Some(FinishReason::Length) => assert_eq!(raw.tokens.len(), 3000),
+            other => panic!("unexpected finish {other:?}"),
+        }
+    }
+    assert_eq!(aborted.aborted_count, handed_back, "{aborted:?}");
+    fleet.resume("meow").await;
+
+    // RemoveWorker with drain: no new traffic, it leaves once its running samples ended.
+    let mut long = Vec::new();
+    for _ in 0..3 {
+        let mut stream = fleet.stream("meow", 3000).await;
+        let mut received = Received::default();
+        read_tokens(&mut stream, &mut received, 4).await;
+        long.push(tokio::spawn(read_to_end(stream, received)));
+    }
+    let leaving = fleet.workers[1].url();
+    assert_eq!(fleet.worker(&leaving).await.expect("listed").in_flight, 1, "one sample per worker");
+    let epoch = fleet.workers().await.epoch;
+    let mut client = fleet.fleet();
+    let removal = tokio::spawn({
+        let leaving = leaving.clone();
+        async move { client.remove_worker(pb::RemoveWorkerRequest { address: leaving, drain: true }).await }
+    });
+    eventually("the worker is DRAINING", || fleet.in_state(&leaving, pb::WorkerState::Draining)).await;
+    let mut routed_elsewhere = fleet.stream("meow", 3000).await;
+    read_tokens(&mut routed_elsewhere, &mut Received::default(), 4).await;
+    assert_eq!(fleet.worker(&leaving).await.expect("listed").in_flight, 1, "no new traffic while draining");
+    assert!(!removal.is_finished(), "the removal waits for its running sample");
+    drop(routed_elsewhere);
+    fleet.abort("meow").await;
+    removal.await.expect("task").expect("removed once drained");
+    let listed = fleet.workers().await;
+    assert!(listed.workers.iter().all(|w| w.address != leaving) && listed.epoch >= epoch + 2, "{listed:?}");
+    for sample in long {
+        assert_eq!(sample.await.expect("reader").finish, Some(FinishReason::Abort));
+    }
+    fleet.resume("meow").await;
+
+    // AddWorker: it joins, catches up, and serves.
+    fleet.fleet().add_worker(pb::AddWorkerRequest { address: leaving.clone() }).await.expect("AddWorker");
+    eventually_within("the added worker is READY", PATIENCE, || fleet.in_state(&leaving, pb::WorkerState::Ready)).await;
+    assert_eq!(fleet.workers[1].loras().await, BTreeSet::from(["meow@1".to_owned(), "woof@1".to_owned()]));
+    let again = fleet.fleet().add_worker(pb::AddWorkerRequest { address: leaving }).await.expect_err("in the fleet");
+    assert_eq!(again.code(), Code::AlreadyExists);
+    let bad = fleet.fleet().add_worker(pb::AddWorkerRequest { address: "nowhere".into() }).await.expect_err("bad");
+    assert!(bad.code() == Code::InvalidArgument && bad.message().contains("address"), "{bad:?}");
+}
+
+#[test]
+fn a_python_grpcio_client_generated_from_vllm_protos_drives_a_worker() {
+    let worker = Worker::start(None, 0);
+    // Offline and for this platform only: everything it reads was downloaded by the build; nothing is fetched now.
+    let version = Command::new(env!("CARGO")).arg("-vV").output().expect("cargo -vV runs");
+    let version = String::from_utf8_lossy(&version.stdout).into_owned();
+    let host = version.lines().find_map(|line| line.strip_prefix("host: ")).expect("cargo names its host");
+    let metadata = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--locked", "--offline", "--filter-platform", host])
+        .current_dir(repo_root())
+        .output();
+    let metadata = metadata.expect("cargo metadata runs");
+    assert!(metadata.status.success(), "{}", String::from_utf8_lossy(&metadata.stderr));
+    let metadata: serde_json::Value = serde_json::from_slice(&metadata.stdout).expect("JSON");
+    let manifest = metadata["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .find(|package| package["name"] == "vllm-proto")
+        .and_then(|package| package["manifest_path"].as_str())
+        .expect("vllm-proto is a dependency");
+    let proto_dir = Path::new(manifest).parent().expect("the crate's directory");
+    assert!(proto_dir.join("inference.proto").is_file(), "{}", proto_dir.display());
+
+    let python = std::env::var("LORAGATE_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let output = Command::new(&python)
+        .arg(repo_root().join("tests/python/vllm_worker_grpc.py"))
+        .arg(format!("127.0.0.1:{}", worker.port))
+        .arg(proto_dir)
+        .output()
+        .unwrap_or_else(|err| panic!("cannot run {python}: {err}"));
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "vllm_worker_grpc.py failed ({}):\n{stdout}\n{stderr}", output.status);
+    assert!(stdout.contains("ok: vllm_worker_grpc"), "{stdout}\n{stderr}");
+}
