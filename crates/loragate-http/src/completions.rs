@@ -7,10 +7,10 @@
 //! JSON response, or server-sent events.
 
 mod choice;
-mod decode;
+pub(crate) mod decode;
 mod request;
 mod response;
-mod stop;
+pub(crate) mod stop;
 mod stream;
 
 use std::num::NonZeroU32;

@@ -29,9 +29,11 @@ mod json_body;
 mod models;
 mod observability;
 mod server;
+mod stop_strings;
 mod submission_gate;
 #[cfg(test)]
 mod test_codec;
 
 pub use codec::TextCodec;
 pub use server::{DEFAULT_BODY_LIMIT, HttpFront, HttpServeError, serve_http};
+pub use stop_strings::TokenStopWatcher;

@@ -27,13 +27,15 @@ use crate::submission_gate::submission_gate;
 /// The largest request body accepted unless [`HttpFront::with_body_limit`] says otherwise: 4 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
 
-/// What the HTTP front serves: the coordinator, the base model's served name, the text codec, and the body limit.
+/// What the HTTP front serves: the coordinator, the base model's served name, the text codec, the body limit, and
+/// routes of other fronts that share the listener (the Tinker API).
 #[derive(Clone)]
 pub struct HttpFront {
     coordinator: Coordinator,
     served_model_name: Arc<str>,
     codec: Arc<dyn TextCodec>,
     body_limit: usize,
+    extra_routes: Option<Router>,
 }
 
 impl HttpFront {
@@ -41,7 +43,25 @@ impl HttpFront {
     /// `codec` encodes text prompts and decodes generated tokens. The body limit is [`DEFAULT_BODY_LIMIT`].
     pub fn new(coordinator: Coordinator, served_model_name: impl Into<String>, codec: Arc<dyn TextCodec>) -> Self {
         let served_model_name: String = served_model_name.into();
-        Self { coordinator, served_model_name: served_model_name.into(), codec, body_limit: DEFAULT_BODY_LIMIT }
+        Self {
+            coordinator,
+            served_model_name: served_model_name.into(),
+            codec,
+            body_limit: DEFAULT_BODY_LIMIT,
+            extra_routes: None,
+        }
+    }
+
+    /// Serves `routes` on the same listener, beside this front's own (another API over the same coordinator, such as
+    /// the Tinker front). They must have their state applied, at least one route, and no fallback (unknown paths keep
+    /// this front's 404); their paths must not overlap this front's. They are counted in the request metrics like
+    /// every route, and are not behind the `/v1/completions` submission gate.
+    pub fn with_routes(mut self, routes: Router) -> Self {
+        self.extra_routes = Some(match self.extra_routes.take() {
+            Some(earlier) => earlier.merge(routes),
+            None => routes,
+        });
+        self
     }
 
     /// Sets the largest request body accepted, in bytes (larger ones get 413).
@@ -152,11 +172,16 @@ pub async fn serve_http(
     }
 }
 
-/// The routes. The gate sits on `/v1/completions` only: control, health, metrics and models answer while an
-/// adapter is paused.
+/// The routes, and those of [`HttpFront::with_routes`]. The gate sits on `/v1/completions` only: control, health,
+/// metrics and models answer while an adapter is paused.
 fn router(state: AppState) -> Router {
     let gated_completions = post(create_completion).layer(from_fn_with_state(state.clone(), submission_gate));
-    Router::new()
+    let extra_routes = state
+        .front()
+        .extra_routes
+        .clone()
+        .map(|routes| routes.route_layer(from_fn_with_state(state.clone(), track_requests)));
+    let own = Router::new()
         .route("/v1/completions", gated_completions)
         .route("/v1/models", get(list_models))
         .route("/v1/load_lora_adapter", post(load_lora_adapter))
@@ -168,7 +193,11 @@ fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route_layer(from_fn_with_state(state.clone(), track_requests))
         .fallback(|uri: Uri| async move { HttpError::NoSuchEndpoint(uri.path().to_owned()) })
-        .with_state(state)
+        .with_state(state);
+    match extra_routes {
+        Some(routes) => own.merge(routes),
+        None => own,
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use loragate_core::AdapterName;
 use loragate_engine::{DType, Device, EngineConfig};
+use loragate_tinker::{RetentionLimits, TinkerConfig};
 
 use crate::duration_arg::parse_duration;
 use crate::serve::{InitialAdapter, ModelSource, ServeConfig};
@@ -84,6 +85,18 @@ pub struct ServeArgs {
     /// Serve at most this many tokens of context (default: the model's own length).
     #[arg(long, value_name = "TOKENS")]
     pub max_context_length: Option<u32>,
+    /// Tinker API: the longest a sample waits for its paused adapter before its future fails (keep it below the
+    /// SDK's 120-minute stuck detection).
+    #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
+    pub tinker_max_pause_wait: Duration,
+    /// Tinker API: the most samples pending at once; past it `asample` answers 429 and the SDK resubmits after a
+    /// back-off.
+    #[arg(long, value_name = "N", default_value_t = RetentionLimits::default().max_pending)]
+    pub tinker_max_pending: usize,
+    /// Tinker API: how long a `retrieve_future` long-poll is held before answering `try_again` (below the SDK's
+    /// 45 s timeout).
+    #[arg(long, value_name = "DURATION", default_value = "25s", value_parser = parse_duration)]
+    pub tinker_poll_hold: Duration,
     /// Where the demo model is generated and cached (default: $LORAGATE_CACHE_DIR, $XDG_CACHE_HOME/loragate or
     /// ~/.cache/loragate).
     #[arg(long, value_name = "DIR")]
@@ -112,6 +125,12 @@ impl ServeArgs {
                 dtype: self.dtype,
                 max_batch_size: self.max_batch_size,
                 max_context_length: self.max_context_length,
+            },
+            tinker: TinkerConfig {
+                max_pause_wait: self.tinker_max_pause_wait,
+                poll_hold: self.tinker_poll_hold,
+                retention: RetentionLimits { max_pending: self.tinker_max_pending, ..RetentionLimits::default() },
+                ..TinkerConfig::default()
             },
         }
     }

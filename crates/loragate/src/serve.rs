@@ -8,7 +8,8 @@ use std::time::Duration;
 use futures::future::select_all;
 use loragate_core::{AdapterName, AdapterRoot, AdapterSource, Coordinator, CoordinatorConfig, CoreError};
 use loragate_engine::{CandleEngine, DEMO_MODEL_NAME, DemoError, EngineConfig, EngineLoadError, ensure_demo_files};
-use loragate_http::HttpFront;
+use loragate_http::{HttpFront, TextCodec};
+use loragate_tinker::{TinkerConfig, TinkerFront};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -59,6 +60,8 @@ pub struct ServeConfig {
     pub shutdown_grace: Duration,
     /// How the engine runs.
     pub engine: EngineConfig,
+    /// The Tinker API front's settings (its routes share the HTTP listener).
+    pub tinker: TinkerConfig,
 }
 
 impl ServeConfig {
@@ -75,6 +78,7 @@ impl ServeConfig {
             abort_ack_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(10),
             engine: EngineConfig::default(),
+            tinker: TinkerConfig::default(),
         }
     }
 }
@@ -112,6 +116,9 @@ pub enum ServeError {
     /// The coordinator's actors could not start.
     #[error("starting the coordinator: {0}")]
     Coordinator(#[from] ractor::SpawnErr),
+    /// The Tinker front's futures store could not start.
+    #[error("starting the Tinker front: {0}")]
+    Tinker(#[source] ractor::SpawnErr),
     /// A listener could not be bound.
     #[error("binding {address}: {source}")]
     Bind {
@@ -165,7 +172,7 @@ impl RunningServer {
 
         let engine_config = config.engine.clone();
         let engine = blocking(move || CandleEngine::load(&model_dir, engine_config)).await??;
-        let codec = Arc::new(TokenizerCodec::new(engine.tokenizer().cloned()));
+        let codec: Arc<dyn TextCodec> = Arc::new(TokenizerCodec::new(engine.tokenizer().cloned()));
         let adapter_root = match config.adapter_root.clone().or(default_root) {
             Some(path) => Some(AdapterRoot::new(&path).map_err(|source| ServeError::AdapterRoot { path, source })?),
             None => None,
@@ -194,7 +201,11 @@ impl RunningServer {
             draining.clone().cancelled_owned(),
             stop.clone().cancelled_owned(),
         ));
-        let http_front = HttpFront::new(coordinator.clone(), served_model_name.clone(), codec);
+        let tinker = TinkerFront::start(coordinator.clone(), served_model_name.clone(), codec.clone(), config.tinker)
+            .await
+            .map_err(ServeError::Tinker)?;
+        let http_front =
+            HttpFront::new(coordinator.clone(), served_model_name.clone(), codec).with_routes(tinker.routes());
         let http = tokio::spawn(loragate_http::serve_http(
             http_listener,
             http_front,

@@ -43,12 +43,23 @@ async fn serve(adapters: &[&str]) -> Harness {
 }
 
 async fn serve_engine(engine: ScriptedEngine, config: CoordinatorConfig, adapters: &[&str]) -> Harness {
+    serve_front(engine, config, adapters, |front| front).await
+}
+
+/// Like [`serve_engine`], with the front adjusted by `adjust` (e.g. extra routes).
+async fn serve_front(
+    engine: ScriptedEngine,
+    config: CoordinatorConfig,
+    adapters: &[&str],
+    adjust: impl FnOnce(HttpFront) -> HttpFront,
+) -> Harness {
     let coordinator = coordinator_with_adapters(engine, config, adapters).await;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address");
     let (stop, stopped) = oneshot::channel::<()>();
     let (drain, drained) = oneshot::channel::<()>();
-    let front = HttpFront::new(coordinator.clone(), SERVED_NAME, Arc::new(ByteCodec)).with_body_limit(BODY_LIMIT);
+    let front =
+        adjust(HttpFront::new(coordinator.clone(), SERVED_NAME, Arc::new(ByteCodec)).with_body_limit(BODY_LIMIT));
     let draining = async move {
         let _ = drained.await;
     };
