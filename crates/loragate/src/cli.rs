@@ -190,6 +190,29 @@ mod tests {
     }
 
     #[test]
+    fn tinker_flags_reach_the_tinker_front() {
+        let Cli { command: Command::Serve(defaults) } = Cli::parse_from(["loragate", "serve"]) else { panic!("serve") };
+        let defaults = defaults.into_config().tinker;
+        assert_eq!((defaults.max_pause_wait, defaults.poll_hold), (Duration::from_secs(1800), Duration::from_secs(25)));
+        let cli = Cli::try_parse_from([
+            "loragate",
+            "serve",
+            "--tinker-max-pause-wait",
+            "10m",
+            "--tinker-max-pending",
+            "7",
+            "--tinker-poll-hold",
+            "5s",
+        ])
+        .expect("parses");
+        let Command::Serve(args) = cli.command else { panic!("serve") };
+        let tinker = args.into_config().tinker;
+        assert_eq!(tinker.max_pause_wait, Duration::from_secs(600));
+        assert_eq!(tinker.retention.max_pending, 7);
+        assert_eq!(tinker.poll_hold, Duration::from_secs(5));
+    }
+
+    #[test]
     fn demo_model_takes_an_output_directory() {
         let cli = Cli::try_parse_from(["loragate", "demo-model", "--out", "/tmp/demo"]).expect("parses");
         assert!(matches!(cli.command, Command::DemoModel { out } if out == std::path::Path::new("/tmp/demo")));
