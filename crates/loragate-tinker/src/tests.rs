@@ -108,7 +108,7 @@ impl Harness {
         match content_type.as_deref() {
             Some("application/x-protobuf") => {
                 assert_eq!(status, 200);
-                Poll::Finished(SampleResponse::decode(bytes).expect("a SampleResponse"))
+                Poll::Finished(Box::new(SampleResponse::decode(bytes).expect("a SampleResponse")))
             }
             _ => Poll::Json(status, serde_json::from_slice(&bytes).expect("a JSON body")),
         }
@@ -130,14 +130,14 @@ impl Harness {
 
 #[derive(Debug)]
 enum Poll {
-    Finished(SampleResponse),
+    Finished(Box<SampleResponse>),
     Json(StatusCode, Value),
 }
 
 impl Poll {
     fn finished(self) -> SampleResponse {
         match self {
-            Self::Finished(response) => response,
+            Self::Finished(response) => *response,
             Self::Json(status, body) => panic!("expected a finished sample, got {status} {body}"),
         }
     }
@@ -283,7 +283,7 @@ async fn an_aborted_sample_fails_its_future_until_the_core_continues_it() {
     let report = h.coordinator.abort(&meow()).await.expect("abort");
     assert_eq!(
         report.aborted.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        [request_id.clone()],
+        std::slice::from_ref(&request_id),
         "aborts list it"
     );
     let (_, failed) = h.retrieve(&request_id).await.json();
