@@ -66,10 +66,10 @@ fn abort_1000_in_flight(c: &mut Criterion) {
                         }));
                     }
                     let started = Instant::now();
-                    let report = adapter.abort(Duration::from_secs(10)).await.expect("abort");
+                    let report = coordinator.abort(&name).await.expect("abort");
                     total += started.elapsed();
                     assert_eq!(report.aborted.len(), IN_FLIGHT);
-                    adapter.resume().await.expect("resume");
+                    adapter.resume(None).await.expect("resume");
                     for task in running {
                         task.await.expect("request task");
                     }
@@ -94,7 +94,7 @@ fn resume_10000_waiters(c: &mut Criterion) {
             runtime.block_on(async {
                 let mut total = Duration::ZERO;
                 for _ in 0..iterations {
-                    adapter.abort(Duration::from_secs(10)).await.expect("pause");
+                    coordinator.abort(&name).await.expect("pause");
                     let waiters: Vec<_> = (0..WAITERS)
                         .map(|_| {
                             let adapter = adapter.clone();
@@ -105,7 +105,7 @@ fn resume_10000_waiters(c: &mut Criterion) {
                         tokio::task::yield_now().await;
                     }
                     let started = Instant::now();
-                    adapter.resume().await.expect("resume");
+                    adapter.resume(None).await.expect("resume");
                     for waiter in futures::future::join_all(waiters).await {
                         assert!(!waiter.expect("waiter task").expect("answered"), "released as unpaused");
                     }

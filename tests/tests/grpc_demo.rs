@@ -8,11 +8,11 @@ use tonic::Code;
 use tonic::codec::Streaming;
 
 fn pause(lora: &str) -> pb::AbortLoraRequestsRequest {
-    pb::AbortLoraRequestsRequest { lora_name: lora.into() }
+    pb::AbortLoraRequestsRequest { lora_name: lora.into(), ..Default::default() }
 }
 
 fn resume(lora: &str) -> pb::ResumeLoraRequestsRequest {
-    pb::ResumeLoraRequestsRequest { lora_name: lora.into() }
+    pb::ResumeLoraRequestsRequest { lora_name: lora.into(), ..Default::default() }
 }
 
 /// A request that keeps generating until aborted (the demo adapters never emit EOS; `ignore_eos` makes sure).

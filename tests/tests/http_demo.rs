@@ -40,7 +40,7 @@ async fn text_completions_decode_through_the_models_tokenizer_for_every_model() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_from_grpc_holds_http_completions_and_a_resume_over_http_releases_grpc_samples() {
     let demo = DemoServer::start().await;
-    let pause = pb::AbortLoraRequestsRequest { lora_name: "meow".into() };
+    let pause = pb::AbortLoraRequestsRequest { lora_name: "meow".into(), ..Default::default() };
     demo.control().abort_lora_requests(pause).await.expect("pause over gRPC");
 
     let held_http = tokio::spawn({

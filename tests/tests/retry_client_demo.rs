@@ -39,7 +39,7 @@ async fn finished(task: JoinHandle<SampleResponse>) -> SampleResponse {
 
 /// Pauses `lora_name` and returns the sorted ids of the requests the pause aborted.
 async fn pause(demo: &DemoServer, lora_name: &str) -> Vec<String> {
-    let pause = pb::AbortLoraRequestsRequest { lora_name: lora_name.into() };
+    let pause = pb::AbortLoraRequestsRequest { lora_name: lora_name.into(), ..Default::default() };
     let report = demo.control().abort_lora_requests(pause).await.expect("pause").into_inner();
     assert!(report.unacknowledged_request_ids.is_empty(), "every abort was acknowledged: {report:?}");
     let mut aborted = report.aborted_request_ids;
@@ -48,7 +48,7 @@ async fn pause(demo: &DemoServer, lora_name: &str) -> Vec<String> {
 }
 
 async fn resume(demo: &DemoServer, lora_name: &str) {
-    let resume = pb::ResumeLoraRequestsRequest { lora_name: lora_name.into() };
+    let resume = pb::ResumeLoraRequestsRequest { lora_name: lora_name.into(), ..Default::default() };
     assert!(demo.control().resume_lora_requests(resume).await.expect("resume").into_inner().was_paused);
 }
 

@@ -94,6 +94,8 @@ impl LoraControl for Scripted {
             aborted_count: 2,
             aborted_request_ids: vec!["a".into(), "b".into()],
             unacknowledged_request_ids: vec![],
+            pause_id: "pause-1".into(),
+            kept_count: 0,
         }))
     }
 
@@ -102,7 +104,7 @@ impl LoraControl for Scripted {
         request: Request<pb::ResumeLoraRequestsRequest>,
     ) -> Result<Response<pb::ResumeLoraRequestsResponse>, Status> {
         lock(&self.0.control_calls).push(format!("resume {}", request.get_ref().lora_name));
-        Ok(Response::new(pb::ResumeLoraRequestsResponse { was_paused: true }))
+        Ok(Response::new(pb::ResumeLoraRequestsResponse { was_paused: true, still_paused: false }))
     }
 
     async fn wait_lora_unpaused(
@@ -133,6 +135,13 @@ impl LoraControl for Scripted {
             return Err(status);
         }
         Ok(Response::new(pb::LoadLoraAdapterResponse { version: 7 }))
+    }
+
+    async fn swap_lora_adapter(
+        &self,
+        _request: Request<pb::SwapLoraAdapterRequest>,
+    ) -> Result<Response<pb::SwapLoraAdapterResponse>, Status> {
+        Err(Status::unimplemented("not scripted"))
     }
 
     async fn unload_lora_adapter(

@@ -49,7 +49,7 @@ impl TrainerClient {
         let aborted = self
             .control
             .clone()
-            .abort_lora_requests(AbortLoraRequestsRequest { lora_name: lora_name.to_owned() })
+            .abort_lora_requests(AbortLoraRequestsRequest { lora_name: lora_name.to_owned(), ..Default::default() })
             .await
             .map_err(ClientError::Rejected)?
             .into_inner();
@@ -79,7 +79,9 @@ impl ReopenOnDrop {
     /// Reopens the adapter now and reports how that went.
     async fn reopen_now(mut self) -> Result<(), tonic::Status> {
         let Some(mut control) = self.control.take() else { return Ok(()) };
-        control.resume_lora_requests(ResumeLoraRequestsRequest { lora_name: self.lora_name.clone() }).await?;
+        control
+            .resume_lora_requests(ResumeLoraRequestsRequest { lora_name: self.lora_name.clone(), ..Default::default() })
+            .await?;
         Ok(())
     }
 }
@@ -95,7 +97,7 @@ impl Drop for ReopenOnDrop {
         runtime.spawn(async move {
             const ATTEMPTS: u32 = 5;
             for attempt in 1..=ATTEMPTS {
-                let request = ResumeLoraRequestsRequest { lora_name: lora_name.clone() };
+                let request = ResumeLoraRequestsRequest { lora_name: lora_name.clone(), ..Default::default() };
                 match control.resume_lora_requests(request).await {
                     Ok(_) => return,
                     Err(status) if attempt < ATTEMPTS => {

@@ -2,15 +2,18 @@
 //! this module builds an actor message.
 //!
 //! Data flow: `admit` asks the actor to register the request; if the gate is closed the caller waits on the gate's
-//! `watch` (counted as *held*) until it opens or the deadline passes, then asks again. `abort` asks the actor to
-//! close the gate and cancel every registered request, then waits outside the actor until each was handed back.
+//! `watch` (counted as *held*) until it opens or the deadline passes, then asks again. `pause` asks the actor to
+//! add a pause (closing the gate) and to cancel, keep or watch every registered request as its mode says, then
+//! waits outside the actor until each was handed back (or, in wait mode, finished).
 
 mod actor;
 mod cell;
 mod gate;
+mod pauses;
 mod registry;
 mod status;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,14 +21,16 @@ use ractor::RpcReplyPort;
 use ractor::rpc::CallResult;
 use tokio::time::Instant;
 
-use self::actor::AdmitReply;
-pub(crate) use self::actor::{AdapterActor, AdapterArgs, AdapterMsg};
+pub(crate) use self::actor::{AdapterActor, AdapterArgs, AdapterMsg, ReleaseTarget};
+use self::actor::{AdmitReply, PauseTicket};
 pub(crate) use self::cell::AdapterCell;
-use self::gate::{Counted, GateWait, wait_until_open};
+pub(crate) use self::gate::Counted;
 pub use self::gate::{GateState, Retirement};
+use self::gate::{GateWait, wait_until_open};
+pub use self::pauses::{MAX_LEASE, MAX_OWNER_LEN, PauseId, PauseInfo, PauseMode, PauseOwner, PauseRequest};
 pub(crate) use self::registry::PendingHandBacks;
-pub use self::registry::{AbortReport, Admission, Ending};
-pub use self::status::AdapterStatus;
+pub use self::registry::{AbortReport, Admission, Ending, StopCause};
+pub use self::status::{AdapterStatus, PauseReport, ResumeReport};
 use crate::error::{CoreError, Field};
 use crate::ids::{AdapterKey, RequestId};
 
@@ -41,6 +46,15 @@ pub fn parse_timeout_s(raw: f64) -> Result<Duration, CoreError> {
         return Err(CoreError::invalid(Field::TimeoutS, format!("must be finite and >= 0, got {raw}")));
     }
     Ok(Duration::from_secs_f64(raw.min(MAX_WAIT_TIMEOUT.as_secs_f64())))
+}
+
+/// Who waits at a closed gate in an admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Waiter {
+    /// A fresh sampling request, counted as held.
+    Held,
+    /// A request a pause kept, counted as kept by its driver.
+    Kept,
 }
 
 /// A typed handle on one adapter. Cheap to clone; stays valid across restarts of the adapter's actor.
@@ -73,10 +87,29 @@ impl AdapterHandle {
     /// Registers a request. While the gate is closed the caller is held (and counted as held) until it opens, the
     /// adapter is removed, or `hold_until` passes ([`CoreError::GateHoldExpired`]).
     pub async fn admit(&self, request_id: RequestId, hold_until: Instant) -> Result<Admission, CoreError> {
+        self.admit_as(Waiter::Held, request_id, hold_until).await
+    }
+
+    /// [`AdapterHandle::admit`] for a request the core kept across a pause (its driver counts it as kept meanwhile,
+    /// so it is not counted as held).
+    pub(crate) async fn readmit_kept(
+        &self,
+        request_id: RequestId,
+        hold_until: Instant,
+    ) -> Result<Admission, CoreError> {
+        self.admit_as(Waiter::Kept, request_id, hold_until).await
+    }
+
+    async fn admit_as(
+        &self,
+        waiter: Waiter,
+        request_id: RequestId,
+        hold_until: Instant,
+    ) -> Result<Admission, CoreError> {
         loop {
             match self.call(|reply| AdapterMsg::Admit { request_id: request_id.clone(), reply }).await? {
                 AdmitReply::Admitted(admission) => return Ok(admission),
-                AdmitReply::Paused => self.hold_while_paused(hold_until).await?,
+                AdmitReply::Paused => self.wait_while_paused(waiter, hold_until).await?,
                 AdmitReply::Retired(why) => return Err(self.retired_error(why)),
             }
         }
@@ -85,14 +118,20 @@ impl AdapterHandle {
     /// Holds the caller (counted as held) while the gate is closed: returns once it is open, or fails when the
     /// adapter is retired or `hold_until` passes. Returns at once on an open gate.
     pub async fn hold_while_paused(&self, hold_until: Instant) -> Result<(), CoreError> {
+        self.wait_while_paused(Waiter::Held, hold_until).await
+    }
+
+    async fn wait_while_paused(&self, waiter: Waiter, hold_until: Instant) -> Result<(), CoreError> {
         if !self.cell.gate_state().paused {
             return Ok(());
         }
         let started = Instant::now();
-        let _held = Counted::new(&self.cell.held);
+        let _held = (waiter == Waiter::Held).then(|| Counted::new(&self.cell.held));
         let outcome = wait_until_open(self.cell.subscribe_gate(), Some(hold_until)).await;
         let held_for = started.elapsed();
-        self.cell.metrics.record_gate_hold(&self.cell.labels, held_for, outcome == GateWait::TimedOut);
+        if waiter == Waiter::Held {
+            self.cell.metrics.record_gate_hold(&self.cell.labels, held_for, outcome == GateWait::TimedOut);
+        }
         match outcome {
             GateWait::Open => Ok(()),
             GateWait::TimedOut => Err(CoreError::GateHoldExpired { adapter: self.key().clone(), held_for }),
@@ -100,19 +139,75 @@ impl AdapterHandle {
         }
     }
 
-    /// Closes the gate first, then cancels every admitted request; returns once each was handed back, or when
-    /// `ack_timeout` passes (the stragglers are reported).
-    pub async fn abort(&self, ack_timeout: Duration) -> Result<AbortReport, CoreError> {
+    /// Adds `request`'s pause (renewing its owner's if it has one), which closes the gate first, then acts on every
+    /// admitted request as the mode says and waits outside the actor:
+    /// - abort: each is handed back with `FINISH_REASON_ABORT` (or kept, if it asked the core to continue it);
+    /// - keep: each is stopped in the engine and kept by the core;
+    /// - wait: each runs to its end; if some still run at `drain_until`, a pause this call created is withdrawn and
+    ///   the call fails with [`CoreError::DrainTimedOut`] (also withdrawn if the caller goes away meanwhile).
+    ///
+    /// Abort and keep return when every request was handed back or kept, or when `ack_timeout` passes (the
+    /// stragglers are reported).
+    pub async fn pause(
+        &self,
+        request: PauseRequest,
+        ack_timeout: Duration,
+        drain_until: Instant,
+    ) -> Result<PauseReport, CoreError> {
         let started = Instant::now();
-        let pending = self.call(|reply| AdapterMsg::Abort { reply }).await?;
-        let report = pending.wait(ack_timeout).await;
-        self.cell.metrics.record_abort(&self.cell.labels, report.aborted.len(), started.elapsed());
-        Ok(report)
+        let mode = request.mode;
+        let PauseTicket { pause_id, created, pending } =
+            self.call(|reply| AdapterMsg::Pause { request: request.clone(), reply }).await?;
+        let report = match mode {
+            PauseMode::Abort | PauseMode::Keep => {
+                let report = pending.wait(ack_timeout).await;
+                let labels = &self.cell.labels;
+                self.cell.metrics.record_abort(labels, report.aborted.len(), report.kept.len(), started.elapsed());
+                report
+            }
+            PauseMode::Wait => {
+                let withdraw_unless_drained = created.then(|| PauseRelease::new(self.clone(), pause_id.clone()));
+                let report = pending.wait(drain_until.saturating_duration_since(Instant::now())).await;
+                if !report.unacknowledged.is_empty() {
+                    if let Some(withdraw) = withdraw_unless_drained {
+                        withdraw.release().await?;
+                    }
+                    return Err(CoreError::DrainTimedOut {
+                        adapter: self.key().clone(),
+                        still_running: report.unacknowledged.len(),
+                        waited: started.elapsed(),
+                    });
+                }
+                if let Some(drained) = withdraw_unless_drained {
+                    drained.keep_paused();
+                }
+                report
+            }
+        };
+        let AbortReport { aborted, kept, unacknowledged } = report;
+        Ok(PauseReport { pause_id, mode, aborted, kept, unacknowledged })
     }
 
-    /// Opens the gate, releasing every held submission and waiter at once. Returns whether it was closed.
-    pub async fn resume(&self) -> Result<bool, CoreError> {
-        self.call(|reply| AdapterMsg::Resume { reply }).await
+    /// Releases the pause `pause_id`, or every pause for `None`, reopening the gate (releasing every held
+    /// submission, waiter and kept request at once) when none is left.
+    pub async fn resume(&self, pause_id: Option<PauseId>) -> Result<ResumeReport, CoreError> {
+        let target = pause_id.map_or(ReleaseTarget::All, ReleaseTarget::Pause);
+        self.release(target).await
+    }
+
+    pub(crate) async fn release(&self, target: ReleaseTarget) -> Result<ResumeReport, CoreError> {
+        self.call(|reply| AdapterMsg::Release { target: target.clone(), reply }).await
+    }
+
+    /// Aborts, without pausing, the admitted requests whose id is in `ids` (every admitted request for `None`);
+    /// returns when each was handed back, or when `ack_timeout` passes.
+    pub(crate) async fn abort_requests(
+        &self,
+        ids: Option<Arc<HashSet<RequestId>>>,
+        ack_timeout: Duration,
+    ) -> Result<AbortReport, CoreError> {
+        let pending = self.call(|reply| AdapterMsg::AbortRequests { ids: ids.clone(), reply }).await?;
+        Ok(pending.wait(ack_timeout).await)
     }
 
     /// Long-poll: `Ok(false)` as soon as the gate is open (at once if it is), `Ok(true)` if it is still closed after
@@ -171,6 +266,40 @@ impl AdapterHandle {
         match why {
             Retirement::Unloaded => CoreError::UnknownAdapter(self.key().clone()),
             Retirement::ShuttingDown => CoreError::ShuttingDown,
+        }
+    }
+}
+
+/// A pause to release unless told otherwise: dropping it (the pausing call failed or its caller went away) releases
+/// the pause on a spawned task, so a pause made for an operation never outlives the operation by accident.
+pub(crate) struct PauseRelease {
+    adapter: AdapterHandle,
+    pause_id: PauseId,
+    armed: bool,
+}
+
+impl PauseRelease {
+    pub(crate) fn new(adapter: AdapterHandle, pause_id: PauseId) -> Self {
+        Self { adapter, pause_id, armed: true }
+    }
+
+    /// Releases the pause now.
+    pub(crate) async fn release(mut self) -> Result<ResumeReport, CoreError> {
+        self.armed = false;
+        self.adapter.release(ReleaseTarget::Pause(self.pause_id.clone())).await
+    }
+
+    /// Leaves the pause in place.
+    pub(crate) fn keep_paused(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for PauseRelease {
+    fn drop(&mut self) {
+        if self.armed {
+            let (adapter, target) = (self.adapter.clone(), ReleaseTarget::Pause(self.pause_id.clone()));
+            tokio::spawn(async move { adapter.release(target).await });
         }
     }
 }

@@ -2,6 +2,7 @@
 //! finds the adapter, admits through its gate, starts the engine, and routes control operations to the adapter's
 //! actor or the manager.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -14,14 +15,18 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::adapter::{AbortReport, AdapterHandle, AdapterStatus, Ending, Retirement};
+use crate::adapter::{
+    AbortReport, AdapterHandle, AdapterStatus, Ending, PauseId, PauseMode, PauseOwner, PauseRelease, PauseReport,
+    PauseRequest, ReleaseTarget, ResumeReport, Retirement,
+};
 use crate::adapter_source::{AdapterRoot, AdapterSource};
 use crate::engine::{Engine, ModelInfo};
 use crate::error::CoreError;
-use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
+use crate::gate_deadline::GateDeadline;
+use crate::ids::{AdapterKey, AdapterName, AdapterVersion, RequestId};
 use crate::manager::{AdapterManager, AdapterMap, ManagerArgs, ManagerMsg};
 use crate::metrics::CoreMetrics;
-use crate::sample_stream::SampleStream;
+use crate::sample_stream::{Driver, SampleStream};
 use crate::sampling::{RawSampleRequest, SampleRequest};
 
 /// Tunables of the coordinator.
@@ -31,13 +36,20 @@ pub struct CoordinatorConfig {
     pub max_gate_hold: Duration,
     /// How long an abort waits for its requests to be handed back before reporting the stragglers.
     pub abort_ack_timeout: Duration,
+    /// The longest a wait-mode pause waits for running requests to finish when its caller gave no deadline.
+    pub max_pause_drain: Duration,
     /// The only directory `LoadLoraAdapter` may read from; `None` refuses every load by path.
     pub adapter_root: Option<AdapterRoot>,
 }
 
 impl Default for CoordinatorConfig {
     fn default() -> Self {
-        Self { max_gate_hold: Duration::from_secs(120), abort_ack_timeout: Duration::from_secs(10), adapter_root: None }
+        Self {
+            max_gate_hold: Duration::from_secs(120),
+            abort_ack_timeout: Duration::from_secs(10),
+            max_pause_drain: Duration::from_secs(600),
+            adapter_root: None,
+        }
     }
 }
 
@@ -113,26 +125,24 @@ impl Coordinator {
         self.adapter(&AdapterKey::Lora(name.clone()))
     }
 
-    /// When a request arriving now must stop waiting at a gate: its client's deadline, capped by the server's
-    /// maximum hold.
-    pub fn gate_deadline(&self, client_deadline: Option<Instant>) -> Instant {
-        let server_limit = Instant::now() + self.inner.config.max_gate_hold;
-        client_deadline.map_or(server_limit, |client| client.min(server_limit))
+    /// The waiting limits of a request arriving now: its client's deadline, and the server's maximum hold per wait.
+    pub fn gate_deadline(&self, client_deadline: Option<Instant>) -> GateDeadline {
+        GateDeadline::new(client_deadline, self.inner.config.max_gate_hold)
     }
 
-    /// Samples: waits at the adapter's gate (until `hold_until` at most), registers the request, starts the engine.
-    pub async fn sample(&self, request: SampleRequest, hold_until: Instant) -> Result<SampleStream, CoreError> {
+    /// Samples: waits at the adapter's gate (see [`GateDeadline`]), registers the request, starts the engine, and
+    /// hands the request to its driver, which continues the sequences a keep-mode pause stops.
+    pub async fn sample(&self, request: SampleRequest, deadline: GateDeadline) -> Result<SampleStream, CoreError> {
         if self.inner.shutting_down.is_cancelled() {
             return Err(CoreError::ShuttingDown);
         }
         let live = LiveRequests::enter(&self.inner.live);
         let adapter = self.adapter(request.adapter())?;
-        let admission = adapter.admit(request.id().clone(), hold_until).await?;
-        let num_samples = request.num_samples();
-        match self.inner.engine.generate(request, admission.cancel_token().clone()).await {
+        let admission = adapter.admit(request.id().clone(), deadline.hold_until()).await?;
+        match self.inner.engine.generate(request.clone(), admission.cancel_token().clone()).await {
             Ok(events) => {
-                let metrics = (adapter.cell().metrics.clone(), adapter.cell().labels.clone());
-                Ok(SampleStream::new(num_samples, events, admission, live, metrics))
+                let driver = Driver::new(self.inner.engine.clone(), adapter, request, deadline, live);
+                Ok(SampleStream::spawn(driver, admission, events))
             }
             Err(err) => {
                 admission.hand_back(Ending::Failed);
@@ -141,19 +151,148 @@ impl Coordinator {
         }
     }
 
-    /// Pauses `name` and aborts its admitted requests; see [`AdapterHandle::abort`].
-    pub async fn abort(&self, name: &AdapterName) -> Result<AbortReport, CoreError> {
-        self.lora(name)?.abort(self.inner.config.abort_ack_timeout).await
+    /// Pauses `name` (see [`AdapterHandle::pause`]). A wait-mode pause waits until the caller's `client_deadline`,
+    /// at most [`CoordinatorConfig::max_pause_drain`].
+    pub async fn pause(
+        &self,
+        name: &AdapterName,
+        request: PauseRequest,
+        client_deadline: Option<Instant>,
+    ) -> Result<PauseReport, CoreError> {
+        self.lora(name)?.pause(request, self.inner.config.abort_ack_timeout, self.drain_until(client_deadline)).await
     }
 
-    /// Reopens `name`; returns whether it was paused.
-    pub async fn resume(&self, name: &AdapterName) -> Result<bool, CoreError> {
-        self.lora(name)?.resume().await
+    /// Pauses `name` in abort mode, anonymously: `AbortLoraRequests` as it was before pause modes.
+    pub async fn abort(&self, name: &AdapterName) -> Result<PauseReport, CoreError> {
+        self.pause(name, PauseRequest::new(PauseMode::Abort), None).await
+    }
+
+    /// Releases the pause `pause_id` of `name`, or every pause of it for `None`.
+    pub async fn resume(&self, name: &AdapterName, pause_id: Option<PauseId>) -> Result<ResumeReport, CoreError> {
+        self.lora(name)?.resume(pause_id).await
     }
 
     /// Long-polls until `name` is open; returns whether it is still paused after `timeout`.
     pub async fn wait_unpaused(&self, name: &AdapterName, timeout: Duration) -> Result<bool, CoreError> {
         self.lora(name)?.wait_unpaused(timeout).await
+    }
+
+    /// The global pause of vLLM's `/pause` and SGLang's `/pause_generation`: pauses every adapter and the base
+    /// model in `mode` under the global owner (adapters loaded meanwhile start paused). Other pauses are
+    /// untouched. A wait-mode global pause whose drain times out is withdrawn everywhere.
+    pub async fn pause_all(&self, mode: PauseMode, client_deadline: Option<Instant>) -> Result<AbortReport, CoreError> {
+        let request = PauseRequest { mode, owner: PauseOwner::Global, lease: None };
+        let adapters = self.set_global_pause(Some(request.clone())).await?;
+        let (ack_timeout, drain_until) = (self.inner.config.abort_ack_timeout, self.drain_until(client_deadline));
+        let reports = join_all(adapters.iter().map(|adapter| adapter.pause(request.clone(), ack_timeout, drain_until)));
+        let mut total = AbortReport::default();
+        let mut failure = None;
+        for report in reports.await {
+            match report {
+                Ok(report) => {
+                    total.aborted.extend(report.aborted);
+                    total.kept.extend(report.kept);
+                    total.unacknowledged.extend(report.unacknowledged);
+                }
+                // An adapter unloaded meanwhile needs no pause.
+                Err(CoreError::UnknownAdapter(_)) => {}
+                Err(err) => failure = failure.or(Some(err)),
+            }
+        }
+        if let Some(err) = failure {
+            if mode == PauseMode::Wait {
+                self.resume_all().await?;
+            }
+            return Err(err);
+        }
+        Ok(total)
+    }
+
+    /// Releases the global pause everywhere; returns whether it was set. Adapters other pauses hold stay paused.
+    pub async fn resume_all(&self) -> Result<bool, CoreError> {
+        let was_paused = self.is_paused_globally().await?;
+        let adapters = self.set_global_pause(None).await?;
+        join_all(adapters.iter().map(|adapter| adapter.release(ReleaseTarget::Owner(PauseOwner::Global)))).await;
+        Ok(was_paused)
+    }
+
+    /// Whether the global pause is set.
+    pub async fn is_paused_globally(&self) -> Result<bool, CoreError> {
+        match self.inner.manager.call(|reply| ManagerMsg::IsGloballyPaused { reply }, None).await {
+            Ok(CallResult::Success(paused)) => Ok(paused),
+            _ => Err(CoreError::ShuttingDown),
+        }
+    }
+
+    async fn set_global_pause(&self, pause: Option<PauseRequest>) -> Result<Vec<AdapterHandle>, CoreError> {
+        match self.inner.manager.call(|reply| ManagerMsg::SetGlobalPause { pause, reply }, None).await {
+            Ok(CallResult::Success(adapters)) => Ok(adapters),
+            _ => Err(CoreError::ShuttingDown),
+        }
+    }
+
+    /// Aborts the admitted requests with these ids, whatever their adapter, without pausing anything (SGLang's
+    /// `/abort_request`); returns when each was handed back. Requests a pause keeps are not reached.
+    pub async fn abort_requests(&self, ids: &[RequestId]) -> AbortReport {
+        let ids: Arc<HashSet<RequestId>> = Arc::new(ids.iter().cloned().collect());
+        self.abort_each(Some(ids)).await
+    }
+
+    /// Aborts every admitted request of every adapter without pausing anything (SGLang's `abort_all`).
+    pub async fn abort_all_requests(&self) -> AbortReport {
+        self.abort_each(None).await
+    }
+
+    async fn abort_each(&self, ids: Option<Arc<HashSet<RequestId>>>) -> AbortReport {
+        let handles: Vec<AdapterHandle> = self.inner.published.iter().map(|entry| entry.value().clone()).collect();
+        let ack_timeout = self.inner.config.abort_ack_timeout;
+        let reports = join_all(handles.iter().map(|handle| handle.abort_requests(ids.clone(), ack_timeout))).await;
+        let mut total = AbortReport::default();
+        for report in reports.into_iter().flatten() {
+            total.aborted.extend(report.aborted);
+            total.kept.extend(report.kept);
+            total.unacknowledged.extend(report.unacknowledged);
+        }
+        total
+    }
+
+    /// The atomic swap: pauses `name` in `mode` under a pause of its own, loads `source`, and releases that pause
+    /// (the adapter reopens unless another pause holds it). Kept requests continue on the new weights. If the load
+    /// fails, the old version keeps serving, the adapter is reopened just the same, kept requests continue on the
+    /// old weights, and the error says so. A name not loaded yet is simply loaded.
+    pub async fn swap_adapter(
+        &self,
+        name: &AdapterName,
+        source: AdapterSource,
+        mode: PauseMode,
+        client_deadline: Option<Instant>,
+    ) -> Result<SwapReport, CoreError> {
+        let adapter = match self.lora(name) {
+            Ok(adapter) => adapter,
+            Err(CoreError::UnknownAdapter(_)) => {
+                let version = self.load_adapter(name, source).await?;
+                return Ok(SwapReport { version, aborted: 0, kept: 0 });
+            }
+            Err(err) => return Err(err),
+        };
+        let request = PauseRequest { mode, owner: PauseOwner::new_swap(), lease: None };
+        let pause = self.pause(name, request, client_deadline).await?;
+        let reopen = PauseRelease::new(adapter.clone(), pause.pause_id.clone());
+        let loaded = self.load_adapter(name, source).await;
+        reopen.release().await?;
+        match loaded {
+            Ok(version) => Ok(SwapReport { version, aborted: pause.aborted.len(), kept: pause.kept.len() }),
+            Err(err) => Err(CoreError::SwapFailed {
+                adapter: name.clone(),
+                serving: adapter.gate().version,
+                source: Box::new(err),
+            }),
+        }
+    }
+
+    fn drain_until(&self, client_deadline: Option<Instant>) -> Instant {
+        let server_limit = Instant::now() + self.inner.config.max_pause_drain;
+        client_deadline.map_or(server_limit, |client| client.min(server_limit))
     }
 
     /// Resolves a requested adapter path against the adapter root.
@@ -236,6 +375,17 @@ impl Coordinator {
         .await;
         let _ = self.inner.manager.stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(5))).await;
     }
+}
+
+/// What a swap did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwapReport {
+    /// The adapter's version after the swap.
+    pub version: AdapterVersion,
+    /// Requests the swap's pause handed back aborted.
+    pub aborted: usize,
+    /// Requests the swap's pause kept (they continue on the new weights).
+    pub kept: usize,
 }
 
 /// Counts sampling requests between arrival and their stream's end, so shutdown can wait for them.

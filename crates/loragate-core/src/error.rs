@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::engine::EngineError;
-use crate::ids::AdapterKey;
+use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
 
 /// A request field that failed validation. Its [`Display`](fmt::Display) is the field's path in the gRPC contract
 /// (`sampling_params.max_tokens`); fronts with other wire names (OpenAI's `max_tokens`, `prompt`) rename it where
@@ -34,6 +34,14 @@ pub enum Field {
     TimeoutS,
     /// `path` of an adapter to load.
     Path,
+    /// `mode` of a pause.
+    Mode,
+    /// `owner` of a pause.
+    Owner,
+    /// `lease_s` of a pause.
+    LeaseS,
+    /// `pause_id` of a resume.
+    PauseId,
 }
 
 impl Field {
@@ -51,6 +59,10 @@ impl Field {
             Self::NumSamples => "num_samples",
             Self::TimeoutS => "timeout_s",
             Self::Path => "path",
+            Self::Mode => "mode",
+            Self::Owner => "owner",
+            Self::LeaseS => "lease_s",
+            Self::PauseId => "pause_id",
         }
     }
 }
@@ -84,6 +96,31 @@ pub enum CoreError {
         /// How long the request was held.
         held_for: Duration,
     },
+    /// A pause in wait mode closed the gate, but requests were still running when the caller's deadline (or the
+    /// server's longest drain) came; the pause was withdrawn, so nothing stays paused because of the failed call.
+    #[error(
+        "{adapter} still had {still_running} request(s) running after {waited:?}; the wait-mode pause was withdrawn"
+    )]
+    DrainTimedOut {
+        /// The adapter being drained.
+        adapter: AdapterKey,
+        /// Requests still running at the deadline.
+        still_running: usize,
+        /// How long the pause waited.
+        waited: Duration,
+    },
+    /// The load of a swap failed: the adapter still serves its previous version, it was reopened (unless another
+    /// pause holds it) and the requests the swap kept continue on the previous weights.
+    #[error("swapping {adapter} failed, it keeps serving {serving} and its kept requests continue on it: {source}")]
+    SwapFailed {
+        /// The adapter.
+        adapter: AdapterName,
+        /// The version it keeps serving.
+        serving: AdapterVersion,
+        /// Why the load failed.
+        #[source]
+        source: Box<CoreError>,
+    },
     /// The adapter's actor did not answer (it is restarting or the coordinator is stopping); retrying may succeed.
     #[error("{0} is not answering right now (its actor is restarting or the server is stopping)")]
     AdapterUnavailable(AdapterKey),
@@ -107,6 +144,8 @@ impl CoreError {
             Self::InvalidArgument { .. } => "invalid_argument",
             Self::UnknownAdapter(_) => "unknown_adapter",
             Self::GateHoldExpired { .. } => "gate_hold_expired",
+            Self::DrainTimedOut { .. } => "drain_timed_out",
+            Self::SwapFailed { source, .. } => source.kind(),
             Self::AdapterUnavailable(_) => "adapter_unavailable",
             Self::ShuttingDown => "shutting_down",
             Self::Engine(engine) => engine.kind(),

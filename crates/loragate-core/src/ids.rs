@@ -165,6 +165,12 @@ impl RequestId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The engine-side id of attempt `attempt` at continuing sequence `sequence` of this request (engines and
+    /// workers need an id per engine request to abort it).
+    pub(crate) fn continuation(&self, sequence: u32, attempt: u32) -> Self {
+        Self(format!("{}~{sequence}.{attempt}", self.0).into())
+    }
 }
 
 impl fmt::Display for RequestId {

@@ -1,7 +1,8 @@
 //! The loragate coordinator: swap a LoRA adapter's weights while rollouts keep sampling, safely and per adapter.
 //!
 //! Every adapter (and the base model) is a [ractor] actor that owns
-//! - a **pause gate**: while it is closed nothing of that adapter is admitted; held submissions and
+//! - a **pause gate**: closed while any pause holds it (pauses have owners, modes — abort, wait, keep — and
+//!   optional leases); while it is closed nothing of that adapter is admitted; held submissions and
 //!   `WaitLoraUnpaused` callers wait on a `watch` receiver outside the actor, each with its own deadline;
 //! - an **in-flight registry**: every admitted request with the `CancellationToken` that aborts it, entered through
 //!   an RAII [`Admission`] guard, so completion, abort, client disconnect and panic all leave the same way;
@@ -16,17 +17,20 @@
 //!
 //! ```no_run
 //! # async fn demo(engine: std::sync::Arc<dyn loragate_core::Engine>) -> Result<(), Box<dyn std::error::Error>> {
-//! use loragate_core::{AdapterName, Coordinator, CoordinatorConfig, RawSampleRequest};
+//! use loragate_core::{AdapterName, Coordinator, CoordinatorConfig, PauseMode, RawSampleRequest};
 //!
 //! let coordinator = Coordinator::start(engine, CoordinatorConfig::default()).await?;
 //! let meow = AdapterName::parse("meow")?;
 //!
-//! // A trainer's swap: pause and abort (returns once every aborted request was handed back), load, reopen.
-//! let report = coordinator.abort(&meow).await?;
+//! // A trainer's swap: pause in keep mode (running requests stop and are kept by the core), load the new weights,
+//! // reopen: each kept request continues on them, and its tokens say which version produced them.
 //! # let new_weights = loragate_core::AdapterSource::trusted("/adapters/meow-step-2");
-//! let version = coordinator.load_adapter(&meow, new_weights).await?;
-//! coordinator.resume(&meow).await?;
-//! println!("aborted {} requests, now serving {version}", report.aborted.len());
+//! let swap = coordinator.swap_adapter(&meow, new_weights, PauseMode::Keep, None).await?;
+//! println!("kept {} requests across the swap to {}", swap.kept, swap.version);
+//!
+//! // The same by hand, in abort mode: aborted requests are handed back with their partial tokens.
+//! let pause = coordinator.abort(&meow).await?;
+//! coordinator.resume(&meow, Some(pause.pause_id)).await?;
 //!
 //! // A rollout's sample.
 //! let raw = RawSampleRequest { lora_name: "meow".into(), prompt_token_ids: vec![72, 105], ..Default::default() };
@@ -42,6 +46,7 @@ mod adapter_source;
 mod coordinator;
 mod engine;
 mod error;
+mod gate_deadline;
 mod ids;
 mod manager;
 mod metrics;
@@ -52,13 +57,15 @@ mod sampling;
 pub mod testing;
 
 pub use adapter::{
-    AbortReport, AdapterHandle, AdapterStatus, Admission, Ending, GateState, MAX_WAIT_TIMEOUT, Retirement,
-    parse_timeout_s,
+    AbortReport, AdapterHandle, AdapterStatus, Admission, Ending, GateState, MAX_LEASE, MAX_OWNER_LEN,
+    MAX_WAIT_TIMEOUT, PauseId, PauseInfo, PauseMode, PauseOwner, PauseReport, PauseRequest, ResumeReport, Retirement,
+    StopCause, parse_timeout_s,
 };
 pub use adapter_source::{AdapterRoot, AdapterSource};
-pub use coordinator::{Coordinator, CoordinatorConfig};
+pub use coordinator::{Coordinator, CoordinatorConfig, SwapReport};
 pub use engine::{Engine, EngineError, EngineEvent, EngineStream, ModelInfo};
 pub use error::{CoreError, Field};
+pub use gate_deadline::GateDeadline;
 pub use ids::{AdapterKey, AdapterName, AdapterVersion, MAX_ADAPTER_NAME_LEN, MAX_REQUEST_ID_LEN, RequestId};
 pub use metrics::{AdapterLabels, AdapterVersionLabels, CoreMetrics};
 pub use output::{FinishReason, SampleOutput, Segment, SegmentsBuilder, SequenceOutput};

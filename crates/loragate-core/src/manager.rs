@@ -8,7 +8,9 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use crate::adapter::{AdapterActor, AdapterArgs, AdapterCell, AdapterHandle, AdapterMsg, PendingHandBacks, Retirement};
+use crate::adapter::{
+    AdapterActor, AdapterArgs, AdapterCell, AdapterHandle, AdapterMsg, PauseRequest, PendingHandBacks, Retirement,
+};
 use crate::adapter_source::AdapterSource;
 use crate::engine::Engine;
 use crate::error::CoreError;
@@ -32,6 +34,12 @@ pub(crate) enum ManagerMsg {
     /// Unpublishes `name`, marks it removed and cancels its admitted requests; the actor stops once it has
     /// answered. The reply says what to wait on.
     Unload { name: AdapterName, reply: RpcReplyPort<Result<PendingHandBacks, CoreError>> },
+    /// Sets (or clears, for `None`) the global pause that every adapter created from now on starts with, and
+    /// answers with every adapter that exists now (published or still loading, and the base model), for the caller
+    /// to pause or release. Done in the manager so no adapter escapes between the two.
+    SetGlobalPause { pause: Option<PauseRequest>, reply: RpcReplyPort<Vec<AdapterHandle>> },
+    /// Whether a global pause is set.
+    IsGloballyPaused { reply: RpcReplyPort<bool> },
 }
 
 /// The manager's behaviour.
@@ -61,6 +69,8 @@ pub(crate) struct ManagerState {
     keys_by_actor: HashMap<ActorId, AdapterKey>,
     /// The last version of every name ever unloaded, so a reload continues its count.
     retired_versions: HashMap<AdapterName, AdapterVersion>,
+    /// The global pause, which every new adapter starts with while it is set.
+    global_pause: Option<PauseRequest>,
 }
 
 impl Actor for AdapterManager {
@@ -80,6 +90,7 @@ impl Actor for AdapterManager {
             supervised: HashMap::new(),
             keys_by_actor: HashMap::new(),
             retired_versions: HashMap::new(),
+            global_pause: None,
         };
         // The base model goes through the same gate and registry as any adapter.
         state.spawn(&myself, AdapterKey::Base, AdapterVersion::BASE).await?;
@@ -125,6 +136,14 @@ impl Actor for AdapterManager {
                     }
                 }
                 let _ = reply.send(result);
+            }
+            ManagerMsg::SetGlobalPause { pause, reply } => {
+                state.global_pause = pause;
+                let _ = reply
+                    .send(state.supervised.values().map(|adapter| AdapterHandle::new(adapter.cell.clone())).collect());
+            }
+            ManagerMsg::IsGloballyPaused { reply } => {
+                let _ = reply.send(state.global_pause.is_some());
             }
             ManagerMsg::Unload { name, reply } => {
                 let key = AdapterKey::Lora(name.clone());
@@ -193,6 +212,10 @@ impl ManagerState {
         last_version: AdapterVersion,
     ) -> Result<(), ActorProcessingErr> {
         let cell = Arc::new(AdapterCell::new(key.clone(), last_version, self.metrics.clone()));
+        if let Some(global) = &self.global_pause {
+            // No request can have reached the new adapter yet: the pause only closes its gate.
+            cell.pause(global);
+        }
         let actor = self.start_incarnation(manager, &cell).await?;
         self.supervised.insert(key, Supervised { cell, actor, published: false, loads_outstanding: 0 });
         Ok(())

@@ -49,6 +49,8 @@ pub struct CoreMetrics {
     pauses: Family<AdapterLabels, Counter>,
     pause_duration: HistogramFamily,
     aborted_requests: Family<AdapterLabels, Counter>,
+    kept_requests: Family<AdapterLabels, Counter>,
+    lease_expiries: Family<AdapterLabels, Counter>,
     abort_acknowledgement: HistogramFamily,
     gate_hold: HistogramFamily,
     gate_hold_expired: Family<AdapterLabels, Counter>,
@@ -57,6 +59,7 @@ pub struct CoreMetrics {
     in_flight: Family<AdapterLabels, Gauge>,
     held: Family<AdapterLabels, Gauge>,
     waiting: Family<AdapterLabels, Gauge>,
+    kept: Family<AdapterLabels, Gauge>,
     version: Family<AdapterLabels, Gauge>,
 }
 
@@ -67,6 +70,8 @@ impl Default for CoreMetrics {
             pauses: Family::default(),
             pause_duration: histograms(),
             aborted_requests: Family::default(),
+            kept_requests: Family::default(),
+            lease_expiries: Family::default(),
             abort_acknowledgement: histograms(),
             gate_hold: histograms(),
             gate_hold_expired: Family::default(),
@@ -75,6 +80,7 @@ impl Default for CoreMetrics {
             in_flight: Family::default(),
             held: Family::default(),
             waiting: Family::default(),
+            kept: Family::default(),
             version: Family::default(),
         }
     }
@@ -83,7 +89,7 @@ impl Default for CoreMetrics {
 impl CoreMetrics {
     /// Registers every metric in `registry` (give it the `loragate` prefix).
     pub fn register(&self, registry: &mut Registry) {
-        registry.register("pauses", "Times the adapter's gate was closed by an abort", self.pauses.clone());
+        registry.register("pauses", "Times the adapter's gate was closed by a pause", self.pauses.clone());
         registry.register_with_unit(
             "pause_duration",
             "How long the adapter's gate stayed closed, observed when it reopens",
@@ -94,6 +100,16 @@ impl CoreMetrics {
             "aborted_requests",
             "Requests handed back with FINISH_REASON_ABORT by an abort",
             self.aborted_requests.clone(),
+        );
+        registry.register(
+            "kept_requests",
+            "Requests stopped in the engine by a keep-mode pause, to be continued by the core",
+            self.kept_requests.clone(),
+        );
+        registry.register(
+            "pause_lease_expiries",
+            "Pauses that ended because their lease ran out (no resume came)",
+            self.lease_expiries.clone(),
         );
         registry.register_with_unit(
             "abort_acknowledgement",
@@ -121,12 +137,13 @@ impl CoreMetrics {
         registry.register("in_flight", "Admitted requests, queued or running", self.in_flight.clone());
         registry.register("held", "Sampling requests held at the adapter's gate", self.held.clone());
         registry.register("waiting", "WaitLoraUnpaused callers", self.waiting.clone());
+        registry.register("kept", "Requests kept by a pause, waiting to continue", self.kept.clone());
         registry.register("version", "The adapter's current weights version", self.version.clone());
     }
 
     /// Sets the state gauges from a snapshot of every adapter (adapters no longer listed disappear).
     pub fn set_adapter_gauges(&self, statuses: &[AdapterStatus]) {
-        for gauges in [&self.paused, &self.in_flight, &self.held, &self.waiting, &self.version] {
+        for gauges in [&self.paused, &self.in_flight, &self.held, &self.waiting, &self.kept, &self.version] {
             gauges.clear();
         }
         for status in statuses {
@@ -135,6 +152,7 @@ impl CoreMetrics {
             self.in_flight.get_or_create(&labels).set(i64::from(status.in_flight));
             self.held.get_or_create(&labels).set(i64::from(status.held));
             self.waiting.get_or_create(&labels).set(i64::from(status.waiting));
+            self.kept.get_or_create(&labels).set(i64::from(status.kept));
             self.version.get_or_create(&labels).set(i64::try_from(status.version.0).unwrap_or(i64::MAX));
         }
     }
@@ -153,9 +171,21 @@ impl CoreMetrics {
         self.pause_duration.get_or_create(labels).observe(paused_for.as_secs_f64());
     }
 
-    pub(crate) fn record_abort(&self, labels: &AdapterLabels, aborted: usize, acknowledged_in: std::time::Duration) {
+    /// Records a pause's hand-backs: `aborted` handed back aborted, `kept` kept, all within `acknowledged_in`.
+    pub(crate) fn record_abort(
+        &self,
+        labels: &AdapterLabels,
+        aborted: usize,
+        kept: usize,
+        acknowledged_in: std::time::Duration,
+    ) {
         self.aborted_requests.get_or_create(labels).inc_by(aborted as u64);
+        self.kept_requests.get_or_create(labels).inc_by(kept as u64);
         self.abort_acknowledgement.get_or_create(labels).observe(acknowledged_in.as_secs_f64());
+    }
+
+    pub(crate) fn record_lease_expiry(&self, labels: &AdapterLabels) {
+        self.lease_expiries.get_or_create(labels).inc();
     }
 
     pub(crate) fn record_gate_hold(&self, labels: &AdapterLabels, held_for: std::time::Duration, expired: bool) {
@@ -196,7 +226,8 @@ mod tests {
         let metrics = CoreMetrics::default();
         let meow = AdapterLabels::of(&AdapterKey::Lora(AdapterName::parse("meow").expect("name")));
         metrics.record_pause(&meow);
-        metrics.record_abort(&meow, 3, std::time::Duration::from_millis(2));
+        metrics.record_abort(&meow, 3, 2, std::time::Duration::from_millis(2));
+        metrics.record_lease_expiry(&meow);
         metrics.record_tokens(&meow, AdapterVersion(1), 5);
         let key = AdapterKey::Lora(AdapterName::parse("meow").expect("name"));
         assert_eq!(metrics.generated_tokens(&key, AdapterVersion(1)), 5);
@@ -208,6 +239,8 @@ mod tests {
             in_flight: 2,
             held: 1,
             waiting: 4,
+            kept: 2,
+            pauses: Vec::new(),
         }]);
         let text = exposition(&metrics);
         for line in [
@@ -218,6 +251,9 @@ mod tests {
             "loragate_in_flight{adapter=\"meow\"} 2",
             "loragate_held{adapter=\"meow\"} 1",
             "loragate_waiting{adapter=\"meow\"} 4",
+            "loragate_kept{adapter=\"meow\"} 2",
+            "loragate_kept_requests_total{adapter=\"meow\"} 2",
+            "loragate_pause_lease_expiries_total{adapter=\"meow\"} 1",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

@@ -1,19 +1,29 @@
-//! A running sampling request as the fronts see it: the engine's events, checked and enriched with version
-//! segments, holding the request's [`Admission`] until the last sequence is handed back.
+//! A running sampling request as the fronts see it: the events of its sequences, with version segments, in the
+//! order they were produced.
+//!
+//! Each request is driven by its own task (`driver`), which reads the engine eagerly, so a request is handed back
+//! to an abort (or kept by a keep-mode pause) as soon as the engine stops it, whether or not its client is reading.
+//! The driver also continues the sequences a pause kept: it waits for the adapter to reopen, registers the request
+//! again and samples `prompt + tokens so far` for each, so the caller sees one stream with a gap. Dropping the
+//! [`SampleStream`] abandons the request: the driver stops, and its admission guard cancels the engine's work and
+//! leaves the registry.
+
+mod driver;
 
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use futures::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::adapter::{Admission, Ending};
-use crate::coordinator::LiveRequest;
-use crate::engine::{EngineError, EngineEvent, EngineStream};
+use crate::adapter::Admission;
+use crate::engine::{EngineError, EngineStream};
 use crate::error::CoreError;
 use crate::ids::{AdapterVersion, RequestId};
-use crate::metrics::{AdapterLabels, CoreMetrics};
-use crate::output::{FinishReason, SampleOutput, Segment, SegmentsBuilder, SequenceOutput};
+use crate::output::{FinishReason, SampleOutput, Segment, SequenceOutput};
+
+pub(crate) use self::driver::Driver;
 
 /// One step of a request's output.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,45 +52,31 @@ pub enum SampleEvent {
     },
 }
 
-#[derive(Default)]
-struct SequenceProgress {
-    segments: SegmentsBuilder,
-    finished: bool,
-}
-
-/// The output of an admitted request. Dropping it abandons the request: its admission guard cancels the engine's
-/// work and leaves the registry.
+/// The output of an admitted request. Dropping it abandons the request.
 pub struct SampleStream {
     request_id: RequestId,
-    events: EngineStream,
-    admission: Option<Admission>,
-    sequences: Vec<SequenceProgress>,
+    events: mpsc::UnboundedReceiver<Result<SampleEvent, CoreError>>,
+    num_samples: usize,
     unfinished: usize,
-    aborted: bool,
-    _live: LiveRequest,
-    metrics: Arc<CoreMetrics>,
-    labels: AdapterLabels,
+    done: bool,
+    _abandon_on_drop: DropGuard,
 }
 
 impl SampleStream {
-    pub(crate) fn new(
-        num_samples: u32,
-        events: EngineStream,
-        admission: Admission,
-        live: LiveRequest,
-        (metrics, labels): (Arc<CoreMetrics>, AdapterLabels),
-    ) -> Self {
-        let sequences: Vec<SequenceProgress> = (0..num_samples).map(|_| SequenceProgress::default()).collect();
+    /// Starts `driver` on its own task over the first attempt's `admission` and engine `events`.
+    pub(crate) fn spawn(driver: Driver, admission: Admission, events: EngineStream) -> Self {
+        let (out, receiver) = mpsc::unbounded_channel();
+        let request_id = admission.request_id().clone();
+        let num_samples = driver.num_samples();
+        let abandon = CancellationToken::new();
+        tokio::spawn(abandon.clone().run_until_cancelled_owned(driver.run(admission, events, out)));
         Self {
-            request_id: admission.request_id().clone(),
-            unfinished: sequences.len(),
-            events,
-            admission: Some(admission),
-            sequences,
-            aborted: false,
-            _live: live,
-            metrics,
-            labels,
+            request_id,
+            events: receiver,
+            num_samples,
+            unfinished: num_samples,
+            done: false,
+            _abandon_on_drop: abandon.drop_guard(),
         }
     }
 
@@ -93,7 +89,7 @@ impl SampleStream {
     pub async fn collect_output(mut self) -> Result<SampleOutput, CoreError> {
         let mut output = SampleOutput {
             request_id: self.request_id.clone(),
-            sequences: (0..self.sequences.len())
+            sequences: (0..self.num_samples)
                 .map(|_| SequenceOutput {
                     token_ids: Vec::new(),
                     logprobs: Vec::new(),
@@ -120,49 +116,6 @@ impl SampleStream {
         }
         Ok(output)
     }
-
-    /// Checks one engine event and records its tokens' provenance.
-    fn accept(&mut self, event: EngineEvent) -> Result<SampleEvent, CoreError> {
-        fn progress(sequences: &mut [SequenceProgress], sequence: u32) -> Result<&mut SequenceProgress, CoreError> {
-            match sequences.get_mut(sequence as usize) {
-                Some(progress) if !progress.finished => Ok(progress),
-                _ => Err(CoreError::Engine(EngineError::Internal(format!(
-                    "engine sent an event for sequence {sequence}, which is not running"
-                )))),
-            }
-        }
-        Ok(match event {
-            EngineEvent::PromptLogprobs(logprobs) => SampleEvent::PromptLogprobs(logprobs),
-            EngineEvent::Tokens { sequence, version, token_ids, logprobs } => {
-                if token_ids.len() != logprobs.len() {
-                    return Err(CoreError::Engine(EngineError::Internal(format!(
-                        "engine sent {} tokens with {} logprobs",
-                        token_ids.len(),
-                        logprobs.len()
-                    ))));
-                }
-                let count = u32::try_from(token_ids.len()).unwrap_or(u32::MAX);
-                progress(&mut self.sequences, sequence)?.segments.push(version, count);
-                self.metrics.record_tokens(&self.labels, version, token_ids.len());
-                SampleEvent::Tokens { sequence, version, token_ids, logprobs }
-            }
-            EngineEvent::Finished { sequence, reason } => {
-                let progress = progress(&mut self.sequences, sequence)?;
-                progress.finished = true;
-                let segments = std::mem::take(&mut progress.segments).finish();
-                self.unfinished -= 1;
-                self.aborted |= reason == FinishReason::Abort;
-                SampleEvent::Finished { sequence, reason, segments }
-            }
-        })
-    }
-
-    /// Hands the request back: an abort waiting for it may now return.
-    fn hand_back(&mut self, ending: Ending) {
-        if let Some(admission) = self.admission.take() {
-            admission.hand_back(ending);
-        }
-    }
 }
 
 impl Stream for SampleStream {
@@ -170,27 +123,34 @@ impl Stream for SampleStream {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        if this.admission.is_none() {
+        if this.done {
             return Poll::Ready(None);
         }
-        let item = match this.events.poll_next_unpin(cx) {
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(Some(Ok(event))) => this.accept(event),
-            Poll::Ready(Some(Err(err))) => Err(err.into()),
-            Poll::Ready(None) => Err(CoreError::Engine(EngineError::Internal(format!(
-                "engine ended the stream with {} of {} sequences unfinished",
-                this.unfinished,
-                this.sequences.len()
-            )))),
-        };
-        match &item {
-            Err(_) => this.hand_back(Ending::Failed),
-            Ok(_) if this.unfinished == 0 => {
-                let ending = if this.aborted { Ending::Aborted } else { Ending::Completed };
-                this.hand_back(ending);
+        let item = match ready!(this.events.poll_recv(cx)) {
+            Some(Ok(event)) => {
+                if matches!(event, SampleEvent::Finished { .. }) {
+                    this.unfinished -= 1;
+                    this.done = this.unfinished == 0;
+                }
+                Ok(event)
             }
-            Ok(_) => {}
-        }
+            Some(Err(err)) => {
+                this.done = true;
+                Err(err)
+            }
+            // The driver always ends a request with every sequence finished or an error; this is a panic.
+            None => {
+                this.done = true;
+                Err(unfinished_error(this.unfinished, this.num_samples))
+            }
+        };
         Poll::Ready(Some(item))
     }
+}
+
+/// The error for a driver that ended with sequences unfinished (a bug or a panic in the engine's stream).
+pub(crate) fn unfinished_error(unfinished: usize, of: usize) -> CoreError {
+    CoreError::Engine(EngineError::Internal(format!(
+        "the request ended with {unfinished} of {of} sequences unfinished"
+    )))
 }

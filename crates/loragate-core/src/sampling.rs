@@ -5,6 +5,7 @@ use std::sync::Arc;
 use crate::engine::ModelInfo;
 use crate::error::{CoreError, Field};
 use crate::ids::{AdapterKey, RequestId};
+use crate::output::FinishReason;
 
 /// The most sequences one request may ask for.
 pub const MAX_NUM_SAMPLES: u32 = 64;
@@ -103,6 +104,16 @@ pub struct SampleRequest {
     params: SamplingParams,
     num_samples: u32,
     include_prompt_logprobs: bool,
+    continue_through_abort_pauses: bool,
+}
+
+/// What follows a sequence the core stopped for a pause: a request that continues it, or its end.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Continuation {
+    /// Sample the rest: `prompt + tokens so far` with the remaining budget, one sequence.
+    Request(SampleRequest),
+    /// Nothing is left to sample: its budget is spent, or its last token ends it.
+    Finished(FinishReason),
 }
 
 impl SampleRequest {
@@ -127,7 +138,63 @@ impl SampleRequest {
             }
             n => n,
         };
-        Ok(Self { id, adapter, prompt, params, num_samples, include_prompt_logprobs: raw.include_prompt_logprobs })
+        Ok(Self {
+            id,
+            adapter,
+            prompt,
+            params,
+            num_samples,
+            include_prompt_logprobs: raw.include_prompt_logprobs,
+            continue_through_abort_pauses: false,
+        })
+    }
+
+    /// Asks the core to continue this request's sequences itself after an abort-mode pause too (as it always does
+    /// after a keep-mode pause), so its caller never sees `FINISH_REASON_ABORT` from a pause. For fronts whose
+    /// clients cannot express an abort (the Tinker SDK). Aborts by unload, by request id and at shutdown still end
+    /// the request.
+    pub fn continue_through_abort_pauses(mut self) -> Self {
+        self.continue_through_abort_pauses = true;
+        self
+    }
+
+    /// Whether the core continues this request's sequences after abort-mode pauses.
+    pub fn continues_through_abort_pauses(&self) -> bool {
+        self.continue_through_abort_pauses
+    }
+
+    /// How to continue sequence `sequence` after it was stopped with `generated` tokens: `prompt + generated` as a
+    /// one-sequence request for the remaining budget (attempt `attempt`, under an id derived from this one), or
+    /// its end if nothing is left (a spent budget, or a last token that ends it). Prompt logprobs are never asked
+    /// again: they cover the original prompt, from the first attempt.
+    pub(crate) fn continuation(
+        &self,
+        sequence: u32,
+        attempt: u32,
+        generated: &[u32],
+        model: &ModelInfo,
+    ) -> Continuation {
+        let produced = u32::try_from(generated.len()).unwrap_or(u32::MAX);
+        if produced >= self.params.max_tokens {
+            return Continuation::Finished(FinishReason::Length);
+        }
+        if let Some(&last) = generated.last()
+            && ((!self.params.ignore_eos && model.eos_token_ids.contains(&last))
+                || self.params.stop_token_ids.contains(&last))
+        {
+            return Continuation::Finished(FinishReason::Stop);
+        }
+        let prompt: Arc<[u32]> = self.prompt.iter().chain(generated).copied().collect();
+        let params = SamplingParams { max_tokens: self.params.max_tokens - produced, ..self.params.clone() };
+        Continuation::Request(Self {
+            id: self.id.continuation(sequence, attempt),
+            adapter: self.adapter.clone(),
+            prompt,
+            params,
+            num_samples: 1,
+            include_prompt_logprobs: false,
+            continue_through_abort_pauses: self.continue_through_abort_pauses,
+        })
     }
 
     /// The request's id.
@@ -283,6 +350,23 @@ mod tests {
                 other => panic!("{request:?} gave {other:?}, expected an error on {field}"),
             }
         }
+    }
+
+    #[test]
+    fn a_continuation_samples_the_rest_of_the_budget_after_prompt_and_tokens() {
+        let raw = RawSampleRequest { request_id: "r".into(), max_tokens: Some(10), num_samples: 3, ..raw() };
+        let request = SampleRequest::parse(raw, &model()).expect("valid").continue_through_abort_pauses();
+        let Continuation::Request(next) = request.continuation(2, 1, &[7, 8, 9], &model()) else {
+            panic!("budget is left")
+        };
+        assert_eq!(&*next.prompt, &[1, 2, 3, 7, 8, 9]);
+        assert_eq!(next.params().max_tokens(), 7);
+        assert_eq!(next.num_samples(), 1);
+        assert!(!next.include_prompt_logprobs());
+        assert!(next.continues_through_abort_pauses());
+        assert_ne!(next.id(), request.id(), "the engine sees a fresh id per continuation");
+        assert_eq!(request.continuation(0, 1, &[5; 10], &model()), Continuation::Finished(FinishReason::Length));
+        assert_eq!(request.continuation(0, 1, &[5, 257], &model()), Continuation::Finished(FinishReason::Stop));
     }
 
     #[test]

@@ -32,6 +32,7 @@ pub struct ScriptedEngine {
     loads: AtomicU32,
     load_permits: Option<Arc<Semaphore>>,
     on_generate: Option<GenerateHook>,
+    linger: bool,
 }
 
 impl ScriptedEngine {
@@ -45,7 +46,15 @@ impl ScriptedEngine {
             loads: AtomicU32::new(0),
             load_permits: None,
             on_generate: None,
+            linger: false,
         }
+    }
+
+    /// Keeps each request's stream open after its last event until the caller drops it (engines may close their
+    /// streams late; the coordinator must not wait for that).
+    pub fn with_lingering_streams(mut self) -> Self {
+        self.linger = true;
+        self
     }
 
     /// Calls `hook` on every `generate`.
@@ -85,7 +94,7 @@ impl Engine for ScriptedEngine {
             hook(&request, &cancel);
         }
         let (events, receiver) = mpsc::unbounded_channel();
-        let hold_after = self.hold_after;
+        let (hold_after, linger) = (self.hold_after, self.linger);
         tokio::spawn(async move {
             let budget = request.params().max_tokens();
             let emit = budget.min(hold_after);
@@ -110,6 +119,9 @@ impl Engine for ScriptedEngine {
             };
             for sequence in 0..request.num_samples() {
                 let _ = events.send(Ok(EngineEvent::Finished { sequence, reason }));
+            }
+            if linger {
+                events.closed().await;
             }
         });
         Ok(tokio_stream::wrappers::UnboundedReceiverStream::new(receiver).boxed())

@@ -1,10 +1,11 @@
 //! `loragate.v1.LoraControl`: pause/abort, resume, wait, load, unload and list, each on one adapter.
 
-use loragate_core::{AdapterName, Coordinator, CoreError, parse_timeout_s};
+use loragate_core::{AdapterName, Coordinator, CoreError, PauseId, PauseMode, PauseRequest, parse_timeout_s};
 use loragate_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::convert::adapter_status;
+use crate::convert::{adapter_status, pause_mode};
+use crate::grpc_timeout::client_deadline;
 use crate::status::status_from_core;
 
 /// The `LoraControl` service over a coordinator.
@@ -24,6 +25,10 @@ fn adapter_name(raw: &str) -> Result<AdapterName, Status> {
     AdapterName::parse(raw).map_err(status_from_core)
 }
 
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
 fn answer<T>(result: Result<T, CoreError>) -> Result<Response<T>, Status> {
     result.map(Response::new).map_err(status_from_core)
 }
@@ -34,15 +39,21 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         &self,
         request: Request<pb::AbortLoraRequestsRequest>,
     ) -> Result<Response<pb::AbortLoraRequestsResponse>, Status> {
-        let name = adapter_name(&request.get_ref().lora_name)?;
-        answer(self.coordinator.abort(&name).await.map(|report| {
+        let deadline = client_deadline(request.metadata().as_ref());
+        let wire = request.into_inner();
+        let name = adapter_name(&wire.lora_name)?;
+        let mode = pause_mode(wire.mode, PauseMode::Abort).map_err(status_from_core)?;
+        let pause = PauseRequest::parse(mode, &wire.owner, wire.lease_s).map_err(status_from_core)?;
+        answer(self.coordinator.pause(&name, pause, deadline).await.map(|report| {
             if !report.unacknowledged.is_empty() {
                 tracing::warn!(adapter = %name, unacknowledged = ?report.unacknowledged, "abort acknowledgement timed out");
             }
             pb::AbortLoraRequestsResponse {
-                aborted_count: u32::try_from(report.aborted.len()).unwrap_or(u32::MAX),
+                aborted_count: count(report.aborted.len()),
                 aborted_request_ids: report.aborted.iter().map(ToString::to_string).collect(),
                 unacknowledged_request_ids: report.unacknowledged.iter().map(ToString::to_string).collect(),
+                pause_id: report.pause_id.to_string(),
+                kept_count: count(report.kept.len()),
             }
         }))
     }
@@ -52,7 +63,31 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         request: Request<pb::ResumeLoraRequestsRequest>,
     ) -> Result<Response<pb::ResumeLoraRequestsResponse>, Status> {
         let name = adapter_name(&request.get_ref().lora_name)?;
-        answer(self.coordinator.resume(&name).await.map(|was_paused| pb::ResumeLoraRequestsResponse { was_paused }))
+        let pause_id = PauseId::parse(&request.get_ref().pause_id).map_err(status_from_core)?;
+        answer(self.coordinator.resume(&name, pause_id).await.map(|report| pb::ResumeLoraRequestsResponse {
+            was_paused: report.was_paused,
+            still_paused: report.still_paused,
+        }))
+    }
+
+    async fn swap_lora_adapter(
+        &self,
+        request: Request<pb::SwapLoraAdapterRequest>,
+    ) -> Result<Response<pb::SwapLoraAdapterResponse>, Status> {
+        let deadline = client_deadline(request.metadata().as_ref());
+        let wire = request.into_inner();
+        let name = adapter_name(&wire.lora_name)?;
+        let mode = pause_mode(wire.mode, PauseMode::Keep).map_err(status_from_core)?;
+        let source = self.coordinator.resolve_adapter_path(&wire.path).await.map_err(status_from_core)?;
+        let swapped = self.coordinator.swap_adapter(&name, source, mode, deadline).await;
+        if let Ok(swap) = &swapped {
+            tracing::info!(adapter = %name, version = %swap.version, kept = swap.kept, aborted = swap.aborted, "adapter swapped");
+        }
+        answer(swapped.map(|swap| pb::SwapLoraAdapterResponse {
+            version: swap.version.0,
+            aborted_count: count(swap.aborted),
+            kept_count: count(swap.kept),
+        }))
     }
 
     async fn wait_lora_unpaused(

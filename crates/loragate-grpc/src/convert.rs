@@ -1,7 +1,10 @@
 //! Conversions between the `loragate.v1` wire messages and the core's types. Requests only become raw core
 //! requests here; validation happens in the core.
 
-use loragate_core::{AdapterStatus, FinishReason, RawSampleRequest, SampleEvent, SampleOutput, Segment};
+use loragate_core::{
+    AdapterStatus, CoreError, Field, FinishReason, PauseInfo, PauseMode, RawSampleRequest, SampleEvent, SampleOutput,
+    Segment,
+};
 use loragate_proto::v1 as pb;
 
 /// A wire sampling request as the core's raw request (not yet validated).
@@ -83,6 +86,36 @@ pub(crate) fn adapter_status(status: AdapterStatus) -> pb::LoraAdapterStatus {
         in_flight: status.in_flight,
         held: status.held,
         waiting: status.waiting,
+        kept: status.kept,
+        pauses: status.pauses.into_iter().map(pause_info).collect(),
+    }
+}
+
+fn pause_info(pause: PauseInfo) -> pb::LoraPause {
+    pb::LoraPause {
+        pause_id: pause.pause_id.to_string(),
+        owner: pause.owner.to_string(),
+        mode: wire_pause_mode(pause.mode).into(),
+        lease_left_s: pause.lease_left.map_or(0.0, |left| left.as_secs_f64()),
+    }
+}
+
+fn wire_pause_mode(mode: PauseMode) -> pb::PauseMode {
+    match mode {
+        PauseMode::Abort => pb::PauseMode::Abort,
+        PauseMode::Wait => pb::PauseMode::Wait,
+        PauseMode::Keep => pb::PauseMode::Keep,
+    }
+}
+
+/// A wire `mode` field: `unspecified` is the RPC's default; a value this server does not know is INVALID_ARGUMENT.
+pub(crate) fn pause_mode(raw: i32, unspecified: PauseMode) -> Result<PauseMode, CoreError> {
+    match pb::PauseMode::try_from(raw) {
+        Ok(pb::PauseMode::Unspecified) => Ok(unspecified),
+        Ok(pb::PauseMode::Abort) => Ok(PauseMode::Abort),
+        Ok(pb::PauseMode::Wait) => Ok(PauseMode::Wait),
+        Ok(pb::PauseMode::Keep) => Ok(PauseMode::Keep),
+        Err(_) => Err(CoreError::invalid(Field::Mode, format!("{raw} is not a PauseMode"))),
     }
 }
 
@@ -99,6 +132,17 @@ mod tests {
         assert_eq!(raw.top_p, None);
         assert_eq!(raw.temperature, 0.0);
         assert_eq!(raw.lora_name, "meow");
+    }
+
+    #[test]
+    fn pause_modes_default_per_rpc_and_unknown_values_name_the_field() {
+        assert_eq!(pause_mode(0, PauseMode::Abort).ok(), Some(PauseMode::Abort));
+        assert_eq!(pause_mode(0, PauseMode::Keep).ok(), Some(PauseMode::Keep));
+        assert_eq!(pause_mode(2, PauseMode::Keep).ok(), Some(PauseMode::Wait));
+        match pause_mode(9, PauseMode::Abort) {
+            Err(CoreError::InvalidArgument { field, .. }) => assert_eq!(field, Field::Mode),
+            other => panic!("expected INVALID_ARGUMENT on mode, got {other:?}"),
+        }
     }
 
     #[test]

@@ -4,15 +4,13 @@
 use std::pin::Pin;
 
 use futures::{Stream, StreamExt};
-use loragate_core::{Coordinator, SampleStream};
+use loragate_core::{Coordinator, GateDeadline, SampleStream};
 use loragate_proto::v1 as pb;
-use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use crate::convert::{raw_sample_request, sample_response, stream_chunk};
-use crate::grpc_timeout::{GRPC_TIMEOUT_HEADER, gate_deadline_for, parse_grpc_timeout};
+use crate::grpc_timeout::client_deadline;
 use crate::status::status_from_core;
-use crate::submission_gate::GateDeadline;
 
 /// The `Sampler` service over a coordinator.
 #[derive(Clone)]
@@ -29,25 +27,19 @@ impl SamplerService {
     /// Validates the request, admits it (waiting at its adapter's gate if it closed again since the submission gate
     /// let it through) and starts the engine.
     async fn start(&self, request: Request<pb::SampleRequest>) -> Result<SampleStream, Status> {
-        let hold_until = gate_deadline(&request, &self.coordinator);
+        let deadline = gate_deadline(&request, &self.coordinator);
         let request =
             self.coordinator.parse_sample(raw_sample_request(request.into_inner())).map_err(status_from_core)?;
-        self.coordinator.sample(request, hold_until).await.map_err(status_from_core)
+        self.coordinator.sample(request, deadline).await.map_err(status_from_core)
     }
 }
 
-/// The deadline the submission gate computed, or (without the gate) the client's deadline capped by the server's.
-fn gate_deadline<T>(request: &Request<T>, coordinator: &Coordinator) -> Instant {
-    if let Some(GateDeadline(deadline)) = request.extensions().get::<GateDeadline>() {
-        return *deadline;
+/// The deadline the submission gate computed at arrival, or (without the gate) the client's deadline.
+fn gate_deadline<T>(request: &Request<T>, coordinator: &Coordinator) -> GateDeadline {
+    match request.extensions().get::<GateDeadline>() {
+        Some(deadline) => *deadline,
+        None => coordinator.gate_deadline(client_deadline(request.metadata().as_ref())),
     }
-    let client = request
-        .metadata()
-        .get(GRPC_TIMEOUT_HEADER)
-        .and_then(|value| value.to_str().ok())
-        .and_then(parse_grpc_timeout)
-        .and_then(gate_deadline_for);
-    coordinator.gate_deadline(client)
 }
 
 /// The chunks of a `SampleStream` response.

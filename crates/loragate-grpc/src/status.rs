@@ -6,12 +6,18 @@ use tonic::Status;
 /// Maps a core error to the gRPC status the contract names for it. Messages name the field or the adapter.
 pub fn status_from_core(err: CoreError) -> Status {
     let message = err.to_string();
-    match &err {
+    let code_of = match &err {
+        // A failed swap answers as its load failed (bad files stay INVALID_ARGUMENT), with the swap's message.
+        CoreError::SwapFailed { source, .. } => source.as_ref(),
+        other => other,
+    };
+    match code_of {
         CoreError::InvalidArgument { .. } => Status::invalid_argument(message),
         CoreError::UnknownAdapter(_) => Status::not_found(message),
         CoreError::GateHoldExpired { .. } | CoreError::AdapterUnavailable(_) | CoreError::ShuttingDown => {
             Status::unavailable(message)
         }
+        CoreError::DrainTimedOut { .. } => Status::deadline_exceeded(message),
         CoreError::Engine(engine) => match engine {
             EngineError::AdapterFiles(_) => Status::invalid_argument(message),
             EngineError::AdapterIncompatible(_) => Status::failed_precondition(message),

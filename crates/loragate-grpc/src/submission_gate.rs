@@ -17,7 +17,6 @@ use futures::future::BoxFuture;
 use http_body_util::{BodyExt, Full, Limited};
 use loragate_core::{AdapterKey, Coordinator};
 use prost::Message;
-use tokio::time::Instant;
 use tonic::Status;
 use tonic::body::Body;
 use tower::{Layer, Service};
@@ -27,11 +26,6 @@ use crate::status::status_from_core;
 
 /// The largest request the gate buffers: tonic's default decoding limit plus the gRPC frame header.
 const MAX_GATED_REQUEST_BYTES: usize = 4 * 1024 * 1024 + 5;
-
-/// Request extension: when this request must stop waiting at a gate (the handler uses the same deadline if the
-/// adapter closes again before admission).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct GateDeadline(pub(crate) Instant);
 
 /// The one field of `SampleRequest` the gate reads; prost skips every other field.
 #[derive(Clone, PartialEq, Message)]
@@ -97,7 +91,9 @@ where
     }
 }
 
-/// Holds `request` while its adapter's gate is closed; returns it (with its [`GateDeadline`]) once open.
+/// Holds `request` while its adapter's gate is closed; returns it once open, with its
+/// [`GateDeadline`](loragate_core::GateDeadline) as a request extension (the handler admits with the same deadline
+/// if the adapter closes again before admission, and a keep-mode pause bounds its wait by the client's deadline).
 async fn hold_while_paused(
     coordinator: &Coordinator,
     request: http::Request<Body>,
@@ -110,9 +106,9 @@ async fn hold_while_paused(
         .map_err(|err| Status::out_of_range(format!("could not read the request: {err}")))?
         .to_bytes();
     if let Some(adapter) = adapter_of(&parts.headers, &message).and_then(|key| coordinator.adapter(&key).ok()) {
-        adapter.hold_while_paused(deadline).await.map_err(status_from_core)?;
+        adapter.hold_while_paused(deadline.hold_until()).await.map_err(status_from_core)?;
     }
-    parts.extensions.insert(GateDeadline(deadline));
+    parts.extensions.insert(deadline);
     Ok(http::Request::from_parts(parts, Body::new(Full::new(message))))
 }
 

@@ -21,7 +21,7 @@ use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Json, Response};
 use futures::StreamExt;
 use http::{HeaderMap, HeaderValue};
-use loragate_core::{RawSampleRequest, SampleRequest, SampleStream};
+use loragate_core::{GateDeadline, RawSampleRequest, SampleRequest, SampleStream};
 
 use self::choice::Choices;
 use self::request::{CompletionBody, Prompt};
@@ -29,7 +29,6 @@ use self::response::{CompletionHeader, UnaryCompletion};
 use crate::error::HttpError;
 use crate::json_body::JsonBody;
 use crate::server::{AppState, HttpFront};
-use crate::submission_gate::GateDeadline;
 
 /// The caller's request id header: the id aborts report, echoed in the response (`id` is `cmpl-<id>`).
 pub(crate) const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -103,11 +102,11 @@ pub(crate) async fn create_completion(
     let count = plan.sample.num_samples();
     let choices = Choices::new(front.codec().clone(), count, plan.stops, plan.with_logprobs);
     // The gate's deadline, so a request the gate let through waits no longer in total if the adapter closes again.
-    let hold_until = match gate {
-        Some(Extension(GateDeadline(deadline))) => deadline,
+    let deadline = match gate {
+        Some(Extension(deadline)) => deadline,
         None => front.coordinator().gate_deadline(None),
     };
-    let samples = front.coordinator().sample(plan.sample, hold_until).await.map_err(HttpError::sampling)?;
+    let samples = front.coordinator().sample(plan.sample, deadline).await.map_err(HttpError::sampling)?;
     let mut response = if plan.stream {
         stream::sse_response(header, choices, samples)
     } else {

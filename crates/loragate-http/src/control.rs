@@ -1,10 +1,11 @@
-//! Control endpoints, each on one adapter: SkyRL's `/skyrl/v1/{abort,resume,wait}_lora_…` with SkyRL's shapes, and
-//! vLLM's `/v1/{load,unload}_lora_adapter`. Unlike SkyRL, an unknown adapter is a 404: no state is ever made up for
-//! a name.
+//! Control endpoints, each on one adapter: SkyRL's `/skyrl/v1/{abort,resume,wait}_lora_…` with SkyRL's shapes (plus
+//! loragate's pause `mode`, `owner`, `lease_s` and `pause_id`), SkyRL 0.4's in-place reload
+//! `/skyrl/v1/load_lora_adapter`, and vLLM's `/v1/{load,unload}_lora_adapter`. Unlike SkyRL, an unknown adapter is a
+//! 404: no state is ever made up for a name.
 
 use axum::Json;
 use axum::extract::State;
-use loragate_core::{AdapterName, parse_timeout_s};
+use loragate_core::{AdapterName, PauseId, PauseMode, PauseRequest, parse_timeout_s};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -15,10 +16,26 @@ use crate::server::AppState;
 /// How long `wait_lora_unpaused` waits when the caller says nothing (SkyRL's client default).
 const DEFAULT_WAIT_TIMEOUT_S: f64 = 60.0;
 
-/// `{"lora_name"}`: the body of abort, resume and unload.
+/// `{"lora_name"}`: the body of unload.
 #[derive(Deserialize)]
 pub(crate) struct LoraNameBody {
     lora_name: Option<String>,
+}
+
+/// `{"lora_name", "mode", "owner", "lease_s"}`: the body of abort (a pause; `mode` defaults to abort).
+#[derive(Deserialize)]
+pub(crate) struct PauseBody {
+    lora_name: Option<String>,
+    mode: Option<String>,
+    owner: Option<String>,
+    lease_s: Option<f64>,
+}
+
+/// `{"lora_name", "pause_id"}`: the body of resume (without `pause_id`, every pause is released).
+#[derive(Deserialize)]
+pub(crate) struct ResumeBody {
+    lora_name: Option<String>,
+    pause_id: Option<String>,
 }
 
 /// `{"lora_name", "timeout_s"}`.
@@ -28,42 +45,59 @@ pub(crate) struct WaitBody {
     timeout_s: Option<f64>,
 }
 
-/// `{"lora_name", "lora_path"}` (vLLM's `load_inplace` is ignored: loading under a loaded name always swaps in
-/// place and bumps the version).
+/// `{"lora_name", "lora_path", "load_inplace"}`. Loading under a loaded name always swaps its weights and bumps
+/// its version; with vLLM's `load_inplace: true` it is the atomic keep-mode swap (running requests stop, and continue
+/// on the new weights), which is what vLLM's in-place reload means for requests in flight.
 #[derive(Deserialize)]
 pub(crate) struct LoadBody {
     lora_name: Option<String>,
     lora_path: Option<String>,
+    #[serde(default)]
+    load_inplace: bool,
 }
 
 fn adapter_name(raw: Option<String>) -> Result<AdapterName, HttpError> {
     AdapterName::parse(&raw.ok_or(HttpError::MissingField("lora_name"))?).map_err(HttpError::control)
 }
 
-/// `POST /skyrl/v1/abort_lora_requests`: pauses the adapter and aborts its requests; answers once each was handed
-/// back. `aborted` lists their request ids (a completion's `X-Request-Id`).
+/// `POST /skyrl/v1/abort_lora_requests`: pauses the adapter in `mode` (default `abort`); answers once each aborted
+/// request was handed back (or each kept one stopped, or, in `wait` mode, none is left running). `aborted` lists the
+/// aborted requests' ids (a completion's `X-Request-Id`), `pause_id` names the pause for a targeted resume.
 pub(crate) async fn abort_lora_requests(
     State(state): State<AppState>,
-    JsonBody(body): JsonBody<LoraNameBody>,
+    JsonBody(body): JsonBody<PauseBody>,
 ) -> Result<Json<Value>, HttpError> {
     let name = adapter_name(body.lora_name)?;
-    let report = state.front().coordinator().abort(&name).await.map_err(HttpError::control)?;
+    let mode = body.mode.as_deref().map_or(Ok(PauseMode::Abort), PauseMode::parse).map_err(HttpError::control)?;
+    let pause = PauseRequest::parse(mode, body.owner.as_deref().unwrap_or(""), body.lease_s.unwrap_or(0.0))
+        .map_err(HttpError::control)?;
+    let report = state.front().coordinator().pause(&name, pause, None).await.map_err(HttpError::control)?;
     if !report.unacknowledged.is_empty() {
         tracing::warn!(adapter = %name, unacknowledged = ?report.unacknowledged, "abort acknowledgement timed out");
     }
     let aborted: Vec<String> = report.aborted.iter().map(ToString::to_string).collect();
     let unacknowledged: Vec<String> = report.unacknowledged.iter().map(ToString::to_string).collect();
-    Ok(Json(json!({"status": "ok", "count": aborted.len(), "aborted": aborted, "unacknowledged": unacknowledged})))
+    Ok(Json(json!({
+        "status": "ok",
+        "count": aborted.len(),
+        "aborted": aborted,
+        "unacknowledged": unacknowledged,
+        "pause_id": report.pause_id.as_str(),
+        "mode": report.mode.as_str(),
+        "kept_count": report.kept.len(),
+    })))
 }
 
-/// `POST /skyrl/v1/resume_lora_requests`: reopens the adapter, releasing every held request and waiter.
+/// `POST /skyrl/v1/resume_lora_requests`: releases the pause `pause_id`, or every pause of the adapter; when none
+/// is left it reopens, releasing every held request, kept request and waiter.
 pub(crate) async fn resume_lora_requests(
     State(state): State<AppState>,
-    JsonBody(body): JsonBody<LoraNameBody>,
+    JsonBody(body): JsonBody<ResumeBody>,
 ) -> Result<Json<Value>, HttpError> {
     let name = adapter_name(body.lora_name)?;
-    let was_paused = state.front().coordinator().resume(&name).await.map_err(HttpError::control)?;
-    Ok(Json(json!({"status": "ok", "was_paused": was_paused})))
+    let pause_id = PauseId::parse(body.pause_id.as_deref().unwrap_or("")).map_err(HttpError::control)?;
+    let report = state.front().coordinator().resume(&name, pause_id).await.map_err(HttpError::control)?;
+    Ok(Json(json!({"status": "ok", "was_paused": report.was_paused, "still_paused": report.still_paused})))
 }
 
 /// `POST /skyrl/v1/wait_lora_unpaused`: long-polls until the adapter is open (`paused: false`) or `timeout_s`
@@ -78,11 +112,28 @@ pub(crate) async fn wait_lora_unpaused(
     Ok(Json(json!({"paused": paused})))
 }
 
-/// `POST /v1/load_lora_adapter`: loads (or swaps in) weights from a directory under the adapter root.
+/// `POST /v1/load_lora_adapter` (and its root alias): loads weights from a directory under the adapter root, or swaps
+/// them under a loaded name; with `load_inplace: true` on a loaded name, as the atomic keep-mode swap.
 pub(crate) async fn load_lora_adapter(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<LoadBody>,
 ) -> Result<Json<Value>, HttpError> {
+    let swap = body.load_inplace.then_some(PauseMode::Keep);
+    load(&state, body, swap).await
+}
+
+/// `POST /skyrl/v1/load_lora_adapter`: SkyRL 0.4's in-place reload (new weights under the same name every step,
+/// with generation running and no pause call), done as the atomic keep-mode swap: running requests stop, and
+/// continue on the new weights with their tokens' versions recorded.
+pub(crate) async fn skyrl_load_lora_adapter(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<LoadBody>,
+) -> Result<Json<Value>, HttpError> {
+    load(&state, body, Some(PauseMode::Keep)).await
+}
+
+/// Loads `body`'s adapter, as a swap in `swap` mode if given (a plain load for a name not loaded yet).
+async fn load(state: &AppState, body: LoadBody, swap: Option<PauseMode>) -> Result<Json<Value>, HttpError> {
     let front = state.front();
     let name = adapter_name(body.lora_name)?;
     if name.as_str() == front.served_model_name() {
@@ -92,10 +143,23 @@ pub(crate) async fn load_lora_adapter(
         });
     }
     let path = body.lora_path.ok_or(HttpError::MissingField("lora_path"))?;
-    let source = front.coordinator().resolve_adapter_path(&path).await.map_err(HttpError::control)?;
-    let version = front.coordinator().load_adapter(&name, source).await.map_err(HttpError::control)?;
-    tracing::info!(adapter = %name, %version, "adapter loaded");
-    Ok(Json(json!({"status": "ok", "lora_name": name.as_str(), "version": version.0})))
+    let coordinator = front.coordinator();
+    let source = coordinator.resolve_adapter_path(&path).await.map_err(HttpError::control)?;
+    let (version, kept, aborted) = match swap {
+        Some(mode) => {
+            let swap = coordinator.swap_adapter(&name, source, mode, None).await.map_err(HttpError::control)?;
+            (swap.version, swap.kept, swap.aborted)
+        }
+        None => (coordinator.load_adapter(&name, source).await.map_err(HttpError::control)?, 0, 0),
+    };
+    tracing::info!(adapter = %name, %version, kept, aborted, "adapter loaded");
+    Ok(Json(json!({
+        "status": "ok",
+        "lora_name": name.as_str(),
+        "version": version.0,
+        "kept_count": kept,
+        "aborted_count": aborted,
+    })))
 }
 
 /// `POST /v1/unload_lora_adapter`: aborts the adapter's requests, fails its held ones, and frees its weights.

@@ -81,21 +81,7 @@ impl HttpError {
     /// The HTTP status of this error (the contract's table).
     pub(crate) fn status(&self) -> StatusCode {
         match self {
-            Self::Core { error, .. } => match error {
-                CoreError::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
-                CoreError::UnknownAdapter(_) => StatusCode::NOT_FOUND,
-                CoreError::GateHoldExpired { .. } | CoreError::AdapterUnavailable(_) | CoreError::ShuttingDown => {
-                    StatusCode::SERVICE_UNAVAILABLE
-                }
-                CoreError::Engine(engine) => match engine {
-                    EngineError::AdapterFiles(_) => StatusCode::BAD_REQUEST,
-                    EngineError::AdapterIncompatible(_) => StatusCode::UNPROCESSABLE_ENTITY,
-                    EngineError::AdapterNotLoaded(_) => StatusCode::NOT_FOUND,
-                    EngineError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
-                    _ => StatusCode::INTERNAL_SERVER_ERROR,
-                },
-                _ => StatusCode::INTERNAL_SERVER_ERROR,
-            },
+            Self::Core { error, .. } => core_status(error),
             Self::InvalidJson { .. } | Self::MissingField(_) | Self::InvalidField { .. } | Self::UnreadableBody(_) => {
                 StatusCode::BAD_REQUEST
             }
@@ -183,8 +169,33 @@ pub(crate) fn wire_name(field: Field, api: Api) -> &'static str {
         (Field::StopTokenIds, _) => "stop_token_ids",
         (Field::NumSamples, _) => "n",
         (Field::TimeoutS, _) => "timeout_s",
+        (Field::Mode, _) => "mode",
+        (Field::Owner, _) => "owner",
+        (Field::LeaseS, _) => "lease_s",
+        (Field::PauseId, _) => "pause_id",
         (Field::Path, _) => "lora_path",
         (other, _) => other.grpc_path(),
+    }
+}
+
+fn core_status(error: &CoreError) -> StatusCode {
+    match error {
+        CoreError::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
+        CoreError::UnknownAdapter(_) => StatusCode::NOT_FOUND,
+        CoreError::GateHoldExpired { .. } | CoreError::AdapterUnavailable(_) | CoreError::ShuttingDown => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        CoreError::DrainTimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
+        // A failed swap answers as its load failed (bad files stay 400 / 422), with the swap's message.
+        CoreError::SwapFailed { source, .. } => core_status(source),
+        CoreError::Engine(engine) => match engine {
+            EngineError::AdapterFiles(_) => StatusCode::BAD_REQUEST,
+            EngineError::AdapterIncompatible(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            EngineError::AdapterNotLoaded(_) => StatusCode::NOT_FOUND,
+            EngineError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        },
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -197,6 +208,7 @@ fn core_param(error: &CoreError, api: Api) -> Option<&'static str> {
         CoreError::InvalidArgument { field, .. } => Some(wire_name(*field, api)),
         CoreError::UnknownAdapter(_) | CoreError::Engine(EngineError::AdapterNotLoaded(_)) => Some(adapter_field),
         CoreError::Engine(EngineError::AdapterFiles(_) | EngineError::AdapterIncompatible(_)) => Some("lora_path"),
+        CoreError::SwapFailed { source, .. } => core_param(source, api),
         _ => None,
     }
 }

@@ -52,6 +52,22 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     }
 }
 
+/// A JSON request body parsed into `T`, where an empty body means `T::default()` (control endpoints that clients
+/// call with `{}`, with no body, or with a few fields).
+pub(crate) struct OptionalJsonBody<T>(pub(crate) T);
+
+impl<T: DeserializeOwned + Default> FromRequest<AppState> for OptionalJsonBody<T> {
+    type Rejection = HttpError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, HttpError> {
+        let bytes = read_body(request.into_body(), state.body_limit()).await?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Self(T::default()));
+        }
+        parse_json(&bytes).map(Self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde::Deserialize;

@@ -5,7 +5,8 @@
 //! it while its adapter is paused → the handler parses the JSON into this crate's request types, encodes a text
 //! prompt with the [`TextCodec`], and hands the core a raw request, which the core validates → the coordinator
 //! admits and samples → the core's token events become OpenAI choices (text decoded incrementally, stop strings
-//! watched, logprobs) → one JSON response or server-sent events. Control endpoints route to the coordinator. Every
+//! watched, logprobs) → one JSON response or server-sent events. Control endpoints (per adapter, and the engine-wide
+//! pause of vLLM, SGLang and AReaL) route to the coordinator. Every
 //! error becomes an OpenAI-style error response in one place (`error.rs`), with `param` naming the field in this
 //! API's terms. There is no second copy of any semantics: one gate, one registry, in the core.
 //!
@@ -25,6 +26,7 @@ mod codec;
 mod completions;
 mod control;
 mod error;
+mod global_pause;
 mod json_body;
 mod models;
 mod observability;

@@ -17,9 +17,13 @@ use tokio_util::sync::CancellationToken;
 use crate::codec::TextCodec;
 use crate::completions::create_completion;
 use crate::control::{
-    abort_lora_requests, load_lora_adapter, resume_lora_requests, unload_lora_adapter, wait_lora_unpaused,
+    abort_lora_requests, load_lora_adapter, resume_lora_requests, skyrl_load_lora_adapter, unload_lora_adapter,
+    wait_lora_unpaused,
 };
 use crate::error::HttpError;
+use crate::global_pause::{
+    areal_continue_generation, areal_pause_generation, continue_generation, is_paused, pause, pause_generation, resume,
+};
 use crate::models::list_models;
 use crate::observability::{HttpMetrics, health, metrics, track_requests};
 use crate::submission_gate::submission_gate;
@@ -189,6 +193,14 @@ fn router(state: AppState) -> Router {
         .route("/skyrl/v1/abort_lora_requests", post(abort_lora_requests))
         .route("/skyrl/v1/resume_lora_requests", post(resume_lora_requests))
         .route("/skyrl/v1/wait_lora_unpaused", post(wait_lora_unpaused))
+        .route("/skyrl/v1/load_lora_adapter", post(skyrl_load_lora_adapter))
+        .route("/pause", post(pause))
+        .route("/resume", post(resume))
+        .route("/is_paused", get(is_paused))
+        .route("/pause_generation", post(pause_generation))
+        .route("/continue_generation", post(continue_generation))
+        .route("/areal_pause_generation", post(areal_pause_generation))
+        .route("/areal_continue_generation", post(areal_continue_generation))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route_layer(from_fn_with_state(state.clone(), track_requests))

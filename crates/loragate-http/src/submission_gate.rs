@@ -5,8 +5,8 @@
 //! model's served name → the base model) and, if that adapter is loaded and paused, waits at its gate with
 //! [`AdapterHandle::hold_while_paused`], counted as held. The hold is bounded by the server's maximum
 //! ([`Coordinator::gate_deadline`](loragate_core::Coordinator::gate_deadline)); past it the request fails with 503
-//! naming the adapter. The same bytes are then passed on, with the deadline as a [`GateDeadline`] extension so the
-//! handler admits with the same deadline. A client that goes away while held drops this future, which uncounts it:
+//! naming the adapter. The same bytes are then passed on, with the deadline as a
+//! [`GateDeadline`](loragate_core::GateDeadline) extension so the handler admits with the same deadline. A client that goes away while held drops this future, which uncounts it:
 //! nothing is left behind.
 //!
 //! Bodies it cannot read as JSON with a string `model` pass through untouched: the handler rejects them with 400,
@@ -18,15 +18,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use loragate_core::{AdapterHandle, AdapterKey};
 use serde::Deserialize;
-use tokio::time::Instant;
 
 use crate::error::HttpError;
 use crate::json_body::read_body;
 use crate::server::{AppState, HttpFront};
-
-/// Request extension: when this request must stop waiting at a gate.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct GateDeadline(pub(crate) Instant);
 
 /// The one field of a completion request the gate reads; every other field is skipped.
 #[derive(Deserialize)]
@@ -43,11 +38,11 @@ pub(crate) async fn submission_gate(State(state): State<AppState>, request: Requ
     };
     let deadline = state.front().coordinator().gate_deadline(None);
     if let Some(adapter) = gated_adapter(state.front(), &bytes)
-        && let Err(err) = adapter.hold_while_paused(deadline).await
+        && let Err(err) = adapter.hold_while_paused(deadline.hold_until()).await
     {
         return HttpError::sampling(err).into_response();
     }
-    parts.extensions.insert(GateDeadline(deadline));
+    parts.extensions.insert(deadline);
     next.run(Request::from_parts(parts, Body::from(bytes))).await
 }
 

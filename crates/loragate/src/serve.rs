@@ -181,6 +181,7 @@ impl RunningServer {
             max_gate_hold: config.gate_max_wait,
             abort_ack_timeout: config.abort_ack_timeout,
             adapter_root,
+            ..CoordinatorConfig::default()
         };
         let coordinator = Coordinator::start(Arc::new(engine), coordinator_config).await?;
         for InitialAdapter { name, dir } in adapters {

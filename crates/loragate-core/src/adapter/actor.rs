@@ -3,15 +3,16 @@
 //! reports back with a message, and per-request failures travel on reply ports (an `Err` from `handle` would kill
 //! the actor).
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
 
 use super::cell::AdapterCell;
 use super::gate::Retirement;
-use super::registry::{Admission, InFlightRegistry, PendingHandBacks};
-use super::status::AdapterStatus;
+use super::pauses::{PauseId, PauseMode, PauseOwner, PauseRequest};
+use super::registry::{Admission, InFlightRegistry, PendingHandBacks, StopCause};
+use super::status::{AdapterStatus, ResumeReport};
 use crate::adapter_source::AdapterSource;
 use crate::engine::{Engine, EngineError};
 use crate::error::CoreError;
@@ -22,10 +23,15 @@ use crate::manager::ManagerMsg;
 pub(crate) enum AdapterMsg {
     /// Registers a request if the gate is open.
     Admit { request_id: RequestId, reply: RpcReplyPort<AdmitReply> },
-    /// Closes the gate, then cancels every admitted request.
-    Abort { reply: RpcReplyPort<PendingHandBacks> },
-    /// Opens the gate; answers whether it was closed.
-    Resume { reply: RpcReplyPort<bool> },
+    /// Adds (or renews) a pause, which closes the gate, then acts on the admitted requests as its mode says:
+    /// cancels them (abort), cancels them to be kept (keep), or only watches them (wait).
+    Pause { request: PauseRequest, reply: RpcReplyPort<PauseTicket> },
+    /// Releases pauses, reopening the gate when none is left.
+    Release { target: ReleaseTarget, reply: RpcReplyPort<ResumeReport> },
+    /// A lease timer fired for the lease of `pause_id` that expires at `expires_at`.
+    LeaseEnded { pause_id: PauseId, expires_at: tokio::time::Instant },
+    /// Cancels admitted requests without pausing: those with these ids, or every one for `None`.
+    AbortRequests { ids: Option<Arc<HashSet<RequestId>>>, reply: RpcReplyPort<PendingHandBacks> },
     /// Queues a weight load; answers with the new version once installed.
     Load { source: AdapterSource, reply: RpcReplyPort<Result<AdapterVersion, CoreError>> },
     /// A load task finished.
@@ -42,6 +48,27 @@ pub(crate) enum AdapterMsg {
     /// Makes the handler fail, so tests can watch the supervisor restart the actor.
     #[cfg(test)]
     FailForTest,
+}
+
+/// Which pauses [`AdapterMsg::Release`] releases.
+#[derive(Clone)]
+pub(crate) enum ReleaseTarget {
+    /// Every pause (a resume without a pause id).
+    All,
+    /// One pause.
+    Pause(PauseId),
+    /// The pause of one owner (a global resume releases the global pause only).
+    Owner(PauseOwner),
+}
+
+/// The answer to [`AdapterMsg::Pause`].
+pub(crate) struct PauseTicket {
+    /// The pause now holding the gate.
+    pub(crate) pause_id: PauseId,
+    /// Whether the call created it (rather than renewing its owner's pause).
+    pub(crate) created: bool,
+    /// The admitted requests the pause acted on, to wait for.
+    pub(crate) pending: PendingHandBacks,
 }
 
 /// The answer to [`AdapterMsg::Admit`].
@@ -114,12 +141,37 @@ impl Actor for AdapterActor {
                 // If the caller is gone the admission drops here, which ends its registration again.
                 let _ = reply.send(answer);
             }
-            AdapterMsg::Abort { reply } => {
-                state.cell.close_gate();
-                let _ = reply.send(state.registry.cancel_all());
+            AdapterMsg::Pause { request, reply } => {
+                let paused = state.cell.pause(&request);
+                let pending = match request.mode {
+                    PauseMode::Abort => state.registry.cancel_all(StopCause::Paused),
+                    PauseMode::Keep => state.registry.cancel_all(StopCause::Kept),
+                    PauseMode::Wait => state.registry.pending_all(),
+                };
+                let _ = reply.send(PauseTicket { pause_id: paused.pause_id, created: paused.created, pending });
             }
-            AdapterMsg::Resume { reply } => {
-                let _ = reply.send(state.cell.open_gate());
+            AdapterMsg::Release { target, reply } => {
+                let report = match target {
+                    ReleaseTarget::All => state.cell.release(None),
+                    ReleaseTarget::Pause(pause_id) => state.cell.release(Some(&pause_id)),
+                    ReleaseTarget::Owner(owner) => state.cell.release_owner(&owner),
+                };
+                let _ = reply.send(report);
+            }
+            AdapterMsg::LeaseEnded { pause_id, expires_at } => {
+                if let Some(owner) = state.cell.expire_lease(&pause_id, expires_at) {
+                    tracing::warn!(
+                        adapter = %state.cell.key(), %pause_id, %owner,
+                        "a pause's lease ran out before anyone resumed it; released it"
+                    );
+                }
+            }
+            AdapterMsg::AbortRequests { ids, reply } => {
+                let pending = match ids {
+                    Some(ids) => state.registry.cancel_matching(&ids, StopCause::Targeted),
+                    None => state.registry.cancel_all(StopCause::Targeted),
+                };
+                let _ = reply.send(pending);
             }
             AdapterMsg::Load { source, reply } => {
                 state.loads.queued.push_back((source, reply));
@@ -128,7 +180,7 @@ impl Actor for AdapterActor {
             AdapterMsg::LoadFinished { version, result, reply } => state.finish_load(version, result, reply),
             AdapterMsg::Retire { why, reply } => {
                 state.cell.retire(why);
-                let _ = reply.send(Ok(state.registry.cancel_all()));
+                let _ = reply.send(Ok(state.registry.cancel_all(StopCause::Retired)));
             }
             AdapterMsg::Status { reply } => {
                 let _ = reply.send(state.cell.status(state.registry.len()));

@@ -10,15 +10,17 @@ use parking_lot::Mutex;
 
 use ractor::ActorRef;
 use tokio::sync::watch;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::actor::AdapterMsg;
 use super::gate::{GateState, Retirement};
-use super::status::AdapterStatus;
+use super::pauses::{PauseBook, PauseId, PauseOwner, PauseRequest, Paused};
+use super::status::{AdapterStatus, ResumeReport};
 use crate::ids::{AdapterKey, AdapterVersion};
 use crate::metrics::{AdapterLabels, CoreMetrics};
 
-/// The durable state of one adapter. Gate writes (`close_gate`, `open_gate`, `install_version`, `retire`) are
-/// made by the adapter's actor only.
+/// The durable state of one adapter. Gate writes (`pause`, `release`, `expire_lease`, `install_version`, `retire`)
+/// are made by the adapter's actor only (and by the manager before the actor exists).
 pub(crate) struct AdapterCell {
     key: AdapterKey,
     gate: watch::Sender<GateState>,
@@ -27,6 +29,10 @@ pub(crate) struct AdapterCell {
     last_reserved_version: AtomicU64,
     pub(crate) held: AtomicU32,
     pub(crate) waiting: AtomicU32,
+    /// Requests stopped by a keep-mode pause, waiting in the core to continue.
+    pub(crate) kept: AtomicU32,
+    /// The live pauses; the gate is closed while there is any.
+    pauses: Mutex<PauseBook>,
     /// When the gate last closed (for the pause-duration metric).
     paused_at: Mutex<Option<Instant>>,
     pub(crate) metrics: Arc<CoreMetrics>,
@@ -47,6 +53,8 @@ impl AdapterCell {
             last_reserved_version: AtomicU64::new(last_version.0),
             held: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
+            kept: AtomicU32::new(0),
+            pauses: Mutex::new(PauseBook::default()),
         }
     }
 
@@ -62,25 +70,65 @@ impl AdapterCell {
         self.gate.subscribe()
     }
 
-    /// Closes the gate (idempotent).
-    pub(crate) fn close_gate(&self) {
-        if self.gate.send_if_modified(|gate| !std::mem::replace(&mut gate.paused, true)) {
-            *self.paused_at.lock() = Some(Instant::now());
-            self.metrics.record_pause(&self.labels);
-        }
+    /// Adds `request`'s pause (or renews its owner's) and closes the gate. A lease's timer reports to whichever
+    /// incarnation of the actor is current when it fires.
+    pub(crate) fn pause(&self, request: &PauseRequest) -> Paused {
+        let paused = self.pauses.lock().pause(request, |pause_id, expires_at| {
+            let mut incarnations = self.subscribe_actor();
+            AbortOnDropHandle::new(tokio::spawn(async move {
+                tokio::time::sleep_until(expires_at).await;
+                // If the actor is between incarnations, tell the next one; stop once the adapter is removed.
+                loop {
+                    let Some(actor) = incarnations.borrow_and_update().clone() else { return };
+                    let ended = AdapterMsg::LeaseEnded { pause_id: pause_id.clone(), expires_at };
+                    if actor.cast(ended).is_ok() || incarnations.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }))
+        });
+        self.sync_gate();
+        paused
     }
 
-    /// Opens the gate, releasing every waiter at once; returns whether it was closed.
-    pub(crate) fn open_gate(&self) -> bool {
-        let mut was_paused = false;
-        self.gate.send_if_modified(|gate| {
-            was_paused = std::mem::replace(&mut gate.paused, false);
-            was_paused
-        });
-        if let Some(paused_at) = self.paused_at.lock().take().filter(|_| was_paused) {
+    /// Releases the pause `id` (every pause for `None`), reopening the gate if it was the last.
+    pub(crate) fn release(&self, id: Option<&PauseId>) -> ResumeReport {
+        let was_paused = self.gate_state().paused;
+        self.pauses.lock().release(id);
+        ResumeReport { was_paused, still_paused: self.sync_gate() }
+    }
+
+    /// Releases the pauses `owner` holds, reopening the gate if they were the last.
+    pub(crate) fn release_owner(&self, owner: &PauseOwner) -> ResumeReport {
+        let was_paused = self.gate_state().paused;
+        let pause_id =
+            self.pauses.lock().snapshot().into_iter().find(|pause| &pause.owner == owner).map(|pause| pause.pause_id);
+        if let Some(pause_id) = pause_id {
+            self.pauses.lock().release(Some(&pause_id));
+        }
+        ResumeReport { was_paused, still_paused: self.sync_gate() }
+    }
+
+    /// Ends the pause `id` if the lease that expires at `expires_at` is still its lease and has run out; returns the
+    /// owner whose pause ended.
+    pub(crate) fn expire_lease(&self, id: &PauseId, expires_at: tokio::time::Instant) -> Option<PauseOwner> {
+        let owner = self.pauses.lock().expire(id, expires_at)?;
+        self.metrics.record_lease_expiry(&self.labels);
+        self.sync_gate();
+        Some(owner)
+    }
+
+    /// Makes the gate say what the pause book says, recording pauses and reopenings; returns whether it is closed.
+    fn sync_gate(&self) -> bool {
+        let paused = self.pauses.lock().is_paused();
+        let changed = self.gate.send_if_modified(|gate| std::mem::replace(&mut gate.paused, paused) != paused);
+        if changed && paused {
+            *self.paused_at.lock() = Some(Instant::now());
+            self.metrics.record_pause(&self.labels);
+        } else if changed && let Some(paused_at) = self.paused_at.lock().take() {
             self.metrics.record_reopen(&self.labels, paused_at.elapsed());
         }
-        was_paused
+        paused
     }
 
     /// Marks the adapter as no longer serving, releasing every waiter with the reason (the first reason stays).
@@ -146,6 +194,8 @@ impl AdapterCell {
             in_flight: u32::try_from(in_flight).unwrap_or(u32::MAX),
             held: self.held.load(Ordering::Acquire),
             waiting: self.waiting.load(Ordering::Acquire),
+            kept: self.kept.load(Ordering::Acquire),
+            pauses: self.pauses.lock().snapshot(),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! that says it was handed back. Requests are registered through an [`Admission`] guard, so completion, abort,
 //! client disconnect and panic all deregister them the same way: by dropping the guard.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -19,20 +19,44 @@ pub enum Ending {
     Completed,
     /// Handed back with `FINISH_REASON_ABORT` and its partial output.
     Aborted,
+    /// Stopped in the engine by a pause that keeps it: the core holds its tokens and continues it when the adapter
+    /// reopens (its caller sees only a delay).
+    Kept,
     /// Handed back as an error.
     Failed,
     /// The caller went away (or a task panicked) before anything was handed back.
     Abandoned,
 }
 
+/// Why an admitted request was cancelled: set once, by whoever cancels it first, before its token fires, so the
+/// request's driver knows whether to hand an aborted sequence back or to keep and continue it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopCause {
+    /// A pause in abort mode: handed back with `FINISH_REASON_ABORT` (continued by the core only for requests that
+    /// asked for it).
+    Paused,
+    /// A pause in keep mode: kept by the core and continued when the adapter reopens.
+    Kept,
+    /// Aborted by request id (or all of an adapter's requests) without a pause: handed back, never continued.
+    Targeted,
+    /// The adapter stopped serving (unloaded, or the server is shutting down): handed back, never continued.
+    Retired,
+}
+
 /// Where a request's ending is settled once, by its [`Admission`], and read by the registry and by aborts.
 #[derive(Default)]
 struct HandBack {
     ending: OnceLock<Ending>,
+    cause: OnceLock<StopCause>,
     settled: Notify,
 }
 
 impl HandBack {
+    /// Records why the request is being cancelled (the first cause stays).
+    fn stop(&self, cause: StopCause) {
+        let _ = self.cause.set(cause);
+    }
+
     /// Records how the request ended; only the first call counts.
     fn settle(&self, ending: Ending) {
         if self.ending.set(ending).is_ok() {
@@ -95,14 +119,32 @@ impl InFlightRegistry {
         Admission { request_id, version, cancel, hand_back }
     }
 
-    /// Cancels every request not yet handed back and returns what to wait on for each. Entries stay until handed
-    /// back, so a second abort meanwhile waits for the same requests.
-    pub(crate) fn cancel_all(&mut self) -> PendingHandBacks {
+    /// Cancels every request not yet handed back, for `cause`, and returns what to wait on for each. Entries stay
+    /// until handed back, so a second abort meanwhile waits for the same requests.
+    pub(crate) fn cancel_all(&mut self, cause: StopCause) -> PendingHandBacks {
+        self.cancel_where(cause, |_| true)
+    }
+
+    /// Cancels, for `cause`, the requests whose id is in `ids`; returns what to wait on for each.
+    pub(crate) fn cancel_matching(&mut self, ids: &HashSet<RequestId>, cause: StopCause) -> PendingHandBacks {
+        self.cancel_where(cause, |entry| ids.contains(&entry.request_id))
+    }
+
+    /// What to wait on for every request not yet handed back, cancelling nothing (a pause that lets them finish).
+    pub(crate) fn pending_all(&mut self) -> PendingHandBacks {
+        self.forget_handed_back();
+        let pending = self.entries.values().map(|entry| (entry.request_id.clone(), entry.hand_back.clone())).collect();
+        PendingHandBacks { pending }
+    }
+
+    fn cancel_where(&mut self, cause: StopCause, selected: impl Fn(&Entry) -> bool) -> PendingHandBacks {
         self.forget_handed_back();
         let pending = self
             .entries
             .values()
+            .filter(|entry| selected(entry))
             .map(|entry| {
+                entry.hand_back.stop(cause);
                 entry.cancel.cancel();
                 (entry.request_id.clone(), entry.hand_back.clone())
             })
@@ -126,6 +168,7 @@ impl Drop for InFlightRegistry {
     /// requests later, so they are aborted now: each is handed back with its partial output, none runs on unseen.
     fn drop(&mut self) {
         for entry in self.entries.values() {
+            entry.hand_back.stop(StopCause::Retired);
             entry.cancel.cancel();
         }
     }
@@ -142,13 +185,15 @@ pub(crate) struct PendingHandBacks {
 pub struct AbortReport {
     /// Requests handed back with `FINISH_REASON_ABORT`.
     pub aborted: Vec<RequestId>,
+    /// Requests stopped in the engine and kept by the core, to be continued when the adapter reopens.
+    pub kept: Vec<RequestId>,
     /// Requests cancelled but not handed back within the acknowledgement timeout. They will still end as aborted.
     pub unacknowledged: Vec<RequestId>,
 }
 
 impl PendingHandBacks {
-    /// Waits until every request was handed back, or `ack_timeout` passes. Requests that finished normally before
-    /// the abort reached them, or whose caller left, are in neither list.
+    /// Waits until every request was handed back (or kept), or `ack_timeout` passes. Requests that finished normally
+    /// before the abort reached them, or whose caller left, are in none of the lists.
     pub(crate) async fn wait(self, ack_timeout: Duration) -> AbortReport {
         let mut report = AbortReport::default();
         let mut outstanding: Vec<Option<RequestId>> = Vec::with_capacity(self.pending.len());
@@ -162,8 +207,10 @@ impl PendingHandBacks {
             match tokio::time::timeout_at(deadline, waiting.next()).await {
                 Ok(Some((index, ending))) => {
                     let request_id = outstanding[index].take();
-                    if ending == Ending::Aborted {
-                        report.aborted.extend(request_id);
+                    match ending {
+                        Ending::Aborted => report.aborted.extend(request_id),
+                        Ending::Kept => report.kept.extend(request_id),
+                        Ending::Completed | Ending::Failed | Ending::Abandoned => {}
                     }
                 }
                 Ok(None) => break,
@@ -210,6 +257,11 @@ impl Admission {
         &self.cancel
     }
 
+    /// Why the request was cancelled, if it was (set before its token fires).
+    pub fn stop_cause(&self) -> Option<StopCause> {
+        self.hand_back.cause.get().copied()
+    }
+
     /// Says how the request ended and ends its registration. An abort waiting for this request returns once every
     /// request it cancelled was handed back.
     pub fn hand_back(self, ending: Ending) {
@@ -252,7 +304,7 @@ mod tests {
         let gone = registry.admit(id("gone"), AdapterVersion(1));
         assert_eq!(registry.len(), 2);
 
-        let pending = registry.cancel_all();
+        let pending = registry.cancel_all(StopCause::Paused);
         assert!(live.cancel_token().is_cancelled() && gone.cancel_token().is_cancelled());
         let waiter = tokio::spawn(pending.wait(Duration::from_secs(10)));
         drop(gone);

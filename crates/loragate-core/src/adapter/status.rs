@@ -1,6 +1,7 @@
 //! Snapshots of an adapter's state, as `ListLoraAdapters` reports them.
 
-use crate::ids::{AdapterKey, AdapterVersion};
+use super::pauses::{PauseInfo, PauseMode};
+use crate::ids::{AdapterKey, AdapterVersion, RequestId};
 
 /// One adapter's state at the moment of the snapshot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,4 +18,33 @@ pub struct AdapterStatus {
     pub held: u32,
     /// `WaitLoraUnpaused` callers.
     pub waiting: u32,
+    /// Requests stopped by a keep-mode pause, waiting in the core to continue when it reopens.
+    pub kept: u32,
+    /// The live pauses holding its gate, ordered by owner.
+    pub pauses: Vec<PauseInfo>,
+}
+
+/// What a pause did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PauseReport {
+    /// The pause that holds the gate (the owner's existing pause if this call renewed it).
+    pub pause_id: super::pauses::PauseId,
+    /// The mode it was made in.
+    pub mode: PauseMode,
+    /// Requests handed back with `FINISH_REASON_ABORT` (abort mode).
+    pub aborted: Vec<RequestId>,
+    /// Requests stopped in the engine and kept by the core (keep mode, and abort mode for requests that asked the
+    /// core to continue them).
+    pub kept: Vec<RequestId>,
+    /// Requests cancelled but not stopped within the acknowledgement timeout; they still end as the mode says.
+    pub unacknowledged: Vec<RequestId>,
+}
+
+/// What a resume did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResumeReport {
+    /// Whether the gate was closed before.
+    pub was_paused: bool,
+    /// Whether another pause still holds it closed.
+    pub still_paused: bool,
 }

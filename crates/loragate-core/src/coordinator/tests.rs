@@ -20,6 +20,8 @@ use crate::ids::RequestId;
 use crate::output::{FinishReason, SampleOutput, Segment};
 use crate::testing::{ScriptedEngine, coordinator_with_adapters, eventually};
 
+mod pause_modes;
+
 /// Tokens every scripted request emits before it waits to be aborted.
 const HOLD_AFTER: u32 = 3;
 /// A budget the scripted engine finishes at once (`Length`).
@@ -119,8 +121,8 @@ async fn abort_is_idempotent_and_keeps_the_adapter_paused() {
     let second = coordinator.abort(&name("meow")).await.expect("abort again");
     assert!(first.aborted.is_empty() && second.aborted.is_empty());
     assert!(status(&coordinator, "meow").await.paused);
-    assert!(coordinator.resume(&name("meow")).await.expect("resume"), "was paused");
-    assert!(!coordinator.resume(&name("meow")).await.expect("resume again"), "already open");
+    assert!(coordinator.resume(&name("meow"), None).await.expect("resume").was_paused, "was paused");
+    assert!(!coordinator.resume(&name("meow"), None).await.expect("resume again").was_paused, "already open");
 }
 
 #[tokio::test]
@@ -150,7 +152,7 @@ async fn pausing_one_adapter_never_holds_or_aborts_another() {
     assert!(!running_woof.is_finished() && !running_base.is_finished(), "nothing of woof or base was aborted");
     assert!(!held_meow.is_finished());
 
-    coordinator.resume(&name("meow")).await.expect("resume");
+    coordinator.resume(&name("meow"), None).await.expect("resume");
     assert_eq!(joined(held_meow).await.expect("meow").sequences[0].finish_reason, FinishReason::Length);
     for adapter in ["woof"] {
         coordinator.abort(&name(adapter)).await.expect("cleanup");
@@ -168,7 +170,7 @@ async fn a_fresh_request_is_held_while_paused_and_admitted_on_resume() {
     assert_eq!(status(&coordinator, "meow").await.in_flight, 0, "held requests are not admitted");
     assert!(!held.is_finished());
 
-    coordinator.resume(&name("meow")).await.expect("resume");
+    coordinator.resume(&name("meow"), None).await.expect("resume");
     let output = joined(held).await.expect("admitted after resume");
     assert_eq!(output.sequences[0].finish_reason, FinishReason::Length);
     assert_eq!(status(&coordinator, "meow").await.held, 0);
@@ -180,7 +182,11 @@ async fn a_hold_past_its_deadline_fails_naming_the_adapter() {
     coordinator.abort(&name("meow")).await.expect("pause");
     let request = request(&coordinator, "meow", SHORT, "late");
     let started = Instant::now();
-    let err = coordinator.sample(request, started + Duration::from_millis(50)).await.err().expect("hold expires");
+    let err = coordinator
+        .sample(request, GateDeadline::at(started + Duration::from_millis(50)))
+        .await
+        .err()
+        .expect("hold expires");
     assert!(started.elapsed() >= Duration::from_millis(50));
     assert!(matches!(err, CoreError::GateHoldExpired { .. }), "{err:?}");
     assert!(err.to_string().contains("adapter 'meow'"), "{err}");
@@ -205,7 +211,7 @@ async fn wait_unpaused_answers_at_once_when_open_and_on_timeout_when_paused() {
         tokio::spawn(async move { coordinator.wait_unpaused(&meow, Duration::from_secs(3600)).await })
     };
     eventually("the waiter is counted", || async { status(&coordinator, "meow").await.waiting == 1 }).await;
-    coordinator.resume(&meow).await.expect("resume");
+    coordinator.resume(&meow, None).await.expect("resume");
     assert!(!joined(waiter).await.expect("released"), "released as unpaused");
     assert_eq!(status(&coordinator, "meow").await.waiting, 0);
 }
@@ -238,7 +244,7 @@ async fn resume_releases_every_held_submission_and_waiter() {
     })
     .await;
 
-    coordinator.resume(&meow).await.expect("resume");
+    coordinator.resume(&meow, None).await.expect("resume");
     for task in held {
         assert_eq!(joined(task).await.expect("admitted").sequences[0].finish_reason, FinishReason::Length);
     }
@@ -326,7 +332,7 @@ async fn a_restarted_actor_keeps_the_gate_closed_and_the_version() {
 
     let held = spawn_sample(&coordinator, "meow", SHORT, "after-restart");
     eventually("the request is held", || async { status(&coordinator, "meow").await.held == 1 }).await;
-    coordinator.resume(&meow).await.expect("resume");
+    coordinator.resume(&meow, None).await.expect("resume");
     let output = joined(held).await.expect("sample");
     assert_eq!(output.sequences[0].segments[0].version, AdapterVersion(2));
 }
@@ -369,10 +375,13 @@ async fn a_failed_first_load_leaves_no_adapter_behind() {
     assert!(coordinator.load_adapter(&ghost, AdapterSource::trusted("/a/bad")).await.is_err());
     assert!(coordinator.list_adapters().await.is_empty());
     assert!(matches!(coordinator.abort(&ghost).await, Err(CoreError::UnknownAdapter(_))));
-    assert!(matches!(coordinator.resume(&ghost).await, Err(CoreError::UnknownAdapter(_))));
+    assert!(matches!(coordinator.resume(&ghost, None).await, Err(CoreError::UnknownAdapter(_))));
     assert!(matches!(coordinator.wait_unpaused(&ghost, Duration::ZERO).await, Err(CoreError::UnknownAdapter(_))));
     let request = request(&coordinator, "ghost", SHORT, "x");
-    assert!(matches!(coordinator.sample(request, Instant::now()).await, Err(CoreError::UnknownAdapter(_))));
+    assert!(matches!(
+        coordinator.sample(request, GateDeadline::at(Instant::now())).await,
+        Err(CoreError::UnknownAdapter(_))
+    ));
     assert!(coordinator.list_adapters().await.is_empty(), "control calls never create adapters");
 }
 
@@ -445,7 +454,10 @@ async fn shutdown_aborts_stragglers_and_fails_held_requests() {
     assert_eq!(joined(running).await.expect("handed back").sequences[0].finish_reason, FinishReason::Abort);
     assert!(matches!(joined(held).await, Err(CoreError::ShuttingDown)));
     let request = request(&coordinator, "woof", SHORT, "late");
-    assert!(matches!(coordinator.sample(request, Instant::now()).await, Err(CoreError::ShuttingDown)));
+    assert!(matches!(
+        coordinator.sample(request, GateDeadline::at(Instant::now())).await,
+        Err(CoreError::ShuttingDown)
+    ));
 }
 
 /// What the randomised test checks while it runs: a request that reaches the engine un-cancelled while the test
@@ -482,7 +494,7 @@ async fn run_interleaving(seed: u64) {
 
     // One trainer per adapter: abort, mark paused, (maybe load), unmark, resume — at random moments.
     let stop_trainers = Arc::new(AtomicBool::new(false));
-    let reports: Arc<Mutex<Vec<(String, AbortReport)>>> = Arc::default();
+    let reports: Arc<Mutex<Vec<(String, PauseReport)>>> = Arc::default();
     let trainers: Vec<_> = ["meow", "woof"]
         .into_iter()
         .enumerate()
@@ -504,7 +516,7 @@ async fn run_interleaving(seed: u64) {
                         coordinator.load_adapter(&name(adapter), source).await.expect("load while paused");
                     }
                     watch.paused.lock().insert(key.clone(), false);
-                    coordinator.resume(&name(adapter)).await.expect("resume");
+                    coordinator.resume(&name(adapter), None).await.expect("resume");
                     for _ in 0..rng.random_range(0..20) {
                         tokio::task::yield_now().await;
                     }
@@ -545,7 +557,7 @@ async fn run_interleaving(seed: u64) {
     // Reopen so every held request gets admitted, then end the long ones with a last abort of each adapter (the
     // base model is never aborted by a trainer).
     for adapter in ["meow", "woof"] {
-        coordinator.resume(&name(adapter)).await.expect("resume");
+        coordinator.resume(&name(adapter), None).await.expect("resume");
     }
     eventually("every unfinished request is admitted", || async {
         let unfinished = samples.iter().filter(|(.., task, _)| !task.is_finished()).count();
@@ -560,8 +572,12 @@ async fn run_interleaving(seed: u64) {
         admitted == unfinished
     })
     .await;
-    let final_sweep =
-        coordinator.adapter(&AdapterKey::Base).expect("base").abort(Duration::from_secs(10)).await.expect("abort base");
+    let final_sweep = coordinator
+        .adapter(&AdapterKey::Base)
+        .expect("base")
+        .pause(PauseRequest::new(PauseMode::Abort), Duration::from_secs(10), Instant::now())
+        .await
+        .expect("abort base");
     for adapter in ["meow", "woof"] {
         let report = coordinator.abort(&name(adapter)).await.expect("final abort");
         reports.lock().push((adapter.to_owned(), report));
@@ -607,7 +623,7 @@ async fn run_interleaving(seed: u64) {
     }
     assert!(watch.violations.lock().is_empty(), "seed {seed}: {:?}", watch.violations.lock());
     for adapter in ["meow", "woof"] {
-        coordinator.resume(&name(adapter)).await.expect("resume");
+        coordinator.resume(&name(adapter), None).await.expect("resume");
     }
     for adapter in adapters {
         eventually("every counter returns to zero", || async {
@@ -627,7 +643,7 @@ async fn pauses_holds_aborts_and_tokens_are_counted_per_adapter() {
     coordinator.abort(&meow).await.expect("abort");
     let held = spawn_sample(&coordinator, "meow", SHORT, "held");
     eventually("held", || async { status(&coordinator, "meow").await.held == 1 }).await;
-    coordinator.resume(&meow).await.expect("resume");
+    coordinator.resume(&meow, None).await.expect("resume");
     joined(held).await.expect("sample");
     joined(running).await.expect("aborted");
 

@@ -57,11 +57,11 @@ async fn status_of(control: &LoraControlClient<Channel>, lora: &str) -> pb::Lora
 }
 
 fn pause(lora: &str) -> pb::AbortLoraRequestsRequest {
-    pb::AbortLoraRequestsRequest { lora_name: lora.into() }
+    pb::AbortLoraRequestsRequest { lora_name: lora.into(), ..Default::default() }
 }
 
 fn resume(lora: &str) -> pb::ResumeLoraRequestsRequest {
-    pb::ResumeLoraRequestsRequest { lora_name: lora.into() }
+    pb::ResumeLoraRequestsRequest { lora_name: lora.into(), ..Default::default() }
 }
 
 #[tokio::test]

@@ -10,16 +10,23 @@ use super::*;
 #[tokio::test]
 async fn abort_resume_and_wait_answer_with_skyrls_shapes() {
     let harness = serve(&["meow"]).await;
-    let report = harness.pause("meow").await;
-    assert_eq!(report, json!({"status": "ok", "aborted": [], "count": 0, "unacknowledged": []}));
+    let mut report = harness.pause("meow").await;
+    let pause_id = report["pause_id"].take();
+    assert!(pause_id.as_str().is_some_and(|id| !id.is_empty()), "{pause_id}");
+    assert_eq!(
+        report,
+        json!({"status": "ok", "aborted": [], "count": 0, "unacknowledged": [], "pause_id": null, "mode": "abort",
+               "kept_count": 0})
+    );
     let again = harness.pause("meow").await;
     assert_eq!(again["count"], 0, "abort is idempotent");
+    assert_eq!(again["pause_id"], pause_id, "the anonymous owner's pause is renewed, not doubled");
     let (status, wait) =
         harness.post("/skyrl/v1/wait_lora_unpaused", json!({"lora_name": "meow", "timeout_s": 0.05})).await;
     assert_eq!((status, wait), (StatusCode::OK, json!({"paused": true})));
 
     let (status, resumed) = harness.post("/skyrl/v1/resume_lora_requests", json!({"lora_name": "meow"})).await;
-    assert_eq!((status, resumed), (StatusCode::OK, json!({"status": "ok", "was_paused": true})));
+    assert_eq!((status, resumed), (StatusCode::OK, json!({"status": "ok", "was_paused": true, "still_paused": false})));
     let (status, resumed) = harness.post("/skyrl/v1/resume_lora_requests", json!({"lora_name": "meow"})).await;
     assert_eq!((status, resumed["was_paused"].clone()), (StatusCode::OK, json!(false)), "resume is idempotent");
     let (status, wait) = harness.post("/skyrl/v1/wait_lora_unpaused", json!({"lora_name": "meow"})).await;
@@ -77,7 +84,13 @@ async fn adapters_load_swap_and_unload_through_the_adapter_root() {
 
     let swap = json!({"lora_name": "meow", "lora_path": "step-2", "load_inplace": true});
     let (status, loaded) = harness.post("/v1/load_lora_adapter", swap).await;
-    assert_eq!((status, loaded), (StatusCode::OK, json!({"status": "ok", "lora_name": "meow", "version": 2})));
+    assert_eq!(
+        (status, loaded),
+        (
+            StatusCode::OK,
+            json!({"status": "ok", "lora_name": "meow", "version": 2, "kept_count": 0, "aborted_count": 0})
+        )
+    );
     let (status, fresh) =
         harness.post("/v1/load_lora_adapter", json!({"lora_name": "fresh", "lora_path": "step-2"})).await;
     assert_eq!((status, fresh["version"].clone()), (StatusCode::OK, json!(1)));

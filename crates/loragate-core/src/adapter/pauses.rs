@@ -1,0 +1,371 @@
+//! The pauses that hold an adapter's gate closed. Several may hold one adapter at once (two controllers, a global
+//! pause and a swap); the gate is closed while any is live and reopens when the last is released. A pause has an
+//! owner (the same owner pausing again renews its pause instead of adding one), the mode it was made in, and an
+//! optional lease after which it ends by itself.
+//!
+//! The book lives in the adapter's durable cell, so a restarted actor keeps every pause; only the actor writes it.
+//! A lease's timer is owned by its pause record: releasing or renewing the pause drops (aborts) the old timer, so
+//! nothing is left to remember.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::error::{CoreError, Field};
+
+/// The longest lease honoured; longer ones are shortened to it.
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The longest pause owner accepted, in bytes.
+pub const MAX_OWNER_LEN: usize = 128;
+
+/// What a pause does to the requests already admitted when it closes the gate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum PauseMode {
+    /// Aborts them: each is handed back with `FINISH_REASON_ABORT` and the tokens it produced.
+    #[default]
+    Abort,
+    /// Lets them run to their end on the current weights; the pause answers once nothing is in flight.
+    Wait,
+    /// Stops them in the engine and keeps them in the core with their tokens; each continues by itself, as
+    /// `prompt + its tokens` with the remaining budget, on the weights current when the adapter reopens. Their
+    /// callers see only a delay.
+    Keep,
+}
+
+impl PauseMode {
+    /// The lowercase name used on HTTP and in listings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Abort => "abort",
+            Self::Wait => "wait",
+            Self::Keep => "keep",
+        }
+    }
+
+    /// Parses the HTTP spelling (`abort`, `wait`, `keep`; SGLang's `retract` and `in_place` keep).
+    pub fn parse(raw: &str) -> Result<Self, CoreError> {
+        match raw {
+            "abort" => Ok(Self::Abort),
+            "wait" => Ok(Self::Wait),
+            "keep" | "retract" | "in_place" => Ok(Self::Keep),
+            other => Err(CoreError::invalid(
+                Field::Mode,
+                format!("must be one of abort, wait, keep (or SGLang's retract, in_place), got {other:?}"),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for PauseMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Who holds a pause. The same owner pausing again renews its pause rather than adding a second one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PauseOwner {
+    /// A named controller (`owner` on the wire); the empty name is the anonymous controller, so repeated pauses
+    /// without an owner stay one pause, as before owners existed.
+    Named(Arc<str>),
+    /// The global pause of vLLM's `/pause` and SGLang's `/pause_generation`, applied to every adapter.
+    Global,
+    /// One `SwapLoraAdapter` call (each swap holds its own pause).
+    Swap(u64),
+}
+
+impl PauseOwner {
+    /// Parses a wire `owner`: at most [`MAX_OWNER_LEN`] bytes, no control characters; empty is the anonymous owner.
+    pub fn named(raw: &str) -> Result<Self, CoreError> {
+        if raw.len() > MAX_OWNER_LEN {
+            return Err(CoreError::invalid(
+                Field::Owner,
+                format!("is {} bytes long, the limit is {MAX_OWNER_LEN}", raw.len()),
+            ));
+        }
+        if raw.chars().any(char::is_control) {
+            return Err(CoreError::invalid(Field::Owner, "must not contain control characters"));
+        }
+        Ok(Self::Named(raw.into()))
+    }
+
+    /// A fresh owner for one swap.
+    pub(crate) fn new_swap() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        Self::Swap(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+impl fmt::Display for PauseOwner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Named(name) => f.write_str(name),
+            Self::Global => f.write_str("(global)"),
+            Self::Swap(n) => write!(f, "(swap {n})"),
+        }
+    }
+}
+
+/// A validated pause request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PauseRequest {
+    /// What happens to admitted requests.
+    pub mode: PauseMode,
+    /// Who pauses.
+    pub owner: PauseOwner,
+    /// After how long the pause ends by itself; `None` holds it until released.
+    pub lease: Option<Duration>,
+}
+
+impl PauseRequest {
+    /// An anonymous pause in `mode` without a lease (what `AbortLoraRequests` did before modes existed, in abort).
+    pub fn new(mode: PauseMode) -> Self {
+        Self { mode, owner: PauseOwner::Named("".into()), lease: None }
+    }
+
+    /// Parses the wire fields: `owner` (see [`PauseOwner::named`]) and `lease_s` (finite, >= 0; 0 means no lease;
+    /// longer than [`MAX_LEASE`] is shortened to it).
+    pub fn parse(mode: PauseMode, owner: &str, lease_s: f64) -> Result<Self, CoreError> {
+        let owner = PauseOwner::named(owner)?;
+        if !lease_s.is_finite() || lease_s < 0.0 {
+            return Err(CoreError::invalid(Field::LeaseS, format!("must be finite and >= 0, got {lease_s}")));
+        }
+        let lease = (lease_s > 0.0).then(|| Duration::from_secs_f64(lease_s.min(MAX_LEASE.as_secs_f64())));
+        Ok(Self { mode, owner, lease })
+    }
+}
+
+/// A pause's id, unique within the server: what `ResumeLoraRequests.pause_id` releases.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PauseId(Arc<str>);
+
+impl PauseId {
+    fn generate() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        Self(format!("pause-{}", NEXT.fetch_add(1, Ordering::Relaxed) + 1).into())
+    }
+
+    /// Parses a wire `pause_id`; the empty id means "every pause" and parses to `None`.
+    pub fn parse(raw: &str) -> Result<Option<Self>, CoreError> {
+        if raw.is_empty() {
+            return Ok(None);
+        }
+        if raw.len() > MAX_OWNER_LEN || raw.chars().any(char::is_control) {
+            return Err(CoreError::invalid(Field::PauseId, "is not a pause id this server gave out"));
+        }
+        Ok(Some(Self(raw.into())))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PauseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for PauseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+/// A live pause, as listings report it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PauseInfo {
+    /// Its id.
+    pub pause_id: PauseId,
+    /// Who holds it.
+    pub owner: PauseOwner,
+    /// The mode of its latest pause call.
+    pub mode: PauseMode,
+    /// Time left on its lease; `None` without a lease.
+    pub lease_left: Option<Duration>,
+}
+
+/// One live pause.
+struct Pause {
+    id: PauseId,
+    mode: PauseMode,
+    lease: Option<Lease>,
+}
+
+/// A pause's lease: when it ends, and the timer that ends it (aborted when the lease is dropped).
+struct Lease {
+    expires_at: Instant,
+    _timer: AbortOnDropHandle<()>,
+}
+
+/// What [`PauseBook::pause`] did.
+pub(crate) struct Paused {
+    /// The pause that now holds the gate.
+    pub(crate) pause_id: PauseId,
+    /// Whether this call created it (rather than renewing the owner's pause).
+    pub(crate) created: bool,
+}
+
+/// The live pauses of one adapter, by owner.
+#[derive(Default)]
+pub(crate) struct PauseBook {
+    by_owner: BTreeMap<PauseOwner, Pause>,
+}
+
+impl PauseBook {
+    /// Whether any pause holds the gate.
+    pub(crate) fn is_paused(&self) -> bool {
+        !self.by_owner.is_empty()
+    }
+
+    /// Adds `request`'s pause, or renews its owner's (new mode, new lease). `arm` starts the timer of a lease that
+    /// expires at the given instant for the given pause.
+    pub(crate) fn pause(
+        &mut self,
+        request: &PauseRequest,
+        arm: impl FnOnce(PauseId, Instant) -> AbortOnDropHandle<()>,
+    ) -> Paused {
+        let created = !self.by_owner.contains_key(&request.owner);
+        let pause = self.by_owner.entry(request.owner.clone()).or_insert_with(|| Pause {
+            id: PauseId::generate(),
+            mode: request.mode,
+            lease: None,
+        });
+        pause.mode = request.mode;
+        pause.lease = request.lease.map(|lease| {
+            let expires_at = Instant::now() + lease;
+            Lease { expires_at, _timer: arm(pause.id.clone(), expires_at) }
+        });
+        Paused { pause_id: pause.id.clone(), created }
+    }
+
+    /// Releases the pause `id` (or every pause for `None`); returns whether anything was released.
+    pub(crate) fn release(&mut self, id: Option<&PauseId>) -> bool {
+        let before = self.by_owner.len();
+        match id {
+            Some(id) => self.by_owner.retain(|_, pause| &pause.id != id),
+            None => self.by_owner.clear(),
+        }
+        self.by_owner.len() != before
+    }
+
+    /// Releases the pause `id` if its lease (the one that expires at `expires_at`, not a renewal) has run out.
+    /// Returns its owner when it did.
+    pub(crate) fn expire(&mut self, id: &PauseId, expires_at: Instant) -> Option<PauseOwner> {
+        let owner = self.by_owner.iter().find_map(|(owner, pause)| {
+            let lease = pause.lease.as_ref()?;
+            (&pause.id == id && lease.expires_at == expires_at && Instant::now() >= expires_at).then(|| owner.clone())
+        })?;
+        self.by_owner.remove(&owner);
+        Some(owner)
+    }
+
+    /// The live pauses, ordered by owner.
+    pub(crate) fn snapshot(&self) -> Vec<PauseInfo> {
+        let now = Instant::now();
+        self.by_owner
+            .iter()
+            .map(|(owner, pause)| PauseInfo {
+                pause_id: pause.id.clone(),
+                owner: owner.clone(),
+                mode: pause.mode,
+                lease_left: pause.lease.as_ref().map(|lease| lease.expires_at.saturating_duration_since(now)),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_timer(_: PauseId, _: Instant) -> AbortOnDropHandle<()> {
+        AbortOnDropHandle::new(tokio::spawn(async {}))
+    }
+
+    fn by(owner: &str, mode: PauseMode, lease_s: f64) -> PauseRequest {
+        PauseRequest::parse(mode, owner, lease_s).expect("valid pause")
+    }
+
+    #[tokio::test]
+    async fn the_same_owner_renews_and_the_gate_reopens_with_the_last_release() {
+        let mut book = PauseBook::default();
+        let first = book.pause(&by("trainer", PauseMode::Abort, 0.0), no_timer);
+        let again = book.pause(&by("trainer", PauseMode::Keep, 0.0), no_timer);
+        assert!(first.created && !again.created);
+        assert_eq!(first.pause_id, again.pause_id, "a renewal keeps the pause's id");
+        assert_eq!(book.snapshot()[0].mode, PauseMode::Keep, "the latest call's mode is listed");
+
+        let other = book.pause(&by("evaluator", PauseMode::Wait, 0.0), no_timer);
+        assert_ne!(other.pause_id, first.pause_id);
+        assert!(book.release(Some(&first.pause_id)));
+        assert!(book.is_paused(), "the evaluator still holds the gate");
+        assert!(!book.release(Some(&first.pause_id)), "releasing twice releases nothing");
+        assert!(book.release(Some(&other.pause_id)));
+        assert!(!book.is_paused());
+    }
+
+    #[tokio::test]
+    async fn anonymous_pauses_are_one_pause_and_release_all_clears_every_owner() {
+        let mut book = PauseBook::default();
+        book.pause(&PauseRequest::new(PauseMode::Abort), no_timer);
+        book.pause(&PauseRequest::new(PauseMode::Abort), no_timer);
+        book.pause(&by("a", PauseMode::Wait, 0.0), no_timer);
+        assert_eq!(book.snapshot().len(), 2);
+        assert!(book.release(None));
+        assert!(!book.is_paused());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_the_current_lease_expires() {
+        let mut book = PauseBook::default();
+        let mut armed = Vec::new();
+        let paused = book.pause(&by("t", PauseMode::Abort, 5.0), |id, at| {
+            armed.push((id, at));
+            no_timer(PauseId::generate(), at)
+        });
+        let (id, first_expiry) = armed.pop().expect("a lease arms a timer");
+        assert_eq!(id, paused.pause_id);
+        tokio::time::advance(Duration::from_secs(3)).await;
+        book.pause(&by("t", PauseMode::Abort, 5.0), |id, at| {
+            armed.push((id, at));
+            no_timer(PauseId::generate(), at)
+        });
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(book.expire(&id, first_expiry), None, "the renewed lease has not run out");
+        let (_, renewed_expiry) = armed.pop().expect("the renewal arms a timer");
+        assert_eq!(book.expire(&id, renewed_expiry), None, "not yet");
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(book.expire(&id, renewed_expiry), Some(PauseOwner::Named("t".into())));
+        assert!(!book.is_paused());
+        assert!(book.snapshot().is_empty());
+    }
+
+    #[test]
+    fn bad_owners_leases_and_modes_name_their_field() {
+        for (result, field) in [
+            (PauseRequest::parse(PauseMode::Abort, "x", -1.0).map(|_| ()), Field::LeaseS),
+            (PauseRequest::parse(PauseMode::Abort, "x", f64::NAN).map(|_| ()), Field::LeaseS),
+            (PauseRequest::parse(PauseMode::Abort, "bad\n", 0.0).map(|_| ()), Field::Owner),
+            (PauseRequest::parse(PauseMode::Abort, &"o".repeat(MAX_OWNER_LEN + 1), 0.0).map(|_| ()), Field::Owner),
+            (PauseMode::parse("freeze").map(|_| ()), Field::Mode),
+        ] {
+            match result {
+                Err(CoreError::InvalidArgument { field: got, .. }) => assert_eq!(got, field),
+                other => panic!("expected an error on {field}, got {other:?}"),
+            }
+        }
+        assert_eq!(PauseMode::parse("retract").ok(), Some(PauseMode::Keep));
+        assert_eq!(PauseMode::parse("in_place").ok(), Some(PauseMode::Keep));
+        let long = PauseRequest::parse(PauseMode::Abort, "", 1e12).expect("valid");
+        assert_eq!(long.lease, Some(MAX_LEASE));
+    }
+}

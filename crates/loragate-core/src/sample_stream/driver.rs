@@ -1,0 +1,246 @@
+//! The task that drives one sampling request: it reads the engine's events as soon as they come, checks them,
+//! records each token's provenance, forwards them to the request's [`SampleStream`](super::SampleStream), and hands
+//! the request back when the engine has stopped it.
+//!
+//! A sequence the engine stopped for a keep-mode pause (or for an abort-mode pause, if the request asked the core
+//! to continue it) is not forwarded as aborted: the driver hands the request back as *kept*, waits for the adapter
+//! to reopen (counted as kept, bounded by the request's deadline), registers the request again and samples
+//! `prompt + tokens so far` with the remaining budget for each such sequence, on the weights current then. If the
+//! adapter is unloaded, the server stops or the deadline passes first, the sequence ends with `FINISH_REASON_ABORT`
+//! and every token it produced.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::stream::select_all;
+use tokio::sync::mpsc;
+
+use super::unfinished_error;
+use crate::adapter::{AdapterHandle, Admission, Counted, Ending, StopCause};
+use crate::coordinator::LiveRequest;
+use crate::engine::{Engine, EngineError, EngineEvent, EngineStream};
+use crate::error::CoreError;
+use crate::gate_deadline::GateDeadline;
+use crate::output::{FinishReason, SegmentsBuilder};
+use crate::sample_stream::SampleEvent;
+use crate::sampling::{Continuation, SampleRequest};
+
+type Output = mpsc::UnboundedSender<Result<SampleEvent, CoreError>>;
+
+/// Where one sequence of the request stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Progress {
+    /// An engine request is producing it.
+    Running,
+    /// A pause stopped it; the driver continues it when the adapter reopens.
+    Stopped,
+    /// It ended; its `Finished` event was forwarded.
+    Finished,
+}
+
+struct Sequence {
+    /// Every token produced so far, across attempts (a continuation's prompt is the request's plus these).
+    token_ids: Vec<u32>,
+    segments: SegmentsBuilder,
+    progress: Progress,
+}
+
+/// One engine request of this request, and which of the request's sequences its sequences are.
+struct EngineRun {
+    events: EngineStream,
+    sequences: Arc<[usize]>,
+}
+
+/// Drives one sampling request. Built by the coordinator once the first attempt is admitted and started.
+pub(crate) struct Driver {
+    engine: Arc<dyn Engine>,
+    adapter: AdapterHandle,
+    request: SampleRequest,
+    deadline: GateDeadline,
+    sequences: Vec<Sequence>,
+    attempts: u32,
+    aborted: bool,
+    _live: LiveRequest,
+}
+
+impl Driver {
+    pub(crate) fn new(
+        engine: Arc<dyn Engine>,
+        adapter: AdapterHandle,
+        request: SampleRequest,
+        deadline: GateDeadline,
+        live: LiveRequest,
+    ) -> Self {
+        let sequences = (0..request.num_samples())
+            .map(|_| Sequence {
+                token_ids: Vec::new(),
+                segments: SegmentsBuilder::default(),
+                progress: Progress::Running,
+            })
+            .collect();
+        Self { engine, adapter, request, deadline, sequences, attempts: 0, aborted: false, _live: live }
+    }
+
+    pub(crate) fn num_samples(&self) -> usize {
+        self.sequences.len()
+    }
+
+    /// Runs the request to its end: the first attempt (`admission`, `events`), then a continuation after each pause
+    /// that stopped some of its sequences for keeping.
+    pub(crate) async fn run(mut self, mut admission: Admission, events: EngineStream, out: Output) {
+        let mut runs = vec![EngineRun { events, sequences: (0..self.sequences.len()).collect() }];
+        loop {
+            let stopped = match self.forward(&admission, runs, &out).await {
+                Ok(stopped) => stopped,
+                Err(err) => {
+                    let _ = out.send(Err(err));
+                    admission.hand_back(Ending::Failed);
+                    return;
+                }
+            };
+            if stopped.is_empty() {
+                admission.hand_back(if self.aborted { Ending::Aborted } else { Ending::Completed });
+                return;
+            }
+            // Counted as kept from the moment the pause has it until it is registered again.
+            let adapter = self.adapter.clone();
+            let kept = Counted::new(&adapter.cell().kept);
+            admission.hand_back(Ending::Kept);
+            let Some((next, next_runs)) = self.continue_stopped(&stopped, &out).await else {
+                return;
+            };
+            drop(kept);
+            (admission, runs) = (next, next_runs);
+        }
+    }
+
+    /// Forwards the events of `runs` until none of their sequences is running; returns the sequences stopped for
+    /// keeping. It returns right after the event that ended the last one (without waiting for the engine's streams
+    /// to close), so the caller hands the request back with no await in between: a consumer that drops the stream
+    /// as soon as it read the last event cannot turn a hand-back into an abandonment.
+    async fn forward(
+        &mut self,
+        admission: &Admission,
+        runs: Vec<EngineRun>,
+        out: &Output,
+    ) -> Result<Vec<usize>, CoreError> {
+        let mut events = select_all(runs.into_iter().map(|run| {
+            let sequences = run.sequences;
+            run.events.map(move |event| (sequences.clone(), event))
+        }));
+        let mut stopped = Vec::new();
+        while self.sequences.iter().any(|sequence| sequence.progress == Progress::Running) {
+            let Some((sequences, event)) = events.next().await else {
+                let unfinished = self.sequences.iter().filter(|s| s.progress == Progress::Running).count();
+                return Err(unfinished_error(unfinished, self.sequences.len()));
+            };
+            match event? {
+                EngineEvent::PromptLogprobs(logprobs) => {
+                    let _ = out.send(Ok(SampleEvent::PromptLogprobs(logprobs)));
+                }
+                EngineEvent::Tokens { sequence, version, token_ids, logprobs } => {
+                    if token_ids.len() != logprobs.len() {
+                        return Err(engine_bug(format!(
+                            "engine sent {} tokens with {} logprobs",
+                            token_ids.len(),
+                            logprobs.len()
+                        )));
+                    }
+                    let index = self.running(&sequences, sequence)?;
+                    let progress = &mut self.sequences[index];
+                    progress.segments.push(version, u32::try_from(token_ids.len()).unwrap_or(u32::MAX));
+                    progress.token_ids.extend_from_slice(&token_ids);
+                    let cell = self.adapter.cell();
+                    cell.metrics.record_tokens(&cell.labels, version, token_ids.len());
+                    let _ = out.send(Ok(SampleEvent::Tokens { sequence: index as u32, version, token_ids, logprobs }));
+                }
+                EngineEvent::Finished { sequence, reason } => {
+                    let index = self.running(&sequences, sequence)?;
+                    if reason == FinishReason::Abort && self.keeps(admission.stop_cause()) {
+                        self.sequences[index].progress = Progress::Stopped;
+                        stopped.push(index);
+                    } else {
+                        self.finish(index, reason, out);
+                    }
+                }
+            }
+        }
+        Ok(stopped)
+    }
+
+    /// Waits for the adapter to reopen and starts an engine request for each stopped sequence that has budget left
+    /// (ending the others); returns the new admission and runs, or `None` once the request is over.
+    async fn continue_stopped(&mut self, stopped: &[usize], out: &Output) -> Option<(Admission, Vec<EngineRun>)> {
+        self.attempts += 1;
+        let model = self.engine.model_info().clone();
+        let mut continuations = Vec::new();
+        for &index in stopped {
+            match self.request.continuation(index as u32, self.attempts, &self.sequences[index].token_ids, &model) {
+                Continuation::Request(request) => continuations.push((index, request)),
+                Continuation::Finished(reason) => self.finish(index, reason, out),
+            }
+        }
+        if continuations.is_empty() {
+            return None;
+        }
+        let admission = match self.adapter.readmit_kept(self.request.id().clone(), self.deadline.hold_from_now()).await
+        {
+            Ok(admission) => admission,
+            Err(why) => {
+                tracing::debug!(request = %self.request.id(), %why, "a kept request ends without its continuation");
+                for (index, _) in continuations {
+                    self.finish(index, FinishReason::Abort, out);
+                }
+                return None;
+            }
+        };
+        let mut runs = Vec::with_capacity(continuations.len());
+        for (index, request) in continuations {
+            match self.engine.generate(request, admission.cancel_token().clone()).await {
+                Ok(events) => {
+                    self.sequences[index].progress = Progress::Running;
+                    runs.push(EngineRun { events, sequences: Arc::new([index]) });
+                }
+                Err(why) => {
+                    tracing::warn!(request = %self.request.id(), %why, "the engine refused a kept request's continuation");
+                    self.finish(index, FinishReason::Abort, out);
+                }
+            }
+        }
+        if runs.is_empty() {
+            admission.hand_back(Ending::Aborted);
+            return None;
+        }
+        Some((admission, runs))
+    }
+
+    /// Whether a sequence the engine aborted is kept for continuing rather than handed back aborted.
+    fn keeps(&self, cause: Option<StopCause>) -> bool {
+        match cause {
+            Some(StopCause::Kept) => true,
+            Some(StopCause::Paused) => self.request.continues_through_abort_pauses(),
+            Some(StopCause::Targeted | StopCause::Retired) | None => false,
+        }
+    }
+
+    /// The request's index of sequence `sequence` of an engine run, which must be running.
+    fn running(&self, sequences: &[usize], sequence: u32) -> Result<usize, CoreError> {
+        match sequences.get(sequence as usize) {
+            Some(&index) if self.sequences[index].progress == Progress::Running => Ok(index),
+            _ => Err(engine_bug(format!("engine sent an event for sequence {sequence}, which is not running"))),
+        }
+    }
+
+    /// Ends sequence `index` with `reason` and forwards its end with the segments of all its tokens.
+    fn finish(&mut self, index: usize, reason: FinishReason, out: &Output) {
+        let sequence = &mut self.sequences[index];
+        sequence.progress = Progress::Finished;
+        self.aborted |= reason == FinishReason::Abort;
+        let segments = sequence.segments.segments().to_vec();
+        let _ = out.send(Ok(SampleEvent::Finished { sequence: index as u32, reason, segments }));
+    }
+}
+
+fn engine_bug(message: String) -> CoreError {
+    CoreError::Engine(EngineError::Internal(message))
+}
