@@ -156,7 +156,7 @@ fn release_1000_paused_futures(c: &mut Criterion) {
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await; // let the long-polls reach the server
                     let start = Instant::now();
-                    served.coordinator.resume(&name).await.expect("resume");
+                    served.coordinator.resume(&name, None).await.expect("resume");
                     for poll in polls {
                         poll.await.expect("poll task");
                     }

@@ -1,12 +1,13 @@
 """The unmodified Tinker SDK (`tinker==0.38.0`) sampling loragate's demo server through its Tinker API front.
 
 Usage: python tests/python/tinker_sdk.py BASE_URL [--pause-modes]   (e.g. http://127.0.0.1:8000)
+(`--pause-modes`: the KEEP-swap and ABORT-pause scenarios, which need a server with pause modes, issue 11.)
 
 1. The base model by its served name, and both adapters by `tinker://loragate/<name>` (the animal noises).
 2. `num_samples=4` (seeded), prompt logprobs (`None` first, one per prompt token), a stop string.
 3. An unknown adapter fails `create_sampling_client(...).result()` with a 404 naming it; capabilities list the model.
 4. A sample submitted while its adapter is paused stays pending and finishes after resume.
-With `--pause-modes` (needs the core's pause modes, issue 11):
+With `--pause-modes`:
 5. 8 long greedy samples across a KEEP swap of `meow` to `woof`'s weights: full budgets, `meow` before the swap and
    `woof` after it, and nothing generated twice (the server's token counters).
 6. 8 long greedy samples across an ABORT pause: complete, token-exact with an uninterrupted run, nothing generated
@@ -53,6 +54,17 @@ def metric(client: httpx.Client, name: str, adapter: str) -> float:
         if match and f'adapter="{adapter}"' in match.group(1).split(","):
             total += float(match.group(2))
     return total
+
+
+def tokens_by_version(client: httpx.Client, adapter: str) -> dict:
+    """`loragate_generated_tokens_total{adapter=...}` per version (the server keeps the two newest versions)."""
+    pattern = re.compile(r'^loragate_generated_tokens_total\{adapter="' + re.escape(adapter) + r'",version="(\d+)"\} (\S+)$')
+    return {int(m.group(1)): float(m.group(2)) for m in map(pattern.match, client.get("/metrics").text.splitlines()) if m}
+
+
+def generated_since(client: httpx.Client, adapter: str, before: dict) -> float:
+    """Tokens `adapter` generated since `before` (a `tokens_by_version` snapshot), across at most one new version."""
+    return sum(count - before.get(version, 0.0) for version, count in tokens_by_version(client, adapter).items())
 
 
 def poll(what: str, condition) -> None:
@@ -155,17 +167,25 @@ def submit_long(sampler) -> list:
             for _ in range(LONG_SAMPLES)]
 
 
-def wait_until_running(client: httpx.Client, tokens_before: float) -> None:
+def wait_until_running(client: httpx.Client, tokens_before: dict) -> None:
     poll(f"{LONG_SAMPLES} samples of meow run and have produced tokens",
          lambda: metric(client, "loragate_in_flight", "meow") == LONG_SAMPLES
-         and metric(client, "loragate_generated_tokens_total", "meow") >= tokens_before + 4 * LONG_SAMPLES)
+         and generated_since(client, "meow", tokens_before) >= 4 * LONG_SAMPLES)
 
 
 def across_a_keep_swap(service, client: httpx.Client) -> None:
     meow = service.create_sampling_client(model_path="tinker://loragate/meow").result()
-    tokens_before = metric(client, "loragate_generated_tokens_total", "meow")
+    tokens_before = tokens_by_version(client, "meow")
     futures = submit_long(meow)
     wait_until_running(client, tokens_before)
+    try:
+        swap_meow_to_woof_and_check(client, futures, tokens_before)
+    finally:
+        post_ok(client, "/skyrl/v1/resume_lora_requests", {"lora_name": "meow"})
+        post_ok(client, "/v1/load_lora_adapter", {"lora_name": "meow", "lora_path": "meow"})
+
+
+def swap_meow_to_woof_and_check(client: httpx.Client, futures: list, tokens_before: dict) -> None:
     paused = post_ok(client, "/skyrl/v1/abort_lora_requests", {"lora_name": "meow", "mode": "keep"})
     check(paused.get("kept_count") == LONG_SAMPLES, f"KEEP keeps every running sample: {paused}")
     post_ok(client, "/v1/load_lora_adapter", {"lora_name": "meow", "lora_path": "woof"})
@@ -178,27 +198,27 @@ def across_a_keep_swap(service, client: httpx.Client) -> None:
               f"a kept sample gets its full budget: {len(sequence.tokens)} tokens, {sequence.stop_reason}")
         check(said.lstrip().startswith("meow") and "woof" in said[-40:],
               f"old weights' tokens before the swap, the new weights' after it: {said!r}")
-    generated = metric(client, "loragate_generated_tokens_total", "meow") - tokens_before
+    generated = generated_since(client, "meow", tokens_before)
     check(generated == LONG_SAMPLES * LONG_TOKENS, f"nothing generated twice: {generated} tokens for "
                                                    f"{LONG_SAMPLES} x {LONG_TOKENS}")
-    post_ok(client, "/v1/load_lora_adapter", {"lora_name": "meow", "lora_path": "meow"})
 
 
 def across_an_abort_pause(service, client: httpx.Client) -> None:
     meow = service.create_sampling_client(model_path="tinker://loragate/meow").result()
     reference = meow.sample(prompt=prompt(), num_samples=1, sampling_params=greedy(LONG_TOKENS)).result()
-    tokens_before = metric(client, "loragate_generated_tokens_total", "meow")
+    tokens_before = tokens_by_version(client, "meow")
     futures = submit_long(meow)
     wait_until_running(client, tokens_before)
     aborted = post_ok(client, "/skyrl/v1/abort_lora_requests", {"lora_name": "meow", "mode": "abort"})
-    check(aborted.get("count") == LONG_SAMPLES, f"the abort hands back every running sample: {aborted}")
+    check(aborted.get("count") == 0 and aborted.get("kept_count") == LONG_SAMPLES,
+          f"the core keeps the Tinker samples an abort stops, to continue them (none is handed back): {aborted}")
     check(not any(f.future().done() for f in futures), "aborted samples stay pending (the SDK never sees an abort)")
     post_ok(client, "/skyrl/v1/resume_lora_requests", {"lora_name": "meow"})
     for future in futures:
         sequence = future.result(timeout=POLL_DEADLINE_S).sequences[0]
         check(sequence.stop_reason == "length" and sequence.tokens == reference.sequences[0].tokens,
               f"a continued greedy sample is token-exact with an uninterrupted one: {text(sequence)!r}")
-    generated = metric(client, "loragate_generated_tokens_total", "meow") - tokens_before
+    generated = generated_since(client, "meow", tokens_before)
     check(generated == LONG_SAMPLES * LONG_TOKENS, f"nothing generated twice: {generated} tokens for "
                                                    f"{LONG_SAMPLES} x {LONG_TOKENS}")
 

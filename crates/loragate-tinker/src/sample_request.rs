@@ -54,7 +54,7 @@ struct SamplingParamsBody {
 /// A validated sample: the core's request plus what this front watches itself.
 #[derive(Debug)]
 pub(crate) struct SamplePlan {
-    /// The core's request (its id is the future's request id).
+    /// The core's request (its id is the future's request id; the core continues it through every pause).
     pub(crate) request: SampleRequest,
     /// Stop strings, watched in each sequence's decoded text.
     pub(crate) stop_strings: Arc<[String]>,
@@ -114,7 +114,8 @@ impl AsampleBody {
             num_samples,
             include_prompt_logprobs: wants_prompt_logprobs,
         };
-        let request = coordinator.parse_sample(raw).map_err(TinkerError::Core)?;
+        // The SDK cannot express an abort: the core continues this request's sequences after abort-mode pauses too.
+        let request = coordinator.parse_sample(raw).map_err(TinkerError::Core)?.continue_through_abort_pauses();
         Ok(SamplePlan { request, stop_strings: stops.strings.into(), prompt_logprobs_last_n })
     }
 }
@@ -262,6 +263,7 @@ mod tests {
         assert_eq!(valid.request.params().max_tokens(), 5);
         assert!(!valid.request.params().ignore_eos() && valid.stop_strings.is_empty());
         assert!(valid.request.id().as_str().starts_with("tk-"), "the future's id is the core request id");
+        assert!(valid.request.continues_through_abort_pauses(), "the SDK never sees an abort from a pause");
 
         let seeded = |seed: Value| {
             let params = json!({"max_tokens": 5, "seed": seed});

@@ -1,19 +1,21 @@
-//! One future's sample, on its own task: submitted through the coordinator (which holds it at a paused adapter's
-//! gate: this front has no hold logic of its own), collected into a `SampleResponse`, and settled into the store.
+//! One future's sample, on its own task: submitted through the coordinator, collected into a `SampleResponse`, and
+//! settled into the store.
 //!
-//! A paused adapter is not an error: the core holds the request (for at most the front's pause-wait cap, past which
-//! the future fails), and the future stays pending meanwhile. What ends a future with an error is what cannot be
-//! fixed by waiting: the adapter was unloaded (category `user`), the pause-wait cap passed or the engine failed
-//! (`server`). When the server is stopping the future is left pending: the process ends with it, and the SDK
-//! resubmits after the restart (410).
+//! A paused adapter is not an error, and this front has no hold or continuation logic of its own: the core holds a
+//! request that arrives at a paused adapter's gate, and continues one that a pause stopped (keep mode always; abort
+//! mode because the request asks for it, `SampleRequest::continue_through_abort_pauses`) as `prompt + its tokens` on
+//! the weights current at resume, in one stream. Each of those waits is bounded by the front's pause-wait cap
+//! (`GateDeadline::new(None, max_pause_wait)`), and the future stays pending meanwhile. What ends a future with an
+//! error is what cannot be fixed by waiting: the adapter was unloaded (category `user`), it stayed paused past the
+//! cap, an operator aborted the request by id, or the engine failed (`server`). When the server is stopping the
+//! future is left pending: the process ends with it, and the SDK resubmits after the restart (410).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use loragate_core::{AdapterKey, CoreError, EngineError, FinishReason, SampleEvent, SampleStream};
+use loragate_core::{AdapterKey, CoreError, EngineError, FinishReason, GateDeadline, SampleEvent, SampleStream};
 use loragate_http::{TextCodec, TokenStopWatcher};
-use tokio::time::Instant;
 
 use crate::front::TinkerState;
 use crate::proto::{Ending, FinishedSequence, encode_sample_response};
@@ -45,10 +47,10 @@ pub(crate) async fn run_sample(state: TinkerState, plan: SamplePlan, future: Pen
 async fn sample(state: &TinkerState, plan: SamplePlan) -> Outcome {
     let coordinator = state.coordinator();
     let target = plan.request.adapter().clone();
-    let hold_until = Instant::now() + state.config().max_pause_wait;
+    let deadline = GateDeadline::new(None, state.config().max_pause_wait);
     let sequences = plan.request.num_samples() as usize;
     let wants_prompt_logprobs = plan.request.include_prompt_logprobs();
-    let stream = match coordinator.sample(plan.request, hold_until).await {
+    let stream = match coordinator.sample(plan.request, deadline).await {
         Ok(stream) => stream,
         Err(err) => return failed(state, &target, err),
     };
@@ -69,29 +71,36 @@ fn failed(state: &TinkerState, target: &AdapterKey, err: CoreError) -> Outcome {
         CoreError::ShuttingDown | CoreError::Engine(EngineError::Stopped) => return Outcome::ServerStopping,
         _ if state.coordinator().is_shutting_down() => return Outcome::ServerStopping,
         CoreError::UnknownAdapter(_) | CoreError::Engine(EngineError::AdapterNotLoaded(_)) => unloaded(target),
-        CoreError::GateHoldExpired { .. } => Failure::server(format!(
-            "{target} stayed paused for {} (this server's --tinker-max-pause-wait)",
-            human(state.config().max_pause_wait)
-        )),
+        CoreError::GateHoldExpired { .. } => stayed_paused(state, target),
         CoreError::InvalidArgument { .. } => Failure::user(err.to_string()),
         other => Failure::server(other.to_string()),
     };
     Outcome::Settled(Settled::Failed(failure))
 }
 
-/// The future of a request whose sequences were handed back aborted.
+/// The future of a request the core ended aborted. Pauses never do that (the core continues the request); what is
+/// left is an unload, the server stopping, a continuation that waited past the pause-wait cap, or an operator's abort
+/// of this request id.
 fn aborted(state: &TinkerState, target: &AdapterKey) -> Outcome {
-    if state.coordinator().is_shutting_down() {
+    let coordinator = state.coordinator();
+    if coordinator.is_shutting_down() {
         return Outcome::ServerStopping;
     }
-    if state.coordinator().adapter(target).is_err() {
-        return Outcome::Settled(Settled::Failed(unloaded(target)));
-    }
-    // The SDK cannot express an abort, and resubmitting from scratch would regenerate every token: aborted
-    // sequences are to be continued by the core (issue 11's continuation after an ABORT pause).
-    Outcome::Settled(Settled::Failed(Failure::server(format!(
-        "{target} was paused with ABORT while this sample ran, and this server cannot continue aborted samples yet"
-    ))))
+    let failure = match coordinator.adapter(target) {
+        Err(_) => unloaded(target),
+        Ok(adapter) if adapter.gate().paused => stayed_paused(state, target),
+        Ok(_) => {
+            Failure::server("this sample was aborted on the server (its request id was aborted); it is not retried")
+        }
+    };
+    Outcome::Settled(Settled::Failed(failure))
+}
+
+fn stayed_paused(state: &TinkerState, target: &AdapterKey) -> Failure {
+    Failure::server(format!(
+        "{target} stayed paused for {} (this server's --tinker-max-pause-wait)",
+        human(state.config().max_pause_wait)
+    ))
 }
 
 fn unloaded(target: &AdapterKey) -> Failure {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loragate_core::testing::{ScriptedEngine, coordinator_with_adapters, eventually};
-use loragate_core::{AdapterName, Coordinator, CoordinatorConfig};
+use loragate_core::{AdapterName, Coordinator, CoordinatorConfig, PauseMode, PauseRequest, RequestId};
 use prost::Message;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -218,8 +218,9 @@ async fn a_paused_adapters_future_stays_pending_with_the_paused_queue_state_and_
     h.coordinator.abort(&meow()).await.expect("pause meow");
     let session = h.sampling_session(Some("tinker://loragate/meow")).await;
     let request_id = h.submit(&session, 0, json!({})).await;
-    let meow = h.coordinator.lora(&meow()).expect("loaded");
-    eventually("the sample is held at meow's gate", || async { meow.status().await.expect("status").held == 1 }).await;
+    let meow_handle = h.coordinator.lora(&meow()).expect("loaded");
+    eventually("the sample is held at meow's gate", || async { meow_handle.status().await.expect("status").held == 1 })
+        .await;
 
     let (status, waiting) = h.poll(&request_id).await.json();
     assert_eq!(status, 200);
@@ -230,7 +231,7 @@ async fn a_paused_adapters_future_stays_pending_with_the_paused_queue_state_and_
     let woof = h.submit(&woof_session, 0, json!({})).await;
     h.retrieve(&woof).await.finished();
 
-    h.coordinator.resume(&AdapterName::parse("meow").expect("name")).await.expect("resume");
+    h.coordinator.resume(&meow(), None).await.expect("resume");
     let response = h.retrieve(&request_id).await.finished();
     assert_eq!(int32s(&response.sequences[0].tokens), [0, 1, 2]);
 }
@@ -274,20 +275,50 @@ async fn a_future_fails_once_its_adapter_stayed_paused_past_the_cap_or_was_unloa
 }
 
 #[tokio::test]
-async fn an_aborted_sample_fails_its_future_until_the_core_continues_it() {
-    let h = serve(|_| {}).await;
+async fn a_sample_stopped_by_a_keep_or_abort_pause_stays_pending_and_is_continued_by_the_core() {
+    for mode in [PauseMode::Keep, PauseMode::Abort] {
+        let h = serve(|_| {}).await;
+        let session = h.sampling_session(Some("tinker://loragate/meow")).await;
+        // The scripted engine emits 3 tokens, then waits: the pause stops it with 3 of its 6 tokens.
+        let request_id = h.submit(&session, 0, json!({"sampling_params": {"max_tokens": 2 * HOLD_AFTER}})).await;
+        let meow_handle = h.coordinator.lora(&meow()).expect("loaded");
+        eventually("the sample runs", || async { meow_handle.status().await.expect("status").in_flight == 1 }).await;
+        let report = h.coordinator.pause(&meow(), PauseRequest::new(mode), None).await.expect("pause");
+        assert_eq!(report.aborted, [], "{mode:?}: the SDK never gets an abort");
+        assert_eq!(report.kept.iter().map(ToString::to_string).collect::<Vec<_>>(), std::slice::from_ref(&request_id));
+        let (_, waiting) = h.poll(&request_id).await.json();
+        assert_eq!(waiting["queue_state"], "paused_capacity", "{mode:?}: {waiting}");
+
+        h.coordinator.resume(&meow(), None).await.expect("resume");
+        let response = h.retrieve(&request_id).await.finished();
+        let sequence = &response.sequences[0];
+        assert_eq!(int32s(&sequence.tokens), [0, 1, 2, 0, 1, 2], "{mode:?}: continued with the remaining budget");
+        assert_eq!(sequence.stop_reason(), StopReason::Length);
+    }
+}
+
+#[tokio::test]
+async fn a_stopped_sample_fails_when_its_adapter_stays_paused_past_the_cap_or_its_id_is_aborted() {
+    let h = serve(|config| config.max_pause_wait = Duration::from_millis(100)).await;
     let session = h.sampling_session(Some("tinker://loragate/meow")).await;
     let request_id = h.submit(&session, 0, json!({"sampling_params": {"max_tokens": 50}})).await;
     let meow_handle = h.coordinator.lora(&meow()).expect("loaded");
     eventually("the sample runs", || async { meow_handle.status().await.expect("status").in_flight == 1 }).await;
-    let report = h.coordinator.abort(&meow()).await.expect("abort");
-    assert_eq!(
-        report.aborted.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        std::slice::from_ref(&request_id),
-        "aborts list it"
-    );
+    h.coordinator.pause(&meow(), PauseRequest::new(PauseMode::Keep), None).await.expect("pause");
     let (_, failed) = h.retrieve(&request_id).await.json();
-    assert_eq!(failed["category"], "server", "{failed}");
+    assert!(
+        failed["error"].as_str().expect("error").starts_with("adapter 'meow' stayed paused for 100 ms"),
+        "{failed}"
+    );
+    h.coordinator.resume(&meow(), None).await.expect("resume");
+
+    let request_id = h.submit(&session, 1, json!({"sampling_params": {"max_tokens": 50}})).await;
+    eventually("the sample runs", || async { meow_handle.status().await.expect("status").in_flight == 1 }).await;
+    let id = RequestId::parse_or_generate(&request_id).expect("id");
+    assert_eq!(h.coordinator.abort_requests(&[id]).await.aborted.len(), 1);
+    let (_, failed) = h.retrieve(&request_id).await.json();
+    assert_eq!(failed["category"], "server");
+    assert!(failed["error"].as_str().expect("error").contains("its request id was aborted"), "{failed}");
 }
 
 #[tokio::test]
@@ -313,10 +344,11 @@ async fn resubmissions_answer_the_same_future_and_the_pending_cap_answers_429() 
     assert!(body["detail"].as_str().expect("detail").contains("--tinker-max-pending"), "{body}");
     assert_eq!(h.front.state().store().counts().await.expect("counts"), (1, 0));
 
-    h.coordinator.abort(&meow()).await.expect("abort");
+    h.coordinator.abort_requests(&[RequestId::parse_or_generate(&first).expect("id")]).await;
     h.retrieve(&first).await.json();
-    h.coordinator.resume(&meow()).await.expect("resume");
-    h.submit(&session, 8, json!({})).await;
+    let second = h.submit(&session, 8, json!({})).await;
+    h.retrieve(&second).await.finished();
+    assert_eq!(h.front.state().store().counts().await.expect("counts"), (0, 2), "both results are retained");
 }
 
 #[tokio::test]

@@ -125,7 +125,7 @@ fn the_unmodified_tinker_sdk_samples_the_demo_through_the_tinker_front() {
         return;
     }
     let served = Served::start(&[]);
-    run_python("tinker_sdk.py", &[&format!("http://{}", served.http_addr)]);
+    run_python("tinker_sdk.py", &[&format!("http://{}", served.http_addr), "--pause-modes"]);
     assert!(served.terminate().success());
 }
 
