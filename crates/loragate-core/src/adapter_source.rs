@@ -1,7 +1,10 @@
 //! Where adapter weights may be read from. A path from a request becomes an [`AdapterSource`] only through
 //! [`AdapterRoot::resolve`], which refuses anything outside the root (absolute paths elsewhere, `..` escapes,
-//! symlinks pointing out).
+//! symlinks pointing out) with one message, whether or not the path exists outside. Engines open the files of a
+//! source only through [`AdapterSource::open_file`], which refuses anything but a regular file and, for a source
+//! inside a root, a file whose real path leaves the root (a symlinked file pointing out).
 
+use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -11,18 +14,77 @@ use crate::error::{CoreError, Field};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdapterSource {
     dir: PathBuf,
+    /// The root every file must lie in (canonical), for a source resolved from a request.
+    root: Option<PathBuf>,
 }
 
 impl AdapterSource {
-    /// A directory named by the operator (command line or configuration), trusted as is.
+    /// A directory named by the operator (command line or configuration), trusted as is: its files may be symlinks
+    /// anywhere (a Hugging Face cache snapshot is), but must still be regular files.
     pub fn trusted(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+        Self { dir: dir.into(), root: None }
     }
 
     /// The directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+
+    /// The adapter root this source's files must lie in, if it came from a request.
+    pub fn confined_to(&self) -> Option<&Path> {
+        self.root.as_deref()
+    }
+
+    /// Opens the file `name` (a file name, no separators) of the directory for reading, with its length. Blocking
+    /// (call it off the async runtime). Every error's message names the file. Refuses, with an
+    /// [`io::ErrorKind::InvalidInput`] error:
+    /// - anything but a regular file: FIFOs, devices, sockets, directories (opening never blocks on a FIFO);
+    /// - for a source inside an adapter root, a file whose canonical path is outside that root.
+    ///
+    /// The file opened is the one checked: its canonical path is opened without following a final symlink, and the
+    /// opened handle's own metadata is what is checked.
+    pub fn open_file(&self, name: &str) -> io::Result<(File, u64)> {
+        let refused = || {
+            let place = if self.root.is_some() { "a regular file inside the adapter root" } else { "a regular file" };
+            io::Error::new(io::ErrorKind::InvalidInput, format!("{name} is not {place}"))
+        };
+        let missing = || io::Error::new(io::ErrorKind::NotFound, format!("{name} is missing"));
+        let unreadable = |err: io::Error| io::Error::new(err.kind(), format!("cannot read {name}: {err}"));
+        let path = self.dir.join(name);
+        match std::fs::symlink_metadata(&path) {
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Err(missing()),
+            Err(err) => return Err(unreadable(err)),
+            Ok(_) => {}
+        }
+        // Inside a root, a dangling link says no more than a link out: whether a path outside exists is private.
+        let canonical = std::fs::canonicalize(&path).map_err(|err| match err.kind() {
+            io::ErrorKind::NotFound if self.root.is_none() => missing(),
+            _ => refused(),
+        })?;
+        if self.root.as_ref().is_some_and(|root| !canonical.starts_with(root)) {
+            return Err(refused());
+        }
+        let file = open_no_follow_no_block(&canonical)
+            .map_err(|err| if self.root.is_some() { refused() } else { unreadable(err) })?;
+        let metadata = file.metadata().map_err(unreadable)?;
+        if !metadata.is_file() {
+            return Err(refused());
+        }
+        Ok((file, metadata.len()))
+    }
+}
+
+/// Opens `path` read-only without following a final symlink and without blocking (a FIFO with no writer would
+/// otherwise block the open).
+#[cfg(unix)]
+fn open_no_follow_no_block(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)
+}
+
+#[cfg(not(unix))]
+fn open_no_follow_no_block(path: &Path) -> io::Result<File> {
+    File::open(path)
 }
 
 /// The only directory tree that `LoadLoraAdapter` requests may read from.
@@ -47,31 +109,23 @@ impl AdapterRoot {
     }
 
     /// Resolves a requested path (relative paths are taken from the root) to a directory inside the root, following
-    /// symlinks before checking. Errors name the `path` field.
+    /// symlinks before checking. Errors name the `path` field, and say the same for a path that does not exist, one
+    /// outside the root and one that is not a directory, so a caller learns nothing about paths outside the root.
     pub async fn resolve(&self, requested: &str) -> Result<AdapterSource, CoreError> {
         if requested.is_empty() {
             return Err(CoreError::invalid(Field::Path, "must not be empty"));
         }
-        let joined = self.root.join(requested);
-        let canonical = match tokio::fs::canonicalize(&joined).await {
-            Ok(path) => path,
-            Err(err) if err.kind() == io::ErrorKind::NotFound => {
-                return Err(CoreError::invalid(Field::Path, format!("{requested:?} does not exist")));
-            }
-            Err(err) => {
-                return Err(CoreError::invalid(Field::Path, format!("{requested:?} cannot be read: {err}")));
-            }
-        };
-        if !canonical.starts_with(&self.root) {
-            return Err(CoreError::invalid(
+        let not_inside = || {
+            CoreError::invalid(
                 Field::Path,
-                format!("{requested:?} is outside the adapter root {}", self.root.display()),
-            ));
+                format!("{requested:?} is not an adapter directory inside the adapter root"),
+            )
+        };
+        let canonical = tokio::fs::canonicalize(self.root.join(requested)).await.map_err(|_| not_inside())?;
+        if !canonical.starts_with(&self.root) || !tokio::fs::metadata(&canonical).await.is_ok_and(|m| m.is_dir()) {
+            return Err(not_inside());
         }
-        if !canonical.is_dir() {
-            return Err(CoreError::invalid(Field::Path, format!("{requested:?} is not a directory")));
-        }
-        Ok(AdapterSource { dir: canonical })
+        Ok(AdapterSource { dir: canonical, root: Some(self.root.clone()) })
     }
 }
 
@@ -79,38 +133,87 @@ impl AdapterRoot {
 mod tests {
     use super::*;
 
-    fn temp_tree() -> (PathBuf, AdapterRoot) {
-        let base = std::env::temp_dir().join(format!("loragate-root-{}", rand::random::<u64>()));
-        std::fs::create_dir_all(base.join("root/meow")).expect("mkdir");
-        std::fs::create_dir_all(base.join("outside")).expect("mkdir");
-        let root = AdapterRoot::new(base.join("root")).expect("root");
+    /// `base/root/meow/` (an adapter directory with a config file) and `base/outside/` (with a file), for tests.
+    fn temp_tree() -> (tempfile::TempDir, AdapterRoot) {
+        let base = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir_all(base.path().join("root/meow")).expect("mkdir");
+        std::fs::create_dir_all(base.path().join("outside")).expect("mkdir");
+        std::fs::write(base.path().join("root/meow/adapter_config.json"), "{}").expect("write");
+        std::fs::write(base.path().join("outside/secret.json"), "{}").expect("write");
+        let root = AdapterRoot::new(base.path().join("root")).expect("root");
         (base, root)
     }
 
     #[tokio::test]
-    async fn paths_inside_the_root_resolve() {
+    async fn paths_inside_the_root_resolve_and_their_regular_files_open() {
         let (base, root) = temp_tree();
         let source = root.resolve("meow").await.expect("relative path");
         assert!(source.dir().ends_with("root/meow"));
-        let absolute = base.join("root/meow");
+        assert_eq!(source.confined_to(), Some(root.path()));
+        let (_, len) = source.open_file("adapter_config.json").expect("a regular file opens");
+        assert_eq!(len, 2);
+        let absolute = base.path().join("root/meow");
         assert!(root.resolve(absolute.to_str().expect("utf8")).await.is_ok());
-        std::fs::remove_dir_all(base).ok();
     }
 
     #[tokio::test]
-    async fn escapes_and_symlinks_out_are_refused_naming_the_field() {
+    async fn escapes_and_symlinks_out_are_refused_with_one_message_naming_the_field() {
         let (base, root) = temp_tree();
         #[cfg(unix)]
-        std::os::unix::fs::symlink(base.join("outside"), base.join("root/sneaky")).expect("symlink");
-        let outside = base.join("outside");
-        let mut refused = vec!["../outside", "meow/../../outside", outside.to_str().expect("utf8"), "missing", ""];
+        {
+            std::os::unix::fs::symlink(base.path().join("outside"), base.path().join("root/sneaky")).expect("symlink");
+            std::os::unix::fs::symlink(base.path().join("nowhere"), base.path().join("root/dangling"))
+                .expect("symlink");
+        }
+        let outside = base.path().join("outside");
+        let missing_outside = base.path().join("missing");
+        let mut refused = vec![
+            "../outside",
+            "../missing",
+            "meow/../../outside",
+            outside.to_str().expect("utf8"),
+            missing_outside.to_str().expect("utf8"),
+            "missing",
+            "meow/adapter_config.json",
+        ];
         if cfg!(unix) {
-            refused.push("sneaky");
+            refused.extend(["sneaky", "dangling"]);
         }
         for path in refused {
             let err = root.resolve(path).await.expect_err(path);
-            assert!(err.to_string().starts_with("path:"), "{path}: {err}");
+            assert_eq!(err.to_string(), format!("path: {path:?} is not an adapter directory inside the adapter root"));
         }
-        std::fs::remove_dir_all(base).ok();
+        assert_eq!(root.resolve("").await.expect_err("empty").to_string(), "path: must not be empty");
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn files_linked_out_of_the_root_fifos_and_devices_are_refused_without_blocking() {
+        let (base, root) = temp_tree();
+        let meow = base.path().join("root/meow");
+        std::os::unix::fs::symlink(base.path().join("outside/secret.json"), meow.join("escape.json")).expect("link");
+        std::os::unix::fs::symlink(base.path().join("outside/gone.json"), meow.join("dangling.json")).expect("link");
+        std::os::unix::fs::symlink("/dev/zero", meow.join("zero.bin")).expect("link");
+        std::os::unix::fs::symlink("adapter_config.json", meow.join("inside.json")).expect("link");
+        let made = std::process::Command::new("mkfifo").arg(meow.join("fifo.bin")).status().expect("mkfifo runs");
+        assert!(made.success());
+        std::fs::create_dir(meow.join("dir.bin")).expect("mkdir");
+
+        let source = root.resolve("meow").await.expect("resolves");
+        for name in ["escape.json", "dangling.json", "zero.bin", "fifo.bin", "dir.bin"] {
+            let err = source.open_file(name).expect_err(name);
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{name}");
+            assert_eq!(err.to_string(), format!("{name} is not a regular file inside the adapter root"));
+        }
+        assert!(source.open_file("inside.json").is_ok(), "a link that stays inside the root is fine");
+
+        // An operator's directory may link anywhere (a Hugging Face cache does), but only to regular files.
+        let trusted = AdapterSource::trusted(&meow);
+        assert!(trusted.open_file("escape.json").is_ok());
+        for name in ["zero.bin", "fifo.bin"] {
+            assert_eq!(trusted.open_file(name).expect_err(name).to_string(), format!("{name} is not a regular file"));
+        }
+        assert_eq!(trusted.open_file("absent.json").expect_err("absent").to_string(), "absent.json is missing");
+        assert_eq!(source.open_file("absent.json").expect_err("absent").to_string(), "absent.json is missing");
     }
 }

@@ -327,15 +327,17 @@ impl Coordinator {
             let name = name.clone();
             self.inner.manager.call(|reply| ManagerMsg::Unload { name, reply }, None).await
         };
-        let pending = match unload {
+        let unloading = match unload {
             Ok(CallResult::Success(result)) => result?,
             _ => return Err(CoreError::AdapterUnavailable(key)),
         };
+        let pending = unloading.retired.await.ok().and_then(Result::ok).unwrap_or_default();
         let report = pending.wait(self.inner.config.abort_ack_timeout).await;
         if !report.unacknowledged.is_empty() {
             tracing::warn!(adapter = %name, unacknowledged = ?report.unacknowledged, "unload did not see every request handed back");
         }
-        self.inner.engine.unload_adapter(name).await?;
+        // Only the unloaded adapter's versions: a reload of the name that raced this unload keeps its weights.
+        self.inner.engine.unload_adapter(name, unloading.last_version).await?;
         Ok(())
     }
 

@@ -58,10 +58,20 @@ pub type EngineStream = BoxStream<'static, Result<EngineEvent, EngineError>>;
 ///   the tokens it had produced (nothing produced is lost). A request whose token is cancelled before it starts ends
 ///   the same way with no tokens.
 /// - Dropping the stream means the caller is gone; the engine stops that request's sequences.
+/// - The stream's buffer is bounded and the engine never waits for a slow reader: it may coalesce a sequence's
+///   unread tokens into one [`EngineEvent::Tokens`] (same order, same versions).
+/// - A sequence whose output becomes non-finite ends with [`EngineError::NonFiniteOutput`]; nothing is sampled from
+///   NaN or infinite logits.
 /// - A sequence keeps the adapter weights it started with until it ends, even if the adapter is reloaded or unloaded
 ///   meanwhile, and stamps each token with their version.
+/// - Weights belong to a (name, version) pair. `load_adapter` installs its version only over an older one (a load
+///   that finishes after a newer version of the name was installed changes nothing and succeeds);
+///   `unload_adapter(name, version)` removes the name's weights only if their version is `version` or older. So an
+///   unload, or the clean-up of a load that finished after its adapter was unloaded, never removes weights that a
+///   later load of the same name installed.
 /// - `load_adapter` validates everything before installing: on error the previously installed weights of that name
-///   stay in service.
+///   stay in service. It returns within a bounded time: a load that cannot finish (a hung file system) fails and
+///   installs nothing, ever.
 #[async_trait]
 pub trait Engine: Send + Sync + 'static {
     /// The served model's limits.
@@ -70,7 +80,8 @@ pub trait Engine: Send + Sync + 'static {
     /// Starts sampling `request`; cancelling `cancel` aborts it.
     async fn generate(&self, request: SampleRequest, cancel: CancellationToken) -> Result<EngineStream, EngineError>;
 
-    /// Validates and installs the adapter at `source` under `name`, as `version`, for sequences started from now on.
+    /// Validates and installs the adapter at `source` under `name`, as `version`, for sequences started from now on
+    /// (unless a newer version of `name` is installed already).
     async fn load_adapter(
         &self,
         name: &AdapterName,
@@ -78,8 +89,9 @@ pub trait Engine: Send + Sync + 'static {
         source: &AdapterSource,
     ) -> Result<(), EngineError>;
 
-    /// Removes `name`'s weights for sequences started from now on.
-    async fn unload_adapter(&self, name: &AdapterName) -> Result<(), EngineError>;
+    /// Removes `name`'s weights for sequences started from now on if their version is `version` or older; newer
+    /// weights of `name` stay. Unknown names are fine.
+    async fn unload_adapter(&self, name: &AdapterName, version: AdapterVersion) -> Result<(), EngineError>;
 }
 
 /// What an engine can fail with.
@@ -98,6 +110,10 @@ pub enum EngineError {
     /// The engine has stopped and serves nothing more.
     #[error("the engine has stopped")]
     Stopped,
+    /// A sequence's logits became NaN or infinite (an adapter's values overflowed the model's arithmetic): the
+    /// sequence was stopped rather than sampled from garbage. Other sequences are unaffected.
+    #[error("the model's output became non-finite (NaN or infinite logits) {0}; nothing was sampled from it")]
+    NonFiniteOutput(String),
     /// Anything else (a model computation failed).
     #[error("engine failure: {0}")]
     Internal(String),
@@ -111,6 +127,7 @@ impl EngineError {
             Self::AdapterIncompatible(_) => "adapter_incompatible",
             Self::AdapterNotLoaded(_) => "adapter_not_loaded",
             Self::Stopped => "engine_stopped",
+            Self::NonFiniteOutput(_) => "non_finite_output",
             Self::Internal(_) => "engine_internal",
         }
     }

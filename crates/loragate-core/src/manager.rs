@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use tokio::sync::oneshot;
 
 use crate::adapter::{
     AdapterActor, AdapterArgs, AdapterCell, AdapterHandle, AdapterMsg, PauseRequest, PendingHandBacks, Retirement,
@@ -31,15 +32,24 @@ pub(crate) enum ManagerMsg {
         result: Result<AdapterVersion, CoreError>,
         reply: RpcReplyPort<Result<AdapterVersion, CoreError>>,
     },
-    /// Unpublishes `name`, marks it removed and cancels its admitted requests; the actor stops once it has
-    /// answered. The reply says what to wait on.
-    Unload { name: AdapterName, reply: RpcReplyPort<Result<PendingHandBacks, CoreError>> },
+    /// Unpublishes `name`, seals its versions, marks it removed and cancels its admitted requests; the actor stops
+    /// once it has answered.
+    Unload { name: AdapterName, reply: RpcReplyPort<Result<Unloading, CoreError>> },
     /// Sets (or clears, for `None`) the global pause that every adapter created from now on starts with, and
     /// answers with every adapter that exists now (published or still loading, and the base model), for the caller
     /// to pause or release. Done in the manager so no adapter escapes between the two.
     SetGlobalPause { pause: Option<PauseRequest>, reply: RpcReplyPort<Vec<AdapterHandle>> },
     /// Whether a global pause is set.
     IsGloballyPaused { reply: RpcReplyPort<bool> },
+}
+
+/// An adapter being unloaded: the answer to [`ManagerMsg::Unload`].
+pub(crate) struct Unloading {
+    /// The last version the adapter's loads were given: every weights version it can have in the engine is at most
+    /// this, and a reload of the name starts above it.
+    pub(crate) last_version: AdapterVersion,
+    /// The actor's answer to its retirement: what to wait on for the hand-backs (nothing if the actor was gone).
+    pub(crate) retired: oneshot::Receiver<Result<PendingHandBacks, CoreError>>,
 }
 
 /// The manager's behaviour.
@@ -150,14 +160,16 @@ impl Actor for AdapterManager {
                 match state.supervised.get(&key) {
                     Some(adapter) if adapter.published => {
                         let actor = adapter.actor.clone();
-                        state.retired_versions.insert(name, adapter.cell.last_reserved_version());
+                        let last_version = adapter.cell.seal_versions();
+                        state.retired_versions.insert(name, last_version);
                         state.discard(&key);
-                        // Retire, then drain: the actor answers Retire (and anything queued before it) and stops.
-                        let unsent = actor.cast(AdapterMsg::Retire { why: Retirement::Unloaded, reply });
-                        if let Err(ractor::MessagingErr::SendErr(AdapterMsg::Retire { reply, .. })) = unsent {
-                            let _ = reply.send(Ok(PendingHandBacks::default()));
-                        }
+                        // Retire, then drain: the actor answers Retire (and anything queued before it) and stops. If
+                        // it is already gone, the answer's sender is dropped with the message: nothing to wait on.
+                        let (retire_reply, retired) = oneshot::channel();
+                        let _ =
+                            actor.cast(AdapterMsg::Retire { why: Retirement::Unloaded, reply: retire_reply.into() });
                         let _ = actor.drain();
+                        let _ = reply.send(Ok(Unloading { last_version, retired }));
                     }
                     _ => {
                         let _ = reply.send(Err(CoreError::UnknownAdapter(key)));

@@ -2,6 +2,7 @@
 //! without a model whose behaviour tests can predict exactly.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -24,13 +25,16 @@ pub type GenerateHook = Box<dyn Fn(&SampleRequest, &CancellationToken) + Send + 
 /// its logprob `-0.01 * i`), stamped with the version last loaded under the request's adapter. If the budget is at
 /// most `hold_after` it then ends with `Length`; otherwise it waits until cancelled and ends with `Abort`. A request
 /// cancelled before it starts ends with `Abort` and no tokens. Loads from a directory named `bad` fail with
-/// `AdapterIncompatible`; other loads succeed without reading anything.
+/// `AdapterIncompatible`; other loads succeed without reading anything. Versions follow the [`Engine`] contract: a
+/// load installs only over an older version, an unload removes only its version or older.
 pub struct ScriptedEngine {
     info: ModelInfo,
     hold_after: u32,
     versions: Mutex<HashMap<AdapterName, AdapterVersion>>,
     loads: AtomicU32,
+    loads_started: AtomicU32,
     load_permits: Option<Arc<Semaphore>>,
+    source_permits: HashMap<PathBuf, Arc<Semaphore>>,
     on_generate: Option<GenerateHook>,
     linger: bool,
 }
@@ -44,7 +48,9 @@ impl ScriptedEngine {
             hold_after,
             versions: Mutex::new(HashMap::new()),
             loads: AtomicU32::new(0),
+            loads_started: AtomicU32::new(0),
             load_permits: None,
+            source_permits: HashMap::new(),
             on_generate: None,
             linger: false,
         }
@@ -68,12 +74,28 @@ impl ScriptedEngine {
         self.load_permits = Some(permits);
         self
     }
+
+    /// Makes loads from `dir` wait for a permit from `permits` instead (to hold one load while others go on).
+    pub fn with_load_permits_for(mut self, dir: impl Into<PathBuf>, permits: Arc<Semaphore>) -> Self {
+        self.source_permits.insert(dir.into(), permits);
+        self
+    }
 }
 
 impl ScriptedEngine {
     /// How many loads reached the engine.
     pub fn loads(&self) -> u32 {
         self.loads.load(Ordering::Acquire)
+    }
+
+    /// How many loads were asked of the engine, including those still waiting for a permit.
+    pub fn loads_started(&self) -> u32 {
+        self.loads_started.load(Ordering::Acquire)
+    }
+
+    /// The version of `name` whose weights the engine serves new requests with, if any.
+    pub fn installed(&self, name: &AdapterName) -> Option<AdapterVersion> {
+        self.versions.lock().get(name).copied()
     }
 }
 
@@ -133,19 +155,27 @@ impl Engine for ScriptedEngine {
         version: AdapterVersion,
         source: &AdapterSource,
     ) -> Result<(), EngineError> {
-        if let Some(permits) = &self.load_permits {
+        self.loads_started.fetch_add(1, Ordering::AcqRel);
+        let permits = self.source_permits.get(source.dir()).or(self.load_permits.as_ref());
+        if let Some(permits) = permits {
             permits.acquire().await.map_err(|_| EngineError::Stopped)?.forget();
         }
         self.loads.fetch_add(1, Ordering::AcqRel);
         if source.dir().ends_with("bad") {
             return Err(EngineError::AdapterIncompatible(format!("{} has the wrong shapes", source.dir().display())));
         }
-        self.versions.lock().insert(name.clone(), version);
+        let mut versions = self.versions.lock();
+        if versions.get(name).is_none_or(|installed| *installed < version) {
+            versions.insert(name.clone(), version);
+        }
         Ok(())
     }
 
-    async fn unload_adapter(&self, name: &AdapterName) -> Result<(), EngineError> {
-        self.versions.lock().remove(name);
+    async fn unload_adapter(&self, name: &AdapterName, version: AdapterVersion) -> Result<(), EngineError> {
+        let mut versions = self.versions.lock();
+        if versions.get(name).is_some_and(|installed| *installed <= version) {
+            versions.remove(name);
+        }
         Ok(())
     }
 }

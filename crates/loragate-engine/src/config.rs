@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use crate::error::EngineLoadError;
 
@@ -130,11 +131,35 @@ pub struct EngineConfig {
     /// Serve at most this many tokens of context, below the model's `max_position_embeddings` (a real checkpoint's
     /// 128k context is rarely what a CPU or a small GPU should promise). `None` serves the model's full length.
     pub max_context_length: Option<u32>,
+    /// The largest LoRA rank (`r`) an adapter may have: its rank columns are multiplied for every row of every
+    /// batch it joins, and its weights grow with it.
+    pub max_lora_rank: usize,
+    /// The largest `adapter_model.safetensors` accepted, in bytes.
+    pub max_adapter_bytes: u64,
+    /// How long reading and checking one adapter may take; past it the load fails and installs nothing.
+    pub adapter_load_timeout: Duration,
+}
+
+impl EngineConfig {
+    /// The default [`EngineConfig::max_lora_rank`].
+    pub const DEFAULT_MAX_LORA_RANK: usize = 64;
+    /// The default [`EngineConfig::max_adapter_bytes`]: 1 GiB.
+    pub const DEFAULT_MAX_ADAPTER_BYTES: u64 = 1 << 30;
+    /// The default [`EngineConfig::adapter_load_timeout`].
+    pub const DEFAULT_ADAPTER_LOAD_TIMEOUT: Duration = Duration::from_secs(120);
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { device: Device::Cpu, dtype: DType::F32, max_batch_size: 64, max_context_length: None }
+        Self {
+            device: Device::Cpu,
+            dtype: DType::F32,
+            max_batch_size: 64,
+            max_context_length: None,
+            max_lora_rank: Self::DEFAULT_MAX_LORA_RANK,
+            max_adapter_bytes: Self::DEFAULT_MAX_ADAPTER_BYTES,
+            adapter_load_timeout: Self::DEFAULT_ADAPTER_LOAD_TIMEOUT,
+        }
     }
 }
 

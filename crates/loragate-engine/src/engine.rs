@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -11,15 +12,14 @@ use loragate_core::{
     AdapterKey, AdapterName, AdapterSource, AdapterVersion, Engine, EngineError, EngineStream, ModelInfo, SampleRequest,
 };
 use parking_lot::RwLock;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::EngineConfig;
+use crate::detached::{DetachedError, run_detached};
 use crate::error::EngineLoadError;
-use crate::lora::{AdapterWeights, load_peft_adapter};
+use crate::lora::{AdapterLimits, AdapterWeights, load_peft_adapter};
 use crate::model::{Llama, ModelConfig};
-use crate::scheduler::{StepThread, Submission};
+use crate::scheduler::{StepThread, Submission, outbox};
 use crate::tokenizer::Tokenizer;
 
 #[cfg(test)]
@@ -34,6 +34,8 @@ pub struct CandleEngine {
     device: candle_core::Device,
     dtype: candle_core::DType,
     adapters: RwLock<HashMap<AdapterName, InstalledAdapter>>,
+    adapter_limits: AdapterLimits,
+    adapter_load_timeout: Duration,
     tokenizer: Option<Tokenizer>,
     step_thread: StepThread,
 }
@@ -72,7 +74,17 @@ impl CandleEngine {
         };
         let (device, dtype) = (model.device().clone(), model.dtype());
         let step_thread = StepThread::spawn(model, config.max_batch_size).map_err(EngineLoadError::Thread)?;
-        Ok(Self { info, model_config, device, dtype, adapters: RwLock::default(), tokenizer, step_thread })
+        Ok(Self {
+            info,
+            model_config,
+            device,
+            dtype,
+            adapters: RwLock::default(),
+            adapter_limits: AdapterLimits { max_rank: config.max_lora_rank, max_bytes: config.max_adapter_bytes },
+            adapter_load_timeout: config.adapter_load_timeout,
+            tokenizer,
+            step_thread,
+        })
     }
 
     /// The model directory's tokenizer, if it has a `tokenizer.json`.
@@ -104,9 +116,9 @@ impl Engine for CandleEngine {
                 (Some(installed.weights), installed.version)
             }
         };
-        let (events, receiver) = mpsc::unbounded_channel();
+        let (events, receiver) = outbox();
         self.step_thread.submit(Submission { request, adapter, version, cancel, events })?;
-        Ok(UnboundedReceiverStream::new(receiver).boxed())
+        Ok(receiver.boxed())
     }
 
     async fn load_adapter(
@@ -115,13 +127,32 @@ impl Engine for CandleEngine {
         version: AdapterVersion,
         source: &AdapterSource,
     ) -> Result<(), EngineError> {
-        let dir = source.dir().to_owned();
+        let source = source.clone();
         let (model, device, dtype) = (Arc::clone(&self.model_config), self.device.clone(), self.dtype);
-        let weights = tokio::task::spawn_blocking(move || load_peft_adapter(&dir, &model, &device, dtype))
-            .await
-            .map_err(|err| EngineError::Internal(format!("the adapter loading task failed: {err}")))??;
+        let limits = self.adapter_limits;
+        // On a detached thread: a load that hangs fails at the timeout and holds up neither other loads nor shutdown.
+        let load = move || load_peft_adapter(&source, &model, &device, dtype, limits);
+        let weights = match run_detached("loragate-adapter-load", self.adapter_load_timeout, load).await {
+            Ok(loaded) => loaded?,
+            Err(DetachedError::TimedOut(limit)) => {
+                return Err(EngineError::AdapterFiles(format!(
+                    "reading the adapter took longer than {limit:?} (--adapter-load-timeout); nothing was installed"
+                )));
+            }
+            Err(err) => return Err(EngineError::Internal(format!("loading the adapter failed: {err}"))),
+        };
         let installed = InstalledAdapter { version, weights: Arc::new(weights) };
-        let replaced = self.adapters.write().insert(name.clone(), installed);
+        let replaced = {
+            let mut adapters = self.adapters.write();
+            match adapters.get(name) {
+                Some(newer) if newer.version >= version => {
+                    let installed = newer.version;
+                    tracing::info!(adapter = %name, %version, %installed, "adapter superseded before it was installed");
+                    return Ok(());
+                }
+                _ => adapters.insert(name.clone(), installed),
+            }
+        };
         // Old weights still used by running sequences live on in their `Arc`s; otherwise they are freed here,
         // outside the lock.
         drop(replaced);
@@ -129,10 +160,16 @@ impl Engine for CandleEngine {
         Ok(())
     }
 
-    async fn unload_adapter(&self, name: &AdapterName) -> Result<(), EngineError> {
-        let removed = self.adapters.write().remove(name);
-        if removed.is_some() {
-            tracing::info!(adapter = %name, "adapter unloaded");
+    async fn unload_adapter(&self, name: &AdapterName, version: AdapterVersion) -> Result<(), EngineError> {
+        let removed = {
+            let mut adapters = self.adapters.write();
+            match adapters.get(name) {
+                Some(installed) if installed.version <= version => adapters.remove(name),
+                _ => None,
+            }
+        };
+        if let Some(removed) = removed {
+            tracing::info!(adapter = %name, version = %removed.version, "adapter unloaded");
         }
         Ok(())
     }

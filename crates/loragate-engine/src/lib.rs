@@ -26,6 +26,7 @@
 
 mod config;
 mod demo;
+mod detached;
 mod engine;
 mod error;
 mod lora;

@@ -17,7 +17,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::model::ModelConfig;
 
 pub(crate) use bank::LoraBatch;
-pub(crate) use peft::load_peft_adapter;
+pub(crate) use peft::{AdapterLimits, load_peft_adapter};
 
 /// A projection LoRA can adapt, by its Hugging Face module name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -102,6 +102,17 @@ impl LoraPair {
 
     pub(crate) fn rank(&self) -> usize {
         self.b_t.dims()[0]
+    }
+
+    /// Whether every value of `Aᵀ` and `(s·B)ᵀ` is finite, as stored (in the pair's dtype).
+    pub(crate) fn is_finite(&self) -> candle_core::Result<bool> {
+        for factor in [&self.a_t, &self.b_t] {
+            let values = factor.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            if !values.iter().all(|value| value.is_finite()) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// The pair on `device` as `dtype`.

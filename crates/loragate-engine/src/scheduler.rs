@@ -9,11 +9,15 @@
 //! 4. advance every running sequence by one token in **one** batched forward pass, whatever their adapters
 //!    (base-model rows included) and lengths, and emit the tokens.
 //!
-//! A cancelled request is therefore answered within one step. Errors of the model end the affected requests with
-//! [`EngineError::Internal`]; the thread keeps serving. Dropping the [`StepThread`] stops the thread after its
-//! current step, and every request still in it ends with [`EngineError::Stopped`].
+//! A cancelled request is therefore answered within one step. Events go to each request's [`outbox`], which never
+//! makes a step wait for a slow reader. A sequence whose logits are not all finite (an adapter's values overflowed)
+//! fails with [`EngineError::NonFiniteOutput`] instead of sampling, and leaves the batch; the other rows go on.
+//! Errors of the model end the affected requests with [`EngineError::Internal`]; the thread keeps serving. Dropping
+//! the [`StepThread`] stops the thread after its current step, and every request still in it ends with
+//! [`EngineError::Stopped`].
 
 mod batch;
+mod outbox;
 mod sequence;
 #[cfg(test)]
 mod tests;
@@ -32,6 +36,7 @@ use crate::sampler::Sampler;
 use batch::Batch;
 use sequence::{RequestContext, Sequence};
 
+pub(crate) use outbox::outbox;
 pub(crate) use sequence::Submission;
 
 /// Prompt positions whose logits are materialised at once when prompt logprobs are asked for.
@@ -96,7 +101,7 @@ impl Scheduler {
             self.run_step();
         }
         for submission in self.waiting.drain(..) {
-            let _ = submission.events.send(Err(EngineError::Stopped));
+            submission.events.send(Err(EngineError::Stopped));
         }
         self.batch.stop_all();
     }
@@ -167,7 +172,7 @@ impl Scheduler {
             let events = submission.events.clone();
             if let Err(err) = self.admit(submission) {
                 tracing::error!(error = %err, "prefill failed");
-                let _ = events.send(Err(EngineError::Internal(format!("prefill failed: {err}"))));
+                events.send(Err(EngineError::Internal(format!("prefill failed: {err}"))));
             }
         }
     }
@@ -188,21 +193,30 @@ impl Scheduler {
         let tokens = Tensor::from_slice(prompt, (1, prompt.len()), device)?;
         let lora = LoraBatch::uniform(context.adapter.as_ref())?;
         let prefill = self.model.forward_sequences(&tokens, &lora)?;
-        if request.include_prompt_logprobs() {
-            context.send(EngineEvent::PromptLogprobs(self.prompt_logprobs(&prefill.hidden, prompt)?));
-        }
         let last = prefill.hidden.narrow(1, prompt.len() - 1, 1)?;
         let logprobs = log_softmax(&self.model.logits(&last)?)?.flatten_all()?.to_vec1::<f32>()?;
+        if request.include_prompt_logprobs() {
+            let prompt_logprobs = self.prompt_logprobs(&prefill.hidden, prompt)?;
+            // The first is NaN by definition (nothing predicts it); any other non-finite value is overflow.
+            if prompt_logprobs[1..].iter().all(|logprob| logprob.is_finite()) {
+                context.send(EngineEvent::PromptLogprobs(prompt_logprobs));
+            } else {
+                let where_ = format!("in the prompt logprobs, with adapter version {}", context.version);
+                context.events.send(Err(EngineError::NonFiniteOutput(where_)));
+                return Ok(());
+            }
+        }
         let mut continuing = 0;
         for index in 0..request.num_samples() {
             let sampler = Sampler::new(request.params(), index);
             let mut sequence = Sequence::new(Arc::clone(&context), index, sampler, prompt.len());
             match sequence.advance(&logprobs, self.model.context_length()) {
-                Some(reason) => sequence.finish(reason),
-                None => {
+                Ok(Some(reason)) => sequence.finish(reason),
+                Ok(None) => {
                     self.batch.push_row(sequence);
                     continuing += 1;
                 }
+                Err(error) => sequence.fail(error),
             }
         }
         self.batch.push_cache(&prefill.kv, continuing)

@@ -1,6 +1,6 @@
 //! Tiny random models and helpers shared by the unit tests.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -153,24 +153,16 @@ pub(crate) async fn collect(mut stream: EngineStream) -> Collected {
     collected
 }
 
-/// A directory removed when dropped.
-pub(crate) struct TempDir(PathBuf);
+/// A temporary directory (from `tempfile`) named after its test, removed when dropped.
+pub(crate) struct TempDir(tempfile::TempDir);
 
 impl TempDir {
     pub(crate) fn new(label: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("loragate-{label}-{:016x}", rand::random::<u64>()));
-        std::fs::create_dir_all(&path).expect("temp dir");
-        Self(path)
+        Self(tempfile::Builder::new().prefix(&format!("loragate-{label}-")).tempdir().expect("temp dir"))
     }
 
     pub(crate) fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.0.path()
     }
 }
 

@@ -85,6 +85,15 @@ pub struct ServeArgs {
     /// Serve at most this many tokens of context (default: the model's own length).
     #[arg(long, value_name = "TOKENS")]
     pub max_context_length: Option<u32>,
+    /// The largest LoRA rank (`r`) an adapter may have; loads of larger ones are refused.
+    #[arg(long, value_name = "RANK", default_value_t = EngineConfig::DEFAULT_MAX_LORA_RANK)]
+    pub max_lora_rank: usize,
+    /// The largest adapter weights file (adapter_model.safetensors) accepted, in bytes (default: 1 GiB).
+    #[arg(long, value_name = "BYTES", default_value_t = EngineConfig::DEFAULT_MAX_ADAPTER_BYTES)]
+    pub max_adapter_bytes: u64,
+    /// How long reading and checking one adapter may take before its load fails (installing nothing).
+    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
+    pub adapter_load_timeout: Duration,
     /// Tinker API: the longest a sample waits for its paused adapter before its future fails (keep it below the
     /// SDK's 120-minute stuck detection).
     #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
@@ -125,6 +134,9 @@ impl ServeArgs {
                 dtype: self.dtype,
                 max_batch_size: self.max_batch_size,
                 max_context_length: self.max_context_length,
+                max_lora_rank: self.max_lora_rank,
+                max_adapter_bytes: self.max_adapter_bytes,
+                adapter_load_timeout: self.adapter_load_timeout,
             },
             tinker: TinkerConfig {
                 max_pause_wait: self.tinker_max_pause_wait,
@@ -157,7 +169,10 @@ mod tests {
         assert_eq!(args.grpc_addr, "127.0.0.1:50051".parse().expect("address"));
         assert_eq!(args.http_addr, "127.0.0.1:8000".parse().expect("address"));
         assert!(args.model.is_none() && args.adapters.is_empty());
-        assert!(matches!(args.into_config().model, ModelSource::Demo { .. }));
+        let config = args.into_config();
+        assert!(matches!(config.model, ModelSource::Demo { .. }));
+        assert_eq!((config.engine.max_lora_rank, config.engine.max_adapter_bytes), (64, 1 << 30));
+        assert_eq!(config.engine.adapter_load_timeout, Duration::from_secs(120));
     }
 
     #[test]
@@ -177,6 +192,12 @@ mod tests {
             "5s",
             "--device",
             "cuda:1",
+            "--max-lora-rank",
+            "16",
+            "--max-adapter-bytes",
+            "1000000",
+            "--adapter-load-timeout",
+            "5s",
         ])
         .expect("parses");
         let Command::Serve(args) = cli.command else { panic!("serve") };
@@ -184,6 +205,9 @@ mod tests {
         assert_eq!(names, vec!["meow", "woof"]);
         assert_eq!(args.gate_max_wait, Duration::from_secs(5));
         assert_eq!(args.device, Device::Cuda(1));
+        let engine = args.into_config().engine;
+        assert_eq!((engine.max_lora_rank, engine.max_adapter_bytes), (16, 1_000_000));
+        assert_eq!(engine.adapter_load_timeout, Duration::from_secs(5));
         for bad in ["meow", "=dir", "bad name=dir", "meow="] {
             assert!(Cli::try_parse_from(["loragate", "serve", "--adapter", bad]).is_err(), "{bad}");
         }

@@ -206,14 +206,22 @@ impl AdapterState {
             let _ = reply.send(Err(CoreError::UnknownAdapter(AdapterKey::Base)));
             return;
         };
+        let Some(version) = self.cell.reserve_version() else {
+            // Unloaded: queued loads never start (a version handed out now could be a reload's too).
+            let gone = || Err(CoreError::UnknownAdapter(self.cell.key().clone()));
+            let _ = reply.send(gone());
+            for (_, reply) in self.loads.queued.drain(..) {
+                let _ = reply.send(gone());
+            }
+            return;
+        };
         self.loads.running = true;
-        let version = self.cell.reserve_version();
         let (cell, engine) = (self.cell.clone(), self.engine.clone());
         tokio::spawn(async move {
             let result = engine.load_adapter(&name, version, &source).await;
             if result.is_ok() && cell.gate_state().retired.is_some() {
-                // Unloaded while loading: do not leave weights behind in the engine.
-                let _ = engine.unload_adapter(&name).await;
+                // Unloaded while loading: remove what this load installed (and nothing a later load installed).
+                let _ = engine.unload_adapter(&name, version).await;
             }
             match cell.current_actor() {
                 Some(actor) => {

@@ -19,13 +19,17 @@ use super::status::{AdapterStatus, ResumeReport};
 use crate::ids::{AdapterKey, AdapterVersion};
 use crate::metrics::{AdapterLabels, CoreMetrics};
 
+/// Set in `last_reserved_version` by [`AdapterCell::seal_versions`]: no version is handed out after it.
+const SEALED: u64 = 1 << 63;
+
 /// The durable state of one adapter. Gate writes (`pause`, `release`, `expire_lease`, `install_version`, `retire`)
 /// are made by the adapter's actor only (and by the manager before the actor exists).
 pub(crate) struct AdapterCell {
     key: AdapterKey,
     gate: watch::Sender<GateState>,
     actor: watch::Sender<Option<ActorRef<AdapterMsg>>>,
-    /// The last version handed to a load (installed or not), so versions are never reused, across restarts too.
+    /// The last version handed to a load (installed or not), so versions are never reused, across restarts too; with
+    /// [`SEALED`] set once the adapter is unloaded.
     last_reserved_version: AtomicU64,
     pub(crate) held: AtomicU32,
     pub(crate) waiting: AtomicU32,
@@ -142,20 +146,25 @@ impl AdapterCell {
         });
     }
 
-    /// Hands out the next version number for a load.
-    pub(crate) fn reserve_version(&self) -> AdapterVersion {
-        AdapterVersion(self.last_reserved_version.fetch_add(1, Ordering::AcqRel) + 1)
+    /// Hands out the next version number for a load; `None` once the versions are sealed (the adapter is unloaded).
+    pub(crate) fn reserve_version(&self) -> Option<AdapterVersion> {
+        self.last_reserved_version
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| (last & SEALED == 0).then_some(last + 1))
+            .ok()
+            .map(|last| AdapterVersion(last + 1))
     }
 
-    /// Gives back a version whose load failed, if no later one was handed out, so failures leave no gaps.
+    /// Gives back a version whose load failed, if no later one was handed out (and the versions are not sealed), so
+    /// failures leave no gaps.
     pub(crate) fn release_version(&self, version: AdapterVersion) {
         let _ =
             self.last_reserved_version.compare_exchange(version.0, version.0 - 1, Ordering::AcqRel, Ordering::Acquire);
     }
 
-    /// The highest version reserved so far (for numbering a later reload of the same name).
-    pub(crate) fn last_reserved_version(&self) -> AdapterVersion {
-        AdapterVersion(self.last_reserved_version.load(Ordering::Acquire))
+    /// Stops handing out versions (the adapter is being unloaded) and returns the last one handed out: every version
+    /// this adapter's loads can ever install is at most that, and a reload of the name starts above it.
+    pub(crate) fn seal_versions(&self) -> AdapterVersion {
+        AdapterVersion(self.last_reserved_version.fetch_or(SEALED, Ordering::AcqRel) & !SEALED)
     }
 
     /// Makes `version` current unless a later one already is.
@@ -197,5 +206,23 @@ impl AdapterCell {
             kept: self.kept.load(Ordering::Acquire),
             pauses: self.pauses.lock().snapshot(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_versions_are_never_handed_out_and_a_release_does_not_unseal() {
+        let cell = AdapterCell::new(AdapterKey::Base, AdapterVersion(4), Arc::default());
+        assert_eq!(cell.reserve_version(), Some(AdapterVersion(5)));
+        assert_eq!(cell.reserve_version(), Some(AdapterVersion(6)));
+        cell.release_version(AdapterVersion(5));
+        assert_eq!(cell.seal_versions(), AdapterVersion(6), "a release of an older version leaves the count");
+        assert_eq!(cell.reserve_version(), None);
+        cell.release_version(AdapterVersion(6));
+        assert_eq!(cell.reserve_version(), None, "still sealed after a release");
+        assert_eq!(cell.seal_versions(), AdapterVersion(6), "sealing again changes nothing");
     }
 }

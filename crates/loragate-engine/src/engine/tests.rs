@@ -12,6 +12,9 @@ use crate::test_support::{
     Collected, TempDir, collect, greedy, peft_tensors, request, tiny_config, tiny_model, write_peft,
 };
 
+mod adapter_files;
+mod races;
+
 fn engine() -> CandleEngine {
     CandleEngine::start(tiny_model(tiny_config(vec![])), None, &EngineConfig::default()).expect("engine")
 }
@@ -45,7 +48,7 @@ async fn unknown_adapters_are_not_loaded_and_unloading_is_idempotent() {
         engine.generate(request, CancellationToken::new()).await,
         Err(EngineError::AdapterNotLoaded(adapter)) if adapter.as_str() == "ghost"
     ));
-    engine.unload_adapter(&name("ghost")).await.expect("unloading an unknown adapter is fine");
+    engine.unload_adapter(&name("ghost"), AdapterVersion(1)).await.expect("unloading an unknown adapter is fine");
 }
 
 #[tokio::test]
@@ -184,6 +187,28 @@ async fn bad_adapters_are_refused_with_the_right_error_and_the_old_weights_stay_
     assert_eq!(engine.adapters(), vec![(meow, AdapterVersion(1))]);
 }
 
+#[tokio::test]
+async fn weights_belong_to_their_version_and_older_loads_or_unloads_never_touch_newer_ones() {
+    let engine = engine();
+    let dir = TempDir::new("peft-owned");
+    let (v1, v2) = (dir.path().join("v1"), dir.path().join("v2"));
+    write_good_adapter(&v1, 1);
+    write_good_adapter(&v2, 2);
+    let meow = name("meow");
+    engine.load_adapter(&meow, AdapterVersion(2), &AdapterSource::trusted(&v2)).await.expect("v2");
+    engine.load_adapter(&meow, AdapterVersion(1), &AdapterSource::trusted(&v1)).await.expect("a late v1 succeeds");
+    assert_eq!(engine.adapters(), vec![(meow.clone(), AdapterVersion(2))], "v1 was not installed over v2");
+    assert_eq!(sample(&engine, greedy("meow", &[1, 2], 4)).await.single().versions, vec![2; 4]);
+
+    engine.unload_adapter(&meow, AdapterVersion(1)).await.expect("unload v1");
+    assert_eq!(engine.adapters(), vec![(meow.clone(), AdapterVersion(2))], "unloading v1 leaves v2");
+    engine.unload_adapter(&meow, AdapterVersion(2)).await.expect("unload v2");
+    assert!(engine.adapters().is_empty());
+    engine.load_adapter(&meow, AdapterVersion(3), &AdapterSource::trusted(&v1)).await.expect("v3");
+    engine.unload_adapter(&meow, AdapterVersion(7)).await.expect("unload up to v7");
+    assert!(engine.adapters().is_empty(), "an unload removes older versions too");
+}
+
 /// Reads events until `count` tokens arrived (failing after 30 s).
 async fn read_tokens(stream: &mut loragate_core::EngineStream, collected: &mut Collected, count: usize) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -215,7 +240,7 @@ async fn running_sequences_keep_the_weights_and_version_they_started_with() {
     assert_eq!(fresh.single().versions, vec![2; 40]);
     assert_ne!(fresh.single().token_ids, reference.single().token_ids, "v2 has other weights");
 
-    engine.unload_adapter(&meow).await.expect("unload");
+    engine.unload_adapter(&meow, AdapterVersion(2)).await.expect("unload");
     read_tokens(&mut stream, &mut running, 40).await;
     cancel.cancel();
     while let Some(event) = stream.next().await {

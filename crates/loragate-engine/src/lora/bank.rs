@@ -1,18 +1,23 @@
 //! Applying different adapters to different rows of one batch.
 //!
-//! **Design: concatenate, then mask.** For each adapted projection, the `A`s of every distinct adapter in the batch
-//! are concatenated along the rank axis into one `(in, R)` matrix and the `B`s into one `(R, out)` matrix
-//! (`R = Σ rᵢ`), a *bank*. One step computes `((x·A_catᵀ) ⊙ M)·B_catᵀ`, where the row mask `M` `(rows, R)` is 1 on
-//! the rank columns of the row's adapter and 0 elsewhere (all 0 for base-model rows: the "zero adapter").
+//! **Design: concatenate, then select.** For each adapted projection, the `A`s of every distinct adapter in the
+//! batch are concatenated along the rank axis into one `(in, R)` matrix and the `B`s into one `(R, out)` matrix
+//! (`R = Σ rᵢ`), a *bank*. One step computes `select(M, x·A_catᵀ, 0)·B_catᵀ`, where the row mask `M` `(rows, R)` is
+//! true on the rank columns of the row's adapter and false elsewhere (all false for base-model rows: the "zero
+//! adapter"), and `select` keeps the value where `M` is true and puts an exact zero elsewhere.
 //!
 //! Why this rather than the alternatives:
-//! - the op count per projection is constant (two matmuls and a multiply), whatever the number of rows and of
+//! - the op count per projection is constant (two matmuls and a select), whatever the number of rows and of
 //!   adapters, unlike grouping rows per adapter (`index_select`/`index_add` per adapter per projection);
 //! - nothing is gathered per row: BGMV-style `index_select` of per-row `A`/`B` copies `rows × r × (in + out)`
 //!   values per projection per step, which costs more than the matmuls it feeds on a CPU;
 //! - the extra work, `rows × (R − r)` wasted multiply-adds per projection, is small while a batch mixes a handful
-//!   of adapters (the RL case: one or a few policies being trained), and the masked columns are exact zeros, so a
-//!   row's result does not depend on the other rows' adapters.
+//!   of adapters (the RL case: one or a few policies being trained);
+//! - **isolation**: a row's result never depends on the other rows' adapters, whatever their values. `x·A_catᵀ`
+//!   computes every adapter's columns for every row, and a hostile adapter's columns can overflow to infinity or
+//!   NaN there. Multiplying by a 0/1 mask would turn those into NaN (`0 × ∞`) in every other row; selecting puts
+//!   exact zeros in their place, and the second matmul multiplies them by finite `B` values (the loader refuses
+//!   non-finite weights), so the other rows get exact zeros from them.
 //!
 //! Banks are cached by adapter set (a batch whose membership changes but whose adapters do not reuses its bank);
 //! masks are rebuilt on every membership change (they are tiny).
@@ -20,7 +25,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 use super::{AdapterWeights, LoraTarget};
 
@@ -88,7 +93,7 @@ impl LoraBank {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LoraBatch {
     bank: Option<Arc<LoraBank>>,
-    /// `masks[target]`: `(rows, 1, R)` in the model's dtype.
+    /// `masks[target]`: `(rows, 1, R)`, `u8`: 1 on the row's own rank columns.
     masks: [Option<Tensor>; 7],
 }
 
@@ -113,7 +118,6 @@ impl LoraBatch {
         rows: &[Option<&Arc<AdapterWeights>>],
         cached: Option<&Arc<LoraBank>>,
         device: &Device,
-        dtype: DType,
     ) -> candle_core::Result<Self> {
         let mut distinct: Vec<&Arc<AdapterWeights>> = Vec::new();
         for adapter in rows.iter().flatten() {
@@ -139,12 +143,11 @@ impl LoraBatch {
             if width == 0 || row_columns.iter().all(|range| *range == (0..width)) {
                 continue;
             }
-            let mut values = vec![0f32; rows.len() * width];
+            let mut values = vec![0u8; rows.len() * width];
             for (row, range) in row_columns.iter().enumerate() {
-                values[row * width + range.start..row * width + range.end].fill(1.0);
+                values[row * width + range.start..row * width + range.end].fill(1);
             }
-            let mask = Tensor::from_vec(values, (rows.len(), 1, width), device)?.to_dtype(dtype)?;
-            masks[target.index()] = Some(mask);
+            masks[target.index()] = Some(Tensor::from_vec(values, (rows.len(), 1, width), device)?);
         }
         Ok(Self { bank: Some(bank), masks })
     }
@@ -173,9 +176,63 @@ impl LoraBatch {
             None => down,
             Some(mask) => {
                 let (positions, width) = down.dims2()?;
-                down.reshape((rows, positions / rows, width))?.broadcast_mul(mask)?.reshape((positions, width))?
+                let down = down.reshape((rows, positions / rows, width))?;
+                let mask = mask.broadcast_as(down.shape())?;
+                mask.where_cond(&down, &down.zeros_like()?)?.reshape((positions, width))?
             }
         };
         down.matmul(b_t).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::DType;
+
+    use super::*;
+    use crate::lora::LoraPair;
+    use crate::test_support::{max_abs_diff, tiny_adapter, tiny_config};
+
+    /// An adapter of finite values whose `x·Aᵀ` overflows to infinity for any input: every `A` entry is 1e38.
+    fn overflowing_adapter(rank: usize) -> Arc<AdapterWeights> {
+        let config = tiny_config(vec![]);
+        let cpu = &Device::Cpu;
+        let layers = (0..config.num_layers)
+            .map(|_| {
+                LoraTarget::ALL.map(|target| {
+                    let (fan_in, fan_out) = target.features(&config);
+                    let a = (Tensor::ones((rank, fan_in), DType::F32, cpu).expect("A") * 1e38).expect("A");
+                    let b = Tensor::ones((fan_out, rank), DType::F32, cpu).expect("B");
+                    Some(LoraPair::new(&a, &b, 1.0).expect("pair"))
+                })
+            })
+            .collect();
+        Arc::new(AdapterWeights::new(layers))
+    }
+
+    #[test]
+    fn an_overflowing_adapter_leaves_the_other_rows_of_its_batch_untouched() {
+        let config = tiny_config(vec![]);
+        let cpu = &Device::Cpu;
+        let (meow, hostile) = (tiny_adapter(&config, 1), overflowing_adapter(4));
+        let x = Tensor::randn(0f32, 1.0, (3, config.hidden_size), cpu).expect("x");
+        let rows = [None, Some(&meow), Some(&hostile)];
+        let batch = LoraBatch::for_rows(&rows, None, cpu).expect("batch");
+        let alone = LoraBatch::uniform(Some(&meow)).expect("alone");
+        for target in [LoraTarget::Q, LoraTarget::Down] {
+            let x = if target == LoraTarget::Down {
+                Tensor::randn(0f32, 1.0, (3, config.intermediate_size), cpu).expect("x")
+            } else {
+                x.clone()
+            };
+            let delta = batch.delta(0, target, &x, 3).expect("delta").expect("adapted");
+            let base_row = delta.get(0).expect("row 0");
+            assert_eq!(base_row.abs().and_then(|d| d.max(0)).and_then(|d| d.to_scalar::<f32>()).expect("max"), 0.0);
+            let meow_row = delta.narrow(0, 1, 1).expect("row 1");
+            let meow_alone = alone.delta(0, target, &x.narrow(0, 1, 1).expect("x1"), 1).expect("delta").expect("some");
+            assert!(max_abs_diff(&meow_row, &meow_alone) < 1e-6, "{target:?}: meow's row is what it gets alone");
+            let hostile_row = delta.get(2).expect("row 2").to_vec1::<f32>().expect("values");
+            assert!(hostile_row.iter().any(|v| !v.is_finite()), "the hostile row itself did overflow");
+        }
     }
 }

@@ -1,46 +1,60 @@
 //! PEFT adapter directories: `adapter_config.json` + `adapter_model.safetensors`, parsed and checked against the
-//! base model before anything is installed.
+//! base model and the engine's limits before anything is installed.
 //!
-//! Files that are missing, unreadable or malformed are [`EngineError::AdapterFiles`]; well-formed files that do not
-//! fit the model (unknown or unsupported targets, wrong shapes, ranks that disagree, layers the model lacks, a
-//! declared target without its tensors, PEFT features loragate does not implement) are
+//! Files that are missing, unreadable, malformed, not regular files inside the adapter root, over the size limit,
+//! or holding NaN or infinite values (as the engine's dtype holds them, after scaling) are
+//! [`EngineError::AdapterFiles`]; well-formed files that do not fit the model or the limits (unknown or unsupported
+//! targets, wrong shapes, ranks that disagree or exceed `--max-lora-rank`, an out-of-bounds scale, layers the model
+//! lacks, a declared target without its tensors, PEFT features loragate does not implement) are
 //! [`EngineError::AdapterIncompatible`].
+//!
+//! Order of work: config, then the weights file's header, then every tensor's name, dtype and shape from the header;
+//! only then are tensors read, one at a time.
 
-use std::collections::{BTreeSet, HashMap};
-use std::path::Path;
+mod config;
+mod weights_file;
 
-use candle_core::safetensors::Load;
+use std::collections::HashMap;
+
 use candle_core::{DType, Device, Tensor};
-use loragate_core::EngineError;
-use serde::Deserialize;
+use loragate_core::{AdapterSource, EngineError};
+use safetensors::Dtype;
 
 use super::{AdapterWeights, LoraPair, LoraTarget};
 use crate::model::ModelConfig;
+use config::AdapterConfig;
+use weights_file::WeightsFile;
 
 /// The PEFT config file's name.
 pub(crate) const CONFIG_FILE: &str = "adapter_config.json";
 /// The PEFT weights file's name.
 pub(crate) const WEIGHTS_FILE: &str = "adapter_model.safetensors";
 
-/// Reads and validates the adapter in `dir` for `model`, returning its weights on `device` as `dtype`. Blocking
+/// What an engine accepts of an adapter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AdapterLimits {
+    /// The largest `r`.
+    pub(crate) max_rank: usize,
+    /// The largest `adapter_model.safetensors`, in bytes.
+    pub(crate) max_bytes: u64,
+}
+
+/// Reads and validates the adapter of `source` for `model`, returning its weights on `device` as `dtype`. Blocking
 /// (file reads, tensor conversion): call it off the async runtime.
 pub(crate) fn load_peft_adapter(
-    dir: &Path,
+    source: &AdapterSource,
     model: &ModelConfig,
     device: &Device,
     dtype: DType,
+    limits: AdapterLimits,
 ) -> Result<AdapterWeights, EngineError> {
-    let config = AdapterConfig::read(dir)?;
-    let weights_path = dir.join(WEIGHTS_FILE);
-    let bytes = std::fs::read(&weights_path)
-        .map_err(|err| EngineError::AdapterFiles(format!("cannot read {}: {err}", weights_path.display())))?;
-    let tensors = safetensors::SafeTensors::deserialize(&bytes).map_err(|err| {
-        EngineError::AdapterFiles(format!("{} is not valid safetensors: {err}", weights_path.display()))
-    })?;
+    let config = AdapterConfig::read(source, limits.max_rank, dtype)?;
+    let mut file = WeightsFile::open(source, limits.max_bytes)?;
 
-    let mut factors: HashMap<(usize, LoraTarget, Factor), Tensor> = HashMap::new();
-    for (name, view) in tensors.iter() {
-        let (layer, target, factor) = parse_tensor_name(name, model.num_layers)?;
+    // Every entry is checked against the config and the model before any tensor is read.
+    let mut entries = HashMap::new();
+    for (name, info) in file.entries() {
+        let (layer, target, factor) = parse_tensor_name(&name, model.num_layers)?;
         if !config.targets.contains(&target) {
             return Err(incompatible(format!(
                 "{name} adapts {}, which target_modules {:?} does not declare",
@@ -48,159 +62,62 @@ pub(crate) fn load_peft_adapter(
                 config.target_names()
             )));
         }
-        let tensor = view
-            .load(&Device::Cpu)
-            .map_err(|err| EngineError::AdapterFiles(format!("cannot read tensor {name}: {err}")))?;
+        if !matches!(info.dtype, Dtype::F16 | Dtype::BF16 | Dtype::F32 | Dtype::F64) {
+            return Err(incompatible(format!("{name} has dtype {}, expected floats", info.dtype)));
+        }
         let expected = factor.shape(target, model, config.rank);
-        if tensor.dims() != expected {
+        if info.shape != expected {
             return Err(incompatible(format!(
                 "{name} has shape {:?}, expected {expected:?} (rank {} from adapter_config.json, {} → {} features)",
-                tensor.dims(),
+                info.shape,
                 config.rank,
                 target.features(model).0,
                 target.features(model).1
             )));
         }
-        if !tensor.dtype().is_float() {
-            return Err(incompatible(format!("{name} has dtype {:?}, expected floats", tensor.dtype())));
-        }
-        if factors.insert((layer, target, factor), tensor).is_some() {
+        if entries.insert((layer, target, factor), (name.clone(), info)).is_some() {
             return Err(EngineError::AdapterFiles(format!("{name} appears twice (with and without `.default`)")));
         }
     }
-
-    let to_engine = |tensor: Tensor, name: &str| -> Result<Tensor, EngineError> {
-        let tensor = tensor.to_dtype(DType::F32).map_err(|err| internal(name, err))?;
-        let finite = tensor.abs().and_then(|t| t.sum_all()).and_then(|t| t.to_scalar::<f32>());
-        match finite {
-            Ok(sum) if sum.is_finite() => Ok(tensor),
-            Ok(_) => Err(EngineError::AdapterFiles(format!("{name} holds NaN or infinite values"))),
-            Err(err) => Err(internal(name, err)),
+    for layer in 0..model.num_layers {
+        for &target in &config.targets {
+            for factor in [Factor::A, Factor::B] {
+                if !entries.contains_key(&(layer, target, factor)) {
+                    return Err(incompatible(format!(
+                        "{} is a declared target but its {} tensor is missing",
+                        target.module_path(layer),
+                        factor.name()
+                    )));
+                }
+            }
         }
-    };
+    }
+
     let mut layers = Vec::with_capacity(model.num_layers);
     for layer in 0..model.num_layers {
         let mut pairs: [Option<LoraPair>; 7] = Default::default();
         for &target in &config.targets {
             let path = target.module_path(layer);
-            let mut take = |factor: Factor| {
-                factors.remove(&(layer, target, factor)).ok_or_else(|| {
-                    incompatible(format!("{path} is a declared target but its {} tensor is missing", factor.name()))
-                })
+            let mut read = |factor: Factor| -> Result<Tensor, EngineError> {
+                let (name, info) = &entries[&(layer, target, factor)];
+                let tensor = file.read(name, info)?;
+                tensor.to_dtype(DType::F32).map_err(|err| internal(name, err))
             };
-            let (a, b) = (take(Factor::A)?, take(Factor::B)?);
-            let (a, b) = (to_engine(a, &path)?, to_engine(b, &path)?);
+            let (a, b) = (read(Factor::A)?, read(Factor::B)?);
             let pair = LoraPair::new(&a, &b, config.scale)
-                .and_then(|pair| pair.to_device(device, dtype))
+                .and_then(|pair| pair.to_device(&Device::Cpu, dtype))
                 .map_err(|err| internal(&path, err))?;
-            pairs[target.index()] = Some(pair);
+            if !pair.is_finite().map_err(|err| internal(&path, err))? {
+                return Err(EngineError::AdapterFiles(format!(
+                    "{path} holds NaN or infinite values (after scaling by {} as {dtype:?})",
+                    config.scale
+                )));
+            }
+            pairs[target.index()] = Some(pair.to_device(device, dtype).map_err(|err| internal(&path, err))?);
         }
         layers.push(pairs);
     }
     Ok(AdapterWeights::new(layers))
-}
-
-/// A validated `adapter_config.json`.
-#[derive(Debug)]
-struct AdapterConfig {
-    rank: usize,
-    /// `lora_alpha / r`, or `lora_alpha / √r` with rsLoRA.
-    scale: f64,
-    targets: BTreeSet<LoraTarget>,
-}
-
-impl AdapterConfig {
-    fn read(dir: &Path) -> Result<Self, EngineError> {
-        let path = dir.join(CONFIG_FILE);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|err| EngineError::AdapterFiles(format!("cannot read {}: {err}", path.display())))?;
-        let raw: RawAdapterConfig = serde_json::from_str(&text).map_err(|err| {
-            EngineError::AdapterFiles(format!("{} is not a valid PEFT LoRA config: {err}", path.display()))
-        })?;
-        Self::parse(raw)
-    }
-
-    fn parse(raw: RawAdapterConfig) -> Result<Self, EngineError> {
-        if let Some(peft_type) = &raw.peft_type
-            && peft_type != "LORA"
-        {
-            return Err(incompatible(format!("peft_type is {peft_type:?}; only LORA adapters are supported")));
-        }
-        let unsupported = [
-            (raw.fan_in_fan_out, "fan_in_fan_out"),
-            (raw.use_dora, "use_dora"),
-            (raw.layers_to_transform.as_ref().is_some_and(|v| !v.is_null()), "layers_to_transform"),
-            (raw.rank_pattern.as_ref().is_some_and(|p| !p.is_empty()), "rank_pattern"),
-            (raw.alpha_pattern.as_ref().is_some_and(|p| !p.is_empty()), "alpha_pattern"),
-            (raw.modules_to_save.as_ref().is_some_and(|m| !m.is_empty()), "modules_to_save"),
-            (raw.bias.as_deref().is_some_and(|bias| bias != "none"), "bias other than \"none\""),
-        ];
-        if let Some((_, feature)) = unsupported.iter().find(|(used, _)| *used) {
-            return Err(incompatible(format!("the adapter uses {feature}, which loragate does not support")));
-        }
-        if raw.r == 0 {
-            return Err(incompatible("r must be positive"));
-        }
-        if !raw.lora_alpha.is_finite() {
-            return Err(incompatible(format!("lora_alpha must be finite, got {}", raw.lora_alpha)));
-        }
-        let names = match raw.target_modules {
-            TargetModules::List(names) => names,
-            TargetModules::One(name) if name == "all-linear" => {
-                LoraTarget::ALL.iter().map(|target| target.module_name().to_owned()).collect()
-            }
-            TargetModules::One(name) => vec![name],
-        };
-        let targets = names
-            .iter()
-            .map(|name| {
-                LoraTarget::from_module_name(name).ok_or_else(|| {
-                    incompatible(format!(
-                        "target module {name:?} is not one loragate can adapt (supported: {}; a regular \
-                         expression is not supported)",
-                        LoraTarget::ALL.map(LoraTarget::module_name).join(", ")
-                    ))
-                })
-            })
-            .collect::<Result<BTreeSet<_>, _>>()?;
-        if targets.is_empty() {
-            return Err(incompatible("target_modules is empty"));
-        }
-        let rank = raw.r as f64;
-        let scale = if raw.use_rslora { raw.lora_alpha / rank.sqrt() } else { raw.lora_alpha / rank };
-        Ok(Self { rank: raw.r, scale, targets })
-    }
-
-    fn target_names(&self) -> Vec<&'static str> {
-        self.targets.iter().map(|target| target.module_name()).collect()
-    }
-}
-
-#[derive(Deserialize)]
-struct RawAdapterConfig {
-    r: usize,
-    lora_alpha: f64,
-    target_modules: TargetModules,
-    #[serde(default)]
-    use_rslora: bool,
-    peft_type: Option<String>,
-    #[serde(default)]
-    fan_in_fan_out: bool,
-    #[serde(default)]
-    use_dora: bool,
-    layers_to_transform: Option<serde_json::Value>,
-    rank_pattern: Option<HashMap<String, serde_json::Value>>,
-    alpha_pattern: Option<HashMap<String, serde_json::Value>>,
-    modules_to_save: Option<Vec<String>>,
-    bias: Option<String>,
-}
-
-/// `target_modules`: a list of module names, or one string (a module name or `"all-linear"`).
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum TargetModules {
-    List(Vec<String>),
-    One(String),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

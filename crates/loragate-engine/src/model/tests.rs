@@ -39,7 +39,7 @@ fn prefill(model: &Llama, cache: &mut BatchKvCache, row: &Row) {
 /// recomputation of its own sequence, alone. Then appends a random token to each row.
 fn step_and_compare(model: &Llama, cache: &mut BatchKvCache, rows: &mut [Row], rng: &mut StdRng) {
     let adapters: Vec<_> = rows.iter().map(|row| row.adapter.as_ref()).collect();
-    let lora = LoraBatch::for_rows(&adapters, None, &Device::Cpu, DType::F32).expect("lora");
+    let lora = LoraBatch::for_rows(&adapters, None, &Device::Cpu).expect("lora");
     cache.reserve_step().expect("reserve");
     let last: Vec<u32> = rows.iter().map(|row| row.tokens[row.tokens.len() - 1]).collect();
     let positions: Vec<u32> = rows.iter().map(|row| row.tokens.len() as u32 - 1).collect();

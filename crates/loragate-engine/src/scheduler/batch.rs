@@ -62,14 +62,15 @@ impl Batch {
         })
     }
 
-    /// Advances every row by one token in one forward pass, emits the tokens, and retires finished rows.
+    /// Advances every row by one token in one forward pass, emits the tokens, and retires finished rows (and rows
+    /// whose logits were not finite, with an error).
     pub(super) fn step(&mut self, model: &Llama) -> candle_core::Result<()> {
         if self.rows.is_empty() {
             return Ok(());
         }
         if self.lora_stale {
             let adapters: Vec<_> = self.rows.iter().map(|row| row.request.adapter.as_ref()).collect();
-            self.lora = LoraBatch::for_rows(&adapters, self.lora.bank(), model.device(), model.dtype())?;
+            self.lora = LoraBatch::for_rows(&adapters, self.lora.bank(), model.device())?;
             self.lora_stale = false;
         }
         debug_assert_eq!(self.cache.rows(), self.rows.len(), "row i of the cache is rows[i]");
@@ -85,10 +86,13 @@ impl Batch {
         let context_length = model.context_length();
         let mut finished = Vec::new();
         for (index, (row, row_logprobs)) in self.rows.iter_mut().zip(logprobs.chunks_exact(vocab)).enumerate() {
-            if let Some(reason) = row.advance(row_logprobs, context_length) {
-                row.finish(reason);
-                finished.push(index);
+            match row.advance(row_logprobs, context_length) {
+                Ok(None) => continue,
+                Ok(Some(reason)) => row.finish(reason),
+                // Only this row's logits overflowed: it leaves the batch, the others go on.
+                Err(error) => row.fail(error),
             }
+            finished.push(index);
         }
         if finished.is_empty() {
             return Ok(());

@@ -3,14 +3,11 @@
 use std::sync::Arc;
 
 use loragate_core::{AdapterVersion, EngineError, EngineEvent, FinishReason, SampleRequest};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::outbox::EventSender;
 use crate::lora::AdapterWeights;
 use crate::sampler::Sampler;
-
-/// Where a request's events go. Dropping the last sender ends the caller's stream.
-pub(crate) type EventSender = mpsc::UnboundedSender<Result<EngineEvent, EngineError>>;
 
 /// A request handed to the step thread, with the adapter weights and version it pinned when it was submitted.
 pub(crate) struct Submission {
@@ -31,7 +28,7 @@ impl Submission {
     /// Ends every sequence with `Abort` and no tokens (a no-op if the caller is gone).
     pub(crate) fn abort(&self) {
         for sequence in 0..self.request.num_samples() {
-            let _ = self.events.send(Ok(EngineEvent::Finished { sequence, reason: FinishReason::Abort }));
+            self.events.send(Ok(EngineEvent::Finished { sequence, reason: FinishReason::Abort }));
         }
     }
 }
@@ -61,7 +58,7 @@ impl RequestContext {
 
     pub(crate) fn send(&self, event: EngineEvent) {
         // A closed channel means the caller went away; the next step drops its sequences.
-        let _ = self.events.send(Ok(event));
+        self.events.send(Ok(event));
     }
 }
 
@@ -93,8 +90,19 @@ impl Sequence {
     }
 
     /// Samples the next token from `logprobs`, emits it, and says whether the sequence ends with it (after at most
-    /// `context_length` tokens in all).
-    pub(crate) fn advance(&mut self, logprobs: &[f32], context_length: usize) -> Option<FinishReason> {
+    /// `context_length` tokens in all). If `logprobs` holds a NaN or an infinity (an adapter's values overflowed),
+    /// nothing is sampled or emitted and the sequence must fail with the error returned.
+    pub(crate) fn advance(
+        &mut self,
+        logprobs: &[f32],
+        context_length: usize,
+    ) -> Result<Option<FinishReason>, EngineError> {
+        if !logprobs.iter().all(|logprob| logprob.is_finite()) {
+            return Err(EngineError::NonFiniteOutput(format!(
+                "for sequence {} after {} tokens, with adapter version {}",
+                self.index, self.generated, self.request.version
+            )));
+        }
         let (token, logprob) = self.sampler.sample(logprobs);
         self.generated += 1;
         self.context_len += 1;
@@ -105,13 +113,13 @@ impl Sequence {
             token_ids: vec![token],
             logprobs: vec![logprob],
         });
-        if self.request.stop_tokens.contains(&token) {
+        Ok(if self.request.stop_tokens.contains(&token) {
             Some(FinishReason::Stop)
         } else if self.generated >= self.request.max_tokens || self.context_len >= context_length {
             Some(FinishReason::Length)
         } else {
             None
-        }
+        })
     }
 
     /// Emits the sequence's end.
@@ -121,6 +129,6 @@ impl Sequence {
 
     /// Tells the caller the sequence failed.
     pub(crate) fn fail(&self, error: EngineError) {
-        let _ = self.request.events.send(Err(error));
+        self.request.events.send(Err(error));
     }
 }

@@ -4,15 +4,15 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 use loragate_core::{AdapterVersion, EngineEvent, FinishReason, RawSampleRequest};
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tokio_util::sync::CancellationToken;
 
+use super::outbox::EventReceiver;
 use super::*;
 use crate::lora::AdapterWeights;
 use crate::model::ModelConfig;
 use crate::test_support::{Collected, greedy, request, tiny_adapter, tiny_config, tiny_model};
 
-type Events = UnboundedReceiver<Result<EngineEvent, EngineError>>;
+type Events = EventReceiver;
 
 struct Harness {
     config: ModelConfig,
@@ -33,7 +33,7 @@ impl Harness {
         adapter: Option<&Arc<AdapterWeights>>,
         cancel: CancellationToken,
     ) -> Events {
-        let (events, receiver) = unbounded_channel();
+        let (events, receiver) = outbox();
         let version = if adapter.is_some() { AdapterVersion(1) } else { AdapterVersion::BASE };
         let request = request(&self.config, raw);
         self.scheduler.waiting.push_back(Submission { request, adapter: adapter.cloned(), version, cancel, events });
@@ -65,7 +65,7 @@ impl Harness {
 /// Everything received so far.
 fn drain(events: &mut Events) -> Collected {
     let mut collected = Collected::default();
-    while let Ok(event) = events.try_recv() {
+    while let Some(event) = events.try_recv() {
         collected.record(event);
     }
     collected
@@ -270,4 +270,90 @@ fn tokens_carry_the_version_pinned_at_submission() {
     assert_eq!(collected.single().versions, vec![1; 5]);
     let base = harness.run_alone(greedy("", &[1, 2], 5), None);
     assert_eq!(base.single().versions, vec![0; 5]);
+}
+
+/// An adapter of finite values that passes every load check, yet makes attention overflow from the first decode step
+/// on: every layer's queries get `c·α` on dimension 0 and keys `c·α` on dimension `head_dim / 2` (`c = 1e25`). At
+/// position 0 RoPE is the identity and those dimensions never meet, so a one-token prefill stays finite; from
+/// position 1 on, RoPE mixes them and their products (`c² = 1e50`) overflow `f32` into NaN scores.
+fn decode_overflowing_adapter(config: &ModelConfig) -> Arc<AdapterWeights> {
+    use crate::lora::{LoraPair, LoraTarget};
+    let cpu = &Device::Cpu;
+    let a = (Tensor::ones((1, config.hidden_size), candle_core::DType::F32, cpu).expect("A") * 0.2).expect("A");
+    let factor = |heads: usize, dim: usize| {
+        let mut b = vec![0f32; heads * config.head_dim];
+        for head in 0..heads {
+            b[head * config.head_dim + dim] = 1e25;
+        }
+        Tensor::from_vec(b, (heads * config.head_dim, 1), cpu).expect("B")
+    };
+    let (q, k) = (factor(config.num_heads, 0), factor(config.num_kv_heads, config.head_dim / 2));
+    let layers = (0..config.num_layers)
+        .map(|_| {
+            let mut pairs: [Option<LoraPair>; 7] = Default::default();
+            pairs[LoraTarget::Q.index()] = Some(LoraPair::new(&a, &q, 1.0).expect("q"));
+            pairs[LoraTarget::K.index()] = Some(LoraPair::new(&a, &k, 1.0).expect("k"));
+            pairs
+        })
+        .collect();
+    let adapter = AdapterWeights::new(layers);
+    for target in [LoraTarget::Q, LoraTarget::K] {
+        assert!(adapter.pair(0, target).expect("pair").is_finite().expect("check"), "every value is finite");
+    }
+    Arc::new(adapter)
+}
+
+#[test]
+fn a_sequence_whose_logits_turn_non_finite_fails_and_the_rest_of_its_batch_goes_on() {
+    let config = tiny_config(vec![]);
+    let (meow, hostile) = (tiny_adapter(&config, 1), decode_overflowing_adapter(&config));
+    let mut harness = Harness::new(config, 64);
+    let base_alone = harness.run_alone(greedy("", &[1, 2, 3], 10), None);
+    let meow_alone = harness.run_alone(greedy("meow", &[4, 5], 10), Some(&meow));
+
+    let mut base = harness.submit(greedy("", &[1, 2, 3], 10), None);
+    let mut hostile_decode = harness.submit(greedy("hostile", &[7], 10), Some(&hostile));
+    let mut hostile_prefill = harness.submit(greedy("hostile", &[7, 8], 10), Some(&hostile));
+    let mut meow_events = harness.submit(greedy("meow", &[4, 5], 10), Some(&meow));
+    harness.scheduler.run_step();
+    assert_eq!(harness.scheduler.batch.len(), 2, "base and meow run on; both hostile requests have left");
+    harness.run_until_idle();
+
+    // A prompt of two tokens overflows in the prefill: nothing is sampled.
+    let prefill = drain(&mut hostile_prefill);
+    assert_eq!(token_count(&prefill), 0);
+    assert_eq!(prefill.errors.len(), 1, "{prefill:?}");
+    assert!(prefill.errors[0].contains("non-finite"), "{prefill:?}");
+    // A prompt of one token overflows at the first decode step: the prefill's token, then the error.
+    let decode = drain(&mut hostile_decode);
+    assert_eq!(decode.single().token_ids.len(), 1, "{decode:?}");
+    assert!(decode.single().logprobs[0].is_finite());
+    assert_eq!(decode.single().finish, None);
+    assert_eq!(decode.errors.len(), 1, "{decode:?}");
+    assert!(decode.errors[0].contains("non-finite") && decode.errors[0].contains("after 1 tokens"), "{decode:?}");
+
+    for (events, alone) in [(&mut base, &base_alone), (&mut meow_events, &meow_alone)] {
+        let together = drain(events);
+        assert_eq!(together.single().token_ids, alone.single().token_ids);
+        assert_eq!(together.single().finish, Some(FinishReason::Length));
+        for (a, b) in together.single().logprobs.iter().zip(&alone.single().logprobs) {
+            assert!((a - b).abs() < 1e-4, "logprobs {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn a_reader_that_never_reads_holds_a_bounded_outbox_and_never_stalls_the_step_thread() {
+    let mut harness = Harness::new(tiny_config(vec![]), 64);
+    let raw = RawSampleRequest { num_samples: 3, ..greedy("", &[1, 2], 500) };
+    let mut unread = harness.submit(raw, None);
+    let mut other = harness.submit(greedy("", &[3], 20), None);
+    harness.run_until_idle();
+    assert_eq!(unread.queued(), 6, "per sequence one coalesced Tokens event and one Finished, nothing more");
+    let collected = drain(&mut unread);
+    assert_eq!(collected.sequences.len(), 3);
+    for sequence in &collected.sequences {
+        assert_eq!((sequence.token_ids.len(), sequence.finish), (500, Some(FinishReason::Length)));
+    }
+    assert_eq!(drain(&mut other).single().token_ids.len(), 20);
 }
