@@ -3,11 +3,13 @@
 Usage: python tests/python/http_openai_client.py BASE_URL   (e.g. http://127.0.0.1:8000)
 
 Assumes the demo model: base model served as `loragate-demo`, adapters `meow` and `woof` whose greedy output
-repeats "meow meow ..." / "woof woof ...". Exits non-zero with a message on the first failure.
+repeats "meow meow ..." / "woof woof ...". Ends with a keep-mode swap of meow's weights in the middle of a streamed
+completion (then loads meow's own weights back). Exits non-zero with a message on the first failure.
 """
 
 import sys
 
+import httpx
 import openai
 
 PROMPT = "Make a single short animal noise."
@@ -66,7 +68,38 @@ def main() -> None:
     except openai.NotFoundError as err:
         check(err.status_code == 404, f"unknown model: status {err.status_code}")
 
+    keep_swap_mid_stream(client, base)
     print("ok: http_openai_client")
+
+
+def keep_swap_mid_stream(client: openai.OpenAI, base: str) -> None:
+    """A keep-mode swap of meow's weights (vLLM's `load_inplace`) in the middle of a streamed completion: the SDK
+    knows nothing of pauses and gets one whole stream, whose last chunk's segments name both versions."""
+    budget = 96
+    stream = client.completions.create(model="meow", prompt=PROMPT, max_tokens=budget, temperature=0, stream=True)
+    chunks = iter(stream)
+    token_ids, text, last = [], [], None
+    while len(token_ids) < 8:
+        last = next(chunks).choices[0]
+        token_ids += getattr(last, "token_ids", None) or []
+        text.append(last.text)
+    swap = {"lora_name": "meow", "lora_path": "woof", "load_inplace": True}
+    answer = httpx.post(base + "/v1/load_lora_adapter", json=swap, timeout=60).json()
+    check(answer.get("kept_count") == 1, f"keep swap: the running completion should be kept, got {answer}")
+    kept_at = len(token_ids)
+    for chunk in chunks:
+        last = chunk.choices[0]
+        token_ids += getattr(last, "token_ids", None) or []
+        text.append(last.text)
+    check(last.finish_reason == "length", f"keep swap: finish_reason {last.finish_reason!r}, expected length")
+    check(len(token_ids) == budget, f"keep swap: {len(token_ids)} tokens, expected the whole budget of {budget}")
+    segments = getattr(last, "segments", None) or []
+    versions = [segment["lora_version"] for segment in segments]
+    check(versions[:1] == [1] and versions[-1:] == [answer["version"]], f"keep swap: segments {segments}")
+    check(segments[0]["end"] >= kept_at, f"keep swap: tokens before the swap came from v1: {segments}")
+    check("woof" in "".join(text)[-40:], f"keep swap: the new weights should bark, got {''.join(text)!r}")
+    restore = {"lora_name": "meow", "lora_path": "meow"}
+    check(httpx.post(base + "/v1/load_lora_adapter", json=restore, timeout=60).status_code == 200, "restore meow")
 
 
 if __name__ == "__main__":

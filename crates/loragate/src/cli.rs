@@ -65,6 +65,10 @@ pub struct ServeArgs {
     /// How long an abort waits for its requests to be handed back before reporting the stragglers.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub abort_ack_timeout: Duration,
+    /// The longest a wait-mode pause waits for running requests to finish when its caller set no deadline (past it
+    /// the pause is withdrawn and the call fails).
+    #[arg(long, value_name = "DURATION", default_value = "600s", value_parser = parse_duration)]
+    pub max_pause_drain: Duration,
     /// On SIGINT/SIGTERM, how long running requests may finish before the rest are aborted.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
@@ -128,6 +132,7 @@ impl ServeArgs {
             adapter_root: self.adapter_root,
             gate_max_wait: self.gate_max_wait,
             abort_ack_timeout: self.abort_ack_timeout,
+            max_pause_drain: self.max_pause_drain,
             shutdown_grace: self.shutdown_grace,
             engine: EngineConfig {
                 device: self.device,

@@ -56,6 +56,8 @@ pub struct ServeConfig {
     pub gate_max_wait: Duration,
     /// How long an abort waits for hand-backs.
     pub abort_ack_timeout: Duration,
+    /// The longest drain of a wait-mode pause without a caller deadline.
+    pub max_pause_drain: Duration,
     /// How long running requests may finish on shutdown before the rest are aborted.
     pub shutdown_grace: Duration,
     /// How the engine runs.
@@ -76,6 +78,7 @@ impl ServeConfig {
             adapter_root: None,
             gate_max_wait: Duration::from_secs(120),
             abort_ack_timeout: Duration::from_secs(10),
+            max_pause_drain: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(10),
             engine: EngineConfig::default(),
             tinker: TinkerConfig::default(),
@@ -180,8 +183,8 @@ impl RunningServer {
         let coordinator_config = CoordinatorConfig {
             max_gate_hold: config.gate_max_wait,
             abort_ack_timeout: config.abort_ack_timeout,
+            max_pause_drain: config.max_pause_drain,
             adapter_root,
-            ..CoordinatorConfig::default()
         };
         let coordinator = Coordinator::start(Arc::new(engine), coordinator_config).await?;
         for InitialAdapter { name, dir } in adapters {

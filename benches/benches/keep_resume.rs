@@ -1,0 +1,127 @@
+//! A keep-mode swap on the demo model, through the coordinator and the candle engine: 32 greedy requests of one
+//! adapter are decoding, a keep-mode pause stops them (the core keeps their tokens), the adapter's weights are
+//! reloaded, and the resume is timed until every one of them has its first token from the new version, i.e. until
+//! all 32 continuations of `prompt + tokens so far` were prefilled again and decoded one step.
+//!
+//! `RAYON_NUM_THREADS=1 cargo bench -p loragate-benches --bench keep_resume`
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::Criterion;
+use futures::StreamExt;
+use loragate_core::{
+    AdapterName, AdapterSource, AdapterVersion, Coordinator, CoordinatorConfig, PauseMode, PauseRequest,
+    RawSampleRequest, SampleEvent, SampleStream,
+};
+use loragate_engine::{CandleEngine, EngineConfig, ensure_demo_files};
+use tokio::sync::mpsc;
+
+const REQUESTS: usize = 32;
+/// Tokens each request has produced when it is kept (so each continuation re-prefills the prompt plus these).
+const TOKENS_BEFORE_PAUSE: usize = 32;
+const PROMPT: &str = "Make a single short animal noise.";
+
+async fn demo_coordinator() -> (Coordinator, AdapterSource) {
+    let files = ensure_demo_files(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("loragate-cache")).expect("demo");
+    let engine = CandleEngine::load(&files.model_dir, EngineConfig::default()).expect("demo model");
+    let coordinator = Coordinator::start(Arc::new(engine), CoordinatorConfig::default()).await.expect("coordinator");
+    let meow = AdapterName::parse("meow").expect("name");
+    let weights = AdapterSource::trusted(&files.meow_dir);
+    coordinator.load_adapter(&meow, weights.clone()).await.expect("meow");
+    (coordinator, weights)
+}
+
+async fn start(coordinator: &Coordinator, index: usize) -> SampleStream {
+    let raw = RawSampleRequest {
+        request_id: format!("kept-{index}"),
+        lora_name: "meow".into(),
+        prompt_token_ids: PROMPT.bytes().map(u32::from).collect(),
+        max_tokens: Some(2000),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let request = coordinator.parse_sample(raw).expect("valid");
+    coordinator.sample(request, coordinator.gate_deadline(None)).await.expect("admitted")
+}
+
+/// Reads a stream on its own task: reports once it has `TOKENS_BEFORE_PAUSE` tokens, then once more at its first
+/// token from the version it is told about (the swap's), then drains it.
+fn follow(
+    mut stream: SampleStream,
+    reports: mpsc::UnboundedSender<()>,
+    mut swapped_to: mpsc::UnboundedReceiver<AdapterVersion>,
+) {
+    tokio::spawn(async move {
+        let mut tokens = 0;
+        while tokens < TOKENS_BEFORE_PAUSE {
+            if let Some(Ok(SampleEvent::Tokens { token_ids, .. })) = stream.next().await {
+                tokens += token_ids.len();
+            }
+        }
+        let _ = reports.send(());
+        let Some(new_version) = swapped_to.recv().await else { return };
+        while let Some(event) = stream.next().await {
+            if let Ok(SampleEvent::Tokens { version, .. }) = event
+                && version == new_version
+            {
+                let _ = reports.send(());
+                break;
+            }
+        }
+        while stream.next().await.is_some() {}
+    });
+}
+
+/// One round: returns the time from the resume to the first token of the new weights in every kept request.
+async fn round(coordinator: &Coordinator, weights: &AdapterSource) -> Duration {
+    let meow = AdapterName::parse("meow").expect("name");
+    let (reports, mut reported) = mpsc::unbounded_channel();
+    let mut resume_signals = Vec::with_capacity(REQUESTS);
+    for index in 0..REQUESTS {
+        let (signal, resumed) = mpsc::unbounded_channel();
+        follow(start(coordinator, index).await, reports.clone(), resumed);
+        resume_signals.push(signal);
+    }
+    for _ in 0..REQUESTS {
+        reported.recv().await.expect("a request reached its pause point");
+    }
+    let pause = coordinator.pause(&meow, PauseRequest::new(PauseMode::Keep), None).await.expect("keep");
+    assert_eq!(pause.kept.len(), REQUESTS, "every request was kept: {:?}", pause.kept);
+    let new_version = coordinator.load_adapter(&meow, weights.clone()).await.expect("the new weights");
+    for signal in &resume_signals {
+        let _ = signal.send(new_version);
+    }
+    let started = Instant::now();
+    coordinator.resume(&meow, Some(pause.pause_id)).await.expect("resume");
+    for _ in 0..REQUESTS {
+        reported.recv().await.expect("a kept request produced a token of the new weights");
+    }
+    let elapsed = started.elapsed();
+    coordinator.abort(&meow).await.expect("end the round");
+    coordinator.resume(&meow, None).await.expect("reopen");
+    elapsed
+}
+
+fn main() {
+    let mut criterion = Criterion::default().configure_from_args();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (coordinator, weights) = runtime.block_on(demo_coordinator());
+    let mut group = criterion.benchmark_group("keep_resume");
+    group.sample_size(10).measurement_time(Duration::from_secs(20));
+    group.bench_function("resume_to_first_new_token_of_32_kept_requests", |b| {
+        b.to_async(&runtime).iter_custom(|iterations| {
+            let (coordinator, weights) = (coordinator.clone(), weights.clone());
+            async move {
+                let mut total = Duration::ZERO;
+                for _ in 0..iterations {
+                    total += round(&coordinator, &weights).await;
+                }
+                total
+            }
+        });
+    });
+    group.finish();
+    criterion.final_summary();
+}
