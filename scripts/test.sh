@@ -10,7 +10,15 @@ if [ ! -x .venv/bin/python ]; then
         exit 1
     }
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools openai httpx
+# The Tinker SDK test pins the SDK version its front was checked against; the SDK needs Python >= 3.11.
+# Pinned: the versions the interop tests were last run against.
+python_packages=(grpcio==1.85.1 grpcio-tools==1.85.1 openai==3.54.0 httpx==0.28.1)
+if .venv/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    python_packages+=("tinker==0.38.0")
+else
+    echo "scripts/test.sh: .venv's Python is older than 3.11, so the tinker SDK test will be skipped" >&2
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "${python_packages[@]}"
 export LORAGATE_PYTHON="$PWD/.venv/bin/python"
 # In-process test servers use the compute-thread count `loragate serve` picks on a 2-core machine.
 export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-1}"

@@ -165,8 +165,11 @@ def generated(http: httpx.Client) -> float:
 def keep_swap_mid_stream(client: openai.OpenAI, base: str) -> None:
     """A keep-mode swap of meow's weights (vLLM's `load_inplace`) in the middle of a streamed completion: the SDK
     knows nothing of pauses and gets one whole stream, whose last chunk's segments name both versions."""
-    budget = 96
-    stream = client.completions.create(model="meow", prompt=PROMPT, max_tokens=budget, temperature=0, stream=True)
+    # A budget long enough that the swap lands while the completion runs, even when this client is slow to read
+    # (the server generates ahead of the reader): a completion that ended before the swap would not be kept.
+    budget = 640
+    stream = client.completions.create(model="meow", prompt=PROMPT, max_tokens=budget, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
     chunks = iter(stream)
     token_ids, text, last = [], [], None
     while len(token_ids) < 8:

@@ -11,7 +11,8 @@
 //!    a body needs no content type;
 //! 3. **callers without a valid key**, when authentication is on (401, with `WWW-Authenticate: Bearer`), and callers
 //!    whose key may not make this kind of request at all (403). The key → permission logic is the core's
-//!    ([`loragate_core::Keyring`]); this module only reads `Authorization: Bearer KEY` and classifies endpoints
+//!    ([`loragate_core::Keyring`]); this module only reads `Authorization: Bearer KEY` (or, as the Tinker SDK sends
+//!    it, `X-API-Key: KEY`, where `tml-KEY` also stands for `KEY`: the SDK insists on that prefix) and classifies endpoints
 //!    ([`required_action`]). The caller's [`loragate_core::Principal`] goes to the handlers in a request
 //!    extension; they check it against the adapter each request names.
 //!
@@ -46,6 +47,8 @@ pub(crate) fn required_action(path: &str) -> Option<Action> {
         | "/server_info"
         | "/skyrl/v1/wait_lora_unpaused"
         | "/is_paused" => Some(Action::Sample),
+        // The Tinker API (mounted with `HttpFront::with_routes`): sampling only; its handlers check the adapter.
+        tinker if tinker.starts_with("/api/v1/") => Some(Action::Sample),
         "/skyrl/v1/abort_lora_requests"
         | "/skyrl/v1/resume_lora_requests"
         | "/skyrl/v1/load_lora_adapter"
@@ -69,8 +72,14 @@ pub(crate) async fn guard(State(state): State<AppState>, mut request: Request, n
     }
     if let Some(action) = required_action(request.uri().path()) {
         let keyring = state.front().coordinator().auth();
-        let presented = headers.get(AUTHORIZATION).and_then(|value| value.to_str().ok()).and_then(bearer_token);
-        match keyring.authenticate(presented).and_then(|principal| principal.may(action).map(|()| principal)) {
+        let authenticated = match presented_keys(headers) {
+            Presented::Bearer(key) => keyring.authenticate(key),
+            // The SDK's `tml-` prefix is optional on the server's side: `tml-KEY` also presents `KEY`.
+            Presented::ApiKey(key) => keyring.authenticate(Some(key)).or_else(|err| {
+                key.strip_prefix(TINKER_KEY_PREFIX).map_or(Err(err), |bare| keyring.authenticate(Some(bare)))
+            }),
+        };
+        match authenticated.and_then(|principal| principal.may(action).map(|()| principal)) {
             Ok(principal) => {
                 request.extensions_mut().insert(principal);
             }
@@ -78,6 +87,27 @@ pub(crate) async fn guard(State(state): State<AppState>, mut request: Request, n
         }
     }
     next.run(request).await
+}
+
+/// `X-API-Key`, the Tinker SDK's header.
+const API_KEY_HEADER: &str = "x-api-key";
+/// The prefix the Tinker SDK requires of its keys.
+const TINKER_KEY_PREFIX: &str = "tml-";
+
+/// The key a request presents.
+enum Presented<'a> {
+    /// `Authorization: Bearer KEY` (or no key at all).
+    Bearer(Option<&'a str>),
+    /// `X-API-Key: KEY`, without an `Authorization` header.
+    ApiKey(&'a str),
+}
+
+fn presented_keys(headers: &HeaderMap) -> Presented<'_> {
+    let header = |name| headers.get(name).and_then(|value: &http::HeaderValue| value.to_str().ok());
+    match (header(AUTHORIZATION.as_str()), header(API_KEY_HEADER)) {
+        (None, Some(key)) => Presented::ApiKey(key.trim()),
+        (authorization, _) => Presented::Bearer(authorization.and_then(bearer_token)),
+    }
 }
 
 fn refuse_cross_origin(headers: &HeaderMap) -> Result<(), HttpError> {

@@ -46,9 +46,11 @@ mod server;
 mod sglang;
 #[cfg(test)]
 mod test_codec;
+mod token_stop_watcher;
 mod tokenize;
 
 pub use chat_template::{ChatTemplate, ChatTemplateError};
 pub use codec::TextCodec;
 pub use observability::MetricsSource;
 pub use server::{DEFAULT_BODY_LIMIT, HttpFront, HttpServeError, serve_http};
+pub use token_stop_watcher::TokenStopWatcher;

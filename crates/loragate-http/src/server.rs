@@ -39,7 +39,8 @@ use crate::tokenize::{detokenize, tokenize};
 pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
 
 /// What the HTTP front serves: the coordinator, the base model's served name, the text codec, the chat template
-/// (if the model has one), the body limit and the connection limits.
+/// (if the model has one), the body limit, the connection limits, and routes of other fronts that share the listener
+/// (the Tinker API).
 #[derive(Clone)]
 pub struct HttpFront {
     coordinator: Coordinator,
@@ -49,6 +50,7 @@ pub struct HttpFront {
     body_limit: usize,
     connections: ConnectionLimits,
     metrics_sources: Vec<Arc<dyn MetricsSource>>,
+    extra_routes: Option<Router>,
 }
 
 impl HttpFront {
@@ -65,6 +67,7 @@ impl HttpFront {
             body_limit: DEFAULT_BODY_LIMIT,
             connections: ConnectionLimits::default(),
             metrics_sources: Vec::new(),
+            extra_routes: None,
         }
     }
 
@@ -89,6 +92,18 @@ impl HttpFront {
 
     pub(crate) fn metrics_sources(&self) -> &[Arc<dyn MetricsSource>] {
         &self.metrics_sources
+    }
+
+    /// Serves `routes` on the same listener, beside this front's own (another API over the same coordinator, such as
+    /// the Tinker front). They must have their state applied, at least one route, and no fallback (unknown paths keep
+    /// this front's 404); their paths must not overlap this front's. They pass the same guard (cross-origin, JSON
+    /// bodies, keys) and are counted in the request metrics like every route.
+    pub fn with_routes(mut self, routes: Router) -> Self {
+        self.extra_routes = Some(match self.extra_routes.take() {
+            Some(earlier) => earlier.merge(routes),
+            None => routes,
+        });
+        self
     }
 
     /// Sets the largest request body accepted, in bytes (larger ones get 413).
@@ -224,12 +239,17 @@ pub async fn serve_http(
     }
 }
 
-/// The routes. The guard (cross-origin, content type, authentication) is applied last, so that it covers every
-/// route and the fallback: keep it the last layer when adding routes. Sampling requests for a paused adapter are
-/// held by the core's gate inside `Coordinator::sample`; control, health, metrics and models answer while an
-/// adapter is paused.
+/// The routes, and those of [`HttpFront::with_routes`]. The guard (cross-origin, content type, authentication) is
+/// applied last, so that it covers every route, the extra ones and the fallback: keep it the last layer when adding
+/// routes. Sampling requests for a paused adapter are held by the core's gate inside `Coordinator::sample`; control,
+/// health, metrics and models answer while an adapter is paused.
 fn router(state: AppState) -> Router {
-    Router::new()
+    let extra_routes = state
+        .front()
+        .extra_routes
+        .clone()
+        .map(|routes| routes.route_layer(from_fn_with_state(state.clone(), track_requests)));
+    let own = Router::new()
         .route("/v1/completions", post(create_completion))
         .route("/v1/chat/completions", post(create_chat_completion))
         .route("/inference/v1/generate", post(crate::generate::generate))
@@ -261,8 +281,12 @@ fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route_layer(from_fn_with_state(state.clone(), track_requests))
         .fallback(|uri: Uri| async move { HttpError::NoSuchEndpoint(uri.path().to_owned()) })
-        .layer(from_fn_with_state(state.clone(), guard))
-        .with_state(state)
+        .with_state(state.clone());
+    let all = match extra_routes {
+        Some(routes) => own.merge(routes),
+        None => own,
+    };
+    all.layer(from_fn_with_state(state, guard))
 }
 
 /// Marks the request in progress on its connection until its response body is sent or dropped, so the

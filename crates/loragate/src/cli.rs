@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use loragate_core::{AdapterName, DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Key, Limits};
 use loragate_engine::{DType, Device, EngineConfig};
 use loragate_fleet::WorkerAddress;
+use loragate_tinker::{RetentionLimits, TinkerConfig};
 
 use crate::duration_arg::parse_duration;
 use crate::serve::{Authentication, InitialAdapter, ModelSource, ServeConfig};
@@ -120,6 +121,18 @@ pub struct ServeArgs {
     /// {"adapters": [names or prefixes like "team-a/*"], "control": bool} (see docs/security.md).
     #[arg(long, value_name = "FILE")]
     pub tenant_keys: Option<PathBuf>,
+    /// Tinker API: the longest a sample waits for its paused adapter before its future fails (keep it below the
+    /// SDK's 120-minute stuck detection).
+    #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
+    pub tinker_max_pause_wait: Duration,
+    /// Tinker API: the most samples pending at once; past it `asample` answers 429 and the SDK resubmits after a
+    /// back-off.
+    #[arg(long, value_name = "N", default_value_t = RetentionLimits::default().max_pending)]
+    pub tinker_max_pending: usize,
+    /// Tinker API: how long a `retrieve_future` long-poll is held before answering `try_again` (below the SDK's
+    /// 45 s timeout).
+    #[arg(long, value_name = "DURATION", default_value = "25s", value_parser = parse_duration)]
+    pub tinker_poll_hold: Duration,
     /// How the model runs in-process (with --worker, only --max-context-length and --cache-dir apply).
     #[command(flatten)]
     pub engine: EngineArgs,
@@ -253,6 +266,12 @@ impl ServeArgs {
             engine: self.engine.engine_config(),
             workers: self.workers,
             worker_health_interval: self.worker_health_interval,
+            tinker: TinkerConfig {
+                max_pause_wait: self.tinker_max_pause_wait,
+                poll_hold: self.tinker_poll_hold,
+                retention: RetentionLimits { max_pending: self.tinker_max_pending, ..RetentionLimits::default() },
+                ..TinkerConfig::default()
+            },
         }
     }
 }
@@ -426,6 +445,29 @@ mod tests {
         assert_eq!(settings.engine.max_batch_size, 8);
         assert_eq!(settings.adapter_root.as_deref(), Some(std::path::Path::new("/a")));
         assert!(matches!(settings.model, ModelSource::Demo { .. }));
+    }
+
+    #[test]
+    fn tinker_flags_reach_the_tinker_front() {
+        let Cli { command: Command::Serve(defaults) } = Cli::parse_from(["loragate", "serve"]) else { panic!("serve") };
+        let defaults = defaults.into_config().tinker;
+        assert_eq!((defaults.max_pause_wait, defaults.poll_hold), (Duration::from_secs(1800), Duration::from_secs(25)));
+        let cli = Cli::try_parse_from([
+            "loragate",
+            "serve",
+            "--tinker-max-pause-wait",
+            "10m",
+            "--tinker-max-pending",
+            "7",
+            "--tinker-poll-hold",
+            "5s",
+        ])
+        .expect("parses");
+        let Command::Serve(args) = cli.command else { panic!("serve") };
+        let tinker = args.into_config().tinker;
+        assert_eq!(tinker.max_pause_wait, Duration::from_secs(600));
+        assert_eq!(tinker.retention.max_pending, 7);
+        assert_eq!(tinker.poll_hold, Duration::from_secs(5));
     }
 
     #[test]

@@ -17,8 +17,9 @@ use loragate_engine::{
 };
 use loragate_fleet::{FleetConfig, FleetEngine, FleetError, WorkerAddress};
 use loragate_grpc::FleetControl;
-use loragate_http::{ChatTemplate, HttpFront};
+use loragate_http::{ChatTemplate, HttpFront, TextCodec};
 use loragate_net::ConnectionLimits;
+use loragate_tinker::{TinkerConfig, TinkerFront};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -85,6 +86,8 @@ pub struct ServeConfig {
     pub workers: Vec<WorkerAddress>,
     /// How often the workers' health is checked.
     pub worker_health_interval: Duration,
+    /// The Tinker API front's settings (its routes share the HTTP listener).
+    pub tinker: TinkerConfig,
 }
 
 /// The keys of `--api-key`, `--admin-key` and `--tenant-keys`; any one turns authentication on.
@@ -131,6 +134,7 @@ impl ServeConfig {
             engine: EngineConfig::default(),
             workers: Vec::new(),
             worker_health_interval: Duration::from_secs(2),
+            tinker: TinkerConfig::default(),
         }
     }
 }
@@ -171,6 +175,9 @@ pub enum ServeError {
     /// The coordinator's actors could not start.
     #[error("starting the coordinator: {0}")]
     Coordinator(#[from] ractor::SpawnErr),
+    /// The Tinker front's futures store could not start.
+    #[error("starting the Tinker front: {0}")]
+    Tinker(#[source] ractor::SpawnErr),
     /// A listener could not be bound.
     #[error("binding {address}: {source}")]
     Bind {
@@ -265,7 +272,7 @@ impl RunningServer {
             let version = loaded.map_err(|source| ServeError::Adapter { name: name.clone(), dir, source })?;
             tracing::info!(adapter = %name, %version, "adapter loaded");
         }
-        let codec = Arc::new(TokenizerCodec::new(backend.tokenizer));
+        let codec: Arc<dyn TextCodec> = Arc::new(TokenizerCodec::new(backend.tokenizer));
 
         let grpc_listener = bind(config.grpc_addr).await?;
         let grpc_addr = local_addr(&grpc_listener, config.grpc_addr)?;
@@ -285,8 +292,12 @@ impl RunningServer {
             draining.clone().cancelled_owned(),
             stop.clone().cancelled_owned(),
         ));
-        let mut http_front =
-            HttpFront::new(coordinator.clone(), served_model_name.clone(), codec).with_connection_limits(connections);
+        let tinker = TinkerFront::start(coordinator.clone(), served_model_name.clone(), codec.clone(), config.tinker)
+            .await
+            .map_err(ServeError::Tinker)?;
+        let mut http_front = HttpFront::new(coordinator.clone(), served_model_name.clone(), codec)
+            .with_connection_limits(connections)
+            .with_routes(tinker.routes());
         match chat_template {
             Ok(Some(template)) => http_front = http_front.with_chat_template(template),
             Ok(None) => tracing::info!("the model has no chat template; /v1/chat/completions answers 400"),

@@ -3,8 +3,10 @@
 //! script per framework against the same server), and exits cleanly on SIGTERM; `demo-model --out` writes files that
 //! `serve --model` serves the same way.
 //!
-//! The Python clients need `$LORAGATE_PYTHON` (default `python3`) with `grpcio grpcio-tools openai httpx`; the
-//! README's test command sets that up. Without them the test fails: it never skips.
+//! The Python clients need `$LORAGATE_PYTHON` (default `python3`) with `grpcio grpcio-tools openai httpx`, and
+//! `tinker==0.38.0` where that Python is 3.11 or newer; the README's test command (`scripts/test.sh`) sets that up.
+//! Without them the tests fail. The only skip: the Tinker SDK test on a Python older than 3.11, where the SDK
+//! cannot be installed (it says so on stderr).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -82,12 +84,16 @@ fn cache_dir() -> PathBuf {
         .unwrap_or_else(|| repo_root().join("target/loragate-test-cache"))
 }
 
-/// Runs `tests/python/SCRIPT ARG` with `$LORAGATE_PYTHON` and fails with its output unless it succeeds.
-fn run_python(script: &str, arg: &str) {
-    let python = std::env::var("LORAGATE_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+fn python() -> String {
+    std::env::var("LORAGATE_PYTHON").unwrap_or_else(|_| "python3".to_owned())
+}
+
+/// Runs `tests/python/SCRIPT ARGS` with `$LORAGATE_PYTHON` and fails with its output unless it succeeds.
+fn run_python(script: &str, args: &[&str]) {
+    let python = python();
     let output = Command::new(&python)
         .arg(repo_root().join("tests/python").join(script))
-        .arg(arg)
+        .args(args)
         .output()
         .unwrap_or_else(|err| panic!("cannot run {python}: {err}"));
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -101,15 +107,30 @@ fn serve_announces_the_demo_and_real_python_clients_pass_over_grpc_and_http() {
     let served = Served::start(&[]);
     assert_eq!(served.ready["model"], "loragate-demo");
     assert_eq!(served.ready["adapters"], serde_json::json!(["meow", "woof"]), "{}", served.ready);
-    run_python("grpc_pause_roundtrip.py", &served.grpc_addr);
+    run_python("grpc_pause_roundtrip.py", &[&served.grpc_addr]);
     let base_url = format!("http://{}", served.http_addr);
-    run_python("http_openai_client.py", &base_url);
-    run_python("http_skyrl_pause.py", &base_url);
+    run_python("http_openai_client.py", &[&base_url]);
+    run_python("http_skyrl_pause.py", &[&base_url]);
     for framework in ["compat_skyrl.py", "compat_prime_rl.py", "compat_areal.py", "compat_verl_slime.py"] {
-        run_python(framework, &base_url);
+        run_python(framework, &[&base_url]);
     }
     let status = served.terminate();
     assert!(status.success(), "SIGTERM is a clean shutdown: {status}");
+}
+
+#[test]
+fn the_unmodified_tinker_sdk_samples_the_demo_through_the_tinker_front() {
+    let version = Command::new(python())
+        .args(["-c", "import sys; print(sys.version_info >= (3, 11))"])
+        .output()
+        .unwrap_or_else(|err| panic!("cannot run {}: {err}", python()));
+    if String::from_utf8_lossy(&version.stdout).trim() != "True" {
+        eprintln!("SKIPPED: the tinker SDK needs Python >= 3.11, and {} is older", python());
+        return;
+    }
+    let served = Served::start(&[]);
+    run_python("tinker_sdk.py", &[&format!("http://{}", served.http_addr), "--pause-modes"]);
+    assert!(served.terminate().success());
 }
 
 #[test]

@@ -157,6 +157,36 @@ async fn keys_decide_who_may_use_which_endpoint_and_adapter() {
 }
 
 #[tokio::test]
+async fn extra_routes_and_the_compat_endpoints_pass_the_guard_and_tinker_keys_work_with_or_without_tml() {
+    let config = CoordinatorConfig { auth: keyring(), ..CoordinatorConfig::default() };
+    let extra = Router::new().route("/api/v1/healthz", axum::routing::get(|| async { "ok" }));
+    let harness =
+        serve_front(ScriptedEngine::new(HOLD_AFTER), config, &["team-a/policy"], |front| front.with_routes(extra))
+            .await;
+    let tinker = |key: Option<&'static str>| {
+        let request = harness.client.get(harness.url("/api/v1/healthz"));
+        let request = match key {
+            Some(key) => request.header("X-API-Key", key),
+            None => request,
+        };
+        async move { request.send().await.expect("send").status() }
+    };
+    assert_eq!(tinker(None).await, StatusCode::UNAUTHORIZED, "extra routes are behind the guard");
+    assert_eq!(tinker(Some("tml-wrong")).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(tinker(Some("k-api")).await, StatusCode::OK);
+    assert_eq!(tinker(Some("tml-k-api")).await, StatusCode::OK, "the SDK's tml- prefix is optional");
+
+    let generate = json!({"input_ids": [1, 2], "lora_path": "team-a/policy", "sampling_params": {"max_new_tokens": 2}});
+    assert_eq!(harness.post_as("k-api", "/generate", generate.clone()).await.0, StatusCode::OK);
+    let tokens = json!({"model": SERVED_NAME, "prompt": "x"});
+    assert_eq!(harness.post_as("k-api", "/tokenize", tokens).await.0, StatusCode::OK);
+    let abort = harness.client.post(harness.url("/abort_request")).bearer_auth("k-api").json(&json!({"rid": "r"}));
+    assert_eq!(abort.send().await.expect("send").status(), StatusCode::FORBIDDEN, "aborts across adapters: admin");
+    let (status, refused) = harness.post_as("k-wrong", "/inference/v1/generate", json!({"token_ids": [1]})).await;
+    assert_eq!((status, &refused["error"]["code"]), (StatusCode::UNAUTHORIZED, &json!("unauthenticated")));
+}
+
+#[tokio::test]
 async fn browser_requests_from_other_origins_and_non_json_bodies_are_refused() {
     let harness = serve(&["meow"]).await;
     let abort = harness.url("/skyrl/v1/abort_lora_requests");

@@ -62,3 +62,24 @@ async fn health_turns_503_once_draining_begins() {
     let (status, _) = harness.post("/v1/completions", json!({"model": "meow", "prompt": "x", "max_tokens": 1})).await;
     assert_eq!(status, StatusCode::OK, "draining servers still finish work (the coordinator decides when to stop)");
 }
+
+#[tokio::test]
+async fn extra_routes_share_the_listener_and_the_request_metrics() {
+    let extra = Router::new().route(
+        "/api/v1/echo/{word}",
+        get(|axum::extract::Path(word): axum::extract::Path<String>| async move { word }),
+    );
+    let harness = serve_front(ScriptedEngine::new(HOLD_AFTER), CoordinatorConfig::default(), &[], |front| {
+        front.with_routes(extra)
+    })
+    .await;
+    let response = harness.client.get(harness.url("/api/v1/echo/meow")).send().await.expect("send");
+    assert_eq!((response.status(), response.text().await.expect("text").as_str()), (StatusCode::OK, "meow"));
+    let (status, _) = harness.get("/v1/models").await;
+    assert_eq!(status, StatusCode::OK, "the front's own routes still answer");
+    let (status, body) = harness.get("/api/v2/other").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "unknown paths keep the front's 404: {body}");
+    let text = scrape(&harness).await;
+    let counted = "loragate_http_requests_total{endpoint=\"/api/v1/echo/{word}\",status=\"200\"} 1";
+    assert!(text.contains(counted), "missing {counted:?} in\n{text}");
+}

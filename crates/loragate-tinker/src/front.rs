@@ -1,0 +1,123 @@
+//! The front's configuration and shared state, and [`TinkerFront`], which hands the routes to the HTTP listener.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use loragate_core::Coordinator;
+use loragate_http::{DEFAULT_BODY_LIMIT, TextCodec};
+use ractor::SpawnErr;
+
+use crate::ids::{Epoch, IdMaker};
+use crate::routes::routes;
+use crate::store::{FutureStore, RetentionLimits};
+
+/// How often expired results are dropped.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// The Tinker front's settings.
+#[derive(Clone, Debug)]
+pub struct TinkerConfig {
+    /// How long `retrieve_future` holds a poll for a future that is not final before answering `try_again` (below
+    /// the SDK's 45 s timeout; the SDK polls again at once).
+    pub poll_hold: Duration,
+    /// The longest a sample waits for its paused adapter before its future fails (below the SDK's 120-minute stuck
+    /// detection).
+    pub max_pause_wait: Duration,
+    /// How many futures and results are kept, and for how long.
+    pub retention: RetentionLimits,
+    /// The largest request body accepted, in bytes (413 past it).
+    pub body_limit: usize,
+}
+
+impl Default for TinkerConfig {
+    fn default() -> Self {
+        Self {
+            poll_hold: Duration::from_secs(25),
+            max_pause_wait: Duration::from_secs(30 * 60),
+            retention: RetentionLimits::default(),
+            body_limit: DEFAULT_BODY_LIMIT,
+        }
+    }
+}
+
+/// The Tinker API front over a coordinator. Mount [`TinkerFront::routes`] on the HTTP listener
+/// (`loragate_http::HttpFront::with_routes`).
+#[derive(Clone)]
+pub struct TinkerFront {
+    state: TinkerState,
+}
+
+impl TinkerFront {
+    /// Starts the front's futures store. `served_model_name` is the base model's name (`base_model=`); `codec`
+    /// decodes generated tokens to watch stop strings.
+    pub async fn start(
+        coordinator: Coordinator,
+        served_model_name: impl Into<String>,
+        codec: Arc<dyn TextCodec>,
+        config: TinkerConfig,
+    ) -> Result<Self, SpawnErr> {
+        let store = FutureStore::start(config.retention, SWEEP_EVERY).await?;
+        let served_model_name: String = served_model_name.into();
+        let shared = Shared {
+            coordinator,
+            served_model_name: served_model_name.into(),
+            codec,
+            config,
+            store,
+            ids: IdMaker::new(Epoch::random()),
+        };
+        Ok(Self { state: TinkerState(Arc::new(shared)) })
+    }
+
+    /// The `/api/v1/…` routes, with their state applied and no fallback (unknown `/api/v1/` paths get the Tinker
+    /// "not supported" 404 from a catch-all route of their own).
+    pub fn routes(&self) -> Router {
+        routes(self.state.clone())
+    }
+
+    /// The shared state (tests observe the store through it).
+    #[cfg(test)]
+    pub(crate) fn state(&self) -> &TinkerState {
+        &self.state
+    }
+}
+
+/// What every handler and sample task shares.
+#[derive(Clone)]
+pub(crate) struct TinkerState(Arc<Shared>);
+
+struct Shared {
+    coordinator: Coordinator,
+    served_model_name: Arc<str>,
+    codec: Arc<dyn TextCodec>,
+    config: TinkerConfig,
+    store: FutureStore,
+    ids: IdMaker,
+}
+
+impl TinkerState {
+    pub(crate) fn coordinator(&self) -> &Coordinator {
+        &self.0.coordinator
+    }
+
+    pub(crate) fn served_model_name(&self) -> &str {
+        &self.0.served_model_name
+    }
+
+    pub(crate) fn codec(&self) -> &Arc<dyn TextCodec> {
+        &self.0.codec
+    }
+
+    pub(crate) fn config(&self) -> &TinkerConfig {
+        &self.0.config
+    }
+
+    pub(crate) fn store(&self) -> &FutureStore {
+        &self.0.store
+    }
+
+    pub(crate) fn ids(&self) -> &IdMaker {
+        &self.0.ids
+    }
+}

@@ -1,0 +1,149 @@
+//! The ids this front makes up: request ids that tell this process's futures from an earlier process's, session ids,
+//! and self-describing sampling-session ids that name their target, so an SDK client survives a server restart
+//! without any table.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use loragate_core::AdapterKey;
+
+/// Marks every id this process makes, so that ids of an earlier process (a restart) are told apart from ids never
+/// issued: the first get 410 (the SDK resubmits), the others 404.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Epoch(u32);
+
+impl Epoch {
+    /// A fresh epoch for this process.
+    pub(crate) fn random() -> Self {
+        Self(rand::random())
+    }
+}
+
+/// A future's request id: `tk-<epoch>-<n>`, also the core request id of its sample, so that aborts list it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct FutureId {
+    epoch: u32,
+    n: u64,
+}
+
+/// What a `request_id` sent to `retrieve_future` is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KnownId {
+    /// Made by this process: look it up.
+    Ours(FutureId),
+    /// Made by an earlier process of this server: its future died with that process.
+    EarlierProcess,
+    /// Not an id this server makes.
+    Foreign,
+}
+
+impl FutureId {
+    /// The text of the id.
+    pub(crate) fn to_wire(self) -> String {
+        self.to_string()
+    }
+
+    /// Reads a `request_id` as this process (`epoch`) sees it.
+    pub(crate) fn classify(raw: &str, epoch: Epoch) -> KnownId {
+        let Some((epoch_hex, n)) = raw.strip_prefix("tk-").and_then(|rest| rest.split_once('-')) else {
+            return KnownId::Foreign;
+        };
+        let parsed_epoch = (epoch_hex.len() == 8).then(|| u32::from_str_radix(epoch_hex, 16).ok()).flatten();
+        let parsed_n = n.bytes().all(|b| b.is_ascii_digit()).then(|| n.parse::<u64>().ok()).flatten();
+        match (parsed_epoch, parsed_n) {
+            (Some(theirs), Some(n)) if theirs == epoch.0 => KnownId::Ours(FutureId { epoch: theirs, n }),
+            (Some(_), Some(_)) => KnownId::EarlierProcess,
+            _ => KnownId::Foreign,
+        }
+    }
+}
+
+impl fmt::Display for FutureId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tk-{:08x}-{}", self.epoch, self.n)
+    }
+}
+
+/// Makes this process's future and session ids.
+#[derive(Debug)]
+pub(crate) struct IdMaker {
+    epoch: Epoch,
+    next: AtomicU64,
+}
+
+impl IdMaker {
+    /// Ids marked with `epoch`.
+    pub(crate) fn new(epoch: Epoch) -> Self {
+        Self { epoch, next: AtomicU64::new(0) }
+    }
+
+    /// This process's epoch.
+    pub(crate) fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// A fresh future id.
+    pub(crate) fn future_id(&self) -> FutureId {
+        FutureId { epoch: self.epoch.0, n: self.next.fetch_add(1, Ordering::Relaxed) }
+    }
+
+    /// A fresh session id (sessions are bookkeeping only: the id is opaque to the SDK).
+    pub(crate) fn session_id(&self) -> String {
+        format!("session-{:08x}-{}", self.epoch.0, self.next.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// A sampling session id: `ss-<random>-<hex of the target>`, the target being the adapter's name or the empty
+/// string for the base model. Decoded on every `asample`, so the front keeps no table of sampling sessions.
+pub(crate) fn sampling_session_id(target: &AdapterKey) -> String {
+    let hex: String = target.as_wire_str().bytes().map(|b| format!("{b:02x}")).collect();
+    format!("ss-{:016x}-{hex}", rand::random::<u64>())
+}
+
+/// The target a sampling session id names, if it is one this front makes (the target may no longer be loaded).
+pub(crate) fn sampling_session_target(id: &str) -> Option<AdapterKey> {
+    let (random, hex) = id.strip_prefix("ss-")?.split_once('-')?;
+    if random.len() != 16 || !random.bytes().all(|b| b.is_ascii_hexdigit()) || hex.len() % 2 != 0 {
+        return None;
+    }
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|at| hex.get(at..at + 2).and_then(|pair| u8::from_str_radix(pair, 16).ok()))
+        .collect::<Option<Vec<u8>>>()?;
+    AdapterKey::parse(&String::from_utf8(bytes).ok()?).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use loragate_core::AdapterName;
+
+    use super::*;
+
+    #[test]
+    fn future_ids_round_trip_and_tell_earlier_processes_from_foreign_ids() {
+        let ours = IdMaker::new(Epoch(0xabc));
+        let id = ours.future_id();
+        assert_eq!(id.to_wire(), "tk-00000abc-0");
+        assert_eq!(FutureId::classify(&id.to_wire(), Epoch(0xabc)), KnownId::Ours(id));
+        assert_ne!(ours.future_id(), id, "ids are fresh");
+        assert_eq!(FutureId::classify(&id.to_wire(), Epoch(0xdef)), KnownId::EarlierProcess);
+        for foreign in ["", "tk-", "tk-00000abc", "tk-00000abc-", "tk-abc-1", "tk-00000abc-x", "tk-00000abc-+1", "lg-1"]
+        {
+            assert_eq!(FutureId::classify(foreign, Epoch(0xabc)), KnownId::Foreign, "{foreign:?}");
+        }
+    }
+
+    #[test]
+    fn sampling_session_ids_name_their_target() {
+        let meow = AdapterKey::Lora(AdapterName::parse("org/meow").expect("name"));
+        for target in [AdapterKey::Base, meow] {
+            let id = sampling_session_id(&target);
+            assert_eq!(sampling_session_target(&id), Some(target.clone()), "{id}");
+            assert_ne!(sampling_session_id(&target), id, "each session gets its own id");
+        }
+        for bad in ["", "ss-", "ss-0123456789abcdef", "ss-0123-6d", "ss-0123456789abcdef-6", "ss-0123456789abcdef-zz"] {
+            assert_eq!(sampling_session_target(bad), None, "{bad:?}");
+        }
+        assert_eq!(sampling_session_target("ss-0123456789abcdef-2020"), None, "a name with a space is no adapter");
+    }
+}
