@@ -224,12 +224,14 @@ pub struct RunningServer {
     draining: CancellationToken,
     stop: CancellationToken,
     fronts: Vec<JoinHandle<Result<(), ServeError>>>,
+    signals: ShutdownSignals,
 }
 
 impl RunningServer {
     /// Loads the model (or starts the fleet of workers) and the start-up adapters, binds both addresses and starts
     /// serving.
     pub async fn start(config: ServeConfig) -> Result<Self, ServeError> {
+        let signals = ShutdownSignals::listen();
         let model = ResolvedModel::of(&config.model).await?;
         let served_model_name = config.served_model_name.clone().unwrap_or_else(|| model.name.clone());
         let auth = config.authentication.keyring()?;
@@ -326,6 +328,7 @@ impl RunningServer {
             draining,
             stop,
             fronts,
+            signals,
         })
     }
 
@@ -351,9 +354,10 @@ impl RunningServer {
 
     /// Serves until SIGINT or SIGTERM (or a front fails), then shuts down gracefully.
     pub async fn run_until_signal(mut self) -> Result<(), ServeError> {
+        let signals = std::mem::replace(&mut self.signals, ShutdownSignals::none());
         let front_ended = select_all(self.fronts.iter_mut());
         let outcome = tokio::select! {
-            () = shutdown_signal() => {
+            () = signals.received() => {
                 tracing::info!(grace = ?self.shutdown_grace, "shutting down: admitting nothing new, finishing what runs");
                 Ok(())
             }
@@ -489,25 +493,55 @@ fn confine(adapter: &InitialAdapter, root: Option<&Path>) -> Result<(), ServeErr
     Ok(())
 }
 
-pub(crate) async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// SIGINT and SIGTERM, listened for from the moment this is made: made before the ready line is printed, so a signal
+/// sent right after it is never left to the default disposition (which would kill the process without a graceful
+/// shutdown).
+pub(crate) struct ShutdownSignals {
     #[cfg(unix)]
-    {
-        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(err) => {
-                tracing::warn!(%err, "cannot listen for SIGTERM; only SIGINT stops the server");
-                let _ = interrupt.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = interrupt => {}
-            _ = terminate.recv() => {}
+    signals: Vec<tokio::signal::unix::Signal>,
+}
+
+impl ShutdownSignals {
+    /// Listens for nothing (what is left once the signals were taken).
+    fn none() -> Self {
+        Self {
+            #[cfg(unix)]
+            signals: Vec::new(),
         }
     }
-    #[cfg(not(unix))]
-    let _ = interrupt.await;
+
+    /// Starts listening (needs a running Tokio runtime).
+    pub(crate) fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let signals = [SignalKind::interrupt(), SignalKind::terminate()]
+                .into_iter()
+                .filter_map(|kind| {
+                    signal(kind).inspect_err(|err| tracing::warn!(%err, "cannot listen for a shutdown signal")).ok()
+                })
+                .collect();
+            Self { signals }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// Resolves at the first SIGINT or SIGTERM.
+    pub(crate) async fn received(mut self) {
+        #[cfg(unix)]
+        {
+            if self.signals.is_empty() {
+                return std::future::pending().await;
+            }
+            let received = self.signals.iter_mut().map(|signal| Box::pin(signal.recv()));
+            let _ = select_all(received).await;
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }
 
 pub(crate) async fn bind(address: SocketAddr) -> Result<TcpListener, ServeError> {

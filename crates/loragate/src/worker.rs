@@ -10,7 +10,7 @@ use loragate_worker::{WorkerConfig, serve_worker};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::serve::{ModelSource, ResolvedModel, ServeError, bind, blocking, join_error, local_addr, shutdown_signal};
+use crate::serve::{ModelSource, ResolvedModel, ServeError, ShutdownSignals, bind, blocking, join_error, local_addr};
 
 /// Everything `loragate worker` needs.
 #[derive(Clone, Debug)]
@@ -34,11 +34,13 @@ pub struct RunningWorker {
     served_model_name: String,
     shutdown: CancellationToken,
     served: JoinHandle<Result<(), loragate_worker::WorkerServeError>>,
+    signals: ShutdownSignals,
 }
 
 impl RunningWorker {
     /// Loads the model, binds the address and starts serving.
     pub async fn start(settings: WorkerSettings) -> Result<Self, ServeError> {
+        let signals = ShutdownSignals::listen();
         let model = ResolvedModel::of(&settings.model).await?;
         let served_model_name = settings.served_model_name.clone().unwrap_or_else(|| model.name.clone());
         let adapter_root = match settings.adapter_root.clone().or_else(|| model.adapter_root.clone()) {
@@ -58,7 +60,7 @@ impl RunningWorker {
         };
         let served = tokio::spawn(serve_worker(listener, Arc::new(engine), config));
         tracing::info!(%grpc_addr, model = %served_model_name, "worker serving vLLM's gRPC protocol");
-        Ok(Self { grpc_addr, served_model_name, shutdown, served })
+        Ok(Self { grpc_addr, served_model_name, shutdown, served, signals })
     }
 
     /// The bound gRPC address.
@@ -74,7 +76,7 @@ impl RunningWorker {
     /// Serves until SIGINT, SIGTERM or the `Shutdown` RPC, then stops.
     pub async fn run_until_signal(self) -> Result<(), ServeError> {
         tokio::select! {
-            () = shutdown_signal() => self.shutdown.cancel(),
+            () = self.signals.received() => self.shutdown.cancel(),
             () = self.shutdown.cancelled() => {}
         }
         tracing::info!("worker stopping: aborting running requests");
