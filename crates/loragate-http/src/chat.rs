@@ -7,19 +7,18 @@ mod request;
 mod response;
 
 use axum::extract::{Extension, State};
-use axum::response::{IntoResponse, Json, Response};
-use futures::TryStreamExt;
-use http::{HeaderMap, HeaderValue};
+use axum::response::Response;
+use http::HeaderMap;
 use loragate_core::Principal;
 use serde_json::{Map, Value, json};
 
 use self::request::ChatBody;
 use self::response::{ChatOptions, ChatRender};
 use crate::chat_template::normalize_messages;
-use crate::completions::{REQUEST_ID_HEADER, caller_request_id};
+use crate::completions::caller_request_id;
 use crate::error::{Api, HttpError};
 use crate::json_body::{JsonValue, parse_value};
-use crate::output::{ResponseHeader, StreamOptions, deltas, sse_response, unix_now};
+use crate::output::{ResponseHeader, StreamOptions, respond, unix_now};
 use crate::sampling::{self, PromptSpec, VllmSampling, refuse_unless_neutral};
 use crate::server::{AppState, HttpFront};
 
@@ -109,14 +108,5 @@ pub(crate) async fn create_chat_completion(
     };
     let header = ResponseHeader { id: format!("chatcmpl-{request_id}"), created, model };
     let render = ChatRender::new(header, front.codec().clone(), options, started.prompt_tokens());
-    let mut response = if request.stream.unwrap_or(false) {
-        sse_response(started.parts, render)
-    } else {
-        let all = deltas(started.parts).try_collect().await.map_err(|err| HttpError::in_api(err, Api::Chat))?;
-        Json(render.unary(all)).into_response()
-    };
-    if let Ok(value) = HeaderValue::from_str(&request_id) {
-        response.headers_mut().insert(REQUEST_ID_HEADER, value);
-    }
-    Ok(response)
+    respond(started.parts, render, request.stream.unwrap_or(false), Some(&request_id)).await
 }

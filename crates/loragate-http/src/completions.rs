@@ -13,21 +13,17 @@ mod request;
 mod response;
 
 use axum::extract::{Extension, State};
-use axum::response::{IntoResponse, Json, Response};
-use futures::TryStreamExt;
-use http::{HeaderMap, HeaderValue};
+use axum::response::Response;
+use http::HeaderMap;
 use loragate_core::{Principal, RequestId};
 
 use self::request::{CompletionBody, Prompt};
 use self::response::{CompletionOptions, CompletionRender, EchoedPrompt};
 use crate::error::{Api, HttpError};
 use crate::json_body::{JsonValue, parse_value};
-use crate::output::{ResponseHeader, StreamOptions, deltas, sse_response, unix_now};
+use crate::output::{REQUEST_ID_HEADER, ResponseHeader, StreamOptions, respond, unix_now};
 use crate::sampling::{self, PromptSpec, SamplingPlan, VllmSampling, refuse_unless_neutral};
 use crate::server::{AppState, HttpFront};
-
-/// The caller's request id header: the id aborts report, echoed in the response (`id` is `cmpl-<id>`).
-pub(crate) const REQUEST_ID_HEADER: &str = "x-request-id";
 
 /// A completion request, parsed and ready to start.
 struct Plan {
@@ -133,16 +129,7 @@ pub(crate) async fn create_completion(
     };
     let header = ResponseHeader { id: format!("cmpl-{request_id}"), created, model: plan.model };
     let render = CompletionRender::new(header, codec, options, started.prompt_tokens());
-    let mut response = if plan.stream {
-        sse_response(started.parts, render)
-    } else {
-        let all = deltas(started.parts).try_collect().await.map_err(HttpError::sampling)?;
-        Json(render.unary(all)).into_response()
-    };
-    if let Ok(value) = HeaderValue::from_str(&request_id) {
-        response.headers_mut().insert(REQUEST_ID_HEADER, value);
-    }
-    Ok(response)
+    respond(started.parts, render, plan.stream, Some(&request_id)).await
 }
 
 /// The caller's `X-Request-Id`, or empty to have the core make one.

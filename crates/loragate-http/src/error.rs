@@ -92,7 +92,8 @@ impl HttpError {
         Self::InvalidField { param: param.into(), reason: reason.into() }
     }
 
-    /// A core error raised while serving a completion.
+    /// A core error raised while serving a completion (the tests' shorthand).
+    #[cfg(test)]
     pub(crate) fn sampling(error: CoreError) -> Self {
         Self::in_api(error, Api::Completions)
     }

@@ -10,17 +10,16 @@ mod request;
 mod response;
 
 use axum::extract::{Extension, State};
-use axum::response::{IntoResponse, Json, Response};
-use futures::TryStreamExt;
-use http::{HeaderMap, HeaderValue};
+use axum::response::Response;
+use http::HeaderMap;
 use loragate_core::Principal;
 
 use self::request::{GenerateBody, GenerateSampling};
 use self::response::{GenerateOptions, GenerateRender};
-use crate::completions::{REQUEST_ID_HEADER, caller_request_id};
+use crate::completions::caller_request_id;
 use crate::error::{Api, HttpError};
 use crate::json_body::{JsonValue, parse_value};
-use crate::output::{ResponseHeader, StreamOptions, deltas, sse_response, unix_now};
+use crate::output::{ResponseHeader, StreamOptions, respond, unix_now};
 use crate::sampling::{self, PromptSpec, VllmSampling, refuse_unless_neutral};
 use crate::server::AppState;
 
@@ -62,14 +61,5 @@ pub(crate) async fn generate(
     };
     let header = ResponseHeader { id: request_id.clone(), created, model };
     let render = GenerateRender::new(header, front.codec().clone(), options, started.prompt_tokens());
-    let mut response = if request.stream.unwrap_or(false) {
-        sse_response(started.parts, render)
-    } else {
-        let all = deltas(started.parts).try_collect().await.map_err(|err| HttpError::in_api(err, Api::Generate))?;
-        Json(render.unary(all)).into_response()
-    };
-    if let Ok(value) = HeaderValue::from_str(&request_id) {
-        response.headers_mut().insert(REQUEST_ID_HEADER, value);
-    }
-    Ok(response)
+    respond(started.parts, render, request.stream.unwrap_or(false), Some(&request_id)).await
 }

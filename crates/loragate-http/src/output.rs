@@ -14,11 +14,11 @@ mod stop;
 
 pub(crate) use self::choice::{ChoiceDelta, Choices, Finish, Matched, PromptLogprobs, TextOptions, TokenLogprob};
 pub(crate) use self::decode::{IncrementalDecoder, decode_with_offsets};
-pub(crate) use self::drive::{Part, deltas};
+pub(crate) use self::drive::Part;
 pub(crate) use self::logprobs::{
     ContentLogprob, OrderedLogprobs, VllmPromptLogprobs, clamp_logprob, content_logprobs, token_label,
 };
-pub(crate) use self::sse::{ChunkRenderer, sse_response, to_json, to_value};
+pub(crate) use self::sse::{ChunkRenderer, REQUEST_ID_HEADER, respond, to_json, to_value};
 pub(crate) use self::stop::{StopWatcher, Watched};
 
 use serde::Deserialize;

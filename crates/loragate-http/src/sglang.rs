@@ -11,8 +11,7 @@ mod request;
 mod response;
 
 use axum::extract::{Extension, State};
-use axum::response::{IntoResponse, Json, Response};
-use futures::TryStreamExt;
+use axum::response::Response;
 use http::StatusCode;
 use loragate_core::{Principal, RequestId};
 use serde::Deserialize;
@@ -23,7 +22,7 @@ use self::response::{SglangOptions, SglangRender};
 use crate::completions::prompt_request_ids;
 use crate::error::{Api, HttpError};
 use crate::json_body::{JsonValue, OptionalJsonBody, parse_value};
-use crate::output::{deltas, sse_response};
+use crate::output::respond;
 use crate::sampling::{self, PromptSpec, SglangSampling, is_empty_collection, refuse_unless_neutral};
 use crate::server::{AppState, HttpFront};
 
@@ -87,11 +86,7 @@ pub(crate) async fn generate(
     };
     let prompt_lengths = started.prompts.iter().map(|prompt| prompt.len()).collect();
     let render = SglangRender::new(front.codec().clone(), options, started.request_ids.clone(), prompt_lengths);
-    if request.stream.unwrap_or(false) {
-        return Ok(sse_response(started.parts, render));
-    }
-    let all = deltas(started.parts).try_collect().await.map_err(|err| HttpError::in_api(err, Api::Sglang))?;
-    Ok(Json(render.unary(all)).into_response())
+    respond(started.parts, render, request.stream.unwrap_or(false), None).await
 }
 
 /// The body of `POST /abort_request`.

@@ -93,7 +93,7 @@ impl ChatRender {
     }
 
     /// The unary response of every delta of the request.
-    pub(crate) fn unary(mut self, deltas: Vec<ChoiceDelta>) -> ChatCompletion {
+    fn into_unary(mut self, deltas: Vec<ChoiceDelta>) -> ChatCompletion {
         let mut choices: BTreeMap<u32, ChatChoice> = BTreeMap::new();
         for delta in deltas {
             let mut piece = self.choice(delta);
@@ -159,6 +159,12 @@ impl ChatRender {
 }
 
 impl ChunkRenderer for ChatRender {
+    type Unary = ChatCompletion;
+
+    fn unary(self, deltas: Vec<ChoiceDelta>) -> ChatCompletion {
+        self.into_unary(deltas)
+    }
+
     fn api(&self) -> Api {
         Api::Chat
     }

@@ -139,7 +139,7 @@ impl CompletionRender {
     }
 
     /// The unary response of every delta of the request.
-    pub(crate) fn unary(mut self, deltas: Vec<ChoiceDelta>) -> Completion {
+    fn into_unary(mut self, deltas: Vec<ChoiceDelta>) -> Completion {
         let mut choices: BTreeMap<u32, CompletionChoice> = BTreeMap::new();
         for delta in deltas {
             let piece = self.choice(delta);
@@ -247,6 +247,12 @@ impl CompletionRender {
 }
 
 impl ChunkRenderer for CompletionRender {
+    type Unary = Completion;
+
+    fn unary(self, deltas: Vec<ChoiceDelta>) -> Completion {
+        self.into_unary(deltas)
+    }
+
     fn api(&self) -> Api {
         Api::Completions
     }

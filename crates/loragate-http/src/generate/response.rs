@@ -80,7 +80,7 @@ impl GenerateRender {
     }
 
     /// The unary response of every delta of the request.
-    pub(crate) fn unary(mut self, deltas: Vec<ChoiceDelta>) -> GenerateResponse {
+    fn into_unary(mut self, deltas: Vec<ChoiceDelta>) -> GenerateResponse {
         let mut choices: BTreeMap<u32, GenerateChoice> = BTreeMap::new();
         let mut prompt: Option<Arc<PromptLogprobs>> = None;
         for mut delta in deltas {
@@ -142,6 +142,12 @@ impl GenerateRender {
 }
 
 impl ChunkRenderer for GenerateRender {
+    type Unary = GenerateResponse;
+
+    fn unary(self, deltas: Vec<ChoiceDelta>) -> GenerateResponse {
+        self.into_unary(deltas)
+    }
+
     fn api(&self) -> Api {
         Api::Generate
     }

@@ -5,10 +5,12 @@
 
 use std::convert::Infallible;
 
+use axum::Json;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
 use futures::stream::{self, BoxStream};
+use futures::{StreamExt, TryStreamExt};
+use http::HeaderValue;
 use loragate_core::CoreError;
 use serde::Serialize;
 
@@ -16,8 +18,17 @@ use super::choice::ChoiceDelta;
 use super::drive::{Part, deltas};
 use crate::error::{Api, HttpError};
 
-/// How one API family renders a streamed response.
+/// The caller's request id header: the id aborts report, echoed in the response.
+pub(crate) const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// How one API family renders a response, streamed or whole.
 pub(crate) trait ChunkRenderer: Send + 'static {
+    /// The whole response of a request that does not stream.
+    type Unary: Serialize;
+
+    /// Renders every delta of a request that does not stream as one response.
+    fn unary(self, deltas: Vec<ChoiceDelta>) -> Self::Unary;
+
     /// The API whose names errors use.
     fn api(&self) -> Api;
 
@@ -34,8 +45,29 @@ enum Progress<R> {
     Done,
 }
 
+/// Answers a sampling request: server-sent events when it streams, else `renderer`'s one JSON response once every
+/// delta came; with `request_id`, if given, in `X-Request-Id`. The one place every API family answers from.
+pub(crate) async fn respond<R: ChunkRenderer>(
+    parts: Vec<Part>,
+    renderer: R,
+    stream: bool,
+    request_id: Option<&str>,
+) -> Result<Response, HttpError> {
+    let mut response = if stream {
+        sse_response(parts, renderer)
+    } else {
+        let api = renderer.api();
+        let all = deltas(parts).try_collect().await.map_err(|err| HttpError::in_api(err, api))?;
+        Json(renderer.unary(all)).into_response()
+    };
+    if let Some(value) = request_id.and_then(|id| HeaderValue::from_str(id).ok()) {
+        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+    }
+    Ok(response)
+}
+
 /// The SSE response streaming `parts` through `renderer`.
-pub(crate) fn sse_response<R: ChunkRenderer>(parts: Vec<Part>, renderer: R) -> Response {
+fn sse_response<R: ChunkRenderer>(parts: Vec<Part>, renderer: R) -> Response {
     let start = Progress::Running { deltas: deltas(parts), renderer };
     let events = stream::unfold(start, next_events).flat_map(stream::iter);
     Sse::new(events.map(Ok::<Event, Infallible>)).into_response()

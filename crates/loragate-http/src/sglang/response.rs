@@ -73,7 +73,7 @@ impl SglangRender {
     }
 
     /// The unary response of every delta of the request.
-    pub(crate) fn unary(mut self, deltas: Vec<ChoiceDelta>) -> Value {
+    fn into_unary(mut self, deltas: Vec<ChoiceDelta>) -> Value {
         for delta in deltas {
             self.absorb(delta);
         }
@@ -176,6 +176,12 @@ fn finish_reason(finish: &Finish, completion_tokens: usize) -> Value {
 }
 
 impl ChunkRenderer for SglangRender {
+    type Unary = Value;
+
+    fn unary(self, deltas: Vec<ChoiceDelta>) -> Value {
+        self.into_unary(deltas)
+    }
+
     fn api(&self) -> Api {
         Api::Sglang
     }
