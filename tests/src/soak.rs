@@ -347,7 +347,10 @@ async fn trainer(channel: Channel, counters: Arc<Counters>, stop: Arc<AtomicBool
             lease_s: 30.0,
         });
         // A wait-mode pause drains what runs; with hundreds queued it may not finish in time, and is then withdrawn.
-        pause.set_timeout(Duration::from_secs(2));
+        // Abort and keep answer once every request was handed back, or at the server's ack timeout (10 s) with the
+        // stragglers listed: their deadline only guards against a hang.
+        let answer_within = if mode == pb::PauseMode::Wait { Duration::from_secs(2) } else { Duration::from_secs(30) };
+        pause.set_timeout(answer_within);
         let report = match control.abort_lora_requests(pause).await {
             Ok(report) => report.into_inner(),
             Err(status) if mode == pb::PauseMode::Wait && status.code() == Code::DeadlineExceeded => {
