@@ -426,3 +426,42 @@ async fn bad_requests_and_other_tinker_features_get_4xx_with_a_detail_naming_the
     assert!(response.content_length().unwrap_or(0) > 0, "every 4xx has a body");
     assert_eq!(h.front.state().store().counts().await.expect("counts"), (0, 0), "nothing was recorded");
 }
+
+#[tokio::test]
+async fn behind_the_http_front_a_tenant_key_samples_and_reads_only_its_own_adapters() {
+    use loragate_core::{Keyring, TenantKeys};
+    use loragate_http::HttpFront;
+
+    let tenants =
+        r#"{"k-meow": {"adapters": ["meow"], "control": false}, "k-woof": {"adapters": ["woof"], "control": false}}"#;
+    let auth = Keyring::new(None, None, TenantKeys::parse(tenants).expect("tenants")).expect("keys");
+    let config = CoordinatorConfig { auth, ..CoordinatorConfig::default() };
+    let coordinator = coordinator_with_adapters(ScriptedEngine::new(HOLD_AFTER), config, &["meow", "woof"]).await;
+    let tinker = TinkerConfig { poll_hold: Duration::from_millis(50), ..Default::default() };
+    let front = TinkerFront::start(coordinator.clone(), SERVED_NAME, Arc::new(ByteCodec), tinker).await.expect("start");
+    let http = HttpFront::new(coordinator.clone(), SERVED_NAME, Arc::new(ByteCodec)).with_routes(front.routes());
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("address"));
+    tokio::spawn(loragate_http::serve_http(listener, http, std::future::pending(), std::future::pending()));
+    // The SDK sends its key as `X-API-Key`, with the `tml-` prefix it insists on.
+    let as_key = |key: &str| {
+        let headers = [(reqwest::header::HeaderName::from_static("x-api-key"), key.parse().expect("header value"))];
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .default_headers(headers.into_iter().collect())
+            .build()
+            .expect("client");
+        Harness { base: base.clone(), client, coordinator: coordinator.clone(), front: front.clone() }
+    };
+    let (meow, woof) = (as_key("tml-k-meow"), as_key("k-woof"));
+
+    let session = meow.sampling_session(Some("tinker://loragate/meow")).await;
+    let id = meow.submit(&session, 0, json!({})).await;
+    match woof.poll(&id).await {
+        Poll::Json(status, body) => assert_eq!(status, StatusCode::FORBIDDEN, "another tenant's future: {body}"),
+        Poll::Finished(_) => panic!("a tenant read another tenant's sample"),
+    }
+    let (status, _) = woof.asample(&session, 1, json!({})).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "nor sample its adapter");
+    assert!(matches!(meow.retrieve(&id).await, Poll::Finished(_)), "the owner reads its sample");
+}

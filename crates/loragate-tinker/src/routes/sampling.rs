@@ -122,6 +122,7 @@ pub(crate) struct RetrieveFutureBody {
 /// the `SampleResponse` (protobuf), the failure, or `try_again` with the adapter's queue state.
 pub(crate) async fn retrieve_future(
     State(state): State<TinkerState>,
+    caller: Option<Extension<Principal>>,
     JsonBody(body): JsonBody<RetrieveFutureBody>,
 ) -> Result<Response, TinkerError> {
     let raw = body.request_id.ok_or_else(|| TinkerError::invalid("request_id", "is required"))?;
@@ -131,6 +132,8 @@ pub(crate) async fn retrieve_future(
         KnownId::Foreign => return Err(TinkerError::UnknownFuture(raw)),
     };
     let watch = state.store().watch(id).await?.ok_or_else(|| TinkerError::UnknownFuture(raw.clone()))?;
+    // Future ids are sequential: only a caller that may sample the future's adapter may read its result.
+    authorize(caller, &watch.target)?;
     let mut future = watch.state;
     let settled = match tokio::time::timeout(state.config().poll_hold, future.wait_for(FutureState::is_final)).await {
         Ok(Ok(final_state)) => final_state.clone(),
