@@ -72,7 +72,7 @@ pub(crate) async fn guard(State(state): State<AppState>, mut request: Request, n
     }
     if let Some(action) = required_action(request.uri().path()) {
         let keyring = state.front().coordinator().auth();
-        let authenticated = match presented_keys(headers) {
+        let authenticated = match presented_key(headers) {
             Presented::Bearer(key) => keyring.authenticate(key),
             // The SDK's `tml-` prefix is optional on the server's side: `tml-KEY` also presents `KEY`.
             Presented::ApiKey(key) => keyring.authenticate(Some(key)).or_else(|err| {
@@ -102,7 +102,7 @@ enum Presented<'a> {
     ApiKey(&'a str),
 }
 
-fn presented_keys(headers: &HeaderMap) -> Presented<'_> {
+fn presented_key(headers: &HeaderMap) -> Presented<'_> {
     let header = |name| headers.get(name).and_then(|value: &http::HeaderValue| value.to_str().ok());
     match (header(AUTHORIZATION.as_str()), header(API_KEY_HEADER)) {
         (None, Some(key)) => Presented::ApiKey(key.trim()),
