@@ -439,8 +439,11 @@ async fn run_keep_interleaving(seed: u64) {
         coordinator.resume(&name(adapter), None).await.expect("reopen");
     }
     // Requests that an abort-mode pause handed back end `Abort`; the rest end whole. None hangs or loses tokens.
+    // The final abort hands back what is admitted or kept; a request the reopening had not admitted yet is held
+    // again by it (held requests wait for a resume), so the adapters are reopened after it.
     for adapter in ["meow", "woof"] {
         coordinator.abort(&name(adapter)).await.expect("final abort");
+        coordinator.resume(&name(adapter), None).await.expect("reopen after the final abort");
     }
     for (budget, task) in samples {
         let output = joined(task).await.expect("handed back");
