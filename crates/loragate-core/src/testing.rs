@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -267,4 +267,31 @@ pub async fn coordinator_with_adapters(
         coordinator.load_adapter(&name, source).await.expect("the adapter loads");
     }
     coordinator
+}
+
+/// Bytes that say when they are dropped: a test wraps a request body in them (`Bytes::from_owner`) and checks that
+/// nothing downstream, a request held at a paused gate included, still holds the body.
+pub struct DropTrackedBytes {
+    bytes: Vec<u8>,
+    dropped: Arc<AtomicBool>,
+}
+
+impl DropTrackedBytes {
+    /// `bytes`, and the flag that turns true once they are dropped.
+    pub fn new(bytes: Vec<u8>) -> (Self, Arc<AtomicBool>) {
+        let dropped = Arc::new(AtomicBool::new(false));
+        (Self { bytes, dropped: dropped.clone() }, dropped)
+    }
+}
+
+impl AsRef<[u8]> for DropTrackedBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for DropTrackedBytes {
+    fn drop(&mut self) {
+        self.dropped.store(true, Ordering::Release);
+    }
 }

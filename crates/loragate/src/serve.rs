@@ -354,10 +354,9 @@ impl RunningServer {
 
     /// Serves until SIGINT or SIGTERM (or a front fails), then shuts down gracefully.
     pub async fn run_until_signal(mut self) -> Result<(), ServeError> {
-        let signals = std::mem::replace(&mut self.signals, ShutdownSignals::none());
         let front_ended = select_all(self.fronts.iter_mut());
         let outcome = tokio::select! {
-            () = signals.received() => {
+            () = self.signals.received() => {
                 tracing::info!(grace = ?self.shutdown_grace, "shutting down: admitting nothing new, finishing what runs");
                 Ok(())
             }
@@ -502,14 +501,6 @@ pub(crate) struct ShutdownSignals {
 }
 
 impl ShutdownSignals {
-    /// Listens for nothing (what is left once the signals were taken).
-    fn none() -> Self {
-        Self {
-            #[cfg(unix)]
-            signals: Vec::new(),
-        }
-    }
-
     /// Starts listening (needs a running Tokio runtime).
     pub(crate) fn listen() -> Self {
         #[cfg(unix)]
@@ -528,7 +519,7 @@ impl ShutdownSignals {
     }
 
     /// Resolves at the first SIGINT or SIGTERM.
-    pub(crate) async fn received(mut self) {
+    pub(crate) async fn received(&mut self) {
         #[cfg(unix)]
         {
             if self.signals.is_empty() {

@@ -74,7 +74,7 @@ impl RunningWorker {
     }
 
     /// Serves until SIGINT, SIGTERM or the `Shutdown` RPC, then stops.
-    pub async fn run_until_signal(self) -> Result<(), ServeError> {
+    pub async fn run_until_signal(mut self) -> Result<(), ServeError> {
         tokio::select! {
             () = self.signals.received() => self.shutdown.cancel(),
             () = self.shutdown.cancelled() => {}

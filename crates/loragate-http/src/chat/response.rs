@@ -92,34 +92,6 @@ impl ChatRender {
         Self { header, codec, options, prompt_tokens, completion_tokens: 0, started: HashSet::new() }
     }
 
-    /// The unary response of every delta of the request.
-    fn into_unary(mut self, deltas: Vec<ChoiceDelta>) -> ChatCompletion {
-        let mut choices: BTreeMap<u32, ChatChoice> = BTreeMap::new();
-        for delta in deltas {
-            let mut piece = self.choice(delta);
-            piece.message = piece.delta.take().map(|message| Message { role: Some("assistant"), ..message });
-            match choices.get_mut(&piece.index) {
-                Some(choice) => {
-                    if let (Some(all), Some(more)) = (&mut choice.message, piece.message) {
-                        all.content.push_str(&more.content);
-                    }
-                    choice.token_ids.extend(piece.token_ids);
-                    if let (Some(all), Some(more)) = (&mut choice.logprobs, piece.logprobs) {
-                        all.content.extend(more.content);
-                    }
-                    choice.finish_reason = piece.finish_reason.or(choice.finish_reason);
-                    choice.segments = piece.segments.or(choice.segments.take());
-                }
-                None => {
-                    choices.insert(piece.index, piece);
-                }
-            }
-        }
-        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
-        let prompt_token_ids = self.options.prompt_token_ids.take();
-        self.completion("chat.completion", choices.into_values().collect(), Some(usage), prompt_token_ids)
-    }
-
     fn completion(
         &self,
         object: &'static str,
@@ -161,8 +133,31 @@ impl ChatRender {
 impl ChunkRenderer for ChatRender {
     type Unary = ChatCompletion;
 
-    fn unary(self, deltas: Vec<ChoiceDelta>) -> ChatCompletion {
-        self.into_unary(deltas)
+    fn unary(mut self, deltas: Vec<ChoiceDelta>) -> ChatCompletion {
+        let mut choices: BTreeMap<u32, ChatChoice> = BTreeMap::new();
+        for delta in deltas {
+            let mut piece = self.choice(delta);
+            piece.message = piece.delta.take().map(|message| Message { role: Some("assistant"), ..message });
+            match choices.get_mut(&piece.index) {
+                Some(choice) => {
+                    if let (Some(all), Some(more)) = (&mut choice.message, piece.message) {
+                        all.content.push_str(&more.content);
+                    }
+                    choice.token_ids.extend(piece.token_ids);
+                    if let (Some(all), Some(more)) = (&mut choice.logprobs, piece.logprobs) {
+                        all.content.extend(more.content);
+                    }
+                    choice.finish_reason = piece.finish_reason.or(choice.finish_reason);
+                    choice.segments = piece.segments.or(choice.segments.take());
+                }
+                None => {
+                    choices.insert(piece.index, piece);
+                }
+            }
+        }
+        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        let prompt_token_ids = self.options.prompt_token_ids.take();
+        self.completion("chat.completion", choices.into_values().collect(), Some(usage), prompt_token_ids)
     }
 
     fn api(&self) -> Api {

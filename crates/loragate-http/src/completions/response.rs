@@ -138,22 +138,6 @@ impl CompletionRender {
         Self { header, codec, options, prompt_tokens, completion_tokens: 0, started: HashSet::new() }
     }
 
-    /// The unary response of every delta of the request.
-    fn into_unary(mut self, deltas: Vec<ChoiceDelta>) -> Completion {
-        let mut choices: BTreeMap<u32, CompletionChoice> = BTreeMap::new();
-        for delta in deltas {
-            let piece = self.choice(delta);
-            match choices.get_mut(&piece.index) {
-                Some(choice) => choice.absorb(piece),
-                None => {
-                    choices.insert(piece.index, piece);
-                }
-            }
-        }
-        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
-        self.completion(choices.into_values().collect(), Some(usage))
-    }
-
     fn completion(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Completion {
         Completion {
             id: self.header.id.clone(),
@@ -249,8 +233,19 @@ impl CompletionRender {
 impl ChunkRenderer for CompletionRender {
     type Unary = Completion;
 
-    fn unary(self, deltas: Vec<ChoiceDelta>) -> Completion {
-        self.into_unary(deltas)
+    fn unary(mut self, deltas: Vec<ChoiceDelta>) -> Completion {
+        let mut choices: BTreeMap<u32, CompletionChoice> = BTreeMap::new();
+        for delta in deltas {
+            let piece = self.choice(delta);
+            match choices.get_mut(&piece.index) {
+                Some(choice) => choice.absorb(piece),
+                None => {
+                    choices.insert(piece.index, piece);
+                }
+            }
+        }
+        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        self.completion(choices.into_values().collect(), Some(usage))
     }
 
     fn api(&self) -> Api {

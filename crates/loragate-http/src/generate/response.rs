@@ -79,32 +79,6 @@ impl GenerateRender {
         Self { header, codec, options, prompt_tokens, completion_tokens: 0, sent_prompt: false }
     }
 
-    /// The unary response of every delta of the request.
-    fn into_unary(mut self, deltas: Vec<ChoiceDelta>) -> GenerateResponse {
-        let mut choices: BTreeMap<u32, GenerateChoice> = BTreeMap::new();
-        let mut prompt: Option<Arc<PromptLogprobs>> = None;
-        for mut delta in deltas {
-            prompt = prompt.or(delta.prompt.take());
-            let piece = self.choice(delta);
-            match choices.get_mut(&piece.index) {
-                Some(choice) => {
-                    choice.token_ids.extend(piece.token_ids);
-                    if let (Some(all), Some(more)) = (&mut choice.logprobs, piece.logprobs) {
-                        all.content.extend(more.content);
-                    }
-                    choice.finish_reason = piece.finish_reason.or(choice.finish_reason);
-                    choice.segments = piece.segments.or(choice.segments.take());
-                }
-                None => {
-                    choices.insert(piece.index, piece);
-                }
-            }
-        }
-        let prompt_logprobs = self.options.prompt_logprobs.then(|| self.prompt_json(prompt));
-        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
-        self.response(choices.into_values().collect(), prompt_logprobs, Some(usage))
-    }
-
     fn prompt_json(&self, prompt: Option<Arc<PromptLogprobs>>) -> Option<VllmPromptLogprobs> {
         Some(VllmPromptLogprobs { prompt: prompt?, codec: self.codec.clone(), as_token_ids: false })
     }
@@ -144,8 +118,29 @@ impl GenerateRender {
 impl ChunkRenderer for GenerateRender {
     type Unary = GenerateResponse;
 
-    fn unary(self, deltas: Vec<ChoiceDelta>) -> GenerateResponse {
-        self.into_unary(deltas)
+    fn unary(mut self, deltas: Vec<ChoiceDelta>) -> GenerateResponse {
+        let mut choices: BTreeMap<u32, GenerateChoice> = BTreeMap::new();
+        let mut prompt: Option<Arc<PromptLogprobs>> = None;
+        for mut delta in deltas {
+            prompt = prompt.or(delta.prompt.take());
+            let piece = self.choice(delta);
+            match choices.get_mut(&piece.index) {
+                Some(choice) => {
+                    choice.token_ids.extend(piece.token_ids);
+                    if let (Some(all), Some(more)) = (&mut choice.logprobs, piece.logprobs) {
+                        all.content.extend(more.content);
+                    }
+                    choice.finish_reason = piece.finish_reason.or(choice.finish_reason);
+                    choice.segments = piece.segments.or(choice.segments.take());
+                }
+                None => {
+                    choices.insert(piece.index, piece);
+                }
+            }
+        }
+        let prompt_logprobs = self.options.prompt_logprobs.then(|| self.prompt_json(prompt));
+        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        self.response(choices.into_values().collect(), prompt_logprobs, Some(usage))
     }
 
     fn api(&self) -> Api {

@@ -72,19 +72,6 @@ impl SglangRender {
         Self { codec, options, request_ids, prompt_lengths, sequences: BTreeMap::new() }
     }
 
-    /// The unary response of every delta of the request.
-    fn into_unary(mut self, deltas: Vec<ChoiceDelta>) -> Value {
-        for delta in deltas {
-            self.absorb(delta);
-        }
-        let outputs: Vec<Value> = self.sequences.values().map(|sequence| self.output(sequence, None)).collect();
-        match <[Value; 1]>::try_from(outputs) {
-            Ok([one]) if !self.options.as_list => one,
-            Ok([one]) => Value::Array(vec![one]),
-            Err(outputs) => Value::Array(outputs),
-        }
-    }
-
     fn absorb(&mut self, delta: ChoiceDelta) -> u32 {
         let sequence = self.sequences.entry(delta.index).or_default();
         sequence.prompt_index = delta.prompt_index;
@@ -178,8 +165,16 @@ fn finish_reason(finish: &Finish, completion_tokens: usize) -> Value {
 impl ChunkRenderer for SglangRender {
     type Unary = Value;
 
-    fn unary(self, deltas: Vec<ChoiceDelta>) -> Value {
-        self.into_unary(deltas)
+    fn unary(mut self, deltas: Vec<ChoiceDelta>) -> Value {
+        for delta in deltas {
+            self.absorb(delta);
+        }
+        let outputs: Vec<Value> = self.sequences.values().map(|sequence| self.output(sequence, None)).collect();
+        match <[Value; 1]>::try_from(outputs) {
+            Ok([one]) if !self.options.as_list => one,
+            Ok([one]) => Value::Array(vec![one]),
+            Err(outputs) => Value::Array(outputs),
+        }
     }
 
     fn api(&self) -> Api {

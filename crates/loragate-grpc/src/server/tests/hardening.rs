@@ -2,12 +2,12 @@
 //! message that never completes fails in time, bad bytes are INVALID_ARGUMENT, keys decide who may do what,
 //! overload is RESOURCE_EXHAUSTED naming the limit, and the base model's name cannot become an adapter's.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use bytes::{Buf, BufMut, Bytes};
 use futures::StreamExt;
 use http_body_util::{BodyExt, Full, StreamBody};
+use loragate_core::testing::DropTrackedBytes;
 use loragate_core::{Key, Keyring, Limits, TenantKeys};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::metadata::MetadataValue;
@@ -16,24 +16,6 @@ use tower::{Layer, ServiceExt};
 
 use super::*;
 use crate::{SamplerService, SubmissionGateLayer};
-
-/// Bytes whose owner says when it is dropped.
-struct Tracked {
-    bytes: Vec<u8>,
-    dropped: Arc<AtomicBool>,
-}
-
-impl AsRef<[u8]> for Tracked {
-    fn as_ref(&self) -> &[u8] {
-        &self.bytes
-    }
-}
-
-impl Drop for Tracked {
-    fn drop(&mut self) {
-        self.dropped.store(true, Ordering::Release);
-    }
-}
 
 /// A `Sample` call as it reaches the gate, with `body` as its body.
 fn sample_call(body: tonic::body::Body) -> http::Request<tonic::body::Body> {
@@ -78,8 +60,8 @@ async fn a_held_sample_keeps_its_parsed_form_not_its_body() {
     message.extend_from_slice(&[0x9a, 0x06]); // field 99, length-delimited
     prost::encoding::encode_varint(1 << 20, &mut message);
     message.extend(std::iter::repeat_n(b'x', 1 << 20));
-    let dropped = Arc::new(AtomicBool::new(false));
-    let body = Bytes::from_owner(Tracked { bytes: framed(&message), dropped: dropped.clone() });
+    let (tracked, dropped) = DropTrackedBytes::new(framed(&message));
+    let body = Bytes::from_owner(tracked);
     let call = tokio::spawn(gated.oneshot(sample_call(tonic::body::Body::new(Full::new(body)))));
 
     let meow = coordinator.adapter(&loragate_core::AdapterKey::parse("meow").expect("key")).expect("loaded");

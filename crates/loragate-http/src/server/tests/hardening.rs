@@ -2,35 +2,18 @@
 //! body that never completes fails in time, keys decide who may do what, browsers of other origins and non-JSON
 //! bodies are refused, and overload is a 429 naming the limit.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use axum::body::Body;
 use bytes::Bytes;
 use futures::StreamExt;
 use http_body_util::BodyExt;
+use loragate_core::testing::DropTrackedBytes;
 use loragate_core::{Key, Keyring, Limits, TenantKeys};
 use serde_json::json;
 use tower::ServiceExt;
 
 use super::*;
-
-/// Bytes whose owner says when it is dropped.
-struct Tracked {
-    bytes: Vec<u8>,
-    dropped: Arc<AtomicBool>,
-}
-
-impl AsRef<[u8]> for Tracked {
-    fn as_ref(&self) -> &[u8] {
-        &self.bytes
-    }
-}
-
-impl Drop for Tracked {
-    fn drop(&mut self) {
-        self.dropped.store(true, Ordering::Release);
-    }
-}
 
 /// The router of a front over `config`, called in-process (no socket copies the body), and its coordinator.
 async fn in_process(config: CoordinatorConfig) -> (Router, Coordinator) {
@@ -50,8 +33,8 @@ async fn a_held_completion_keeps_its_parsed_form_not_its_body() {
     coordinator.abort(&meow).await.expect("pause");
     // A small completion padded with a 1 MiB field the parsed form does not keep.
     let json = json!({"model": "meow", "prompt": "x", "max_tokens": 2, "padding": "x".repeat(1 << 20)});
-    let dropped = Arc::new(AtomicBool::new(false));
-    let body = Bytes::from_owner(Tracked { bytes: json.to_string().into_bytes(), dropped: dropped.clone() });
+    let (tracked, dropped) = DropTrackedBytes::new(json.to_string().into_bytes());
+    let body = Bytes::from_owner(tracked);
     let call = tokio::spawn(app.oneshot(completion_call(Body::from(body))));
 
     let adapter = coordinator.lora(&meow).expect("loaded");
