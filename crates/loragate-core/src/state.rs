@@ -21,9 +21,9 @@
 //! global pause. Not recorded: a swap's own pause (it belongs to one call, which dies with the process), requests in
 //! flight, held or kept (they die with their connections).
 //!
-//! For several coordinators sharing one store (a later backend over etcd), [`StateStore::remote_changes`] is where
-//! changes made by other replicas come in; the coordinator applies a remote pause to its local gate through the same
-//! path as a recorded one at start.
+//! For several coordinators sharing one store (a later backend over etcd), a pause another replica made is applied
+//! to this replica's gate through the path that puts a recorded pause back at start (`AdapterCell::adopt`, reached by
+//! the actor's `Adopt` message): under its own id, owner, mode and remaining lease, without recording it again.
 
 mod memory;
 
@@ -33,7 +33,6 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use futures::stream::BoxStream;
 
 pub use self::memory::MemoryStore;
 use crate::adapter::{PauseId, PauseMode};
@@ -174,10 +173,4 @@ pub trait StateStore: Send + Sync + fmt::Debug + 'static {
 
     /// A pause id never given out before by this store (across restarts for a durable store).
     fn new_pause_id(&self) -> PauseId;
-
-    /// Changes made by other coordinators sharing this store, to apply to this coordinator's gates. A store of one
-    /// coordinator has none (the default).
-    fn remote_changes(&self) -> Option<BoxStream<'static, StateChange>> {
-        None
-    }
 }
