@@ -107,7 +107,6 @@ async fn pause(control: &mut LoraControlClient<Channel>, name: &str, owner: &str
         mode: pb::PauseMode::Keep.into(),
         owner: owner.into(),
         lease_s,
-        ..Default::default()
     };
     control.abort_lora_requests(request).await.expect("paused").into_inner().pause_id
 }
@@ -193,7 +192,6 @@ async fn kills_at_random_points_never_lose_an_answered_change_or_repeat_a_versio
                 mode: pb::PauseMode::Keep.into(),
                 owner: "trainer".into(),
                 lease_s: 3600.0,
-                ..Default::default()
             };
             match control.abort_lora_requests(request).await {
                 Ok(answer) => trainer_pause = Some(answer.into_inner().pause_id),
