@@ -238,3 +238,57 @@ async fn a_pause_the_store_cannot_record_is_withdrawn_and_the_error_says_why() {
     assert!(!status(&coordinator, "meow").await.paused && !coordinator.is_paused_globally().await.expect("answers"));
     joined(spawn_sample(&coordinator, "meow", SHORT, "open")).await.expect("meow still samples");
 }
+
+/// A store that fails the test if it is called once `hot` is set.
+#[derive(Debug, Default)]
+struct UntouchableWhenHot {
+    records: MemoryStore,
+    hot: AtomicBool,
+}
+
+impl UntouchableWhenHot {
+    fn touched(&self, what: &str) {
+        assert!(!self.hot.load(Ordering::Acquire), "the sampling path called the state store ({what})");
+    }
+}
+
+#[async_trait::async_trait]
+impl StateStore for UntouchableWhenHot {
+    async fn recorded(&self) -> Result<RecordedState, StateError> {
+        self.touched("recorded");
+        self.records.recorded().await
+    }
+
+    fn record(&self, changes: Vec<StateChange>) -> Recording {
+        self.touched("record");
+        self.records.record(changes)
+    }
+
+    fn issue_version(&self, name: &AdapterName) -> Recording<AdapterVersion> {
+        self.touched("issue_version");
+        self.records.issue_version(name)
+    }
+
+    fn new_pause_id(&self) -> PauseId {
+        self.touched("new_pause_id");
+        self.records.new_pause_id()
+    }
+}
+
+#[tokio::test]
+async fn admission_sampling_and_hand_back_never_touch_the_state_store() {
+    let store = Arc::new(UntouchableWhenHot::default());
+    let state: Arc<dyn StateStore> = store.clone();
+    let (coordinator, _) = started_on(&state).await;
+    load(&coordinator, "meow", "/a/meow").await.expect("meow");
+    store.hot.store(true, Ordering::Release);
+    for i in 0..50 {
+        joined(spawn_sample(&coordinator, "meow", SHORT, &format!("r{i}"))).await.expect("samples");
+        joined(spawn_sample(&coordinator, "", SHORT, &format!("b{i}"))).await.expect("the base model samples");
+    }
+    let running = spawn_sample(&coordinator, "meow", LONG, "aborted");
+    eventually("it runs", || async { status(&coordinator, "meow").await.in_flight == 1 }).await;
+    let report = coordinator.abort_requests(&[RequestId::parse_or_generate("aborted").expect("id")]).await;
+    assert_eq!(report.aborted.len(), 1, "an abort by request id pauses nothing and records nothing");
+    assert_eq!(joined(running).await.expect("handed back").sequences[0].finish_reason, FinishReason::Abort);
+}
