@@ -12,6 +12,7 @@ use loragate_tinker::{RetentionLimits, TinkerConfig};
 
 use crate::duration_arg::parse_duration;
 use crate::serve::{Authentication, InitialAdapter, ModelSource, ServeConfig};
+use crate::state_dir::StateLocation;
 use crate::worker::WorkerSettings;
 
 /// loragate: swap LoRA adapter weights while rollouts keep sampling, safely and per adapter.
@@ -121,6 +122,11 @@ pub struct ServeArgs {
     /// {"adapters": [names or prefixes like "team-a/*"], "control": bool} (see docs/security.md).
     #[arg(long, value_name = "FILE")]
     pub tenant_keys: Option<PathBuf>,
+    /// Where loaded adapters, their versions and pauses are recorded, so that a restart puts them back: a directory
+    /// (default: $XDG_STATE_HOME/loragate/<served-name>, else ~/.local/state/loragate/<served-name>), or `none` to
+    /// keep them in memory only. Remove the directory to start fresh (see docs/state.md).
+    #[arg(long, value_name = "DIR|none", value_parser = StateLocation::parse)]
+    pub state_dir: Option<StateLocation>,
     /// Tinker API: the longest a sample waits for its paused adapter before its future fails (keep it below the
     /// SDK's 120-minute stuck detection).
     #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
@@ -266,6 +272,7 @@ impl ServeArgs {
             engine: self.engine.engine_config(),
             workers: self.workers,
             worker_health_interval: self.worker_health_interval,
+            state: self.state_dir.unwrap_or(StateLocation::UserDefault),
             tinker: TinkerConfig {
                 max_pause_wait: self.tinker_max_pause_wait,
                 poll_hold: self.tinker_poll_hold,
@@ -305,6 +312,22 @@ mod tests {
         assert!(matches!(config.model, ModelSource::Demo { .. }));
         assert_eq!((config.engine.max_lora_rank, config.engine.max_adapter_bytes), (64, 1 << 30));
         assert_eq!(config.engine.adapter_load_timeout, Duration::from_secs(120));
+        assert_eq!(config.state, StateLocation::UserDefault, "durable by default");
+    }
+
+    #[test]
+    fn state_dir_takes_a_directory_or_none() {
+        let state = |args: &[&str]| {
+            let Command::Serve(args) = Cli::try_parse_from(args).expect("parses").command else { panic!("serve") };
+            args.into_config().state
+        };
+        assert_eq!(state(&["loragate", "serve", "--state-dir", "none"]), StateLocation::Memory);
+        assert_eq!(
+            state(&["loragate", "serve", "--state-dir", "/srv/lg"]),
+            StateLocation::Directory(PathBuf::from("/srv/lg"))
+        );
+        let bad = Cli::try_parse_from(["loragate", "serve", "--state-dir", ""]).expect_err("empty");
+        assert!(bad.to_string().contains("--state-dir"), "{bad}");
     }
 
     #[test]
