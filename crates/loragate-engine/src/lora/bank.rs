@@ -104,6 +104,7 @@ impl LoraBatch {
     }
 
     /// Every row runs `adapter` (or the base model).
+    #[cfg(test)]
     pub(crate) fn uniform(adapter: Option<&Arc<AdapterWeights>>) -> candle_core::Result<Self> {
         match adapter {
             None => Ok(Self::base()),
