@@ -25,8 +25,6 @@ use rope::RopeTables;
 pub(crate) use config::ModelConfig;
 #[cfg(test)]
 pub(crate) use config::RopeScaling;
-#[cfg(test)]
-pub(crate) use kv_cache::LayerKv;
 pub(crate) use kv_cache::{BatchKvCache, SequenceKv};
 pub(crate) use packed::{PackedInput, PrefillChunk};
 #[cfg(test)]

@@ -1,5 +1,9 @@
 //! The scheduler driven step by step, without its thread, so batching and cancellation are deterministic.
 
+mod chunked;
+mod interleavings;
+mod tenants;
+
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
