@@ -22,9 +22,7 @@ use crate::lora::LoraBatch;
 use layer::{AttentionInput, DecoderLayer};
 use rope::RopeTables;
 
-pub(crate) use config::ModelConfig;
-#[cfg(test)]
-pub(crate) use config::RopeScaling;
+pub(crate) use config::{ModelConfig, RopeScaling};
 pub(crate) use kv_cache::{BatchKvCache, SequenceKv};
 pub(crate) use packed::{PackedInput, PrefillChunk};
 #[cfg(test)]
@@ -74,7 +72,7 @@ impl Llama {
             candle_core::bail!("{len} positions exceed the context length {}", self.context_length);
         }
         let (cos, sin) = self.rope.prefix(len)?;
-        let causal_mask = causal_mask(len, &self.device, self.dtype)?;
+        let causal_mask = ops::causal_mask(0, len, &self.device)?.to_dtype(self.dtype)?;
         let mut x = self.embed(tokens)?;
         for layer in &self.layers {
             let input = AttentionInput::Sequences { cos: &cos, sin: &sin, causal_mask: &causal_mask };
@@ -104,13 +102,6 @@ impl Llama {
         let (rows, len) = tokens.dims2()?;
         self.embed_tokens.index_select(&tokens.flatten_all()?, 0)?.reshape((rows, len, self.config.hidden_size))
     }
-}
-
-/// `(len, len)`: 0 on and below the diagonal, `-inf` above.
-fn causal_mask(len: usize, device: &Device, dtype: DType) -> Result<Tensor> {
-    let values: Vec<f32> =
-        (0..len).flat_map(|i| (0..len).map(move |j| if j <= i { 0.0 } else { f32::NEG_INFINITY })).collect();
-    Tensor::from_vec(values, (len, len), device)?.to_dtype(dtype)
 }
 
 /// `log_softmax` over the last dimension, in f32.

@@ -54,8 +54,15 @@ pub(crate) struct DecodeAttention<'a> {
 pub(crate) struct ChunkAttention<'a> {
     pub(crate) cache: &'a SequenceKv,
     pub(crate) len: usize,
-    /// `(len, cached + len)`: `-inf` where a position would see a later one.
-    pub(crate) mask: Tensor,
+}
+
+/// Which key positions each query position of [`Attention::attend`] may see.
+#[derive(Clone, Copy)]
+enum Visible<'a> {
+    /// An additive mask (0 or `-inf`) broadcast to the scores `(rows, kv_heads, group, len, total)`.
+    Masked(&'a Tensor),
+    /// The `len` queries are the last `len` of the `total` positions, each seeing those up to itself.
+    Causal,
 }
 
 #[derive(Debug)]
@@ -87,7 +94,7 @@ impl Attention {
         let output = match input {
             AttentionInput::Sequences { cos, sin, causal_mask } => {
                 let (q, k) = (ops::rope(&q, cos, sin)?, ops::rope(&k, cos, sin)?);
-                self.attend(&q, &k, &v, causal_mask)?
+                self.attend(&q, &k, &v, Visible::Masked(causal_mask))?
             }
             AttentionInput::Packed { cos, sin, decode, chunks } => {
                 let (q, k) = (ops::rope(&q, cos, sin)?, ops::rope(&k, cos, sin)?);
@@ -114,7 +121,7 @@ impl Attention {
         if let Some(DecodeAttention { cache, mask }) = decode {
             let rows = cache.rows();
             let (keys, values) = cache.append(layer, &k.narrow(0, 0, rows)?, &v.narrow(0, 0, rows)?)?;
-            outputs.push(self.attend(&q.narrow(0, 0, rows)?, &keys, &values, mask)?);
+            outputs.push(self.attend(&q.narrow(0, 0, rows)?, &keys, &values, Visible::Masked(mask))?);
             offset = rows;
         }
         // A chunk's tokens are rows of the packed tensors; attention wants them as one sequence, `(1, heads, len, d)`.
@@ -125,7 +132,7 @@ impl Attention {
         for chunk in chunks {
             let (k, v) = (sequence(k, offset, chunk.len)?, sequence(v, offset, chunk.len)?);
             let (keys, values) = chunk.cache.append(layer, &k, &v)?;
-            let output = self.attend(&sequence(q, offset, chunk.len)?, &keys, &values, &chunk.mask)?;
+            let output = self.attend(&sequence(q, offset, chunk.len)?, &keys, &values, Visible::Causal)?;
             outputs.push(output.reshape((chunk.len, 1, self.num_heads, self.head_dim))?);
             offset += chunk.len;
         }
@@ -134,15 +141,17 @@ impl Attention {
 
     /// Scaled dot-product attention of `q` `(rows, heads, len, d)` over `k`/`v` `(rows, kv_heads, total, d)`.
     /// Grouped-query attention without copying keys: the query heads sharing a key/value head are folded into the
-    /// length axis, `(rows, kv_heads, group·len, d)`. `mask` broadcasts to `(rows, kv_heads, group, len, total)`.
-    /// Returns `(rows, len, heads, d)`, contiguous.
-    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    /// length axis, `(rows, kv_heads, group·len, d)`. Returns `(rows, len, heads, d)`, contiguous.
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, visible: Visible<'_>) -> Result<Tensor> {
         let (rows, _, len, head_dim) = q.dims4()?;
         let total = k.dim(2)?;
         let group = self.num_heads / self.num_kv_heads;
         let q = (q * (1.0 / (head_dim as f64).sqrt()))?.reshape((rows, self.num_kv_heads, group * len, head_dim))?;
         let scores = q.matmul(&k.t()?)?.reshape((rows, self.num_kv_heads, group, len, total))?;
-        let weights = ops::softmax_last_dim(&scores.broadcast_add(mask)?)?;
+        let weights = match visible {
+            Visible::Masked(mask) => ops::softmax_last_dim(&scores.broadcast_add(mask)?)?,
+            Visible::Causal => ops::causal_softmax(scores)?,
+        };
         let output = weights.reshape((rows, self.num_kv_heads, group * len, total))?.matmul(v)?;
         output.reshape((rows, self.num_heads, len, head_dim))?.transpose(1, 2)?.contiguous()
     }

@@ -4,7 +4,7 @@
 //! rows, chunks and adapters it holds; attention is split per sequence: the decode rows in one batched call over
 //! the batch cache, each chunk over its own sequence's cache (its earlier positions, then its own causally).
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::{Result, Tensor};
 
 use super::kv_cache::{BatchKvCache, SequenceKv};
 use super::layer::{AttentionInput, ChunkAttention, DecodeAttention};
@@ -60,12 +60,8 @@ impl Llama {
         let decode_mask = decode.as_ref().map(|(_, cache)| cache.step_mask()).transpose()?;
         let attention_chunks = chunks
             .iter()
-            .map(|chunk| {
-                let (start, len) = (chunk.cache.len(), chunk.tokens.len());
-                let mask = chunk_mask(start, len, &self.device)?.to_dtype(self.dtype)?;
-                Ok(ChunkAttention { cache: &*chunk.cache, len, mask })
-            })
-            .collect::<Result<Vec<_>>>()?;
+            .map(|chunk| ChunkAttention { cache: &*chunk.cache, len: chunk.tokens.len() })
+            .collect::<Vec<_>>();
         let decode_attention = match (&decode, &decode_mask) {
             (Some((_, cache)), Some(mask)) => Some(DecodeAttention { cache: &**cache, mask }),
             _ => None,
@@ -84,13 +80,4 @@ impl Llama {
         }
         ops::rms_norm(&x, &self.norm, self.config.rms_norm_eps)?.squeeze(1)
     }
-}
-
-/// `(len, start + len)` for a chunk at positions `start..start + len`: 0 where a position may attend (every cached
-/// position, and the chunk's own up to itself), `-inf` elsewhere.
-fn chunk_mask(start: usize, len: usize, device: &Device) -> Result<Tensor> {
-    let total = start + len;
-    let values: Vec<f32> =
-        (0..len).flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY })).collect();
-    Tensor::from_vec(values, (len, total), device)
 }
