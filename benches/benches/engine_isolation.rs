@@ -7,9 +7,9 @@
 //! - `head-of-line`: a 3,000-token prompt arriving while 16 base-model streams decode: the streams' largest
 //!   inter-token gap during its prefill (vs their p99 before), the prompt's prefill time beside them and alone, and
 //!   that time against its arithmetic at the measured GEMM rate;
-//! - `refill`: 32 continuations of ~130 tokens of one adapter arriving at once while a base-model stream decodes
-//!   (what a keep-mode swap resubmits): the stream's largest gap vs its p99 before, and the time until all 32 have
-//!   their first token vs prefilling all their tokens in one pass;
+//! - `refill`: 32 requests of one adapter (100-token prompts) decode beside a base-model stream, then all come back
+//!   at once as continuations of ~135 tokens (what a swap with KEEP resubmits): the stream's largest gap vs its p99
+//!   before, and the time until all 32 have their first token vs prefilling all their tokens in one pass;
 //! - `sweep`: the 16 streams' decode step and their gap while a long prompt is prefilled, per step budget: how the
 //!   default `--max-num-batched-tokens` was chosen.
 //!
@@ -30,7 +30,8 @@ use tokio_util::sync::CancellationToken;
 const STREAMS: usize = 16;
 const LONG_PROMPT: usize = 3000;
 const CONTINUATIONS: usize = 32;
-const CONTINUATION_TOKENS: usize = 130;
+/// The prompt of each request kept across the swap; its continuation adds the tokens it had produced.
+const KEPT_PROMPT: usize = 100;
 /// Tokens each stream decodes before its gaps are measured, and then the tokens measured.
 const WARM_UP_TOKENS: usize = 5;
 const MEASURED_TOKENS: usize = 30;
@@ -214,9 +215,9 @@ async fn head_of_line(shape: &ModelShape, budget: Option<usize>, gemm_rate: f64)
     let alone = start.elapsed();
     let arithmetic = Duration::from_secs_f64(shape.prefill_flops(LONG_PROMPT) / gemm_rate);
     println!("head of line ({STREAMS} streams, a {LONG_PROMPT}-token prompt):");
-    println!("  streams' gaps before: p50 {:.0?}, p99 {:.0?}", percentile(&before, 0.5), percentile(&before, 0.99));
+    println!("  streams' gaps before: p50 {:.2?}, p99 {:.2?}", percentile(&before, 0.5), percentile(&before, 0.99));
     println!(
-        "  streams' gaps during the prefill: p50 {:.0?}, largest {:.0?} (goal < 1 s)",
+        "  streams' gaps during the prefill: p50 {:.2?}, largest {:.2?} (goal < 1 s)",
         percentile(&during, 0.5),
         percentile(&during, 1.0)
     );
@@ -236,26 +237,42 @@ async fn refill(shape: &ModelShape, budget: Option<usize>) {
     let source = AdapterSource::trusted(adapter_dir.path());
     engine.load_adapter(&pirate, AdapterVersion(1), &source).await.expect("adapter");
     let vocab = engine.model_info().vocab_size;
-    let continuations = || (0..CONTINUATIONS).map(|index| prompt(1000 + index, CONTINUATION_TOKENS, vocab));
 
-    let stream = [Stream::start(&engine, "", prompt(1, 16, vocab)).await];
-    wait_for(&stream, WARM_UP_TOKENS).await;
-    let before = pace(&stream).await;
+    // The issue's scene: 32 requests of `pirate` (100-token prompts) decode beside one base-model stream.
+    let base = [Stream::start(&engine, "", prompt(1, 16, vocab)).await];
+    let mut kept = Vec::new();
+    for index in 0..CONTINUATIONS {
+        kept.push(Stream::start(&engine, "pirate", prompt(1000 + index, KEPT_PROMPT, vocab)).await);
+    }
+    wait_for(&kept, WARM_UP_TOKENS).await;
+    wait_for(&base, WARM_UP_TOKENS).await;
+    let before = pace(&base).await;
+    // The swap: every pirate request stops and comes back as its continuation (prompt plus its tokens so far),
+    // prefilled again under the new weights.
+    for stream in &kept {
+        stream.cancel.cancel();
+    }
+    let continuations: Vec<Vec<u32>> = kept
+        .iter()
+        .enumerate()
+        .map(|(index, stream)| prompt(1000 + index, KEPT_PROMPT + stream.tokens(), vocab))
+        .collect();
+    let tokens: usize = continuations.iter().map(Vec::len).sum();
     let start = Instant::now();
-    futures::future::join_all(continuations().map(|prompt| first_token(&engine, "pirate", prompt))).await;
+    futures::future::join_all(continuations.iter().map(|prompt| first_token(&engine, "pirate", prompt.clone()))).await;
     let end = Instant::now();
     let refill = end - start;
-    let during = stream[0].gaps(start, end);
-    let [stream] = stream;
-    stream.stop().await;
+    let during = base[0].gaps(start, end);
+    let [base] = base;
+    base.stop().await;
+    for stream in kept {
+        stream.stop().await;
+    }
 
     // The reference: all their tokens in one pass, on an engine whose budget holds them all. A blocker (a 400-token
     // prompt, a second or so) occupies the step thread while they are submitted, so that its next step takes them
     // together; the pass is timed from the blocker's token.
-    let config = EngineConfig {
-        max_num_batched_tokens: Some(CONTINUATIONS * CONTINUATION_TOKENS + 64),
-        ..EngineConfig::default()
-    };
+    let config = EngineConfig { max_num_batched_tokens: Some(tokens + 64), ..EngineConfig::default() };
     let one_pass = CandleEngine::with_random_weights(shape, 7, config).expect("engine");
     one_pass.load_adapter(&pirate, AdapterVersion(1), &source).await.expect("adapter");
     let blocker = async {
@@ -264,21 +281,26 @@ async fn refill(shape: &ModelShape, budget: Option<usize>) {
     };
     let batch = async {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        futures::future::join_all(continuations().map(|prompt| first_token(&one_pass, "pirate", prompt))).await;
+        futures::future::join_all(continuations.iter().map(|prompt| first_token(&one_pass, "pirate", prompt.clone())))
+            .await;
         Instant::now()
     };
     let (blocked_until, batched_at) = futures::join!(blocker, batch);
     let batched = batched_at - blocked_until;
-    println!("refill ({CONTINUATIONS} continuations of {CONTINUATION_TOKENS} tokens beside a base-model stream):");
-    println!("  stream's gaps before: p50 {:.0?}, p99 {:.0?}", percentile(&before, 0.5), percentile(&before, 0.99));
     println!(
-        "  stream's largest gap during the refill: {:.0?} (goal < 1 s and < 4 × p99 = {:.0?})",
+        "refill ({CONTINUATIONS} pirate requests decoding beside a base-model stream, then resubmitted as \
+         continuations of {} tokens on average):",
+        tokens / CONTINUATIONS
+    );
+    println!("  stream's gaps before: p50 {:.2?}, p99 {:.2?}", percentile(&before, 0.5), percentile(&before, 0.99));
+    println!(
+        "  stream's largest gap during the refill: {:.2?} (goal < 1 s and < 4 × p99 = {:.2?})",
         percentile(&during, 1.0),
         percentile(&before, 0.99) * 4
     );
     println!(
-        "  all {CONTINUATIONS} first tokens after {refill:.2?}; all their tokens in one pass: {batched:.2?}; ratio {:.2} \
-         (goal ≤ 2)",
+        "  all {CONTINUATIONS} first tokens after {refill:.2?}; all their {tokens} tokens in one pass: {batched:.2?}; \
+         ratio {:.2} (goal ≤ 2)",
         refill.as_secs_f64() / batched.as_secs_f64()
     );
 }
@@ -303,7 +325,7 @@ async fn sweep(shape: &ModelShape, budget: usize) {
     let (decode, chunked) = (percentile(&before, 0.5), percentile(&during, 0.5));
     println!(
         "budget {budget}: decode step {decode:.0?}, step with a full chunk {chunked:.0?} ({:.1} decode steps, \
-         largest {:.0?}), 1,500-token prefill beside {STREAMS} streams {:.2?}",
+         largest {:.2?}), 1,500-token prefill beside {STREAMS} streams {:.2?}",
         chunked.as_secs_f64() / decode.as_secs_f64(),
         percentile(&during, 1.0),
         end - start
