@@ -192,6 +192,12 @@ pub struct EngineArgs {
     /// The most sequences decoded together in one engine step.
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub max_batch_size: usize,
+    /// The most tokens one engine step runs: one for each decoding sequence, the rest chunks of prompts being
+    /// prefilled. It trades the other streams' inter-token latency while long prompts (or a swap's continuations)
+    /// arrive, which it bounds, against prefill throughput, which fewer larger passes raise. Must exceed
+    /// --max-batch-size (default: 128 on the CPU, 2048 on CUDA; see docs/engine.md).
+    #[arg(long, value_name = "N")]
+    pub max_num_batched_tokens: Option<usize>,
     /// CPU threads for the engine's tensor operations (default: $RAYON_NUM_THREADS, else half the cores, at least
     /// 1). Candle's small CPU ops lose more to cross-thread synchronisation than they gain, and the async runtime
     /// needs cores too (see docs/benchmarks.md).
@@ -222,6 +228,7 @@ impl EngineArgs {
             device: self.device,
             dtype: self.dtype,
             max_batch_size: self.max_batch_size,
+            max_num_batched_tokens: self.max_num_batched_tokens,
             max_context_length: self.max_context_length,
             max_lora_rank: self.max_lora_rank,
             max_adapter_bytes: self.max_adapter_bytes,
@@ -313,6 +320,7 @@ mod tests {
         assert_eq!((config.engine.max_lora_rank, config.engine.max_adapter_bytes), (64, 1 << 30));
         assert_eq!(config.engine.adapter_load_timeout, Duration::from_secs(120));
         assert_eq!(config.state, StateLocation::UserDefault, "durable by default");
+        assert_eq!(config.engine.max_num_batched_tokens, None, "sized to the device when the engine starts");
     }
 
     #[test]
@@ -458,6 +466,8 @@ mod tests {
             "/a",
             "--max-batch-size",
             "8",
+            "--max-num-batched-tokens",
+            "96",
             "--device",
             "cpu",
         ])
@@ -466,6 +476,7 @@ mod tests {
         let settings = args.into_settings();
         assert_eq!(settings.grpc_addr, "127.0.0.1:9001".parse().expect("address"));
         assert_eq!(settings.engine.max_batch_size, 8);
+        assert_eq!(settings.engine.max_num_batched_tokens, Some(96));
         assert_eq!(settings.adapter_root.as_deref(), Some(std::path::Path::new("/a")));
         assert!(matches!(settings.model, ModelSource::Demo { .. }));
     }
