@@ -19,9 +19,9 @@ use loragate_core::testing::ScriptedEngine;
 use loragate_core::{
     AdapterName, AdapterSource, Coordinator, CoordinatorConfig, Engine, FinishReason, RawSampleRequest, SampleEvent,
 };
+use loragate_core::{FleetControl, WorkerState};
 use loragate_engine::{CandleEngine, EngineConfig, ensure_demo_files};
 use loragate_fleet::{FleetConfig, FleetEngine, WorkerAddress};
-use loragate_grpc::{FleetControl, WorkerState};
 use tokio::runtime::Runtime;
 use vllm_proto as pb;
 
