@@ -156,7 +156,10 @@ impl Actor for MembershipActor {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             MembershipMsg::Add { identity, reply } => {
-                let _ = reply.send(state.add(&myself, identity));
+                let added = state.add(&myself, identity);
+                // Published before the answer: a caller that lists the workers next sees this one.
+                state.publish();
+                let _ = reply.send(added);
             }
             MembershipMsg::Remove { identity, drain, reply } => state.remove(&myself, &identity, drain, reply),
             MembershipMsg::Drained { address, incarnation } => {
@@ -168,6 +171,7 @@ impl Actor for MembershipActor {
                     state.metrics.forget(&address);
                     state.epoch += 1;
                     tracing::info!(worker = %address, "drained worker removed from the fleet");
+                    state.publish();
                     for waiter in member.drain_waiters {
                         let _ = waiter.send(Ok(()));
                     }
@@ -332,6 +336,7 @@ impl MembershipState {
             self.metrics.forget(&address);
             self.epoch += 1;
             tracing::info!(worker = %address, "worker removed from the fleet");
+            self.publish();
             for waiter in member.drain_waiters {
                 let _ = waiter.send(Ok(()));
             }
