@@ -256,7 +256,9 @@ impl RunningServer {
         let adapter_root = match adapter_root_dir.clone() {
             // A fleet's coordinator need not hold the files: the root is the workers' tree, checked by components.
             Some(path) if in_fleet => Some(
-                std::path::absolute(&path)
+                // Canonical where it exists here (a shared mount, or the demo's directory), else as written.
+                std::fs::canonicalize(&path)
+                    .or_else(|_| std::path::absolute(&path))
                     .and_then(AdapterRoot::remote)
                     .map_err(|source| ServeError::AdapterRoot { path, source })?,
             ),

@@ -10,7 +10,8 @@ use super::MembershipSettings;
 use crate::address::is_versioned_name;
 use crate::link::WorkerLink;
 
-/// Catches `link`'s worker up with `desired` (engine-side name → source path). Answers the adapters it holds after.
+/// Catches `link`'s worker up with `desired` (engine-side name → source path). Answers the `NAME@V` adapters it
+/// holds after.
 pub(super) async fn catch_up(
     link: &WorkerLink,
     desired: &BTreeMap<String, String>,
@@ -41,8 +42,9 @@ pub(super) async fn catch_up(
             .map_err(|err| format!("loading {engine_name}: {err}"))?;
         held.insert(engine_name.clone());
     }
-    let stale: Vec<String> =
-        held.iter().filter(|name| is_versioned_name(name) && !desired.contains_key(*name)).cloned().collect();
+    // Adapters not named like the fleet's are someone else's: they stay, and are not the fleet's account.
+    held.retain(|name| is_versioned_name(name));
+    let stale: Vec<String> = held.iter().filter(|name| !desired.contains_key(*name)).cloned().collect();
     for engine_name in stale {
         link.unload_adapter(&engine_name, timeout).await.map_err(|err| format!("unloading {engine_name}: {err}"))?;
         held.remove(&engine_name);
