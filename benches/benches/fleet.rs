@@ -187,7 +187,8 @@ fn tokens_32_through_the_coordinator_vs_direct(c: &mut Criterion) {
     let engine = demo();
     let info = engine.model_info().clone();
     let worker = ThreadWorker::start(Arc::new(engine), &root, 0);
-    let (fleet, coordinator) = runtime.block_on(fleet_over(&[worker.url.clone()], info, "meow", &root.join("meow")));
+    let (fleet, coordinator) =
+        runtime.block_on(fleet_over(std::slice::from_ref(&worker.url), info, "meow", &root.join("meow")));
     let http_base = worker.url.replace("grpc://", "http://");
     let channel = runtime.block_on(async {
         tonic::transport::Channel::from_shared(http_base).expect("uri").connect().await.expect("connect")

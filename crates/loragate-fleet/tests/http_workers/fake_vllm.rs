@@ -68,12 +68,12 @@ async fn unload(State(state): State<Arc<FakeState>>, Json(body): Json<Value>) ->
     }
 }
 
-/// The model a body names exists (the base model, or a loaded adapter).
-fn known_model(state: &FakeState, body: &Value) -> Result<(), Response> {
+/// vLLM's answer to a body naming a model it does not serve (neither the base model nor a loaded adapter).
+fn unknown_model(state: &FakeState, body: &Value) -> Option<Response> {
     match body["model"].as_str() {
-        None => Ok(()),
-        Some(model) if model == BASE || state.loaded.lock().contains_key(model) => Ok(()),
-        Some(model) => Err(error(StatusCode::NOT_FOUND, &format!("The model `{model}` does not exist."))),
+        None => None,
+        Some(model) if model == BASE || state.loaded.lock().contains_key(model) => None,
+        Some(model) => Some(error(StatusCode::NOT_FOUND, &format!("The model `{model}` does not exist."))),
     }
 }
 
@@ -84,7 +84,7 @@ fn budget(value: &Value) -> u32 {
 
 async fn completions(State(state): State<Arc<FakeState>>, Json(body): Json<Value>) -> Response {
     state.record("/v1/completions", &body);
-    if let Err(refused) = known_model(&state, &body) {
+    if let Some(refused) = unknown_model(&state, &body) {
         return refused;
     }
     let prompt = prompt(&body, "prompt");
@@ -126,7 +126,7 @@ async fn generate(State(state): State<Arc<FakeState>>, Json(body): Json<Value>) 
         return error(StatusCode::BAD_REQUEST, "token_ids and sampling_params are required");
     }
     state.record("/inference/v1/generate", &body);
-    if let Err(refused) = known_model(&state, &body) {
+    if let Some(refused) = unknown_model(&state, &body) {
         return refused;
     }
     // vLLM prefixes the caller's id: the id to abort is the one the stream reports.

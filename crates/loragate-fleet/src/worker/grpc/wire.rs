@@ -259,7 +259,6 @@ mod tests {
                 finish_info: Some(pb::FinishInfo { finish_reason: WireReason::Aborted.into(), ..Default::default() }),
                 ..Default::default()
             }),
-            ..Default::default()
         };
         let parsed: Vec<SequenceEvent> = events(response.clone(), expected).into_iter().map(Result::unwrap).collect();
         let SequenceEvent::PromptLogprobs { logprobs, top: None } = &parsed[0] else { panic!("{parsed:?}") };
