@@ -1,8 +1,9 @@
 //! Fleet benchmarks (issues 10 and 18), the coordinator over workers on 127.0.0.1, each on its own thread and
 //! runtime: `loragate worker` servers (gRPC), and `loragate serve`'s HTTP front as vLLM and SGLang HTTP workers:
-//! - aborting 1,000 in-flight requests spread over 3 workers until every one was handed back, over 3 gRPC workers
-//!   and over 3 workers of mixed protocols (gRPC, vLLM HTTP, SGLang HTTP) (scripted engines: the fleet's abort path,
-//!   the batched abort calls and the abort acknowledgements, not a model);
+//! - aborting 1,000 in-flight requests spread over 3 workers until every one was handed back, over 3 gRPC workers,
+//!   over 3 workers of mixed protocols (gRPC, vLLM HTTP, SGLang HTTP), over 3 vLLM HTTP and over 3 SGLang HTTP
+//!   workers (scripted engines: the fleet's abort path, the batched abort calls and the abort acknowledgements, not
+//!   a model);
 //! - tokens/s of 32 concurrent samples (64 greedy tokens each, the demo model's `meow`) through the coordinator and
 //!   the fleet engine vs straight to the same worker, over gRPC (vLLM's `GenerateStream`) and over vLLM's HTTP
 //!   (`/inference/v1/generate`, streamed);
@@ -122,6 +123,14 @@ fn abort_1000_over_3_workers(c: &mut Criterion) {
         &urls,
         &root,
     );
+    drop((grpc, vllm, sglang));
+
+    // One protocol at a time over the same three HTTP servers, to tell the protocols' shares apart.
+    let http: Vec<ThreadHttpWorker> = (0..3).map(|_| ThreadHttpWorker::start(scripted(), &root, 0)).collect();
+    for (scheme, protocol) in [("vllm+http", "vllm_http"), ("sglang+http", "sglang_http")] {
+        let urls: Vec<String> = http.iter().map(|worker| format!("{scheme}://127.0.0.1:{}", worker.port)).collect();
+        abort_1000_over(c, &format!("abort_1000_in_flight_over_3_{protocol}_workers_until_handed_back"), &urls, &root);
+    }
 }
 
 /// Aborting 1,000 held requests spread over the workers at `urls` until every one was handed back.

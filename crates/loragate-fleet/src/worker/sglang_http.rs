@@ -30,7 +30,7 @@ const SCORING_TIMEOUT: Duration = Duration::from_secs(600);
 /// SGLang's `/health` generates a token and waits up to 20 s for the scheduler: never bound it below this.
 const MIN_HEALTH_TIMEOUT: Duration = Duration::from_secs(25);
 /// How many `/abort_request` calls of one batch run at once.
-const ABORTS_AT_ONCE: usize = 64;
+const ABORTS_AT_ONCE: usize = 256;
 
 /// An SGLang HTTP worker.
 pub(crate) struct SglangHttpWorker {
