@@ -8,7 +8,9 @@
 //!   requests spreading, a pause aborting on every protocol with partial tokens, a swap draining the old version
 //!   away on each, seeded samples spreading reproducibly, an HTTP worker killed mid-sample and restarted;
 //! - gRPC workers: a worker killed with SIGKILL mid-sample and restarted on its address, `RemoveWorker` with drain,
-//!   `AddWorker`.
+//!   `AddWorker`;
+//! - a coordinator on a state directory (a gRPC and an SGLang HTTP worker), killed and started again: it restores its
+//!   adapters at their versions and stages them on the workers from the absolute paths it recorded.
 //!
 //! The protocols' edge cases (aborts by disconnect, `rid` aborts, explicit budgets, rollback when one protocol's load
 //! fails, `--worker-adapter-root`, canonical addresses, back-off) are pinned against fakes in
@@ -110,7 +112,11 @@ impl Worker {
         let mut args: Vec<String> = match kind {
             Kind::Grpc => vec!["worker".into(), "--grpc-addr".into(), address],
             Kind::VllmHttp | Kind::SglangHttp => {
-                vec!["serve".into(), "--grpc-addr".into(), "127.0.0.1:0".into(), "--http-addr".into(), address]
+                ["serve", "--grpc-addr", "127.0.0.1:0", "--state-dir", "none", "--http-addr"]
+                    .into_iter()
+                    .map(str::to_owned)
+                    .chain([address])
+                    .collect()
             }
         };
         if let Some(root) = root {
@@ -171,24 +177,47 @@ struct Fleet {
     workers: Vec<Worker>,
     serve: Process,
     channel: Channel,
+    /// The coordinator's command line (to start it again).
+    args: Vec<String>,
 }
 
 impl Fleet {
+    /// A coordinator in front of `workers`, recording nothing.
     async fn start(workers: Vec<Worker>, adapter_root: Option<&Path>) -> Self {
-        let mut args = vec!["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"];
-        args.extend(["--worker-health-interval", "0.2"]);
-        let urls: Vec<String> = workers.iter().map(Worker::url).collect();
-        for url in &urls {
-            args.extend(["--worker", url.as_str()]);
+        Self::start_recorded(workers, adapter_root, None).await
+    }
+
+    /// A coordinator in front of `workers`, recording its state in `state_dir` (none: in memory only).
+    async fn start_recorded(workers: Vec<Worker>, adapter_root: Option<&Path>, state_dir: Option<&Path>) -> Self {
+        let mut args: Vec<String> =
+            ["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--worker-health-interval", "0.2"]
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+        let state_dir = state_dir.map_or_else(|| "none".to_owned(), |dir| dir.display().to_string());
+        args.extend(["--state-dir".to_owned(), state_dir]);
+        for worker in &workers {
+            args.extend(["--worker".to_owned(), worker.url()]);
         }
-        let root = adapter_root.map(|root| root.display().to_string());
-        if let Some(root) = &root {
-            args.extend(["--adapter-root", root.as_str()]);
+        if let Some(root) = adapter_root {
+            args.extend(["--adapter-root".to_owned(), root.display().to_string()]);
         }
-        let serve = Process::start(&args);
+        let (serve, channel) = Self::start_coordinator(&args).await;
         assert_eq!(serve.ready["adapters"], serde_json::json!(["meow", "woof"]), "{}", serve.ready);
+        Self { workers, serve, channel, args }
+    }
+
+    async fn start_coordinator(args: &[String]) -> (Process, Channel) {
+        let serve = Process::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
         let channel = channel(&format!("http://{}", serve.field("grpc_addr"))).await;
-        Self { workers, serve, channel }
+        (serve, channel)
+    }
+
+    /// Kills the coordinator with SIGKILL (the workers keep running and keep what they hold) and starts it again
+    /// with the same command line.
+    async fn restart_coordinator(&mut self) {
+        self.serve.kill();
+        (self.serve, self.channel) = Self::start_coordinator(&self.args).await;
     }
 
     fn control(&self) -> LoraControlClient<Channel> {
@@ -246,6 +275,15 @@ impl Fleet {
             held.extend(worker.loras().await);
         }
         held
+    }
+
+    /// The coordinator's adapters and their versions.
+    async fn adapters(&self) -> Vec<(String, u64)> {
+        let listed = self.control().list_lora_adapters(pb::ListLoraAdaptersRequest {}).await.expect("ListLoraAdapters");
+        let mut adapters: Vec<(String, u64)> =
+            listed.into_inner().adapters.into_iter().map(|adapter| (adapter.lora_name, adapter.version)).collect();
+        adapters.sort();
+        adapters
     }
 }
 
@@ -601,6 +639,46 @@ async fn a_killed_worker_hands_back_its_samples_comes_back_caught_up_and_workers
     assert_eq!(again.code(), Code::AlreadyExists);
     let bad = fleet.fleet().add_worker(pb::AddWorkerRequest { address: "nowhere".into() }).await.expect_err("bad");
     assert!(bad.code() == Code::InvalidArgument && bad.message().contains("address"), "{bad:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_coordinator_restarted_on_its_state_dir_restores_its_adapters_on_the_workers_from_absolute_paths() {
+    let root = adapter_root();
+    let state = tempfile::tempdir().expect("state dir");
+    let workers =
+        vec![Worker::start(Kind::Grpc, Some(root.path()), 0), Worker::start(Kind::SglangHttp, Some(root.path()), 0)];
+    let mut fleet = Fleet::start_recorded(workers, Some(root.path()), Some(state.path())).await;
+
+    // A trainer's loads by paths relative to the adapter root: a new adapter, and a swap that retires meow@1.
+    assert_eq!(fleet.load("bark", "woof").await.expect("load"), 1);
+    assert_eq!(fleet.load("meow", "woof").await.expect("swap"), 2);
+    eventually_within("meow@1 is unloaded from every worker", PATIENCE, || async {
+        !fleet.held_anywhere().await.contains("meow@1")
+    })
+    .await;
+    let recorded = fleet.adapters().await;
+    assert_eq!(recorded, [("bark".to_owned(), 1), ("meow".to_owned(), 2), ("woof".to_owned(), 1)]);
+
+    // Killed and started again on its state directory: the same adapters at the same versions, staged on every
+    // worker from the absolute paths it recorded.
+    fleet.restart_coordinator().await;
+    assert_eq!(fleet.adapters().await, recorded);
+    let expected: BTreeSet<String> = ["bark@1", "meow@2", "woof@1"].map(str::to_owned).into();
+    eventually_within("every worker is READY with the restored adapters", PATIENCE, || async {
+        let listed = fleet.workers().await.workers;
+        listed.len() == 2
+            && listed.iter().all(|worker| {
+                worker.state() == pb::WorkerState::Ready
+                    && worker.adapters.iter().cloned().collect::<BTreeSet<_>>() == expected
+            })
+    })
+    .await;
+    let woof = root.path().join("woof").display().to_string();
+    let on_the_wire = fleet.workers[0].lora_paths().await;
+    assert_eq!(on_the_wire, expected.iter().map(|name| (name.clone(), woof.clone())).collect(), "absolute paths");
+    assert_eq!(fleet.workers[1].loras().await, expected);
+    let sampled = fleet.sampler().sample(request("bark", 16)).await.expect("Sample").into_inner();
+    assert!(text(&sampled.sequences[0].token_ids).contains("woof"), "bark serves woof's weights");
 }
 
 #[test]
