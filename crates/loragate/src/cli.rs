@@ -78,15 +78,31 @@ pub struct ServeArgs {
     /// On SIGINT/SIGTERM, how long running requests may finish before the rest are aborted.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
-    /// A worker to front instead of running the model in-process: its gRPC address (`http://HOST:PORT`), speaking
-    /// vLLM's protocol (`loragate worker`, or vLLM's `vllm-rs serve MODEL --grpc-port PORT`). Repeatable. With
-    /// workers, --model supplies only the config and tokenizer, and --adapter paths are passed to the workers as
-    /// given (they resolve them against their own adapter roots).
-    #[arg(long = "worker", value_name = "URL", value_parser = parse_worker)]
+    /// A worker to front instead of running the model in-process. Its URL's scheme names its protocol:
+    /// `grpc://HOST:PORT` (vLLM's gRPC: `loragate worker`, vLLM's `vllm-rs serve MODEL --grpc-port PORT`; `http://` is
+    /// an alias), `vllm+http://HOST:PORT` (vLLM's OpenAI server) or `sglang+http://HOST:PORT` (SGLang's server).
+    /// Repeatable, protocols mixed. With workers, --model supplies only the config and tokenizer, and adapter paths
+    /// are sent to the workers absolute (see --worker-adapter-root).
+    #[arg(long = "worker", value_name = "URL", value_parser = WorkerUrlParser)]
     pub workers: Vec<WorkerAddress>,
-    /// How often each worker's health is checked (grpc.health.v1), in seconds.
+    /// How often each worker's health is checked, in seconds.
     #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = parse_duration)]
     pub worker_health_interval: Duration,
+    /// Failures in a row after which a worker's health checks back off exponentially, and it must pass this many
+    /// checks in a row before it gets traffic again.
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub worker_failure_threshold: u32,
+    /// How long a fleet coordinator waits at start for a first worker to be ready (workers started after it are
+    /// waited for), in seconds.
+    #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = parse_duration)]
+    pub worker_wait: Duration,
+    /// The most workers a fleet holds (--worker and AddWorker together); more are refused.
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_workers: u64,
+    /// Where the workers mount the adapter root: adapter paths inside --adapter-root are sent to the workers under
+    /// this directory instead (default: the same path as here).
+    #[arg(long, value_name = "DIR")]
+    pub worker_adapter_root: Option<PathBuf>,
     /// The most sampling requests admitted at once (queued or running), over every adapter and the base model;
     /// more are refused with RESOURCE_EXHAUSTED / 429.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
@@ -279,6 +295,10 @@ impl ServeArgs {
             engine: self.engine.engine_config(),
             workers: self.workers,
             worker_health_interval: self.worker_health_interval,
+            worker_failure_threshold: self.worker_failure_threshold,
+            worker_wait: self.worker_wait,
+            max_workers: usize::try_from(self.max_workers).unwrap_or(usize::MAX),
+            worker_adapter_root: self.worker_adapter_root,
             state: self.state_dir.unwrap_or(StateLocation::UserDefault),
             tinker: TinkerConfig {
                 max_pause_wait: self.tinker_max_pause_wait,
@@ -290,8 +310,26 @@ impl ServeArgs {
     }
 }
 
-fn parse_worker(raw: &str) -> Result<WorkerAddress, String> {
-    WorkerAddress::parse(raw).map_err(|err| err.to_string())
+/// Parses `--worker`. Its errors never quote the value as given (clap's own errors would): an address may carry a
+/// credential, which must not reach a terminal or a log.
+#[derive(Clone, Copy, Debug)]
+struct WorkerUrlParser;
+
+impl clap::builder::TypedValueParser for WorkerUrlParser {
+    type Value = WorkerAddress;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<WorkerAddress, clap::Error> {
+        let invalid = |why: String| {
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("--worker: {why}\n")).with_cmd(cmd)
+        };
+        let raw = value.to_str().ok_or_else(|| invalid("is not UTF-8".into()))?;
+        WorkerAddress::parse(raw).map_err(|err| invalid(err.to_string()))
+    }
 }
 
 fn parse_initial_adapter(raw: &str) -> Result<InitialAdapter, String> {
@@ -440,18 +478,40 @@ mod tests {
             "--worker",
             "http://127.0.0.1:9001",
             "--worker",
-            "http://127.0.0.1:9002",
+            "vllm+http://127.0.0.1:9002",
+            "--worker",
+            "sglang+http://Worker-3:9003/",
             "--worker-health-interval",
             "0.5",
+            "--worker-failure-threshold",
+            "5",
+            "--worker-wait",
+            "10",
+            "--max-workers",
+            "8",
+            "--worker-adapter-root",
+            "/mnt/adapters",
         ])
         .expect("parses");
         let Command::Serve(args) = cli.command else { panic!("serve") };
         let config = args.into_config();
         let workers: Vec<&str> = config.workers.iter().map(WorkerAddress::as_str).collect();
-        assert_eq!(workers, ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]);
+        assert_eq!(workers, ["grpc://127.0.0.1:9001", "vllm+http://127.0.0.1:9002", "sglang+http://worker-3:9003"]);
         assert_eq!(config.worker_health_interval, Duration::from_millis(500));
+        assert_eq!((config.worker_failure_threshold, config.worker_wait), (5, Duration::from_secs(10)));
+        assert_eq!(config.max_workers, 8);
+        assert_eq!(config.worker_adapter_root.as_deref(), Some(std::path::Path::new("/mnt/adapters")));
         let bad = Cli::try_parse_from(["loragate", "serve", "--worker", "127.0.0.1:9001"]).expect_err("not a URL");
         assert!(bad.to_string().contains("--worker"), "{bad}");
+        let secret = Cli::try_parse_from(["loragate", "serve", "--worker", "http://u:hunter2@h:1"]).expect_err("creds");
+        assert!(!secret.to_string().contains("hunter2"), "{secret}");
+        let defaults = Cli::parse_from(["loragate", "serve"]);
+        let Command::Serve(args) = defaults.command else { panic!("serve") };
+        let config = args.into_config();
+        assert_eq!(
+            (config.worker_wait, config.max_workers, config.worker_failure_threshold),
+            (Duration::from_secs(60), 256, 3)
+        );
     }
 
     #[test]
