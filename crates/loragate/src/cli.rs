@@ -49,12 +49,13 @@ pub struct ServeArgs {
     /// Address of the HTTP server (OpenAI- and SkyRL-compatible endpoints, metrics).
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8000")]
     pub http_addr: SocketAddr,
-    /// A Hugging Face model directory (config.json, safetensors, tokenizer.json). Without it, the built-in demo
-    /// model is served with its adapters `meow` and `woof` loaded.
-    #[arg(long, value_name = "DIR")]
+    /// The model: a Hugging Face model directory (config.json, safetensors, tokenizer.json, tokenizer_config.json)
+    /// or a GGUF file (llama.cpp's format; its tokenizer and chat template come from its metadata). Without it, the
+    /// built-in demo model is served with its adapters `meow` and `woof` loaded.
+    #[arg(long, value_name = "DIR|FILE.gguf")]
     pub model: Option<PathBuf>,
-    /// What HTTP `model` and /v1/models call the base model (default: the model directory's name;
-    /// `loragate-demo` for the demo).
+    /// What HTTP `model` and /v1/models call the base model (default: the model directory's name or the GGUF file's
+    /// stem; `loragate-demo` for the demo).
     #[arg(long, value_name = "NAME")]
     pub served_model_name: Option<String>,
     /// An adapter to load at start: NAME=DIR with DIR a PEFT adapter directory. Repeatable.
@@ -144,12 +145,12 @@ pub struct WorkerArgs {
     /// Address of the gRPC server (vllm.Inference, vllm.Control, grpc.health.v1).
     #[arg(long, value_name = "HOST:PORT")]
     pub grpc_addr: SocketAddr,
-    /// A Hugging Face model directory. Without it, the built-in demo model is served (no adapter loaded: the
-    /// fleet loads them).
-    #[arg(long, value_name = "DIR")]
+    /// A Hugging Face model directory or a GGUF file. Without it, the built-in demo model is served (no adapter
+    /// loaded: the fleet loads them).
+    #[arg(long, value_name = "DIR|FILE.gguf")]
     pub model: Option<PathBuf>,
-    /// What `GenerateRequest.model` may name and GetModelInfo reports (default: the model directory's name;
-    /// `loragate-demo` for the demo).
+    /// What `GenerateRequest.model` may name and GetModelInfo reports (default: the model directory's name or the
+    /// GGUF file's stem; `loragate-demo` for the demo).
     #[arg(long, value_name = "NAME")]
     pub served_model_name: Option<String>,
     /// The only directory LoadLora may read adapters from (relative paths are taken from it). Default for the demo:
@@ -223,10 +224,10 @@ impl EngineArgs {
         }
     }
 
-    /// The model: `dir`, or the demo model cached in --cache-dir.
-    fn model_source(&self, dir: Option<PathBuf>) -> ModelSource {
-        match dir {
-            Some(dir) => ModelSource::Directory(dir),
+    /// The model: `path`, or the demo model cached in --cache-dir.
+    fn model_source(&self, path: Option<PathBuf>) -> ModelSource {
+        match path {
+            Some(path) => ModelSource::Path(path),
             None => ModelSource::Demo {
                 cache_dir: self.cache_dir.clone().unwrap_or_else(loragate_engine::default_cache_dir),
             },

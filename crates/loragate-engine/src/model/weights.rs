@@ -14,6 +14,7 @@ use super::config::ModelConfig;
 use super::layer::{Attention, DecoderLayer, Mlp, Projection};
 use super::rope::RopeTables;
 use crate::error::EngineLoadError;
+use crate::gguf::{GgufFile, read_weights};
 use crate::lora::LoraTarget;
 
 /// Tensors by Hugging Face name.
@@ -29,6 +30,27 @@ impl Llama {
     ) -> Result<Self, EngineLoadError> {
         let config = ModelConfig::from_model_dir(dir)?;
         let weights = read_safetensors(dir, &config, device, dtype)?;
+        Self::from_weights(config, weights, device, dtype, max_context)
+    }
+
+    /// Loads the model of an open GGUF file onto `device` as `dtype` (its weights dequantized), serving at most
+    /// `max_context` positions.
+    pub(crate) fn load_gguf(
+        file: &GgufFile,
+        device: &Device,
+        dtype: DType,
+        max_context: Option<usize>,
+    ) -> Result<Self, EngineLoadError> {
+        let config = file.model_config()?;
+        let weights = read_weights(file, &config)?
+            .into_iter()
+            .map(|(name, tensor)| {
+                let dense = tensor
+                    .dequantize(&Device::Cpu)
+                    .map_err(|err| EngineLoadError::weights(format!("{name}: {err}")))?;
+                Ok((name, dense))
+            })
+            .collect::<Result<WeightMap, EngineLoadError>>()?;
         Self::from_weights(config, weights, device, dtype, max_context)
     }
 
