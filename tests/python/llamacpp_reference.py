@@ -9,7 +9,8 @@ Usage: llamacpp_reference.py < request.json > answer.json, where the request is
 and the answer is
   {"completions": [{"tokens": [...], "logprobs": [...], "top": [[[id, logprob], ...], ...]}, ...],
    "tokenize": [[ids], ...]}
-Log-probabilities are llama.cpp's raw ones (softmax of the logits, before any sampler); prompts are token ids, so the
+Generation stops at the model's end-of-generation tokens or after n_predict tokens. Log-probabilities are
+llama.cpp's raw ones (softmax of the logits, before any sampler); prompts are token ids, so the
 model is compared on exactly the same input; texts are tokenized as the server tokenizes prompts (special tokens
 parsed, none added).
 """
@@ -48,7 +49,6 @@ def main():
             "temperature": 0,
             "n_probs": completion.get("n_probs", 5),
             "cache_prompt": False,
-            "ignore_eos": True,
         }
         out = post(base, "/completion", body)
         probs = out["completion_probabilities"]

@@ -64,7 +64,8 @@ impl CandleEngine {
             }
             ModelFormat::Gguf => {
                 let file = GgufFile::open(path)?;
-                (Llama::load_gguf(&file, &device, dtype, max_context)?, Some(file.tokenizer()?))
+                let weights = config.quantized_weights;
+                (Llama::load_gguf(&file, &device, dtype, max_context, weights)?, Some(file.tokenizer()?))
             }
         };
         Self::start(model, tokenizer, &config)

@@ -14,6 +14,7 @@
 //!   front ([`gguf_chat_template`]).
 
 mod config;
+mod source;
 mod tensors;
 #[cfg(test)]
 mod tests;
@@ -30,6 +31,7 @@ use crate::error::EngineLoadError;
 use crate::model::ModelConfig;
 use crate::tokenizer::Tokenizer;
 
+pub(crate) use source::GgufSource;
 pub(crate) use tensors::read_weights;
 
 /// How a model is stored: what `--model` names.

@@ -39,7 +39,9 @@ mod scheduler;
 mod test_support;
 mod tokenizer;
 
-pub use config::{DType, Device, EngineConfig, ParseDTypeError, ParseDeviceError};
+pub use config::{
+    DType, Device, EngineConfig, ParseDTypeError, ParseDeviceError, ParseQuantizedWeightsError, QuantizedWeights,
+};
 pub use demo::{DEMO_MODEL_NAME, DemoError, DemoFiles, default_cache_dir, ensure_demo_files, write_demo_files};
 pub use engine::{CandleEngine, read_model_info};
 pub use error::EngineLoadError;

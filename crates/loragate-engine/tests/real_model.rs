@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use loragate_core::{Engine, EngineEvent, RawSampleRequest, SampleRequest};
-use loragate_engine::{CandleEngine, EngineConfig};
+use loragate_engine::{CandleEngine, EngineConfig, QuantizedWeights, Tokenizer};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -68,12 +68,11 @@ fn llama_cpp(request: &Value) -> Value {
     serde_json::from_slice(&output.stdout).expect("a JSON answer")
 }
 
-/// Greedy tokens and their log-probabilities.
+/// Greedy tokens and their log-probabilities, up to `GENERATED` or the end of sequence.
 async fn greedy(engine: &CandleEngine, prompt: &[u32]) -> (Vec<u32>, Vec<f32>) {
     let raw = RawSampleRequest {
         prompt_token_ids: prompt.to_vec(),
         max_tokens: Some(GENERATED as u32),
-        ignore_eos: true,
         ..Default::default()
     };
     let request = SampleRequest::parse(raw, engine.model_info()).expect("valid request");
@@ -114,8 +113,7 @@ async fn greedy_tokens_and_logprobs_agree_with_llama_cpp_on_the_same_gguf_file()
         );
         return;
     };
-    let engine = CandleEngine::load(&model, EngineConfig::default()).expect("the GGUF file loads");
-    let tokenizer = engine.tokenizer().expect("a GGUF file has a tokenizer");
+    let tokenizer = Tokenizer::for_model(&model).expect("tokenizer").expect("a GGUF file has a tokenizer");
     let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|prompt| tokenizer.encode(prompt).expect("encode")).collect();
     let texts: Vec<&str> = PROMPTS.iter().chain(&TEXTS).copied().collect();
     let reference = llama_cpp(&json!({
@@ -124,13 +122,22 @@ async fn greedy_tokens_and_logprobs_agree_with_llama_cpp_on_the_same_gguf_file()
         "completions": prompts.iter().map(|prompt| json!({"prompt": prompt, "n_predict": GENERATED})).collect::<Vec<_>>(),
         "tokenize": texts,
     }));
-
     for (text, expected) in texts.iter().zip(reference["tokenize"].as_array().expect("tokenizations")) {
         let expected: Vec<u32> = serde_json::from_value(expected.clone()).expect("ids");
         assert_eq!(tokenizer.encode(text).expect("encode"), expected, "the tokens of {text:?}");
     }
+    // Kept quantized (the default) and dequantized.
+    for quantized_weights in [QuantizedWeights::Quantized, QuantizedWeights::Dequantized] {
+        eprintln!("--- {quantized_weights} weights");
+        let config = EngineConfig { quantized_weights, ..EngineConfig::default() };
+        let engine = CandleEngine::load(&model, config).expect("the GGUF file loads");
+        compare_greedy(&engine, &tokenizer, &prompts, &reference).await;
+    }
+}
 
-    let ours = futures::future::join_all(prompts.iter().map(|prompt| greedy(&engine, prompt))).await;
+/// Greedy decoding of `prompts` against llama.cpp's `reference`.
+async fn compare_greedy(engine: &CandleEngine, tokenizer: &Tokenizer, prompts: &[Vec<u32>], reference: &Value) {
+    let ours = futures::future::join_all(prompts.iter().map(|prompt| greedy(engine, prompt))).await;
     let mut worst = 0f32;
     for ((prompt, (tokens, logprobs)), theirs) in
         PROMPTS.iter().zip(ours).zip(reference["completions"].as_array().expect("completions"))
@@ -138,13 +145,13 @@ async fn greedy_tokens_and_logprobs_agree_with_llama_cpp_on_the_same_gguf_file()
         let their_tokens: Vec<u32> = serde_json::from_value(theirs["tokens"].clone()).expect("tokens");
         let their_logprobs: Vec<f32> = serde_json::from_value(theirs["logprobs"].clone()).expect("logprobs");
         let top: Vec<Vec<(u32, f32)>> = serde_json::from_value(theirs["top"].clone()).expect("top logprobs");
-        assert_eq!(tokens.len(), GENERATED, "{prompt:?}");
-        let diffs: Vec<String> = (0..GENERATED)
+        let compared = tokens.len().min(their_tokens.len());
+        let diffs: Vec<String> = (0..compared)
             .map(|i| format!("{}:{}/{} {:+.3}", i, tokens[i], their_tokens[i], logprobs[i] - their_logprobs[i]))
             .collect();
         eprintln!("{prompt:?}: {}", diffs.join("  "));
-        assert_eq!(their_tokens.len(), GENERATED, "{prompt:?}: llama.cpp's answer {theirs}");
-        for step in 0..GENERATED {
+        let mut diverged = false;
+        for step in 0..compared {
             if tokens[step] != their_tokens[step] {
                 // Only a near-tie may be broken the other way; the sequences differ from here on.
                 let ours_for_them = top[step].iter().find(|(id, _)| *id == tokens[step]).map(|(_, lp)| *lp);
@@ -159,6 +166,7 @@ async fn greedy_tokens_and_logprobs_agree_with_llama_cpp_on_the_same_gguf_file()
                     top[step]
                 );
                 eprintln!("{prompt:?}: a near-tie at token {step} was broken the other way (gap {gap:?})");
+                diverged = true;
                 break;
             }
             let diff = (logprobs[step] - their_logprobs[step]).abs();
@@ -170,6 +178,9 @@ async fn greedy_tokens_and_logprobs_agree_with_llama_cpp_on_the_same_gguf_file()
                 logprobs[step],
                 their_logprobs[step]
             );
+        }
+        if !diverged {
+            assert_eq!(tokens.len(), their_tokens.len(), "{prompt:?}: both end at the same end of sequence");
         }
         eprintln!("{prompt:?} → {:?}", tokenizer.decode(&tokens).unwrap_or_default());
     }

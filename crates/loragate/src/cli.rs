@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use loragate_core::{AdapterName, DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Key, Limits};
-use loragate_engine::{DType, Device, EngineConfig};
+use loragate_engine::{DType, Device, EngineConfig, QuantizedWeights};
 use loragate_fleet::WorkerAddress;
 use loragate_tinker::{RetentionLimits, TinkerConfig};
 
@@ -204,6 +204,11 @@ pub struct EngineArgs {
     /// How long reading and checking one adapter may take before its load fails (installing nothing).
     #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
     pub adapter_load_timeout: Duration,
+    /// How a GGUF file's quantized weights are multiplied: `quantized` (kept in their block format: least memory,
+    /// fastest decoding), `dequantized` (to --dtype at load: dense GEMMs everywhere), or `hybrid[:N]` (both:
+    /// quantized below N input rows, dense from N rows on — prefill —, default N = 64).
+    #[arg(long, value_name = "MODE", default_value = "quantized")]
+    pub quantized_weights: QuantizedWeights,
     /// Where the demo model is generated and cached (default: $LORAGATE_CACHE_DIR, $XDG_CACHE_HOME/loragate or
     /// ~/.cache/loragate).
     #[arg(long, value_name = "DIR")]
@@ -221,6 +226,7 @@ impl EngineArgs {
             max_lora_rank: self.max_lora_rank,
             max_adapter_bytes: self.max_adapter_bytes,
             adapter_load_timeout: self.adapter_load_timeout,
+            quantized_weights: self.quantized_weights,
         }
     }
 

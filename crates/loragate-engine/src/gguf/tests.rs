@@ -8,6 +8,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
 use super::*;
+use crate::config::QuantizedWeights;
 use crate::lora::{LoraBatch, LoraTarget};
 use crate::model::{Llama, WeightMap};
 use crate::test_support::{TempDir, max_abs_diff, tiny_config, tiny_weights};
@@ -137,7 +138,8 @@ fn assert_same_model(mut config: ModelConfig, weights: &WeightMap, dtype: GgmlDT
     let file = GgufFile::open(&path).expect("open");
     let read = file.model_config().expect("config");
     assert_eq!(read, config, "the metadata describes the same model");
-    let from_gguf = Llama::load_gguf(&file, &Device::Cpu, DType::F32, None).expect("load gguf");
+    let from_gguf =
+        Llama::load_gguf(&file, &Device::Cpu, DType::F32, None, QuantizedWeights::Dequantized).expect("load gguf");
     let expected = Llama::from_weights(config, round_trip(weights, dtype), &Device::Cpu, DType::F32, None).expect("hf");
     let tokens: Vec<u32> = (0..24).map(|i| (i * 7 + 3) % 64).collect();
     let diff = max_abs_diff(&logits(&from_gguf, &tokens), &logits(&expected, &tokens));
@@ -247,4 +249,31 @@ fn the_format_is_told_by_the_path() {
     let dir = TempDir::new("gguf-format");
     assert_eq!(ModelFormat::of(dir.path()), ModelFormat::HuggingFace);
     assert_eq!(ModelFormat::of(&dir.path().join("model.gguf")), ModelFormat::Gguf);
+}
+
+#[test]
+fn quantized_matrices_compute_the_dequantized_model_up_to_the_inputs_8_bit_rounding() {
+    let mut config = tiny_config(vec![2]);
+    config.intermediate_size = 64;
+    config.rms_norm_eps = f64::from(config.rms_norm_eps as f32);
+    let weights = tiny_weights(&config, 15);
+    let dir = TempDir::new("gguf-quantized");
+    let path = dir.path().join("model.gguf");
+    write_gguf(&path, &config, &weights, GgmlDType::Q4_1, "smollm");
+    let file = GgufFile::open(&path).expect("open");
+    let load = |mode| Llama::load_gguf(&file, &Device::Cpu, DType::F32, None, mode).expect("load");
+    let tokens: Vec<u32> = (0..24).map(|i| (i * 5 + 1) % 64).collect();
+    let dense = logits(&load(QuantizedWeights::Dequantized), &tokens);
+    let scale = dense.abs().and_then(|t| t.max_all()).and_then(|t| t.to_scalar::<f32>()).expect("scale");
+
+    let quantized = logits(&load(QuantizedWeights::Quantized), &tokens);
+    let diff = max_abs_diff(&quantized, &dense);
+    assert!(diff > 0.0, "the inputs really are quantized");
+    assert!(diff < 0.05 * scale, "quantized logits differ by {diff} (largest logit {scale})");
+
+    // 24 rows reach the hybrid's dense copy: the dequantized model's values.
+    let hybrid = logits(&load(QuantizedWeights::Hybrid { dense_from_rows: 8 }), &tokens);
+    assert!(max_abs_diff(&hybrid, &dense) < 1e-5);
+    let below = logits(&load(QuantizedWeights::Hybrid { dense_from_rows: 25 }), &tokens);
+    assert_eq!(max_abs_diff(&below, &quantized), 0.0, "fewer rows stay quantized");
 }
