@@ -38,6 +38,14 @@ impl pulp::NullaryFnOnce for Kernel<'_> {
     #[inline(always)]
     fn call(self) {
         let Self { simd, matrix, input, first_row, out_t } = self;
+        if input.rows == 1 {
+            let rows = Rows { matrix, input, first_row, first_input: 0 };
+            match matrix.packing {
+                Packing::Nibbles => rows.single::<true>(simd, out_t),
+                Packing::Bytes => rows.single::<false>(simd, out_t),
+            }
+            return;
+        }
         let mut first_input = 0;
         while first_input < input.rows {
             let tile = (input.rows - first_input).min(TILE);
@@ -82,6 +90,73 @@ struct InputRow<'a> {
 
 #[cfg(target_arch = "x86_64")]
 impl Rows<'_> {
+    /// The input row `first_input` alone against every weight row of `out_t`, four weight rows at a time: each input
+    /// block is loaded once for four independent accumulations (a decode step of one sequence).
+    #[inline(always)]
+    fn single<const NIBBLES: bool>(&self, simd: pulp::x86::V3, out_t: &mut [f32]) {
+        let rows = out_t.len() / self.input.rows;
+        let mut row = 0;
+        while row + 4 <= rows {
+            self.single_group::<4, NIBBLES>(simd, row, out_t);
+            row += 4;
+        }
+        while row < rows {
+            self.single_group::<1, NIBBLES>(simd, row, out_t);
+            row += 1;
+        }
+    }
+
+    /// Weight rows `first_row + offset..first_row + offset + R` against the input row `first_input`.
+    #[inline(always)]
+    fn single_group<const R: usize, const NIBBLES: bool>(&self, simd: pulp::x86::V3, offset: usize, out_t: &mut [f32]) {
+        let (matrix, input) = (self.matrix, self.input);
+        let blocks = matrix.blocks_per_row();
+        let block_bytes = matrix.packing.block_bytes();
+        let first = self.first_row + offset;
+        let all_values: &[u8] = bytemuck::cast_slice(&input.values);
+        let x_values = &all_values[self.first_input * blocks * BLOCK..(self.first_input + 1) * blocks * BLOCK];
+        let x_scales = &input.scales[self.first_input * blocks..(self.first_input + 1) * blocks];
+        let x_sums = &input.sums[self.first_input * blocks..(self.first_input + 1) * blocks];
+        let packed: [&[u8]; R] = std::array::from_fn(|r| {
+            &matrix.values[(first + r) * blocks * block_bytes..(first + r + 1) * blocks * block_bytes]
+        });
+        let scales: [&[f32]; R] =
+            std::array::from_fn(|r| &matrix.scales[(first + r) * blocks..(first + r + 1) * blocks]);
+        let offsets: [&[f32]; R] = std::array::from_fn(|r| {
+            if NIBBLES { &matrix.offsets[(first + r) * blocks..(first + r + 1) * blocks] } else { &[] }
+        });
+        let ones = simd.avx._mm256_set1_epi16(1);
+        let low_nibbles = simd.avx._mm256_set1_epi8(0x0F);
+        let mut accumulators: [__m256; R] = [simd.avx._mm256_setzero_ps(); R];
+        let mut offset_terms = [0f32; R];
+        for block in 0..blocks {
+            let x: __m256i = bytemuck::pod_read_unaligned(&x_values[block * BLOCK..(block + 1) * BLOCK]);
+            let (x_scale, x_sum) = (x_scales[block], x_sums[block]);
+            for r in 0..R {
+                let weights = &packed[r][block * block_bytes..(block + 1) * block_bytes];
+                let (unsigned, signed) = if NIBBLES {
+                    let bytes: __m128i = bytemuck::pod_read_unaligned(weights);
+                    let both = simd.avx._mm256_set_m128i(simd.sse2._mm_srli_epi16::<4>(bytes), bytes);
+                    (simd.avx2._mm256_and_si256(both, low_nibbles), x)
+                } else {
+                    let signs: __m256i = bytemuck::pod_read_unaligned(weights);
+                    (simd.avx2._mm256_sign_epi8(signs, signs), simd.avx2._mm256_sign_epi8(x, signs))
+                };
+                let pairs = simd.avx2._mm256_maddubs_epi16(unsigned, signed);
+                let sums = simd.avx._mm256_cvtepi32_ps(simd.avx2._mm256_madd_epi16(pairs, ones));
+                let combined = simd.avx._mm256_set1_ps(scales[r][block] * x_scale);
+                accumulators[r] = simd.fma._mm256_fmadd_ps(sums, combined, accumulators[r]);
+                if NIBBLES {
+                    offset_terms[r] = offsets[r][block].mul_add(x_sum, offset_terms[r]);
+                }
+            }
+        }
+        for r in 0..R {
+            out_t[(offset + r) * input.rows + self.first_input] =
+                horizontal_sum(simd, accumulators[r]) + offset_terms[r];
+        }
+    }
+
     /// Input rows `first_input..first_input + T` against every weight row of `out_t` (`NIBBLES`: Q4_0/Q4_1 packing,
     /// else Q8_0's).
     #[inline(always)]
