@@ -33,6 +33,7 @@ mod error;
 mod gguf;
 mod lora;
 mod model;
+mod random_adapter;
 mod sampler;
 mod scheduler;
 #[cfg(test)]
@@ -46,4 +47,5 @@ pub use demo::{DEMO_MODEL_NAME, DemoError, DemoFiles, default_cache_dir, ensure_
 pub use engine::{CandleEngine, read_model_info};
 pub use error::EngineLoadError;
 pub use gguf::{ChatTemplateSource, ModelFormat, gguf_chat_template};
+pub use random_adapter::{RandomAdapter, RandomAdapterError, write_random_adapter};
 pub use tokenizer::{TOKENIZER_FILE, Tokenizer, TokenizerError};

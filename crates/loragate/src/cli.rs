@@ -38,6 +38,29 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
     },
+    /// Write a PEFT LoRA adapter with seeded random factors for a model (a Hugging Face directory or a GGUF file),
+    /// adapting all seven projections of every layer. Untrained: it shifts the model's outputs without teaching it
+    /// anything; use it to try per-request adapters, loads and swaps on a real model before bringing trained ones.
+    RandomAdapter {
+        /// The model the adapter is for.
+        #[arg(long, value_name = "DIR|FILE.gguf")]
+        model: PathBuf,
+        /// The adapter directory to write.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// The LoRA rank.
+        #[arg(long, default_value_t = 8)]
+        rank: usize,
+        /// `lora_alpha` (the scale is alpha / rank).
+        #[arg(long, default_value_t = 16.0)]
+        alpha: f64,
+        /// The standard deviation of `lora_B`'s values (PEFT starts them at zero, which would change nothing).
+        #[arg(long, default_value_t = 0.01)]
+        b_std: f32,
+        /// The seed: the same seed writes the same adapter.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 /// `loragate serve`.
