@@ -36,6 +36,7 @@ mod model;
 mod random_adapter;
 mod sampler;
 mod scheduler;
+mod synthetic;
 #[cfg(test)]
 mod test_support;
 mod tokenizer;
@@ -48,4 +49,5 @@ pub use engine::{CandleEngine, read_model_info};
 pub use error::EngineLoadError;
 pub use gguf::{ChatTemplateSource, ModelFormat, gguf_chat_template};
 pub use random_adapter::{RandomAdapter, RandomAdapterError, write_random_adapter};
+pub use synthetic::ModelShape;
 pub use tokenizer::{TOKENIZER_FILE, Tokenizer, TokenizerError};

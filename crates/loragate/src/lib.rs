@@ -23,6 +23,7 @@ mod cli;
 mod compute_threads;
 mod duration_arg;
 mod serve;
+mod state_dir;
 mod text_codec;
 mod worker;
 
@@ -31,4 +32,5 @@ pub use compute_threads::{default_compute_threads, set_compute_threads};
 pub use duration_arg::parse_duration;
 pub use loragate_engine::{DemoFiles, default_cache_dir, ensure_demo_files};
 pub use serve::{Authentication, InitialAdapter, ModelSource, RunningServer, ServeConfig, ServeError};
+pub use state_dir::StateLocation;
 pub use worker::{RunningWorker, WorkerSettings};

@@ -21,15 +21,20 @@ struct Served {
     grpc_addr: String,
     http_addr: String,
     ready: serde_json::Value,
+    /// Its own state directory (never the user's, never another server's), removed when dropped.
+    _state_dir: tempfile::TempDir,
 }
 
 impl Served {
-    /// Starts `loragate serve ARGS --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0` and reads its ready line.
+    /// Starts `loragate serve ARGS --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 --state-dir TMP` and reads its
+    /// ready line.
     fn start(args: &[&str]) -> Self {
+        let state_dir = tempfile::tempdir().expect("a state directory");
         let mut child = Command::new(env!("CARGO_BIN_EXE_loragate"))
             .arg("serve")
             .args(args)
-            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--state-dir"])
+            .arg(state_dir.path())
             .env("LORAGATE_CACHE_DIR", cache_dir())
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -47,7 +52,7 @@ impl Served {
         let ready: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line:?}"));
         assert_eq!(ready["event"], "ready", "{ready}");
         let address = |key: &str| ready[key].as_str().unwrap_or_else(|| panic!("{key} in {ready}")).to_owned();
-        Self { grpc_addr: address("grpc_addr"), http_addr: address("http_addr"), ready, child }
+        Self { grpc_addr: address("grpc_addr"), http_addr: address("http_addr"), ready, child, _state_dir: state_dir }
     }
 
     /// Sends SIGTERM and waits for the exit status.

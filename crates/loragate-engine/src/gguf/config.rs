@@ -43,7 +43,7 @@ pub(super) fn model_config(metadata: &Metadata<'_>, tied: bool) -> Result<ModelC
         )));
     }
     if let Some(rope_dims) = optional("rope.dimension_count")? {
-        let full = head_dim.unwrap_or(if num_heads == 0 { 0 } else { hidden_size / num_heads });
+        let full = head_dim.unwrap_or(hidden_size.checked_div(num_heads).unwrap_or(0));
         if rope_dims != full {
             return Err(EngineLoadError::config(format!(
                 "{arch}.rope.dimension_count ({rope_dims}) rotates part of each head ({full}); partial RoPE is not \

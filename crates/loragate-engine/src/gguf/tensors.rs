@@ -75,10 +75,10 @@ pub(crate) fn read_weights(file: &GgufFile, config: &ModelConfig) -> Result<Gguf
     for name in names {
         let Some((hf_name, heads)) = hugging_face_name(name, config, permuted) else { continue };
         let info = &file.content.tensor_infos[name];
-        let error = |reason: String| EngineLoadError::weights(format!("{} ({hf_name}): {reason}", name));
+        let error = |reason: String| EngineLoadError::weights(format!("{name} ({hf_name}): {reason}"));
         let (block, type_size) = (info.ggml_dtype.block_size(), info.ggml_dtype.type_size());
         let elements = info.shape.elem_count();
-        if elements % block != 0 {
+        if !elements.is_multiple_of(block) {
             return Err(error(format!("{elements} values do not fill {:?} blocks of {block}", info.ggml_dtype)));
         }
         let mut bytes = vec![0u8; elements / block * type_size];
@@ -101,7 +101,12 @@ pub(crate) fn read_weights(file: &GgufFile, config: &ModelConfig) -> Result<Gguf
 /// Undoes llama.cpp's permutation of a query or key projection: `bytes` holds `rows` rows of `heads` heads in the
 /// GGUF order; the result holds them in the Hugging Face order (see the module's documentation).
 pub(super) fn unpermute_rows(bytes: &[u8], rows: usize, heads: usize) -> Result<Vec<u8>, String> {
-    if heads == 0 || rows % heads != 0 || (rows / heads) % 2 != 0 || rows == 0 || bytes.len() % rows != 0 {
+    if heads == 0
+        || !rows.is_multiple_of(heads)
+        || !(rows / heads).is_multiple_of(2)
+        || rows == 0
+        || !bytes.len().is_multiple_of(rows)
+    {
         return Err(format!("{rows} rows of {} bytes cannot be {heads} heads of pairs", bytes.len()));
     }
     let (row_bytes, head_dim) = (bytes.len() / rows, rows / heads);

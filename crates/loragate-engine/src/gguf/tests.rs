@@ -109,7 +109,7 @@ fn write_gguf(path: &Path, config: &ModelConfig, weights: &WeightMap, dtype: Ggm
 fn logits(model: &Llama, tokens: &[u32]) -> Tensor {
     let input = Tensor::from_slice(tokens, (1, tokens.len()), &Device::Cpu).expect("tokens");
     let lora = LoraBatch::uniform(None).expect("lora");
-    let hidden = model.forward_sequences(&input, &lora).expect("forward").hidden;
+    let hidden = model.forward_sequences(&input, &lora).expect("forward");
     model.logits(&hidden).expect("logits").flatten_to(1).expect("flat")
 }
 
