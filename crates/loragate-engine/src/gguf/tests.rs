@@ -10,8 +10,8 @@ use candle_core::{DType, Device, Tensor};
 use super::*;
 use crate::config::QuantizedWeights;
 use crate::lora::{LoraBatch, LoraTarget};
-use crate::model::{Llama, WeightMap};
-use crate::test_support::{TempDir, max_abs_diff, tiny_config, tiny_weights};
+use crate::model::{Llama, PackedInput, PrefillChunk, WeightMap};
+use crate::test_support::{TempDir, max_abs_diff, tiny_adapter, tiny_config, tiny_weights};
 
 /// llama.cpp's `permute` (convert_hf_to_gguf.py) of a query or key projection `(rows, in)` for its RoPE, written
 /// with tensor ops: `w.reshape(heads, 2, rows / heads / 2, in).swapaxes(1, 2).reshape(rows, in)`.
@@ -276,4 +276,54 @@ fn quantized_matrices_compute_the_dequantized_model_up_to_the_inputs_8_bit_round
     assert!(max_abs_diff(&hybrid, &dense) < 1e-5);
     let below = logits(&load(QuantizedWeights::Hybrid { dense_from_rows: 25 }), &tokens);
     assert_eq!(max_abs_diff(&below, &quantized), 0.0, "fewer rows stay quantized");
+}
+
+#[test]
+fn a_quantized_model_prefills_packed_chunks_with_per_row_lora_as_one_whole_pass_does() {
+    let mut config = tiny_config(vec![2]);
+    config.intermediate_size = 64;
+    config.rms_norm_eps = f64::from(config.rms_norm_eps as f32);
+    let weights = tiny_weights(&config, 16);
+    let adapter = tiny_adapter(&config, 3);
+    let dir = TempDir::new("gguf-packed");
+    let path = dir.path().join("model.gguf");
+    write_gguf(&path, &config, &weights, GgmlDType::Q4_1, "smollm");
+    let file = GgufFile::open(&path).expect("open");
+    let model = Llama::load_gguf(&file, &Device::Cpu, DType::F32, None, QuantizedWeights::Quantized).expect("load");
+    let first: Vec<u32> = (0..24).map(|i| (i * 5 + 1) % 64).collect();
+    let second: Vec<u32> = (0..11).map(|i| (i * 3 + 2) % 64).collect();
+    // Every position's logits `(len, vocab)` of one sequence in one pass, all of it under `lora`.
+    let whole = |tokens: &[u32], lora: &LoraBatch| {
+        let input = Tensor::from_slice(tokens, (1, tokens.len()), &Device::Cpu).expect("tokens");
+        let hidden = model.forward_sequences(&input, lora).expect("forward");
+        model.logits(&hidden).expect("logits").squeeze(0).expect("one sequence")
+    };
+    let expected_first = whole(&first, &LoraBatch::uniform(Some(&adapter)).expect("lora"));
+    let expected_second = whole(&second, &LoraBatch::uniform(None).expect("lora"));
+    let (mut first_kv, mut second_kv) = (model.sequence_kv(24).expect("kv"), model.sequence_kv(11).expect("kv"));
+    // Chunks of both prompts packed into each pass: the adapter's rows first, then the base model's.
+    for (first_len, second_len) in [(7, 4), (9, 0), (8, 7)] {
+        let (first_start, second_start) = (first_kv.len(), second_kv.len());
+        let mut rows = vec![Some(&adapter); first_len];
+        rows.extend(std::iter::repeat_n(None, second_len));
+        let lora = LoraBatch::for_rows(&rows, None, &Device::Cpu).expect("lora");
+        let mut chunks =
+            vec![PrefillChunk { tokens: &first[first_start..first_start + first_len], cache: &mut first_kv }];
+        if second_len > 0 {
+            chunks
+                .push(PrefillChunk { tokens: &second[second_start..second_start + second_len], cache: &mut second_kv });
+        }
+        let hidden = model.forward_packed(PackedInput { decode: None, chunks }, &lora).expect("packed pass");
+        let logits = model.logits(&hidden).expect("logits");
+        let packed_first = logits.narrow(0, 0, first_len).expect("first");
+        let diff = max_abs_diff(&packed_first, &expected_first.narrow(0, first_start, first_len).expect("rows"));
+        assert!(diff < 1e-4, "the adapter's chunk at {first_start} differs by {diff}");
+        if second_len > 0 {
+            let packed_second = logits.narrow(0, first_len, second_len).expect("second");
+            let expected = expected_second.narrow(0, second_start, second_len).expect("rows");
+            let diff = max_abs_diff(&packed_second, &expected);
+            assert!(diff < 1e-4, "the base model's chunk at {second_start} differs by {diff}");
+        }
+    }
+    assert_eq!((first_kv.len(), second_kv.len()), (24, 11));
 }
