@@ -1,13 +1,21 @@
-//! `bench-real-model`: loragate and llama.cpp's server (the `xllamacpp` wheel) on the same GGUF file, with the same
+//! `bench_real_model`: loragate and llama.cpp's server (the `xllamacpp` wheel) on the same GGUF file, with the same
 //! number of compute threads, measured alternately: tokens/s of N concurrent `/v1/completions` requests (greedy, a
 //! fixed number of tokens each, end of sequence ignored), the median of several rounds for each N.
 //!
 //! Run it through `scripts/bench-real-model.sh`, which installs the model and llama.cpp's wheel (pinned) into
 //! `.venv`, builds loragate in release and passes everything here. Both servers stay loaded for the whole run; only
 //! one is sent requests at a time, and the order alternates from round to round.
+//!
+//! Then, on loragate alone, the isolation scenes of `scenes` (`swap`, `head-of-line`); `--scenes` picks among
+//! `throughput`, `swap` and `head-of-line` (default: all three).
+
+#[path = "bench_real_model/scenes.rs"]
+mod scenes;
+#[path = "bench_real_model/streams.rs"]
+mod streams;
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -44,6 +52,15 @@ struct Args {
     /// An extra argument for `loragate serve` (repeatable), e.g. `--loragate-arg=--quantized-weights=hybrid`.
     #[arg(long = "loragate-arg", allow_hyphen_values = true)]
     loragate_args: Vec<String>,
+    /// What to run: `throughput` (both servers), `swap` and `head-of-line` (loragate), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "throughput,swap,head-of-line")]
+    scenes: Vec<String>,
+}
+
+impl Args {
+    fn runs(&self, scene: &str) -> bool {
+        self.scenes.iter().any(|wanted| wanted == scene)
+    }
 }
 
 /// A server child process, killed when dropped.
@@ -85,14 +102,32 @@ fn ready_line(child: &mut Child) -> Value {
     ready
 }
 
-fn start_loragate(args: &Args, model: &PathBuf, slots: usize) -> Server {
+/// Writes the swap scene's adapter and its next version (untrained, `loragate random-adapter`) under `root`.
+fn write_adapters(args: &Args, model: &Path, root: &Path) {
+    for (dir, seed) in [(scenes::SWAPPED_ADAPTER, "1"), (scenes::NEXT_VERSION_DIR, "2")] {
+        let status = Command::new(&args.loragate)
+            .args(["random-adapter", "--seed", seed, "--model"])
+            .arg(model)
+            .arg("--out")
+            .arg(root.join(dir))
+            .status()
+            .expect("loragate random-adapter runs");
+        assert!(status.success(), "random-adapter {dir}: {status}");
+    }
+}
+
+fn start_loragate(args: &Args, model: &Path, slots: usize, adapters: &Path) -> Server {
     let threads = args.threads.to_string();
     let slots = slots.to_string();
+    let adapter = format!("{}={}", scenes::SWAPPED_ADAPTER, adapters.join(scenes::SWAPPED_ADAPTER).display());
     let mut child = Command::new(&args.loragate)
         .arg("serve")
         .arg("--model")
         .arg(model)
         .args(["--compute-threads", &threads, "--max-batch-size", &slots])
+        .arg("--adapter-root")
+        .arg(adapters)
+        .args(["--adapter", &adapter])
         .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
         .args(&args.loragate_args)
         .env("RUST_LOG", "warn")
@@ -106,8 +141,8 @@ fn start_loragate(args: &Args, model: &PathBuf, slots: usize) -> Server {
     Server { name: "loragate", child, base_url, model, extra: json!({}) }
 }
 
-fn start_llama_cpp(args: &Args, model: &PathBuf, slots: usize) -> Server {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/llamacpp_server.py");
+fn start_llama_cpp(args: &Args, model: &Path, slots: usize) -> Server {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/bench_real_model/llamacpp_server.py");
     let context = 256 + args.tokens as usize;
     let mut child = Command::new(&args.python)
         .arg(&script)
@@ -184,20 +219,39 @@ async fn main() {
     let args = Args::parse();
     let model = args.model.clone().unwrap_or_else(|| installed_model(&args.python));
     let slots = args.concurrency.iter().copied().max().unwrap_or(1);
-    let before = load_average();
-    eprintln!("model {}; load average {before}; starting both servers", model.display());
-    let servers = [start_loragate(&args, &model, slots), start_llama_cpp(&args, &model, slots)];
+    eprintln!("model {}; load average {}; starting the servers", model.display(), load_average());
+    let adapters = tempfile::Builder::new().prefix("bench-real-model-").tempdir().expect("a temporary directory");
+    write_adapters(&args, &model, adapters.path());
+    // Room for every scene's requests in one batch: the swap's kept requests beside the base stream.
+    let loragate = start_loragate(&args, &model, slots.max(scenes::KEPT_REQUESTS + 1), adapters.path());
     let client = reqwest::Client::builder().timeout(Duration::from_secs(3600)).build().expect("client");
+    if args.runs("throughput") {
+        let llama_cpp = start_llama_cpp(&args, &model, slots);
+        throughput(&args, &model, &client, [&loragate, &llama_cpp]).await;
+    }
+    let target = scenes::Target { client: &client, base_url: &loragate.base_url, model: &loragate.model };
+    if args.runs("swap") {
+        scenes::swap(&target).await;
+    }
+    if args.runs("head-of-line") {
+        scenes::head_of_line(&target).await;
+    }
+    println!("\nload average at the end: {}", load_average());
+}
+
+/// Tokens/s of both servers, alternating; prints the table.
+async fn throughput(args: &Args, model: &Path, client: &reqwest::Client, servers: [&Server; 2]) {
+    let before = load_average();
     let warm_up = Args { tokens: 8, ..args.clone() };
-    for server in &servers {
-        measure(&client, server, &warm_up, 1).await;
+    for server in servers {
+        measure(client, server, &warm_up, 1).await;
     }
     let mut samples = vec![vec![Vec::new(); args.concurrency.len()]; servers.len()];
     for round in 0..args.rounds {
         for (level, &concurrency) in args.concurrency.iter().enumerate() {
             let order: Vec<usize> = if round % 2 == 0 { vec![0, 1] } else { vec![1, 0] };
             for index in order {
-                let rate = measure(&client, &servers[index], &args, concurrency).await;
+                let rate = measure(client, servers[index], args, concurrency).await;
                 eprintln!("round {round}: {} at {concurrency} concurrent: {rate:.1} tokens/s", servers[index].name);
                 samples[index][level].push(rate);
             }

@@ -1,4 +1,4 @@
-"""llama.cpp's HTTP server (the `xllamacpp` wheel) on a GGUF file, for `bench-real-model`: binds 127.0.0.1 on a free
+"""llama.cpp's HTTP server (the `xllamacpp` wheel) on a GGUF file, for the `bench_real_model` example: binds 127.0.0.1 on a free
 port, prints one JSON ready line ({"event": "ready", "http_addr": "127.0.0.1:PORT"}) and serves until its standard
 input is closed (its parent exiting closes it), then stops.
 
