@@ -110,6 +110,7 @@ fn write_adapters(args: &Args, model: &Path, root: &Path) {
             .arg(model)
             .arg("--out")
             .arg(root.join(dir))
+            .stdout(Stdio::null())
             .status()
             .expect("loragate random-adapter runs");
         assert!(status.success(), "random-adapter {dir}: {status}");
