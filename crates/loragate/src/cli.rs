@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use loragate_core::{AdapterName, DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Key, Limits};
-use loragate_engine::{DType, Device, EngineConfig};
+use loragate_engine::{DType, Device, EngineConfig, QuantizedWeights};
 use loragate_fleet::WorkerAddress;
 use loragate_tinker::{RetentionLimits, TinkerConfig};
 
@@ -39,6 +39,29 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
     },
+    /// Write a PEFT LoRA adapter with seeded random factors for a model (a Hugging Face directory or a GGUF file),
+    /// adapting all seven projections of every layer. Untrained: it shifts the model's outputs without teaching it
+    /// anything; use it to try per-request adapters, loads and swaps on a real model before bringing trained ones.
+    RandomAdapter {
+        /// The model the adapter is for.
+        #[arg(long, value_name = "DIR|FILE.gguf")]
+        model: PathBuf,
+        /// The adapter directory to write.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// The LoRA rank.
+        #[arg(long, default_value_t = 8)]
+        rank: usize,
+        /// `lora_alpha` (the scale is alpha / rank).
+        #[arg(long, default_value_t = 16.0)]
+        alpha: f64,
+        /// The standard deviation of `lora_B`'s values (PEFT starts them at zero, which would change nothing).
+        #[arg(long, default_value_t = 0.01)]
+        b_std: f32,
+        /// The seed: the same seed writes the same adapter.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 /// `loragate serve`.
@@ -50,12 +73,13 @@ pub struct ServeArgs {
     /// Address of the HTTP server (OpenAI- and SkyRL-compatible endpoints, metrics).
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8000")]
     pub http_addr: SocketAddr,
-    /// A Hugging Face model directory (config.json, safetensors, tokenizer.json). Without it, the built-in demo
-    /// model is served with its adapters `meow` and `woof` loaded.
-    #[arg(long, value_name = "DIR")]
+    /// The model: a Hugging Face model directory (config.json, safetensors, tokenizer.json, tokenizer_config.json)
+    /// or a GGUF file (llama.cpp's format; its tokenizer and chat template come from its metadata). Without it, the
+    /// built-in demo model is served with its adapters `meow` and `woof` loaded.
+    #[arg(long, value_name = "DIR|FILE.gguf")]
     pub model: Option<PathBuf>,
-    /// What HTTP `model` and /v1/models call the base model (default: the model directory's name;
-    /// `loragate-demo` for the demo).
+    /// What HTTP `model` and /v1/models call the base model (default: the model directory's name or the GGUF file's
+    /// stem; `loragate-demo` for the demo).
     #[arg(long, value_name = "NAME")]
     pub served_model_name: Option<String>,
     /// An adapter to load at start: NAME=DIR with DIR a PEFT adapter directory. Repeatable.
@@ -166,12 +190,12 @@ pub struct WorkerArgs {
     /// Address of the gRPC server (vllm.Inference, vllm.Control, grpc.health.v1).
     #[arg(long, value_name = "HOST:PORT")]
     pub grpc_addr: SocketAddr,
-    /// A Hugging Face model directory. Without it, the built-in demo model is served (no adapter loaded: the
-    /// fleet loads them).
-    #[arg(long, value_name = "DIR")]
+    /// A Hugging Face model directory or a GGUF file. Without it, the built-in demo model is served (no adapter
+    /// loaded: the fleet loads them).
+    #[arg(long, value_name = "DIR|FILE.gguf")]
     pub model: Option<PathBuf>,
-    /// What `GenerateRequest.model` may name and GetModelInfo reports (default: the model directory's name;
-    /// `loragate-demo` for the demo).
+    /// What `GenerateRequest.model` may name and GetModelInfo reports (default: the model directory's name or the
+    /// GGUF file's stem; `loragate-demo` for the demo).
     #[arg(long, value_name = "NAME")]
     pub served_model_name: Option<String>,
     /// The only directory LoadLora may read adapters from (relative paths are taken from it). Default for the demo:
@@ -231,6 +255,11 @@ pub struct EngineArgs {
     /// How long reading and checking one adapter may take before its load fails (installing nothing).
     #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
     pub adapter_load_timeout: Duration,
+    /// How a GGUF file's quantized weights are multiplied: `quantized` (kept in their block format: least memory,
+    /// fastest decoding), `dequantized` (to --dtype at load: dense GEMMs everywhere), or `hybrid[:N]` (both:
+    /// quantized below N input rows, dense from N rows on — prefill —, default N = 64).
+    #[arg(long, value_name = "MODE", default_value = "quantized")]
+    pub quantized_weights: QuantizedWeights,
     /// Where the demo model is generated and cached (default: $LORAGATE_CACHE_DIR, $XDG_CACHE_HOME/loragate or
     /// ~/.cache/loragate).
     #[arg(long, value_name = "DIR")]
@@ -249,13 +278,14 @@ impl EngineArgs {
             max_lora_rank: self.max_lora_rank,
             max_adapter_bytes: self.max_adapter_bytes,
             adapter_load_timeout: self.adapter_load_timeout,
+            quantized_weights: self.quantized_weights,
         }
     }
 
-    /// The model: `dir`, or the demo model cached in --cache-dir.
-    fn model_source(&self, dir: Option<PathBuf>) -> ModelSource {
-        match dir {
-            Some(dir) => ModelSource::Directory(dir),
+    /// The model: `path`, or the demo model cached in --cache-dir.
+    fn model_source(&self, path: Option<PathBuf>) -> ModelSource {
+        match path {
+            Some(path) => ModelSource::Path(path),
             None => ModelSource::Demo {
                 cache_dir: self.cache_dir.clone().unwrap_or_else(loragate_engine::default_cache_dir),
             },

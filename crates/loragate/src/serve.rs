@@ -12,8 +12,8 @@ use loragate_core::{
     KeyConfigError, Keyring, Limits, Reconciled, StartError, StateError, TenantKeys,
 };
 use loragate_engine::{
-    CandleEngine, DEMO_MODEL_NAME, DemoError, EngineConfig, EngineLoadError, Tokenizer, ensure_demo_files,
-    read_model_info,
+    CandleEngine, DEMO_MODEL_NAME, DemoError, EngineConfig, EngineLoadError, ModelFormat, Tokenizer, ensure_demo_files,
+    gguf_chat_template, read_model_info,
 };
 use loragate_fleet::{FleetConfig, FleetEngine, FleetError, WorkerAddress};
 use loragate_http::{ChatTemplate, HttpFront, TextCodec};
@@ -34,8 +34,8 @@ pub enum ModelSource {
         /// Where the demo files are cached.
         cache_dir: PathBuf,
     },
-    /// A Hugging Face model directory.
-    Directory(PathBuf),
+    /// A Hugging Face model directory or a GGUF file.
+    Path(PathBuf),
 }
 
 /// An adapter loaded at start (`--adapter NAME=DIR`).
@@ -56,7 +56,7 @@ pub struct ServeConfig {
     pub http_addr: SocketAddr,
     /// The model.
     pub model: ModelSource,
-    /// The base model's name over HTTP (default: the directory's name, or `loragate-demo`).
+    /// The base model's name over HTTP (default: the directory's name or the GGUF file's stem, or `loragate-demo`).
     pub served_model_name: Option<String>,
     /// Adapters to load at start.
     pub adapters: Vec<InitialAdapter>,
@@ -257,8 +257,8 @@ impl RunningServer {
         if auth.is_enabled() {
             tracing::info!("authentication is on: callers must present a key");
         }
-        let template_dir = model.dir.clone();
-        let chat_template = blocking(move || ChatTemplate::from_model_dir(&template_dir)).await?;
+        let template_path = model.path.clone();
+        let chat_template = blocking(move || chat_template(&template_path)).await?;
         let in_fleet = !config.workers.is_empty();
         let (state, state_dir) = config.state.open(&served_model_name)?;
         if let Some(dir) = &state_dir {
@@ -444,8 +444,8 @@ impl RunningServer {
 
 /// The model's files, wherever they come from.
 pub(crate) struct ResolvedModel {
-    /// The Hugging Face directory.
-    pub(crate) dir: PathBuf,
+    /// The Hugging Face directory or GGUF file.
+    pub(crate) path: PathBuf,
     /// The demo's adapters (none for a directory).
     pub(crate) demo_adapters: Vec<InitialAdapter>,
     /// The default adapter root (the demo's adapters directory).
@@ -466,14 +466,14 @@ impl ResolvedModel {
                     InitialAdapter { name: demo_name("woof"), dir: files.woof_dir.clone() },
                 ];
                 Self {
-                    dir: files.model_dir,
+                    path: files.model_dir,
                     demo_adapters,
                     adapter_root: Some(files.adapters_dir),
                     name: DEMO_MODEL_NAME.to_owned(),
                 }
             }
-            ModelSource::Directory(dir) => {
-                Self { dir: dir.clone(), demo_adapters: Vec::new(), adapter_root: None, name: directory_name(dir) }
+            ModelSource::Path(path) => {
+                Self { path: path.clone(), demo_adapters: Vec::new(), adapter_root: None, name: model_name(path) }
             }
         })
     }
@@ -488,23 +488,23 @@ struct Backend {
 
 impl Backend {
     async fn in_process(model: &ResolvedModel, config: &ServeConfig) -> Result<Self, ServeError> {
-        let (dir, engine_config) = (model.dir.clone(), config.engine.clone());
-        let engine = blocking(move || CandleEngine::load(&dir, engine_config)).await??;
+        let (path, engine_config) = (model.path.clone(), config.engine.clone());
+        let engine = blocking(move || CandleEngine::load(&path, engine_config)).await??;
         let tokenizer = engine.tokenizer().cloned();
         Ok(Self { engine: Arc::new(engine), tokenizer, fleet: None })
     }
 
-    /// The fleet, once at least one worker is ready (waiting up to `--worker-wait` for one). The model directory
-    /// supplies only the limits and tokenizer; adapter paths go to the workers absolute, those inside the adapter
-    /// root under the workers' mount of it (`--worker-adapter-root`).
+    /// The fleet, once at least one worker is ready (waiting up to `--worker-wait` for one). The model's files supply
+    /// only the limits and tokenizer; adapter paths go to the workers absolute, those inside the adapter root under
+    /// the workers' mount of it (`--worker-adapter-root`).
     async fn fleet(
         model: &ResolvedModel,
         config: &ServeConfig,
         adapter_root: Option<&AdapterRoot>,
     ) -> Result<Self, ServeError> {
-        let (dir, max_context) = (model.dir.clone(), config.engine.max_context_length);
+        let (path, max_context) = (model.path.clone(), config.engine.max_context_length);
         let (info, tokenizer) = blocking(move || {
-            Ok::<_, EngineLoadError>((read_model_info(&dir, max_context)?, Tokenizer::from_model_dir(&dir)?))
+            Ok::<_, EngineLoadError>((read_model_info(&path, max_context)?, Tokenizer::for_model(&path)?))
         })
         .await??;
         let fleet_config = FleetConfig {
@@ -605,7 +605,27 @@ fn demo_name(name: &str) -> AdapterName {
     AdapterName::parse(name).expect("the demo adapter names are valid")
 }
 
-fn directory_name(dir: &Path) -> String {
-    let canonical = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_owned());
-    canonical.file_name().map_or_else(|| "model".to_owned(), |name| name.to_string_lossy().into_owned())
+/// The default served name: a directory's name, a GGUF file's stem (`SmolLM2-135M-Instruct.Q4_1` for
+/// `SmolLM2-135M-Instruct.Q4_1.gguf`).
+fn model_name(path: &Path) -> String {
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    let name = match ModelFormat::of(&canonical) {
+        ModelFormat::HuggingFace => canonical.file_name(),
+        ModelFormat::Gguf => canonical.file_stem(),
+    };
+    name.map_or_else(|| "model".to_owned(), |name| name.to_string_lossy().into_owned())
+}
+
+/// The model's chat template: a Hugging Face directory's `chat_template.jinja` or `tokenizer_config.json`, a GGUF
+/// file's `tokenizer.chat_template`. The error says why it is unusable (chat then answers 400).
+fn chat_template(path: &Path) -> Result<Option<ChatTemplate>, String> {
+    match ModelFormat::of(path) {
+        ModelFormat::HuggingFace => ChatTemplate::from_model_dir(path).map_err(|err| err.to_string()),
+        ModelFormat::Gguf => match gguf_chat_template(path).map_err(|err| err.to_string())? {
+            Some(source) => ChatTemplate::new(source.template, source.bos_token, source.eos_token)
+                .map(Some)
+                .map_err(|err| err.to_string()),
+            None => Ok(None),
+        },
+    }
 }
