@@ -51,6 +51,8 @@ pub(crate) struct Unloading {
     pub(crate) last_version: AdapterVersion,
     /// The actor's answer to its retirement: what to wait on for the hand-backs (nothing if the actor was gone).
     pub(crate) retired: oneshot::Receiver<Result<PendingHandBacks, CoreError>>,
+    /// The unloaded adapter's cell, to say when its weights may go ([`AdapterCell::release_weights`]).
+    pub(crate) cell: Arc<AdapterCell>,
 }
 
 /// The manager's behaviour.
@@ -163,7 +165,7 @@ impl Actor for AdapterManager {
                 let key = AdapterKey::Lora(name.clone());
                 match state.supervised.get(&key) {
                     Some(adapter) if adapter.published => {
-                        let actor = adapter.actor.clone();
+                        let (actor, cell) = (adapter.actor.clone(), adapter.cell.clone());
                         let last_version = adapter.cell.seal_versions();
                         state.retired_versions.insert(name, last_version);
                         state.discard(&key);
@@ -173,7 +175,7 @@ impl Actor for AdapterManager {
                         let _ =
                             actor.cast(AdapterMsg::Retire { why: Retirement::Unloaded, reply: retire_reply.into() });
                         let _ = actor.drain();
-                        let _ = reply.send(Ok(Unloading { last_version, retired }));
+                        let _ = reply.send(Ok(Unloading { last_version, retired, cell }));
                     }
                     _ => {
                         let _ = reply.send(Err(CoreError::UnknownAdapter(key)));

@@ -219,8 +219,11 @@ impl AdapterState {
         let (cell, engine) = (self.cell.clone(), self.engine.clone());
         tokio::spawn(async move {
             let result = engine.load_adapter(&name, version, &source).await;
-            if result.is_ok() && cell.gate_state().retired.is_some() {
-                // Unloaded while loading: remove what this load installed (and nothing a later load installed).
+            if result.is_ok() && cell.weights_released() {
+                // Unloaded while loading, and the unload already removed the weights it could see: remove what this
+                // load installed (and nothing a later load installed). Not before: a request admitted before the
+                // unload may still be on its way to the engine, and the unload removes these weights itself once
+                // every such request was handed back.
                 let _ = engine.unload_adapter(&name, version).await;
             }
             match cell.current_actor() {
