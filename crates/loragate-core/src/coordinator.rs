@@ -388,10 +388,7 @@ impl Coordinator {
         let (ack_timeout, name) = (self.inner.config.abort_ack_timeout, name.clone());
         let finish = tokio::spawn(async move {
             let pending = unloading.retired.await.ok().and_then(Result::ok).unwrap_or_default();
-            let report = pending.wait(ack_timeout).await;
-            if !report.unacknowledged.is_empty() {
-                tracing::warn!(adapter = %name, unacknowledged = ?report.unacknowledged, "unload did not see every request handed back");
-            }
+            pending.wait(ack_timeout).await.warn_if_unacknowledged(&key, "unload");
             // Its requests were handed back: nothing records under its name any more.
             metrics.forget_adapter(&key);
             // Only the unloaded adapter's versions: a reload of the name that raced this unload keeps its weights. A

@@ -20,7 +20,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::error::HttpError;
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// More metrics for `/metrics` from outside this front (a fleet's per-worker metrics): registered once in the
 /// server's registry (under the `loragate` prefix), and refreshed before every scrape.
