@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::error::HttpError;
-use crate::json_body::JsonBody;
+use crate::json_body::{JsonBody, OptionalJsonBody};
 use crate::state::AppState;
 
 /// How long `wait_lora_unpaused` waits when the caller says nothing (SkyRL's client default).
@@ -207,9 +207,18 @@ pub(crate) async fn unload_lora_adapter(
     Ok(Json(json!({"status": "ok", "lora_name": name.as_str()})))
 }
 
+/// The body of `/reset_prefix_cache` and `/flush_cache`: nothing, `{}`, or SkyRL's `{"reset_running_requests": false}`.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FlushBody {
+    #[allow(dead_code)]
+    reset_running_requests: Option<bool>,
+}
+
 /// `POST /reset_prefix_cache` (vLLM) and `GET`/`POST /flush_cache` (SGLang): 200 with an empty body. loragate keeps
-/// no cache whose flush would change a result (a request's KV cache lives only as long as the request).
-pub(crate) async fn flush_cache() -> StatusCode {
+/// no cache whose flush would change a result (a request's KV cache lives only as long as the request). The body is
+/// read (and checked) like every other: a body left unread would cost the client its keep-alive connection.
+pub(crate) async fn flush_cache(OptionalJsonBody(_): OptionalJsonBody<FlushBody>) -> StatusCode {
     StatusCode::OK
 }
 

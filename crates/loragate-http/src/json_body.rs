@@ -95,12 +95,30 @@ pub(crate) async fn read_bounded(body: Body, coordinator: &Coordinator, limit: u
 
 /// Reads a whole body by `deadline`, refusing more than `limit` bytes.
 pub(crate) async fn read_body(body: Body, limit: usize, deadline: Instant) -> Result<Bytes, BodyError> {
-    match tokio::time::timeout_at(deadline, Limited::new(body, limit).collect()).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+    match tokio::time::timeout_at(deadline, copy_frames(Limited::new(body, limit))).await {
+        Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => Err(BodyError::TooLarge { limit }),
         Ok(Err(err)) => Err(BodyError::Unreadable(err.to_string())),
         Err(_elapsed) => Err(BodyError::Timeout),
     }
+}
+
+/// Copies each frame of `body` into one buffer (sized by its `Content-Length`) and drops the frame at once. Each
+/// frame is a piece of its connection's read buffer: collecting the frames first (as `BodyExt::collect` does) would
+/// hold every piece of a large body at once, a heap of small allocations the allocator keeps after they are freed,
+/// where copying lets the connection reuse one read buffer and the whole body is one allocation, returned when freed.
+async fn copy_frames<B>(mut body: B) -> Result<Bytes, B::Error>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    let expected = body.size_hint().exact().and_then(|bytes| usize::try_from(bytes).ok()).unwrap_or(0);
+    let mut bytes = Vec::with_capacity(expected);
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            bytes.extend_from_slice(&data);
+        }
+    }
+    Ok(Bytes::from(bytes))
 }
 
 /// Parses one JSON document into `T`. Errors carry the path to the offending value and name its field.

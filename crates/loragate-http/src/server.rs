@@ -2,17 +2,21 @@
 //! route, and graceful shutdown.
 
 use std::convert::Infallible;
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Request};
-use axum::middleware::{Next, from_fn, from_fn_with_state};
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::Response;
 use axum::routing::{get, post};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
 use loragate_net::{ActiveBody, Connection, GuardedListener};
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
 
 use crate::chat::create_chat_completion;
 use crate::completions::create_completion;
@@ -38,10 +42,15 @@ pub enum HttpServeError {
     Io(#[from] std::io::Error),
 }
 
+/// The most a connection buffers of what its client sent: request heads must fit (a longer one gets 431), and bodies
+/// are read in pieces of at most this size. hyper's own default (about 400 KiB) would let every connection that
+/// carried one large body keep that much for as long as it stays open, a held request included.
+const MAX_READ_BUFFER: usize = 32 * 1024;
+
 /// Serves the HTTP front on `listener` until `stop` resolves, then lets open requests finish.
 ///
 /// At most the front's `max_connections` connections are open at once; a connection without a request in progress
-/// past the header-read or idle timeout is closed (see [`ConnectionLimits`]).
+/// past the header-read or idle timeout is closed (see [`ConnectionLimits`](loragate_net::ConnectionLimits)).
 ///
 /// `/health` answers 200 until `draining` resolves (the server is about to stop), then 503, so load balancers stop
 /// sending work while running requests finish.
@@ -51,31 +60,60 @@ pub async fn serve_http(
     draining: impl Future<Output = ()> + Send + 'static,
     stop: impl Future<Output = ()> + Send,
 ) -> Result<(), HttpServeError> {
-    let listener = GuardedListener::new(listener, front.connections.clone());
+    let mut listener = GuardedListener::new(listener, front.connections.clone());
     let state = AppState::new(front);
-    let shutdown = CancellationToken::new();
-    // Outermost: a request counts as in progress on its connection from its head to the end of its response.
-    let app = router(state.clone()).layer(from_fn(mark_in_progress));
-    let server = axum::serve(listener, app.into_make_service_with_connect_info::<Connection>())
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    let server = server.into_future();
+    let app = router(state.clone());
+    let mut http1 = http1::Builder::new();
+    // The guarded listener closes connections that are slow to send a head or idle (it needs no timer of hyper's).
+    http1.max_buf_size(MAX_READ_BUFFER).header_read_timeout(None);
+    let open = GracefulShutdown::new();
     let mark_draining = async move {
         draining.await;
         state.mark_draining();
         std::future::pending::<Infallible>().await
     };
-    tokio::pin!(server, stop, mark_draining);
-    let mut stopping = false;
+    tokio::pin!(stop, mark_draining);
     loop {
         tokio::select! {
-            result = &mut server => return Ok(result?),
-            () = &mut stop, if !stopping => {
-                stopping = true;
-                shutdown.cancel();
+            (stream, _peer) = listener.accept() => {
+                let service = connection_service(app.clone(), stream.connection().clone());
+                let served = open.watch(http1.serve_connection(TokioIo::new(stream), service));
+                tokio::spawn(async move {
+                    if let Err(err) = served.await {
+                        tracing::debug!(%err, "an HTTP connection ended with an error");
+                    }
+                });
             }
+            () = &mut stop => break,
             never = &mut mark_draining => match never {},
         }
     }
+    // Accept nothing more; each open connection finishes its request in progress, then closes.
+    drop(listener);
+    open.shutdown().await;
+    Ok(())
+}
+
+/// The service of one connection: the router, each request marked in progress on its connection from its head until
+/// its response body is sent or dropped, so the connection is never closed as idle under a long-poll, a held
+/// request or a stream.
+fn connection_service(
+    app: Router,
+    connection: Connection,
+) -> impl hyper::service::Service<
+    http::Request<Incoming>,
+    Response = Response,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response, Infallible>> + Send,
+> + Send {
+    service_fn(move |request: http::Request<Incoming>| {
+        let active = connection.begin();
+        let app = app.clone();
+        async move {
+            let response = app.oneshot(request).await?;
+            Ok(response.map(|body| Body::new(ActiveBody::new(body, Some(active)))))
+        }
+    })
 }
 
 /// The routes, and those of [`HttpFront::with_routes`]. The guard (cross-origin, content type, keep-alive) is
@@ -128,15 +166,6 @@ fn router(state: AppState) -> Router {
         None => own,
     };
     all.layer(from_fn(guard))
-}
-
-/// Marks the request in progress on its connection until its response body is sent or dropped, so the
-/// connection is never closed as idle under a long-poll, a held request or a stream.
-async fn mark_in_progress(request: Request, next: Next) -> Response {
-    let active =
-        request.extensions().get::<ConnectInfo<Connection>>().map(|ConnectInfo(connection)| connection.begin());
-    let response = next.run(request).await;
-    response.map(|body| Body::new(ActiveBody::new(body, active)))
 }
 
 #[cfg(test)]

@@ -274,10 +274,9 @@ async fn a_refusal_that_leaves_the_body_unread_says_connection_close_and_others_
     );
     let (head, reused) = on_one_connection(&harness, served, health).await;
     assert!(head.starts_with("http/1.1 200") && !head.contains("connection: close") && reused, "{head}");
-    let refused_after_reading = format!(
-        "POST /skyrl/v1/wait_lora_unpaused HTTP/1.1\r\nhost: x\r\nauthorization: Bearer k-api\r\n\
-         content-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}"
-    );
+    let refused_after_reading = "POST /skyrl/v1/wait_lora_unpaused HTTP/1.1\r\nhost: x\r\nauthorization: Bearer \
+         k-api\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+        .to_owned();
     let (head, reused) = on_one_connection(&harness, refused_after_reading, health).await;
     assert!(head.starts_with("http/1.1 400") && reused, "a 400 after reading the body keeps the connection: {head}");
 }
