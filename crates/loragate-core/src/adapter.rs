@@ -21,7 +21,7 @@ use ractor::RpcReplyPort;
 use ractor::rpc::CallResult;
 use tokio::time::Instant;
 
-pub(crate) use self::actor::{AdapterActor, AdapterArgs, AdapterMsg, ReleaseTarget};
+pub(crate) use self::actor::{AdapterActor, AdapterArgs, AdapterMsg, ReleaseTarget, Retired};
 use self::actor::{AdmitReply, PauseTicket};
 pub(crate) use self::cell::AdapterCell;
 pub(crate) use self::gate::Counted;
@@ -144,6 +144,10 @@ impl AdapterHandle {
             Waiter::Held => None,
             Waiter::Kept { abort_pauses_seen } => abort_pauses_seen,
         };
+        if let Some(reason) = self.cell.weights_error() {
+            // Nothing to wait for: no reopening gives it weights, only a load does.
+            return Err(CoreError::WeightsMissing { adapter: self.key().clone(), reason: reason.to_string() });
+        }
         let gate = self.cell.gate_state();
         if !gate.paused && abort_pauses_seen.is_none_or(|seen| gate.abort_pauses <= seen) {
             return Ok(());
@@ -183,8 +187,15 @@ impl AdapterHandle {
     ) -> Result<PauseReport, CoreError> {
         let started = Instant::now();
         let mode = request.mode;
-        let PauseTicket { pause_id, created, pending } =
+        let PauseTicket { pause_id, created, pending, recorded } =
             self.call(|reply| AdapterMsg::Pause { request: request.clone(), reply }).await?;
+        if let Err(err) = recorded.await {
+            // Not durable: a pause this call made is withdrawn rather than left holding without a record.
+            if created {
+                PauseRelease::new(self.clone(), pause_id).release().await?;
+            }
+            return Err(err.into());
+        }
         let report = match mode {
             PauseMode::Abort | PauseMode::Keep => {
                 let report = pending.wait(ack_timeout).await;
@@ -224,7 +235,9 @@ impl AdapterHandle {
     }
 
     pub(crate) async fn release(&self, target: ReleaseTarget) -> Result<ResumeReport, CoreError> {
-        self.call(|reply| AdapterMsg::Release { target: target.clone(), reply }).await
+        let (report, recorded) = self.call(|reply| AdapterMsg::Release { target: target.clone(), reply }).await?;
+        recorded.await?;
+        Ok(report)
     }
 
     /// Aborts, without pausing, the admitted requests whose id is in `ids` (every admitted request for `None`);
@@ -284,7 +297,9 @@ impl AdapterHandle {
     /// Stops the adapter serving: marks it retired (held submissions and waiters fail with the reason) and cancels
     /// its admitted requests. Returns what to wait on for their hand-backs.
     pub(crate) async fn retire(&self, why: Retirement) -> Result<PendingHandBacks, CoreError> {
-        self.call(|reply| AdapterMsg::Retire { why, reply }).await?
+        let retired = self.call(|reply| AdapterMsg::Retire { why, reply }).await??;
+        retired.recorded.await?;
+        Ok(retired.pending)
     }
 
     /// The durable cell (the sample stream records metrics through it; tests reach the actor through it).

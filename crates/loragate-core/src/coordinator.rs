@@ -10,7 +10,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 use futures::future::join_all;
 use ractor::rpc::CallResult;
-use ractor::{Actor, ActorRef, SpawnErr};
+use ractor::{Actor, ActorRef};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -30,6 +30,11 @@ use crate::manager::{AdapterManager, AdapterMap, ManagerArgs, ManagerMsg};
 use crate::metrics::CoreMetrics;
 use crate::sample_stream::{Driver, SampleStream};
 use crate::sampling::{RawSampleRequest, SampleRequest};
+use crate::state::{MemoryStore, Recording, StateStore};
+
+mod restore;
+
+pub use self::restore::{Reconciled, RestoreReport, StartError};
 
 /// Tunables of the coordinator.
 #[derive(Clone, Debug)]
@@ -49,6 +54,9 @@ pub struct CoordinatorConfig {
     /// Names no adapter may be loaded under: the base model's served names (an adapter under one could not be
     /// addressed, since the name samples the base model).
     pub reserved_names: Vec<String>,
+    /// Where adapters, versions and pauses are recorded to survive a restart (see [`crate::state`]); in memory by
+    /// default.
+    pub state: Arc<dyn StateStore>,
 }
 
 impl Default for CoordinatorConfig {
@@ -61,6 +69,7 @@ impl Default for CoordinatorConfig {
             limits: Limits::default(),
             auth: Keyring::open(),
             reserved_names: Vec::new(),
+            state: Arc::new(MemoryStore::new()),
         }
     }
 }
@@ -89,8 +98,10 @@ impl Drop for Inner {
 }
 
 impl Coordinator {
-    /// Starts the adapter manager over `engine`, with the base model ready to serve.
-    pub async fn start(engine: Arc<dyn Engine>, config: CoordinatorConfig) -> Result<Self, SpawnErr> {
+    /// Starts the adapter manager over `engine`, with the base model ready to serve, and puts back what
+    /// [`CoordinatorConfig::state`] recorded: each recorded adapter at its recorded version (loaded into `engine`
+    /// again from its recorded path), its pauses, and the global pause.
+    pub async fn start(engine: Arc<dyn Engine>, config: CoordinatorConfig) -> Result<Self, StartError> {
         let published: AdapterMap = Arc::new(DashMap::new());
         let metrics = Arc::new(CoreMetrics::default());
         let load = ServerLoad::new(config.limits);
@@ -99,6 +110,7 @@ impl Coordinator {
             published: published.clone(),
             metrics: metrics.clone(),
             server_load: load.clone(),
+            state: config.state.clone(),
         };
         let (manager, _join) = Actor::spawn(None, AdapterManager, args).await?;
         let inner = Inner {
@@ -111,7 +123,17 @@ impl Coordinator {
             metrics,
             load,
         };
-        Ok(Self { inner: Arc::new(inner) })
+        let coordinator = Self { inner: Arc::new(inner) };
+        let restored = coordinator.restore().await?;
+        if restored != RestoreReport::default() {
+            tracing::info!(
+                adapters = restored.adapters,
+                without_weights = restored.without_weights,
+                pauses = restored.pauses,
+                "restored the recorded state"
+            );
+        }
+        Ok(coordinator)
     }
 
     /// The served model's limits.
@@ -213,7 +235,12 @@ impl Coordinator {
     /// untouched. A wait-mode global pause whose drain times out is withdrawn everywhere.
     pub async fn pause_all(&self, mode: PauseMode, client_deadline: Option<Instant>) -> Result<AbortReport, CoreError> {
         let request = PauseRequest { mode, owner: PauseOwner::Global, lease: None };
-        let adapters = self.set_global_pause(Some(request.clone())).await?;
+        let (adapters, recorded) = self.set_global_pause(Some(request.clone())).await?;
+        if let Err(err) = recorded.await {
+            // Not durable: withdrawn rather than left holding without a record.
+            self.resume_all().await?;
+            return Err(err.into());
+        }
         let (ack_timeout, drain_until) = (self.inner.config.abort_ack_timeout, self.drain_until(client_deadline));
         let reports = join_all(adapters.iter().map(|adapter| adapter.pause(request.clone(), ack_timeout, drain_until)));
         let mut total = AbortReport::default();
@@ -242,8 +269,9 @@ impl Coordinator {
     /// Releases the global pause everywhere; returns whether it was set. Adapters other pauses hold stay paused.
     pub async fn resume_all(&self) -> Result<bool, CoreError> {
         let was_paused = self.is_paused_globally().await?;
-        let adapters = self.set_global_pause(None).await?;
+        let (adapters, recorded) = self.set_global_pause(None).await?;
         join_all(adapters.iter().map(|adapter| adapter.release(ReleaseTarget::Owner(PauseOwner::Global)))).await;
+        recorded.await?;
         Ok(was_paused)
     }
 
@@ -255,7 +283,10 @@ impl Coordinator {
         }
     }
 
-    async fn set_global_pause(&self, pause: Option<PauseRequest>) -> Result<Vec<AdapterHandle>, CoreError> {
+    async fn set_global_pause(
+        &self,
+        pause: Option<PauseRequest>,
+    ) -> Result<(Vec<AdapterHandle>, Recording), CoreError> {
         match self.inner.manager.call(|reply| ManagerMsg::SetGlobalPause { pause, reply }, None).await {
             Ok(CallResult::Success(adapters)) => Ok(adapters),
             _ => Err(CoreError::ShuttingDown),
@@ -387,17 +418,24 @@ impl Coordinator {
         let (engine, metrics) = (self.inner.engine.clone(), self.inner.metrics.clone());
         let (ack_timeout, name) = (self.inner.config.abort_ack_timeout, name.clone());
         let finish = tokio::spawn(async move {
-            let pending = unloading.retired.await.ok().and_then(Result::ok).unwrap_or_default();
+            let (pending, recorded) = match unloading.retired.await.ok().and_then(Result::ok) {
+                Some(retired) => (retired.pending, Some(retired.recorded)),
+                None => (Default::default(), None),
+            };
             pending.wait(ack_timeout).await.warn_if_unacknowledged(&key, "unload");
             // Its requests were handed back: nothing records under its name any more.
             metrics.forget_adapter(&key);
             // Only the unloaded adapter's versions: a reload of the name that raced this unload keeps its weights. A
             // load of the unloaded adapter still in progress removes its own weights once it sees the flag.
             unloading.cell.release_weights();
-            engine.unload_adapter(&name, unloading.last_version).await
+            engine.unload_adapter(&name, unloading.last_version).await?;
+            if let Some(recorded) = recorded {
+                recorded.await?;
+            }
+            Ok::<(), CoreError>(())
         });
         match finish.await {
-            Ok(removed) => Ok(removed?),
+            Ok(result) => result,
             // Only a runtime shutting down cancels the task (nothing in it panics).
             Err(_) => Err(CoreError::ShuttingDown),
         }

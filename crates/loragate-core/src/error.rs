@@ -7,6 +7,7 @@ use crate::auth::Action;
 use crate::engine::EngineError;
 use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
 use crate::limits::Limit;
+use crate::state::StateError;
 
 /// A request field that failed validation. Its [`Display`](fmt::Display) is the field's path in the gRPC contract
 /// (`sampling_params.max_tokens`); fronts with other wire names (OpenAI's `max_tokens`, `prompt`) rename it where
@@ -180,6 +181,20 @@ pub enum CoreError {
     /// The engine refused or failed the operation.
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// The adapter is recorded (listed, pausable) but has no weights: the ones recorded for it could not be loaded
+    /// when the server started (`reason` names the path, the version and why). A load gives it weights again; an
+    /// unload removes it.
+    #[error("{adapter} has no weights: {reason}; load it again or unload it")]
+    WeightsMissing {
+        /// The adapter.
+        adapter: AdapterKey,
+        /// Why (the recorded path and version, and the engine's error).
+        reason: String,
+    },
+    /// The state store could not record a change. A pause is withdrawn and a load issued no version; a resume, an
+    /// unload or an installed load took effect here but may be undone by a restart (see `docs/state.md`).
+    #[error("{0}")]
+    State(#[from] StateError),
 }
 
 impl CoreError {
@@ -203,6 +218,8 @@ impl CoreError {
             Self::Unauthenticated(_) => "unauthenticated",
             Self::PermissionDenied { .. } => "permission_denied",
             Self::Engine(engine) => engine.kind(),
+            Self::WeightsMissing { .. } => "weights_missing",
+            Self::State(_) => "state_store",
         }
     }
 }

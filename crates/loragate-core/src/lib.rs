@@ -55,6 +55,7 @@ mod metrics;
 mod output;
 mod sample_stream;
 mod sampling;
+pub mod state;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
@@ -67,7 +68,7 @@ pub use adapter_source::{AdapterRoot, AdapterSource};
 pub use auth::{
     Action, AdapterPattern, Key, KeyConfigError, Keyring, MAX_KEY_LEN, Principal, Tenant, TenantKeys, bearer_token,
 };
-pub use coordinator::{Coordinator, CoordinatorConfig, SwapReport};
+pub use coordinator::{Coordinator, CoordinatorConfig, Reconciled, RestoreReport, StartError, SwapReport};
 pub use engine::{Engine, EngineError, EngineEvent, EngineStream, ModelInfo};
 pub use error::{CoreError, Field};
 pub use gate_deadline::GateDeadline;
@@ -79,3 +80,4 @@ pub use sample_stream::{SampleEvent, SampleStream};
 pub use sampling::{
     MAX_NUM_SAMPLES, MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, RawSampleRequest, SampleRequest, SamplingParams,
 };
+pub use state::{MemoryStore, StateError, StateStore};

@@ -10,7 +10,7 @@ use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPo
 use tokio::sync::oneshot;
 
 use crate::adapter::{
-    AdapterActor, AdapterArgs, AdapterCell, AdapterHandle, AdapterMsg, PauseRequest, PendingHandBacks, Retirement,
+    AdapterActor, AdapterArgs, AdapterCell, AdapterHandle, AdapterMsg, PauseRequest, Retired, Retirement,
 };
 use crate::adapter_source::AdapterSource;
 use crate::engine::Engine;
@@ -18,6 +18,7 @@ use crate::error::CoreError;
 use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
 use crate::limits::ServerLoad;
 use crate::metrics::CoreMetrics;
+use crate::state::{PauseRecord, Recording, StateChange, StateError, StateStore};
 
 /// The published adapters, read lock-free by request paths. Written only by the manager.
 pub(crate) type AdapterMap = Arc<DashMap<AdapterKey, AdapterHandle>>;
@@ -28,18 +29,29 @@ pub(crate) enum ManagerMsg {
     Load { name: AdapterName, source: AdapterSource, reply: RpcReplyPort<Result<AdapterVersion, CoreError>> },
     /// An adapter actor finished one load. The manager updates its bookkeeping (publishing a new adapter on its
     /// first success) before answering the load's caller, so a caller told "loaded" finds the adapter.
+    /// The caller's answer is the load's result unless its record failed (`recorded`).
     LoadSettled {
         key: AdapterKey,
         result: Result<AdapterVersion, CoreError>,
+        recorded: Result<(), StateError>,
         reply: RpcReplyPort<Result<AdapterVersion, CoreError>>,
+    },
+    /// Creates and publishes `name` as recorded before a restart: at `version` (its weights already loaded in the
+    /// engine, or, with `weights_error`, not), with its recorded pauses put back before it is published.
+    Restore {
+        name: AdapterName,
+        version: AdapterVersion,
+        weights_error: Option<String>,
+        pauses: Vec<PauseRecord>,
+        reply: RpcReplyPort<Result<(), CoreError>>,
     },
     /// Unpublishes `name`, seals its versions, marks it removed and cancels its admitted requests; the actor stops
     /// once it has answered.
     Unload { name: AdapterName, reply: RpcReplyPort<Result<Unloading, CoreError>> },
     /// Sets (or clears, for `None`) the global pause that every adapter created from now on starts with, and
     /// answers with every adapter that exists now (published or still loading, and the base model), for the caller
-    /// to pause or release. Done in the manager so no adapter escapes between the two.
-    SetGlobalPause { pause: Option<PauseRequest>, reply: RpcReplyPort<Vec<AdapterHandle>> },
+    /// to pause or release, and the global pause's record. Done in the manager so no adapter escapes between the two.
+    SetGlobalPause { pause: Option<PauseRequest>, reply: RpcReplyPort<(Vec<AdapterHandle>, Recording)> },
     /// Whether a global pause is set.
     IsGloballyPaused { reply: RpcReplyPort<bool> },
 }
@@ -49,8 +61,8 @@ pub(crate) struct Unloading {
     /// The last version the adapter's loads were given: every weights version it can have in the engine is at most
     /// this, and a reload of the name starts above it.
     pub(crate) last_version: AdapterVersion,
-    /// The actor's answer to its retirement: what to wait on for the hand-backs (nothing if the actor was gone).
-    pub(crate) retired: oneshot::Receiver<Result<PendingHandBacks, CoreError>>,
+    /// The actor's answer to its retirement: what to wait on for the hand-backs and the record's removal.
+    pub(crate) retired: oneshot::Receiver<Result<Retired, CoreError>>,
     /// The unloaded adapter's cell, to say when its weights may go ([`AdapterCell::release_weights`]).
     pub(crate) cell: Arc<AdapterCell>,
 }
@@ -64,6 +76,7 @@ pub(crate) struct ManagerArgs {
     pub(crate) published: AdapterMap,
     pub(crate) metrics: Arc<CoreMetrics>,
     pub(crate) server_load: Arc<ServerLoad>,
+    pub(crate) state: Arc<dyn StateStore>,
 }
 
 /// One adapter under supervision.
@@ -80,10 +93,9 @@ pub(crate) struct ManagerState {
     published: AdapterMap,
     metrics: Arc<CoreMetrics>,
     server_load: Arc<ServerLoad>,
+    state: Arc<dyn StateStore>,
     supervised: HashMap<AdapterKey, Supervised>,
     keys_by_actor: HashMap<ActorId, AdapterKey>,
-    /// The last version of every name ever unloaded, so a reload continues its count.
-    retired_versions: HashMap<AdapterName, AdapterVersion>,
     /// The global pause, which every new adapter starts with while it is set.
     global_pause: Option<PauseRequest>,
 }
@@ -103,9 +115,9 @@ impl Actor for AdapterManager {
             published: args.published,
             metrics: args.metrics,
             server_load: args.server_load,
+            state: args.state,
             supervised: HashMap::new(),
             keys_by_actor: HashMap::new(),
-            retired_versions: HashMap::new(),
             global_pause: None,
         };
         // The base model goes through the same gate and registry as any adapter.
@@ -124,8 +136,8 @@ impl Actor for AdapterManager {
             ManagerMsg::Load { name, source, reply } => {
                 let key = AdapterKey::Lora(name.clone());
                 if !state.supervised.contains_key(&key) {
-                    let floor = state.retired_versions.get(&name).copied().unwrap_or(AdapterVersion::BASE);
-                    if let Err(err) = state.spawn(&myself, key.clone(), floor).await {
+                    // Its versions come from the state store, above every version issued for the name before.
+                    if let Err(err) = state.spawn(&myself, key.clone(), AdapterVersion::BASE).await {
                         tracing::error!(adapter = %name, %err, "could not start the adapter's actor");
                         let _ = reply.send(Err(CoreError::AdapterUnavailable(key)));
                         return Ok(());
@@ -141,7 +153,7 @@ impl Actor for AdapterManager {
                     }
                 }
             }
-            ManagerMsg::LoadSettled { key, result, reply } => {
+            ManagerMsg::LoadSettled { key, result, recorded, reply } => {
                 if let Some(adapter) = state.supervised.get_mut(&key) {
                     adapter.loads_outstanding = adapter.loads_outstanding.saturating_sub(1);
                     if result.is_ok() && !adapter.published {
@@ -151,12 +163,36 @@ impl Actor for AdapterManager {
                         state.discard(&key);
                     }
                 }
-                let _ = reply.send(result);
+                let _ = reply.send(result.and_then(|version| recorded.map(|()| version).map_err(CoreError::from)));
+            }
+            ManagerMsg::Restore { name, version, weights_error, pauses, reply } => {
+                let key = AdapterKey::Lora(name);
+                if state.supervised.contains_key(&key) {
+                    let _ = reply.send(Ok(()));
+                    return Ok(());
+                }
+                if let Err(err) = state.spawn(&myself, key.clone(), version).await {
+                    tracing::error!(adapter = %key, %err, "could not start the adapter's actor");
+                    let _ = reply.send(Err(CoreError::AdapterUnavailable(key)));
+                    return Ok(());
+                }
+                if let Some(adapter) = state.supervised.get(&key) {
+                    if let Some(reason) = &weights_error {
+                        adapter.cell.set_weights_missing(reason);
+                    }
+                    // Queued before any request can reach the actor (it is not published yet).
+                    let _ = adapter.actor.cast(AdapterMsg::Adopt { pauses });
+                }
+                state.publish(&key);
+                let _ = reply.send(Ok(()));
             }
             ManagerMsg::SetGlobalPause { pause, reply } => {
+                let recorded =
+                    state.state.record(vec![StateChange::GlobalPause(pause.as_ref().map(|pause| pause.mode))]);
                 state.global_pause = pause;
-                let _ = reply
-                    .send(state.supervised.values().map(|adapter| AdapterHandle::new(adapter.cell.clone())).collect());
+                let adapters =
+                    state.supervised.values().map(|adapter| AdapterHandle::new(adapter.cell.clone())).collect();
+                let _ = reply.send((adapters, recorded));
             }
             ManagerMsg::IsGloballyPaused { reply } => {
                 let _ = reply.send(state.global_pause.is_some());
@@ -167,13 +203,17 @@ impl Actor for AdapterManager {
                     Some(adapter) if adapter.published => {
                         let (actor, cell) = (adapter.actor.clone(), adapter.cell.clone());
                         let last_version = adapter.cell.seal_versions();
-                        state.retired_versions.insert(name, last_version);
                         state.discard(&key);
-                        // Retire, then drain: the actor answers Retire (and anything queued before it) and stops. If
-                        // it is already gone, the answer's sender is dropped with the message: nothing to wait on.
+                        // Retire, then drain: the actor answers Retire (and anything queued before it, a finished
+                        // load's record included, so the unload's record comes after it) and stops. If it is
+                        // already gone, nothing runs to wait on and the record's removal is queued here.
                         let (retire_reply, retired) = oneshot::channel();
-                        let _ =
-                            actor.cast(AdapterMsg::Retire { why: Retirement::Unloaded, reply: retire_reply.into() });
+                        let retire = AdapterMsg::Retire { why: Retirement::Unloaded, reply: retire_reply.into() };
+                        if let Err(ractor::MessagingErr::SendErr(AdapterMsg::Retire { reply, .. })) = actor.cast(retire)
+                        {
+                            let recorded = state.state.record(vec![StateChange::Unloaded { name: name.clone() }]);
+                            let _ = reply.send(Ok(Retired { pending: Default::default(), recorded }));
+                        }
                         let _ = actor.drain();
                         let _ = reply.send(Ok(Unloading { last_version, retired, cell }));
                     }
@@ -229,10 +269,17 @@ impl ManagerState {
         key: AdapterKey,
         last_version: AdapterVersion,
     ) -> Result<(), ActorProcessingErr> {
-        let cell = Arc::new(AdapterCell::new(key.clone(), last_version, self.metrics.clone(), &self.server_load));
+        let cell = Arc::new(AdapterCell::new(
+            key.clone(),
+            last_version,
+            self.metrics.clone(),
+            &self.server_load,
+            self.state.clone(),
+        ));
         if let Some(global) = &self.global_pause {
             // No request can have reached the new adapter yet: the pause only closes its gate.
-            cell.pause(global);
+            // The global pause is recorded once, by the manager: nothing to record here.
+            drop(cell.pause(global));
         }
         let actor = self.start_incarnation(manager, &cell).await?;
         self.supervised.insert(key, Supervised { cell, actor, published: false, loads_outstanding: 0 });

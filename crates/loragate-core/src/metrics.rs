@@ -325,6 +325,7 @@ mod tests {
             waiting: 4,
             kept: 2,
             pauses: Vec::new(),
+            weights_error: None,
         }]);
         let text = exposition(&metrics);
         for line in [

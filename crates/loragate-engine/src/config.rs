@@ -1,10 +1,11 @@
-//! How an engine runs: device, dtype, batch limits.
+//! How an engine runs: device, dtype, batch and step limits.
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::EngineLoadError;
+use crate::scheduler::StepLimits;
 
 /// Where the model runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -125,9 +126,18 @@ pub struct EngineConfig {
     pub device: Device,
     /// The weights' and activations' type.
     pub dtype: DType,
-    /// The most sequences decoded together in one step. Requests beyond it wait in a FIFO queue (a request with
-    /// more samples than this still runs, alone).
+    /// The most sequences decoded together in one step (a started prompt's sequences count from the start of its
+    /// prefill). Requests beyond it wait, served round-robin over adapters and first come first served within one (a
+    /// request with more samples than this still runs, alone).
     pub max_batch_size: usize,
+    /// The most tokens one engine step runs (vLLM's `max_num_batched_tokens`): the next token of every decoding
+    /// sequence, then chunks of prompts up to this budget, so a long prompt is prefilled over several steps while
+    /// every stream keeps decoding. Smaller keeps other streams' inter-token latency low while prompts arrive (a step
+    /// costs at most this many tokens' work); larger prefills prompts with fewer, more efficient passes. Must exceed
+    /// `max_batch_size`. `None`: [`EngineConfig::DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU`] or
+    /// [`EngineConfig::DEFAULT_MAX_NUM_BATCHED_TOKENS_CUDA`] for the device (raised to `max_batch_size` +
+    /// [`EngineConfig::MIN_PREFILL_TOKENS_PER_STEP`] if that is more).
+    pub max_num_batched_tokens: Option<usize>,
     /// Serve at most this many tokens of context, below the model's `max_position_embeddings` (a real checkpoint's
     /// 128k context is rarely what a CPU or a small GPU should promise). `None` serves the model's full length.
     pub max_context_length: Option<u32>,
@@ -147,6 +157,37 @@ impl EngineConfig {
     pub const DEFAULT_MAX_ADAPTER_BYTES: u64 = 1 << 30;
     /// The default [`EngineConfig::adapter_load_timeout`].
     pub const DEFAULT_ADAPTER_LOAD_TIMEOUT: Duration = Duration::from_secs(120);
+    /// The default step budget on the CPU: a step with a full prefill chunk costs a few decode steps of a 135M model
+    /// on two cores (measured: see `docs/engine.md`).
+    pub const DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU: usize = 128;
+    /// The default step budget on CUDA, where a pass of a few thousand tokens costs little more than a decode step.
+    pub const DEFAULT_MAX_NUM_BATCHED_TOKENS_CUDA: usize = 2048;
+    /// What a default step budget leaves for prompts at least, beside a full batch of decoding sequences.
+    pub const MIN_PREFILL_TOKENS_PER_STEP: usize = 16;
+
+    /// The step limits these settings give on `device`; an explicit step budget that does not exceed
+    /// `max_batch_size` is an [`EngineLoadError::Settings`] (a full batch would leave no token for any prompt).
+    pub(crate) fn step_limits(&self, device: &candle_core::Device) -> Result<StepLimits, EngineLoadError> {
+        let max_batch_size = self.max_batch_size.max(1);
+        let max_num_batched_tokens = match self.max_num_batched_tokens {
+            Some(tokens) if tokens <= max_batch_size => {
+                return Err(EngineLoadError::Settings(format!(
+                    "max_num_batched_tokens ({tokens}) must exceed max_batch_size ({max_batch_size}): every step runs \
+                     one token of each decoding sequence first, and a prompt needs room beside them"
+                )));
+            }
+            Some(tokens) => tokens,
+            None => {
+                let device_default = if device.is_cuda() {
+                    Self::DEFAULT_MAX_NUM_BATCHED_TOKENS_CUDA
+                } else {
+                    Self::DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU
+                };
+                device_default.max(max_batch_size + Self::MIN_PREFILL_TOKENS_PER_STEP)
+            }
+        };
+        Ok(StepLimits { max_batch_size, max_num_batched_tokens })
+    }
 }
 
 impl Default for EngineConfig {
@@ -155,6 +196,7 @@ impl Default for EngineConfig {
             device: Device::Cpu,
             dtype: DType::F32,
             max_batch_size: 64,
+            max_num_batched_tokens: None,
             max_context_length: None,
             max_lora_rank: Self::DEFAULT_MAX_LORA_RANK,
             max_adapter_bytes: Self::DEFAULT_MAX_ADAPTER_BYTES,
@@ -185,6 +227,23 @@ mod tests {
         let cpu = candle_core::Device::Cpu;
         assert_eq!(DType::F32.for_device(&cpu).expect("f32"), candle_core::DType::F32);
         assert!(matches!(DType::Bf16.for_device(&cpu), Err(EngineLoadError::DType(_))));
+    }
+
+    #[test]
+    fn the_step_budget_defaults_per_device_and_must_exceed_the_batch() {
+        let cpu = candle_core::Device::Cpu;
+        let limits = EngineConfig::default().step_limits(&cpu).expect("defaults");
+        assert_eq!((limits.max_batch_size, limits.max_num_batched_tokens), (64, 128));
+        let wide = EngineConfig { max_batch_size: 256, ..EngineConfig::default() };
+        assert_eq!(wide.step_limits(&cpu).expect("wide").max_num_batched_tokens, 272, "room for prompts");
+        let explicit = EngineConfig { max_num_batched_tokens: Some(65), ..EngineConfig::default() };
+        assert_eq!(explicit.step_limits(&cpu).expect("explicit").max_num_batched_tokens, 65);
+        let tight = EngineConfig { max_num_batched_tokens: Some(64), ..EngineConfig::default() };
+        let err = tight.step_limits(&cpu).expect_err("no room for prompts");
+        assert!(
+            matches!(&err, EngineLoadError::Settings(reason) if reason.contains("max_num_batched_tokens")),
+            "{err}"
+        );
     }
 
     #[cfg(not(feature = "cuda"))]

@@ -73,7 +73,8 @@ impl CandleEngine {
             eos_token_ids: model_config.eos_token_ids.clone(),
         };
         let (device, dtype) = (model.device().clone(), model.dtype());
-        let step_thread = StepThread::spawn(model, config.max_batch_size).map_err(EngineLoadError::Thread)?;
+        let limits = config.step_limits(model.device())?;
+        let step_thread = StepThread::spawn(model, limits).map_err(EngineLoadError::Thread)?;
         Ok(Self {
             info,
             model_config,

@@ -31,6 +31,9 @@ pub enum EngineLoadError {
     /// The requested dtype is not supported on the requested device.
     #[error("unsupported dtype: {0}")]
     DType(String),
+    /// The engine's settings contradict each other.
+    #[error("invalid engine settings: {0}")]
+    Settings(String),
     /// The engine's step thread could not be started.
     #[error("cannot start the engine thread: {0}")]
     Thread(#[source] std::io::Error),

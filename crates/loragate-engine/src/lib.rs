@@ -33,6 +33,7 @@ mod lora;
 mod model;
 mod sampler;
 mod scheduler;
+mod synthetic;
 #[cfg(test)]
 mod test_support;
 mod tokenizer;
@@ -41,4 +42,5 @@ pub use config::{DType, Device, EngineConfig, ParseDTypeError, ParseDeviceError}
 pub use demo::{DEMO_MODEL_NAME, DemoError, DemoFiles, default_cache_dir, ensure_demo_files, write_demo_files};
 pub use engine::{CandleEngine, read_model_info};
 pub use error::EngineLoadError;
+pub use synthetic::ModelShape;
 pub use tokenizer::{TOKENIZER_FILE, Tokenizer, TokenizerError};

@@ -16,7 +16,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::model::ModelConfig;
 
-pub(crate) use bank::LoraBatch;
+pub(crate) use bank::{LoraBank, LoraBatch};
 pub(crate) use peft::{AdapterLimits, load_peft_adapter};
 
 /// A projection LoRA can adapt, by its Hugging Face module name.

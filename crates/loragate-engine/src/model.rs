@@ -1,7 +1,8 @@
 //! Our own LLaMA-family decoder (LLaMA, Qwen2, Mistral): token embedding → N × [RMSNorm, grouped-query attention
 //! with RoPE, RMSNorm, SwiGLU MLP] → RMSNorm → LM head. It is ours rather than candle-transformers' so that every
-//! projection takes a per-row LoRA ([`LoraBatch`]), and so that a decode step runs many sequences of different
-//! lengths at once over a [`BatchKvCache`].
+//! projection takes a per-row LoRA ([`LoraBatch`]), and so that one pass runs a scheduler step's packed tokens: the
+//! decode rows of many sequences of different lengths over a [`BatchKvCache`], and prefill chunks of other
+//! sequences over their own [`SequenceKv`]s ([`Llama::forward_packed`]).
 //!
 //! The model is immutable once loaded (`&self` everywhere); all per-sequence state lives in the caches.
 
@@ -9,6 +10,7 @@ mod config;
 mod kv_cache;
 mod layer;
 mod ops;
+mod packed;
 mod rope;
 #[cfg(test)]
 mod tests;
@@ -20,10 +22,9 @@ use crate::lora::LoraBatch;
 use layer::{AttentionInput, DecoderLayer};
 use rope::RopeTables;
 
-pub(crate) use config::ModelConfig;
-#[cfg(test)]
-pub(crate) use config::RopeScaling;
-pub(crate) use kv_cache::{BatchKvCache, LayerKv};
+pub(crate) use config::{ModelConfig, RopeScaling};
+pub(crate) use kv_cache::{BatchKvCache, SequenceKv};
+pub(crate) use packed::{PackedInput, PrefillChunk};
 #[cfg(test)]
 pub(crate) use weights::WeightMap;
 pub(crate) use weights::{random_tensor, random_weights};
@@ -44,14 +45,6 @@ pub(crate) struct Llama {
     dtype: DType,
 }
 
-/// The output of a forward pass over whole sequences.
-pub(crate) struct SequencesOutput {
-    /// The final hidden states (after the last norm), `(rows, len, hidden)`.
-    pub(crate) hidden: Tensor,
-    /// Each layer's keys and values, `(rows, kv_heads, len, head_dim)`.
-    pub(crate) kv: Vec<LayerKv>,
-}
-
 impl Llama {
     pub(crate) fn config(&self) -> &ModelConfig {
         &self.config
@@ -70,44 +63,22 @@ impl Llama {
         self.context_length
     }
 
-    /// Runs `tokens` `(rows, len)` (u32), every row from position 0, causally.
-    pub(crate) fn forward_sequences(&self, tokens: &Tensor, lora: &LoraBatch) -> Result<SequencesOutput> {
+    /// Runs `tokens` `(rows, len)` (u32), every row from position 0, causally, and returns the final hidden states
+    /// (after the last norm), `(rows, len, hidden)`. Differentiable (the demo trainer uses it) and cache-free: the
+    /// reference the serving path ([`Llama::forward_packed`]) is tested against.
+    pub(crate) fn forward_sequences(&self, tokens: &Tensor, lora: &LoraBatch) -> Result<Tensor> {
         let len = tokens.dims2()?.1;
         if len > self.context_length {
             candle_core::bail!("{len} positions exceed the context length {}", self.context_length);
         }
         let (cos, sin) = self.rope.prefix(len)?;
-        let causal_mask = causal_mask(len, &self.device, self.dtype)?;
+        let causal_mask = ops::causal_mask(0, len, &self.device)?.to_dtype(self.dtype)?;
         let mut x = self.embed(tokens)?;
-        let mut kv = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
             let input = AttentionInput::Sequences { cos: &cos, sin: &sin, causal_mask: &causal_mask };
-            let (next, layer_kv) = layer.forward(&x, lora, input)?;
-            x = next;
-            kv.extend(layer_kv);
+            x = layer.forward(&x, lora, input)?;
         }
-        Ok(SequencesOutput { hidden: ops::rms_norm(&x, &self.norm, self.config.rms_norm_eps)?, kv })
-    }
-
-    /// One decode step: row `i` of `cache` gets `tokens[i]` at position `positions[i]` (its cached length). Returns
-    /// the next-token logits `(rows, vocab)` in f32. The cache must have had [`BatchKvCache::reserve_step`].
-    pub(crate) fn forward_step(
-        &self,
-        tokens: &Tensor,
-        positions: &Tensor,
-        cache: &mut BatchKvCache,
-        lora: &LoraBatch,
-    ) -> Result<Tensor> {
-        let (cos, sin) = self.rope.at(positions)?;
-        let mask = cache.step_mask()?;
-        let mut x = self.embed(&tokens.unsqueeze(1)?)?;
-        for layer in &self.layers {
-            let input = AttentionInput::Step { cos: &cos, sin: &sin, cache, mask: &mask };
-            x = layer.forward(&x, lora, input)?.0;
-        }
-        cache.advance();
-        let hidden = ops::rms_norm(&x, &self.norm, self.config.rms_norm_eps)?.squeeze(1)?;
-        self.logits(&hidden)
+        ops::rms_norm(&x, &self.norm, self.config.rms_norm_eps)
     }
 
     /// Logits `(…, vocab)` in f32 of final hidden states `(…, hidden)`.
@@ -121,17 +92,16 @@ impl Llama {
         logits.reshape(out_dims)
     }
 
+    /// An empty cache for one sequence of up to `capacity` positions.
+    pub(crate) fn sequence_kv(&self, capacity: usize) -> Result<SequenceKv> {
+        let config = &self.config;
+        SequenceKv::new(config.num_layers, config.num_kv_heads, config.head_dim, capacity, &self.device, self.dtype)
+    }
+
     fn embed(&self, tokens: &Tensor) -> Result<Tensor> {
         let (rows, len) = tokens.dims2()?;
         self.embed_tokens.index_select(&tokens.flatten_all()?, 0)?.reshape((rows, len, self.config.hidden_size))
     }
-}
-
-/// `(len, len)`: 0 on and below the diagonal, `-inf` above.
-fn causal_mask(len: usize, device: &Device, dtype: DType) -> Result<Tensor> {
-    let values: Vec<f32> =
-        (0..len).flat_map(|i| (0..len).map(move |j| if j <= i { 0.0 } else { f32::NEG_INFINITY })).collect();
-    Tensor::from_vec(values, (len, len), device)?.to_dtype(dtype)
 }
 
 /// `log_softmax` over the last dimension, in f32.

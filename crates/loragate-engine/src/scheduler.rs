@@ -1,46 +1,51 @@
-//! The step scheduler: one dedicated OS thread owns the model and runs it, off the async runtime.
+//! The step scheduler: one dedicated OS thread owns the model and runs it, off the async runtime, one step at a
+//! time under a token budget (the design of vLLM V1's scheduler and TGI's chunked prefill).
 //!
 //! Every step:
 //! 1. take new submissions from the command channel (blocking on it when there is nothing to do: no busy loop);
-//! 2. hand back every sequence whose request was cancelled (`Finished { Abort }`: its tokens were already emitted,
-//!    one event per step) and drop those whose caller went away (closed event channel);
-//! 3. admit waiting requests while the batch has room: prefill each prompt once (its `num_samples` sequences share
-//!    the prefill and copy its keys and values), emit prompt logprobs, sample each sequence's first token;
-//! 4. advance every running sequence by one token in **one** batched forward pass, whatever their adapters
-//!    (base-model rows included) and lengths, and emit the tokens.
+//! 2. hand back every cancelled request — waiting, in the middle of its prefill or decoding — with
+//!    `Finished { Abort }` (a decoding sequence's tokens were already emitted, one per step), and drop those whose
+//!    caller went away;
+//! 3. plan: **every** decoding sequence gets one token; what is left of `max_num_batched_tokens` goes to prompt
+//!    chunks, dealt round-robin over tenants (adapters and the base model) and first come first served within one
+//!    ([`fair`]); a request starts only when the batch has room for its `num_samples` sequences (`max_batch_size`);
+//! 4. run all of it in **one** forward pass ([`Llama::forward_packed`]): the decode rows, whatever their adapters and
+//!    lengths, and the chunks of several prompts, each token at its own position with its own adapter;
+//! 5. emit each decode row's token; after each chunk, keep its prompt logprobs; after a prompt's last chunk, emit
+//!    them and its sequences' first tokens (its `num_samples` sequences share the prefill) — those that go on join
+//!    the decode batch for the next step, with the prompt's keys and values.
 //!
-//! A cancelled request is therefore answered within one step. Events go to each request's [`outbox`], which never
-//! makes a step wait for a slow reader. A sequence whose logits are not all finite (an adapter's values overflowed)
-//! fails with [`EngineError::NonFiniteOutput`] instead of sampling, and leaves the batch; the other rows go on.
-//! Errors of the model end the affected requests with [`EngineError::Internal`]; the thread keeps serving. Dropping
-//! the [`StepThread`] stops the thread after its current step, and every request still in it ends with
-//! [`EngineError::Stopped`].
+//! So a decoding sequence never waits for someone else's prefill: every step advances it, and the budget bounds what
+//! a step costs. A long prompt is prefilled over several steps. A cancelled request is answered within one step.
+//! Events go to each request's [`outbox`], which never makes a step wait for a slow reader. A sequence whose logits
+//! are not all finite (an adapter's values overflowed), or a request whose prefill chunk is not, fails with
+//! [`EngineError::NonFiniteOutput`]; the others in the pass go on. Errors of the model end the affected requests with
+//! [`EngineError::Internal`]; the thread keeps serving. Dropping the [`StepThread`] stops the thread after its
+//! current step, and every request still in it ends with [`EngineError::Stopped`].
 
 mod batch;
+mod fair;
 mod outbox;
+mod pending;
+mod prefill;
 mod sequence;
+mod step;
 #[cfg(test)]
 mod tests;
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::thread::JoinHandle;
 
-use candle_core::Tensor;
-use loragate_core::{EngineError, EngineEvent, TopLogprobs};
+use loragate_core::EngineError;
 
-use crate::lora::LoraBatch;
-use crate::model::{Llama, log_softmax};
-use crate::sampler::{Sampler, top_logprobs};
+use crate::lora::LoraBank;
+use crate::model::Llama;
 use batch::Batch;
-use sequence::{RequestContext, Sequence};
+use pending::Pending;
 
 pub(crate) use outbox::outbox;
 pub(crate) use sequence::Submission;
-
-/// Prompt positions whose logits are materialised at once when prompt logprobs are asked for.
-const PROMPT_LOGPROB_CHUNK: usize = 256;
 
 /// What the engine front sends to the step thread.
 pub(crate) enum Command {
@@ -58,9 +63,9 @@ pub(crate) struct StepThread {
 
 impl StepThread {
     /// Starts the thread, which owns `model` from now on.
-    pub(crate) fn spawn(model: Llama, max_batch_size: usize) -> std::io::Result<Self> {
+    pub(crate) fn spawn(model: Llama, limits: StepLimits) -> std::io::Result<Self> {
         let (commands, receiver) = mpsc::channel();
-        let scheduler = Scheduler::new(model, receiver, max_batch_size);
+        let scheduler = Scheduler::new(model, receiver, limits);
         let handle = std::thread::Builder::new().name("loragate-engine-step".into()).spawn(move || scheduler.run())?;
         Ok(Self { commands, handle: Some(handle) })
     }
@@ -82,33 +87,60 @@ impl Drop for StepThread {
     }
 }
 
+/// What one step may hold.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StepLimits {
+    /// The most decoding sequences (and sequences of started prefills) at once.
+    pub(crate) max_batch_size: usize,
+    /// The most tokens of one forward pass: one per decoding sequence, the rest prompt chunks.
+    pub(crate) max_num_batched_tokens: usize,
+}
+
 struct Scheduler {
     model: Llama,
     commands: Receiver<Command>,
-    max_batch_size: usize,
-    waiting: VecDeque<Submission>,
+    limits: StepLimits,
+    /// Requests not decoding yet: waiting, or in the middle of their prefill.
+    pending: Pending,
+    /// The decoding sequences.
     batch: Batch,
+    /// The LoRA bank of the last pass, reused while the set of adapters in the pass does not change.
+    bank: Option<Arc<LoraBank>>,
+    /// What each step ran, for tests of the scheduler's invariants.
+    #[cfg(test)]
+    trace: Vec<step::StepTrace>,
 }
 
 impl Scheduler {
-    fn new(model: Llama, commands: Receiver<Command>, max_batch_size: usize) -> Self {
+    fn new(model: Llama, commands: Receiver<Command>, limits: StepLimits) -> Self {
         let batch = Batch::new(&model);
-        Self { model, commands, max_batch_size: max_batch_size.max(1), waiting: VecDeque::new(), batch }
+        let limits = StepLimits {
+            max_batch_size: limits.max_batch_size.max(1),
+            max_num_batched_tokens: limits.max_num_batched_tokens.max(1),
+        };
+        Self {
+            model,
+            commands,
+            limits,
+            pending: Pending::default(),
+            batch,
+            bank: None,
+            #[cfg(test)]
+            trace: Vec::new(),
+        }
     }
 
     fn run(mut self) {
         while self.receive_commands() {
             self.run_step();
         }
-        for submission in self.waiting.drain(..) {
-            submission.events.send(Err(EngineError::Stopped));
-        }
+        self.pending.stop_all();
         self.batch.stop_all();
     }
 
     /// Takes every pending command, blocking for one when the thread has nothing to do. False once told to stop.
     fn receive_commands(&mut self) -> bool {
-        if self.batch.is_empty() && self.waiting.is_empty() {
+        if self.batch.is_empty() && self.pending.is_empty() {
             let keep_running = self.commands.recv().is_ok_and(|command| self.handle(command));
             if !keep_running {
                 return false;
@@ -127,137 +159,13 @@ impl Scheduler {
         }
     }
 
-    /// One step: hand back abandoned sequences, admit what fits, decode one token for every running sequence.
-    fn run_step(&mut self) {
-        self.drop_abandoned();
-        self.admit_waiting();
-        if let Err(err) = self.batch.step(&self.model) {
-            tracing::error!(error = %err, "decode step failed; failing its sequences");
-            self.batch.fail_all(&format!("decode step failed: {err}"));
-        }
-    }
-
     fn handle(&mut self, command: Command) -> bool {
         match command {
             Command::Generate(submission) => {
-                self.waiting.push_back(*submission);
+                self.pending.push(*submission);
                 true
             }
             Command::Shutdown => false,
         }
-    }
-
-    fn drop_abandoned(&mut self) {
-        self.waiting.retain(|submission| {
-            if submission.is_abandoned() {
-                submission.abort();
-                return false;
-            }
-            true
-        });
-        if let Err(err) = self.batch.drop_abandoned() {
-            self.batch.fail_all(&format!("cannot shrink the batch: {err}"));
-        }
-    }
-
-    /// Admits waiting requests in order while the batch has room for all their sequences (a request larger than
-    /// the whole batch runs when the batch is empty).
-    fn admit_waiting(&mut self) {
-        while let Some(next) = self.waiting.front() {
-            let wanted = next.request.num_samples() as usize;
-            if !self.batch.is_empty() && self.batch.len() + wanted > self.max_batch_size {
-                break;
-            }
-            let Some(submission) = self.waiting.pop_front() else { break };
-            let events = submission.events.clone();
-            if let Err(err) = self.admit(submission) {
-                tracing::error!(error = %err, "prefill failed");
-                events.send(Err(EngineError::Internal(format!("prefill failed: {err}"))));
-            }
-        }
-    }
-
-    /// Prefills one request's prompt, emits its prompt logprobs and first tokens, and adds the sequences that go
-    /// on to the batch.
-    fn admit(&mut self, submission: Submission) -> candle_core::Result<()> {
-        if submission.cancel.is_cancelled() {
-            submission.abort();
-            return Ok(());
-        }
-        if submission.events.is_closed() {
-            return Ok(());
-        }
-        let (context, request) = RequestContext::new(submission, &self.model.config().eos_token_ids);
-        let prompt = request.prompt();
-        let device = self.model.device();
-        let tokens = Tensor::from_slice(prompt, (1, prompt.len()), device)?;
-        let lora = LoraBatch::uniform(context.adapter.as_ref())?;
-        let prefill = self.model.forward_sequences(&tokens, &lora)?;
-        let last = prefill.hidden.narrow(1, prompt.len() - 1, 1)?;
-        let logits = self.model.logits(&last)?;
-        let logprobs = log_softmax(&logits)?.flatten_all()?.to_vec1::<f32>()?;
-        let logits = if Sampler::needs_logits_for(request.params()) {
-            Some(logits.flatten_all()?.to_vec1::<f32>()?)
-        } else {
-            None
-        };
-        if request.include_prompt_logprobs() {
-            let alternatives = request.prompt_top_logprobs().map(|count| count as usize);
-            let (prompt_logprobs, top) = self.prompt_logprobs(&prefill.hidden, prompt, alternatives)?;
-            // The first is NaN by definition (nothing predicts it); any other non-finite value is overflow.
-            if prompt_logprobs[1..].iter().all(|logprob| logprob.is_finite()) {
-                context.send(EngineEvent::PromptLogprobs(prompt_logprobs));
-                if let Some(top) = top {
-                    context.send(EngineEvent::PromptTopLogprobs(top));
-                }
-            } else {
-                let where_ = format!("in the prompt logprobs, with adapter version {}", context.version);
-                context.events.send(Err(EngineError::NonFiniteOutput(where_)));
-                return Ok(());
-            }
-        }
-        let mut continuing = 0;
-        for index in 0..request.num_samples() {
-            let sampler = Sampler::new(request.params(), index, prompt, context.stop_tokens());
-            let mut sequence = Sequence::new(Arc::clone(&context), index, sampler, prompt.len());
-            match sequence.advance(&logprobs, logits.as_deref(), self.model.context_length()) {
-                Ok(Some(reason)) => sequence.finish(reason),
-                Ok(None) => {
-                    self.batch.push_row(sequence);
-                    continuing += 1;
-                }
-                Err(error) => sequence.fail(error),
-            }
-        }
-        self.batch.push_cache(&prefill.kv, continuing)
-    }
-
-    /// One logprob per prompt token under the model's raw distribution: NaN for the first (nothing predicts it),
-    /// then `log p(prompt[i] | prompt[..i])`. With `alternatives`, also each prompt token's rank and that many most
-    /// likely tokens at its position (none for the first).
-    fn prompt_logprobs(
-        &self,
-        hidden: &Tensor,
-        prompt: &[u32],
-        alternatives: Option<usize>,
-    ) -> candle_core::Result<(Vec<f32>, Option<Vec<TopLogprobs>>)> {
-        let mut logprobs = Vec::with_capacity(prompt.len());
-        logprobs.push(f32::NAN);
-        let mut top = alternatives.map(|_| vec![TopLogprobs::default()]);
-        let predicting = prompt.len() - 1;
-        let mut start = 0;
-        while start < predicting {
-            let len = PROMPT_LOGPROB_CHUNK.min(predicting - start);
-            let chunk = log_softmax(&self.model.logits(&hidden.narrow(1, start, len)?.squeeze(0)?)?)?;
-            let predicted = &prompt[start + 1..start + 1 + len];
-            let targets = Tensor::from_slice(predicted, (len, 1), self.model.device())?;
-            logprobs.extend(chunk.gather(&targets, 1)?.flatten_all()?.to_vec1::<f32>()?);
-            if let (Some(top), Some(count)) = (&mut top, alternatives) {
-                let rows = chunk.to_vec2::<f32>()?;
-                top.extend(rows.iter().zip(predicted).map(|(row, &token)| top_logprobs(row, count, token)));
-            }
-            start += len;
-        }
-        Ok((logprobs, top))
     }
 }

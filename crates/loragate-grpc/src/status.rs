@@ -1,6 +1,6 @@
 //! The one place core errors become gRPC statuses (the contract's error table).
 
-use loragate_core::{CoreError, EngineError};
+use loragate_core::{CoreError, EngineError, StateError};
 use tonic::Status;
 
 use crate::fleet_service::FleetControlError;
@@ -24,6 +24,9 @@ pub fn status_from_core(err: CoreError) -> Status {
         CoreError::Overloaded { .. } => Status::resource_exhausted(message),
         CoreError::Unauthenticated(_) => Status::unauthenticated(message),
         CoreError::PermissionDenied { .. } => Status::permission_denied(message),
+        // Retrying cannot help: an operator must load the adapter again (or unload it).
+        CoreError::WeightsMissing { .. } => Status::failed_precondition(message),
+        CoreError::State(StateError::Unavailable(_)) => Status::unavailable(message),
         CoreError::Engine(engine) => match engine {
             EngineError::AdapterFiles(_) => Status::invalid_argument(message),
             EngineError::AdapterIncompatible(_) => Status::failed_precondition(message),
@@ -90,6 +93,13 @@ mod tests {
             (EngineError::AdapterIncompatible("q_proj shape".into()).into(), Code::FailedPrecondition, "q_proj"),
             (EngineError::Internal("boom".into()).into(), Code::Internal, "boom"),
             (EngineError::Unavailable("no READY worker holds meow@2".into()).into(), Code::Unavailable, "meow@2"),
+            (
+                CoreError::WeightsMissing { adapter: meow.clone(), reason: "/gone/meow is missing".into() },
+                Code::FailedPrecondition,
+                "/gone/meow",
+            ),
+            (StateError::Failed("disk full".into()).into(), Code::Internal, "disk full"),
+            (StateError::Unavailable("etcd".into()).into(), Code::Unavailable, "etcd"),
         ];
         for (err, code, mentions) in cases {
             let described = err.to_string();

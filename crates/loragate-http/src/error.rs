@@ -10,7 +10,7 @@ use axum::Json;
 use axum::response::{IntoResponse, Response};
 use http::header::{RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, StatusCode};
-use loragate_core::{CoreError, EngineError, Field};
+use loragate_core::{CoreError, EngineError, Field, StateError};
 use serde::Serialize;
 
 use crate::json_body::BodyError;
@@ -293,6 +293,10 @@ fn core_status(error: &CoreError) -> StatusCode {
         CoreError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
         CoreError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
         CoreError::PermissionDenied { .. } => StatusCode::FORBIDDEN,
+        // The adapter is listed but has no weights until an operator loads it again.
+        CoreError::WeightsMissing { .. } | CoreError::State(StateError::Unavailable(_)) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         // A failed swap answers as its load failed (bad files stay 400 / 422), with the swap's message.
         CoreError::SwapFailed { source, .. } => core_status(source),
         CoreError::Engine(engine) => match engine {
@@ -313,6 +317,7 @@ fn core_param(error: &CoreError, api: Api) -> Option<&'static str> {
         CoreError::UnknownAdapter(_)
         | CoreError::Engine(EngineError::AdapterNotLoaded(_))
         | CoreError::Overloaded { .. }
+        | CoreError::WeightsMissing { .. }
         | CoreError::PermissionDenied { adapter: Some(_), .. } => Some(adapter_field),
         CoreError::Engine(EngineError::AdapterFiles(_) | EngineError::AdapterIncompatible(_)) => Some("lora_path"),
         CoreError::SwapFailed { source, .. } => core_param(source, api),
@@ -438,6 +443,18 @@ mod tests {
                 StatusCode::TOO_MANY_REQUESTS,
                 Some("model"),
                 "--max-held",
+            ),
+            (
+                HttpError::sampling(CoreError::WeightsMissing { adapter: meow(), reason: "/gone/meow".into() }),
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some("model"),
+                "/gone/meow",
+            ),
+            (
+                HttpError::control(StateError::Failed("disk full".into()).into()),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                None,
+                "disk full",
             ),
             (
                 HttpError::access(CoreError::Unauthenticated("no API key was presented")),

@@ -32,6 +32,9 @@ struct ModelCard {
     in_flight: u32,
     held: u32,
     waiting: u32,
+    /// Why the adapter cannot serve (its recorded weights could not be loaded at start); absent when it serves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    weights_error: Option<String>,
 }
 
 /// The handler of `GET /v1/models`.
@@ -60,6 +63,7 @@ pub(crate) async fn list_models(
             in_flight: status.in_flight,
             held: status.held,
             waiting: status.waiting,
+            weights_error: status.weights_error,
         }
     };
     // Ordered base model first, then adapters by name.

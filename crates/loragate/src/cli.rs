@@ -12,6 +12,7 @@ use loragate_tinker::{RetentionLimits, TinkerConfig};
 
 use crate::duration_arg::parse_duration;
 use crate::serve::{Authentication, InitialAdapter, ModelSource, ServeConfig};
+use crate::state_dir::StateLocation;
 use crate::worker::WorkerSettings;
 
 /// loragate: swap LoRA adapter weights while rollouts keep sampling, safely and per adapter.
@@ -121,6 +122,11 @@ pub struct ServeArgs {
     /// {"adapters": [names or prefixes like "team-a/*"], "control": bool} (see docs/security.md).
     #[arg(long, value_name = "FILE")]
     pub tenant_keys: Option<PathBuf>,
+    /// Where loaded adapters, their versions and pauses are recorded, so that a restart puts them back: a directory
+    /// (default: $XDG_STATE_HOME/loragate/<served-name>, else ~/.local/state/loragate/<served-name>), or `none` to
+    /// keep them in memory only. Remove the directory to start fresh (see docs/state.md).
+    #[arg(long, value_name = "DIR|none", value_parser = StateLocation::parse)]
+    pub state_dir: Option<StateLocation>,
     /// Tinker API: the longest a sample waits for its paused adapter before its future fails (keep it below the
     /// SDK's 120-minute stuck detection).
     #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
@@ -186,6 +192,12 @@ pub struct EngineArgs {
     /// The most sequences decoded together in one engine step.
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub max_batch_size: usize,
+    /// The most tokens one engine step runs: one for each decoding sequence, the rest chunks of prompts being
+    /// prefilled. It trades the other streams' inter-token latency while long prompts (or a swap's continuations)
+    /// arrive, which it bounds, against prefill throughput, which fewer larger passes raise. Must exceed
+    /// --max-batch-size (default: 128 on the CPU, 2048 on CUDA; see docs/engine.md).
+    #[arg(long, value_name = "N")]
+    pub max_num_batched_tokens: Option<usize>,
     /// CPU threads for the engine's tensor operations (default: $RAYON_NUM_THREADS, else half the cores, at least
     /// 1). Candle's small CPU ops lose more to cross-thread synchronisation than they gain, and the async runtime
     /// needs cores too (see docs/benchmarks.md).
@@ -216,6 +228,7 @@ impl EngineArgs {
             device: self.device,
             dtype: self.dtype,
             max_batch_size: self.max_batch_size,
+            max_num_batched_tokens: self.max_num_batched_tokens,
             max_context_length: self.max_context_length,
             max_lora_rank: self.max_lora_rank,
             max_adapter_bytes: self.max_adapter_bytes,
@@ -266,6 +279,7 @@ impl ServeArgs {
             engine: self.engine.engine_config(),
             workers: self.workers,
             worker_health_interval: self.worker_health_interval,
+            state: self.state_dir.unwrap_or(StateLocation::UserDefault),
             tinker: TinkerConfig {
                 max_pause_wait: self.tinker_max_pause_wait,
                 poll_hold: self.tinker_poll_hold,
@@ -305,6 +319,23 @@ mod tests {
         assert!(matches!(config.model, ModelSource::Demo { .. }));
         assert_eq!((config.engine.max_lora_rank, config.engine.max_adapter_bytes), (64, 1 << 30));
         assert_eq!(config.engine.adapter_load_timeout, Duration::from_secs(120));
+        assert_eq!(config.state, StateLocation::UserDefault, "durable by default");
+        assert_eq!(config.engine.max_num_batched_tokens, None, "sized to the device when the engine starts");
+    }
+
+    #[test]
+    fn state_dir_takes_a_directory_or_none() {
+        let state = |args: &[&str]| {
+            let Command::Serve(args) = Cli::try_parse_from(args).expect("parses").command else { panic!("serve") };
+            args.into_config().state
+        };
+        assert_eq!(state(&["loragate", "serve", "--state-dir", "none"]), StateLocation::Memory);
+        assert_eq!(
+            state(&["loragate", "serve", "--state-dir", "/srv/lg"]),
+            StateLocation::Directory(PathBuf::from("/srv/lg"))
+        );
+        let bad = Cli::try_parse_from(["loragate", "serve", "--state-dir", ""]).expect_err("empty");
+        assert!(bad.to_string().contains("--state-dir"), "{bad}");
     }
 
     #[test]
@@ -435,6 +466,8 @@ mod tests {
             "/a",
             "--max-batch-size",
             "8",
+            "--max-num-batched-tokens",
+            "96",
             "--device",
             "cpu",
         ])
@@ -443,6 +476,7 @@ mod tests {
         let settings = args.into_settings();
         assert_eq!(settings.grpc_addr, "127.0.0.1:9001".parse().expect("address"));
         assert_eq!(settings.engine.max_batch_size, 8);
+        assert_eq!(settings.engine.max_num_batched_tokens, Some(96));
         assert_eq!(settings.adapter_root.as_deref(), Some(std::path::Path::new("/a")));
         assert!(matches!(settings.model, ModelSource::Demo { .. }));
     }

@@ -24,6 +24,7 @@ mod compute_threads;
 mod duration_arg;
 mod large_frees;
 mod serve;
+mod state_dir;
 mod text_codec;
 mod worker;
 
@@ -33,4 +34,5 @@ pub use duration_arg::parse_duration;
 pub use large_frees::return_large_frees_to_the_os;
 pub use loragate_engine::{DemoFiles, default_cache_dir, ensure_demo_files};
 pub use serve::{Authentication, InitialAdapter, ModelSource, RunningServer, ServeConfig, ServeError};
+pub use state_dir::StateLocation;
 pub use worker::{RunningWorker, WorkerSettings};

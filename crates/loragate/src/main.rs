@@ -74,6 +74,7 @@ async fn serve(args: loragate::ServeArgs) -> Result<(), String> {
             "http_addr": server.http_addr().to_string(),
             "model": server.served_model_name(),
             "adapters": adapters,
+            "state_dir": server.state_dir().map(|dir| dir.display().to_string()),
         })
     );
     server.run_until_signal().await.map_err(|err| err.to_string())

@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::future::select_all;
 use loragate_core::{
     AdapterName, AdapterRoot, AdapterSource, Coordinator, CoordinatorConfig, CoreError, Engine, Key, KeyConfigError,
-    Keyring, Limits, TenantKeys,
+    Keyring, Limits, Reconciled, StartError, StateError, TenantKeys,
 };
 use loragate_engine::{
     CandleEngine, DEMO_MODEL_NAME, DemoError, EngineConfig, EngineLoadError, Tokenizer, ensure_demo_files,
@@ -24,6 +24,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::state_dir::StateLocation;
 use crate::text_codec::TokenizerCodec;
 
 /// Which model to serve.
@@ -86,6 +87,8 @@ pub struct ServeConfig {
     pub workers: Vec<WorkerAddress>,
     /// How often the workers' health is checked.
     pub worker_health_interval: Duration,
+    /// Where adapters, versions and pauses are recorded to survive a restart (`--state-dir`).
+    pub state: StateLocation,
     /// The Tinker API front's settings (its routes share the HTTP listener).
     pub tinker: TinkerConfig,
 }
@@ -113,7 +116,7 @@ impl Authentication {
 }
 
 impl ServeConfig {
-    /// The demo model on the contract's default addresses.
+    /// The demo model on the contract's default addresses, with its state in memory only.
     pub fn demo(cache_dir: PathBuf) -> Self {
         Self {
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 50051)),
@@ -134,6 +137,7 @@ impl ServeConfig {
             engine: EngineConfig::default(),
             workers: Vec::new(),
             worker_health_interval: Duration::from_secs(2),
+            state: StateLocation::Memory,
             tinker: TinkerConfig::default(),
         }
     }
@@ -172,9 +176,12 @@ pub enum ServeError {
     /// The keys cannot be used.
     #[error("authentication keys: {0}")]
     Keys(#[from] KeyConfigError),
-    /// The coordinator's actors could not start.
-    #[error("starting the coordinator: {0}")]
-    Coordinator(#[from] ractor::SpawnErr),
+    /// The coordinator could not start (its actors, or the recorded state it puts back).
+    #[error(transparent)]
+    Coordinator(#[from] StartError),
+    /// The state directory cannot be used.
+    #[error("--state-dir: {0}")]
+    State(#[from] StateError),
     /// The Tinker front's futures store could not start.
     #[error("starting the Tinker front: {0}")]
     Tinker(#[source] ractor::SpawnErr),
@@ -219,6 +226,7 @@ pub struct RunningServer {
     grpc_addr: SocketAddr,
     http_addr: SocketAddr,
     served_model_name: String,
+    state_dir: Option<PathBuf>,
     coordinator: Coordinator,
     shutdown_grace: Duration,
     draining: CancellationToken,
@@ -240,6 +248,10 @@ impl RunningServer {
         }
         let template_dir = model.dir.clone();
         let chat_template = blocking(move || ChatTemplate::from_model_dir(&template_dir)).await?;
+        let (state, state_dir) = config.state.open(&served_model_name)?;
+        if let Some(dir) = &state_dir {
+            tracing::info!(state_dir = %dir.display(), "recording adapters, versions and pauses");
+        }
         let adapter_root_dir = config.adapter_root.clone().or_else(|| model.adapter_root.clone());
         let adapter_root = match adapter_root_dir.clone() {
             Some(path) => Some(AdapterRoot::new(&path).map_err(|source| ServeError::AdapterRoot { path, source })?),
@@ -267,12 +279,15 @@ impl RunningServer {
             limits: config.limits,
             auth,
             reserved_names: vec![served_model_name.clone()],
+            state,
         };
         let coordinator = Coordinator::start(backend.engine.clone(), coordinator_config).await?;
         for InitialAdapter { name, dir } in adapters {
-            let loaded = coordinator.load_adapter(&name, AdapterSource::trusted(&dir)).await;
-            let version = loaded.map_err(|source| ServeError::Adapter { name: name.clone(), dir, source })?;
-            tracing::info!(adapter = %name, %version, "adapter loaded");
+            let reconciled = coordinator.reconcile_adapter(&name, AdapterSource::trusted(&dir)).await;
+            match reconciled.map_err(|source| ServeError::Adapter { name: name.clone(), dir, source })? {
+                Reconciled::Loaded(version) => tracing::info!(adapter = %name, %version, "adapter loaded"),
+                Reconciled::Kept(version) => tracing::info!(adapter = %name, %version, "adapter kept as recorded"),
+            }
         }
         let codec: Arc<dyn TextCodec> = Arc::new(TokenizerCodec::new(backend.tokenizer));
 
@@ -323,6 +338,7 @@ impl RunningServer {
             grpc_addr,
             http_addr,
             served_model_name,
+            state_dir,
             coordinator,
             shutdown_grace: config.shutdown_grace,
             draining,
@@ -340,6 +356,11 @@ impl RunningServer {
     /// The bound HTTP address.
     pub fn http_addr(&self) -> SocketAddr {
         self.http_addr
+    }
+
+    /// Where the state is recorded (`None`: in memory only).
+    pub fn state_dir(&self) -> Option<&Path> {
+        self.state_dir.as_deref()
     }
 
     /// What HTTP calls the base model.

@@ -77,7 +77,7 @@ struct Fleet {
 
 impl Fleet {
     async fn start(workers: Vec<Worker>, adapter_root: Option<&Path>) -> Self {
-        let mut args = vec!["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"];
+        let mut args = vec!["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--state-dir", "none"];
         args.extend(["--worker-health-interval", "0.2"]);
         let urls: Vec<String> = workers.iter().map(Worker::url).collect();
         for url in &urls {

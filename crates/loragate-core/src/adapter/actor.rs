@@ -14,10 +14,11 @@ use super::pauses::{PauseId, PauseMode, PauseOwner, PauseRequest};
 use super::registry::{Admission, InFlightRegistry, PendingHandBacks, StopCause};
 use super::status::{AdapterStatus, ResumeReport};
 use crate::adapter_source::AdapterSource;
-use crate::engine::{Engine, EngineError};
+use crate::engine::Engine;
 use crate::error::CoreError;
-use crate::ids::{AdapterKey, AdapterVersion, RequestId};
+use crate::ids::{AdapterKey, AdapterName, AdapterVersion, RequestId};
 use crate::manager::ManagerMsg;
+use crate::state::{PauseRecord, RecordedSource, Recording, StateChange, nothing_to_record};
 
 /// The commands an adapter actor serves. Only [`super::AdapterHandle`] and the manager build them.
 pub(crate) enum AdapterMsg {
@@ -26,8 +27,11 @@ pub(crate) enum AdapterMsg {
     /// Adds (or renews) a pause, which closes the gate, then acts on the admitted requests as its mode says:
     /// cancels them (abort), cancels them to be kept (keep), or only watches them (wait).
     Pause { request: PauseRequest, reply: RpcReplyPort<PauseTicket> },
-    /// Releases pauses, reopening the gate when none is left.
-    Release { target: ReleaseTarget, reply: RpcReplyPort<ResumeReport> },
+    /// Releases pauses, reopening the gate when none is left; answers with the recording of the released pauses' end.
+    Release { target: ReleaseTarget, reply: RpcReplyPort<(ResumeReport, Recording)> },
+    /// Puts back pauses recorded earlier (see [`AdapterCell::adopt`]), closing the gate without acting on admitted
+    /// requests.
+    Adopt { pauses: Vec<PauseRecord> },
     /// A lease timer fired for the lease of `pause_id` that expires at `expires_at`.
     LeaseEnded { pause_id: PauseId, expires_at: tokio::time::Instant },
     /// Cancels admitted requests without pausing: those with these ids, or every one for `None`.
@@ -36,13 +40,14 @@ pub(crate) enum AdapterMsg {
     Load { source: AdapterSource, reply: RpcReplyPort<Result<AdapterVersion, CoreError>> },
     /// A load task finished.
     LoadFinished {
-        version: AdapterVersion,
-        result: Result<(), EngineError>,
+        outcome: Result<AdapterVersion, LoadFailure>,
+        source: AdapterSource,
         reply: RpcReplyPort<Result<AdapterVersion, CoreError>>,
     },
-    /// Marks the adapter retired and cancels every admitted request (before the actor is drained). The reply is
-    /// always `Ok` from the actor; the manager answers on the same port with an error for an unknown adapter.
-    Retire { why: Retirement, reply: RpcReplyPort<Result<PendingHandBacks, CoreError>> },
+    /// Marks the adapter retired and cancels every admitted request (before the actor is drained); an unloaded
+    /// adapter's record goes. The reply is always `Ok` from the actor; the manager answers on the same port with an
+    /// error for an unknown adapter.
+    Retire { why: Retirement, reply: RpcReplyPort<Result<Retired, CoreError>> },
     /// A snapshot of the adapter's state.
     Status { reply: RpcReplyPort<AdapterStatus> },
     /// Makes the handler fail, so tests can watch the supervisor restart the actor.
@@ -69,6 +74,24 @@ pub(crate) struct PauseTicket {
     pub(crate) created: bool,
     /// The admitted requests the pause acted on, to wait for.
     pub(crate) pending: PendingHandBacks,
+    /// The pause's record, queued in the state store.
+    pub(crate) recorded: Recording,
+}
+
+/// The answer to [`AdapterMsg::Retire`].
+pub(crate) struct Retired {
+    /// The admitted requests cancelled, to wait for.
+    pub(crate) pending: PendingHandBacks,
+    /// The removal of an unloaded adapter's record, queued in the state store.
+    pub(crate) recorded: Recording,
+}
+
+/// A load that installed nothing.
+pub(crate) struct LoadFailure {
+    /// The version the state store issued it, if it got that far (given back now).
+    issued: Option<AdapterVersion>,
+    /// Why.
+    error: CoreError,
 }
 
 /// The answer to [`AdapterMsg::Admit`].
@@ -142,13 +165,20 @@ impl Actor for AdapterActor {
                 let _ = reply.send(answer);
             }
             AdapterMsg::Pause { request, reply } => {
-                let paused = state.cell.pause(&request);
+                let (paused, recorded) = state.cell.pause(&request);
                 let pending = match request.mode {
                     PauseMode::Abort => state.registry.cancel_all(StopCause::Paused),
                     PauseMode::Keep => state.registry.cancel_all(StopCause::Kept),
                     PauseMode::Wait => state.registry.pending_all(),
                 };
-                let _ = reply.send(PauseTicket { pause_id: paused.pause_id, created: paused.created, pending });
+                let ticket = PauseTicket { pause_id: paused.pause_id, created: paused.created, pending, recorded };
+                let _ = reply.send(ticket);
+            }
+            AdapterMsg::Adopt { pauses } => {
+                for pause in &pauses {
+                    // An expired pause's end is queued; nobody waits for it.
+                    drop(state.cell.adopt(pause));
+                }
             }
             AdapterMsg::Release { target, reply } => {
                 let report = match target {
@@ -177,10 +207,17 @@ impl Actor for AdapterActor {
                 state.loads.queued.push_back((source, reply));
                 state.start_next_load();
             }
-            AdapterMsg::LoadFinished { version, result, reply } => state.finish_load(version, result, reply),
+            AdapterMsg::LoadFinished { outcome, source, reply } => state.finish_load(outcome, &source, reply),
             AdapterMsg::Retire { why, reply } => {
                 state.cell.retire(why);
-                let _ = reply.send(Ok(state.registry.cancel_all(StopCause::Retired)));
+                let recorded = match (why, state.cell.key()) {
+                    // Recorded here, after any install this actor recorded: an unloaded adapter never comes back.
+                    (Retirement::Unloaded, AdapterKey::Lora(name)) => {
+                        state.cell.state().record(vec![StateChange::Unloaded { name: name.clone() }])
+                    }
+                    _ => nothing_to_record(),
+                };
+                let _ = reply.send(Ok(Retired { pending: state.registry.cancel_all(StopCause::Retired), recorded }));
             }
             AdapterMsg::Status { reply } => {
                 let _ = reply.send(state.cell.status(state.registry.len()));
@@ -193,8 +230,9 @@ impl Actor for AdapterActor {
 }
 
 impl AdapterState {
-    /// Starts the oldest queued load unless one is running. The load itself runs on a task; it reports back to
-    /// whichever incarnation of this actor is current when it finishes.
+    /// Starts the oldest queued load unless one is running. The load itself runs on a task (the state store issues
+    /// its version, then the engine loads); it reports back to whichever incarnation of this actor is current when it
+    /// finishes.
     fn start_next_load(&mut self) {
         if self.loads.running {
             return;
@@ -206,29 +244,22 @@ impl AdapterState {
             let _ = reply.send(Err(CoreError::UnknownAdapter(AdapterKey::Base)));
             return;
         };
-        let Some(version) = self.cell.reserve_version() else {
-            // Unloaded: queued loads never start (a version handed out now could be a reload's too).
+        if self.cell.gate_state().retired.is_some() {
+            // Unloaded: queued loads never start.
             let gone = || Err(CoreError::UnknownAdapter(self.cell.key().clone()));
             let _ = reply.send(gone());
             for (_, reply) in self.loads.queued.drain(..) {
                 let _ = reply.send(gone());
             }
             return;
-        };
+        }
         self.loads.running = true;
         let (cell, engine) = (self.cell.clone(), self.engine.clone());
         tokio::spawn(async move {
-            let result = engine.load_adapter(&name, version, &source).await;
-            if result.is_ok() && cell.weights_released() {
-                // Unloaded while loading, and the unload already removed the weights it could see: remove what this
-                // load installed (and nothing a later load installed). Not before: a request admitted before the
-                // unload may still be on its way to the engine, and the unload removes these weights itself once
-                // every such request was handed back.
-                let _ = engine.unload_adapter(&name, version).await;
-            }
+            let outcome = load_weights(&cell, &*engine, &name, &source).await;
             match cell.current_actor() {
                 Some(actor) => {
-                    let finished = AdapterMsg::LoadFinished { version, result, reply };
+                    let finished = AdapterMsg::LoadFinished { outcome, source, reply };
                     if let Err(MessagingErr::SendErr(AdapterMsg::LoadFinished { reply, .. })) = actor.cast(finished) {
                         // The actor is stopping (unloaded): the caller learns the adapter is gone.
                         let _ = reply.send(Err(CoreError::UnknownAdapter(cell.key().clone())));
@@ -241,28 +272,75 @@ impl AdapterState {
         });
     }
 
+    /// Installs (and records) a finished load, or gives back a failed one's version; the manager answers the caller
+    /// once the record is durable and its bookkeeping is done (a new adapter is published first).
     fn finish_load(
         &mut self,
-        version: AdapterVersion,
-        result: Result<(), EngineError>,
+        outcome: Result<AdapterVersion, LoadFailure>,
+        source: &AdapterSource,
         reply: RpcReplyPort<Result<AdapterVersion, CoreError>>,
     ) {
         self.loads.running = false;
-        let result = match result {
-            Ok(()) => {
+        let name = self.cell.key().adapter_name().cloned();
+        let (result, recorded) = match (outcome, name) {
+            (Ok(version), Some(name)) => {
                 self.cell.install_version(version);
-                Ok(version)
+                let recorded = if self.cell.gate_state().retired.is_some() {
+                    // Unloaded meanwhile: its record is gone and stays gone.
+                    nothing_to_record()
+                } else {
+                    let source =
+                        RecordedSource { path: source.dir().to_owned(), confined: source.confined_to().is_some() };
+                    self.cell.state().record(vec![StateChange::Installed { name, version, source }])
+                };
+                (Ok(version), recorded)
             }
-            Err(err) => {
+            (Err(LoadFailure { issued: Some(version), error }), Some(name)) => {
                 self.cell.release_version(version);
-                Err(err.into())
+                (Err(error), self.cell.state().record(vec![StateChange::VersionReturned { name, version }]))
             }
+            (Err(LoadFailure { error, .. }), _) => (Err(error), nothing_to_record()),
+            (Ok(_), None) => (Err(CoreError::UnknownAdapter(AdapterKey::Base)), nothing_to_record()),
         };
-        // The manager answers the caller once its bookkeeping is done (a new adapter is published first).
-        let settled = ManagerMsg::LoadSettled { key: self.cell.key().clone(), result, reply };
-        if let Err(MessagingErr::SendErr(ManagerMsg::LoadSettled { result, reply, .. })) = self.manager.cast(settled) {
-            let _ = reply.send(result);
-        }
+        let (manager, key) = (self.manager.clone(), self.cell.key().clone());
+        tokio::spawn(async move {
+            let recorded = recorded.await;
+            let settled = ManagerMsg::LoadSettled { key, result, recorded, reply };
+            if let Err(MessagingErr::SendErr(ManagerMsg::LoadSettled { result, recorded, reply, .. })) =
+                manager.cast(settled)
+            {
+                let _ = reply.send(result.and_then(|version| recorded.map(|()| version).map_err(CoreError::from)));
+            }
+        });
         self.start_next_load();
+    }
+}
+
+/// One load: the state store issues the version (durably, before anything is installed), then the engine loads.
+async fn load_weights(
+    cell: &AdapterCell,
+    engine: &dyn Engine,
+    name: &AdapterName,
+    source: &AdapterSource,
+) -> Result<AdapterVersion, LoadFailure> {
+    let version =
+        cell.state().issue_version(name).await.map_err(|err| LoadFailure { issued: None, error: err.into() })?;
+    if !cell.reserve_version(version) {
+        // Unloaded while the version was issued: the load never starts.
+        let error = CoreError::UnknownAdapter(cell.key().clone());
+        return Err(LoadFailure { issued: Some(version), error });
+    }
+    match engine.load_adapter(name, version, source).await {
+        Ok(()) => {
+            if cell.weights_released() {
+                // Unloaded while loading, and the unload already removed the weights it could see: remove what this
+                // load installed (and nothing a later load installed). Not before: a request admitted before the
+                // unload may still be on its way to the engine, and the unload removes these weights itself once
+                // every such request was handed back.
+                let _ = engine.unload_adapter(name, version).await;
+            }
+            Ok(version)
+        }
+        Err(err) => Err(LoadFailure { issued: Some(version), error: err.into() }),
     }
 }

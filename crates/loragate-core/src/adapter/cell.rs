@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 
@@ -20,12 +20,14 @@ use crate::error::CoreError;
 use crate::ids::{AdapterKey, AdapterVersion};
 use crate::limits::{AdapterLoad, Occupancy, ServerLoad, Slot};
 use crate::metrics::{AdapterLabels, CoreMetrics};
+use crate::state::{PauseRecord, Recording, StateChange, StateStore, nothing_to_record};
 
 /// Set in `last_reserved_version` by [`AdapterCell::seal_versions`]: no version is handed out after it.
 const SEALED: u64 = 1 << 63;
 
-/// The durable state of one adapter. Gate writes (`pause`, `release`, `expire_lease`, `install_version`, `retire`)
-/// are made by the adapter's actor only (and by the manager before the actor exists).
+/// The durable state of one adapter. Gate writes (`pause`, `adopt`, `release`, `expire_lease`, `install_version`,
+/// `retire`) are made by the adapter's actor only (and by the manager before the actor exists). Each change of a
+/// recorded pause is queued in the state store in the same call that makes it (see [`crate::state`]).
 pub(crate) struct AdapterCell {
     key: AdapterKey,
     gate: watch::Sender<GateState>,
@@ -45,6 +47,11 @@ pub(crate) struct AdapterCell {
     pauses: Mutex<PauseBook>,
     /// When the gate last closed (for the pause-duration metric).
     paused_at: Mutex<Option<Instant>>,
+    /// Set while the adapter has no weights in the engine: its recorded weights could not be loaded at start. The
+    /// flag is what admission reads; the reason is for the error and the listing.
+    weights_missing: AtomicBool,
+    weights_error: Mutex<Option<Arc<str>>>,
+    state: Arc<dyn StateStore>,
     pub(crate) metrics: Arc<CoreMetrics>,
     pub(crate) labels: AdapterLabels,
 }
@@ -56,12 +63,16 @@ impl AdapterCell {
         last_version: AdapterVersion,
         metrics: Arc<CoreMetrics>,
         server_load: &Arc<ServerLoad>,
+        state: Arc<dyn StateStore>,
     ) -> Self {
         let gate = GateState { paused: false, version: last_version, retired: None, abort_pauses: 0 };
         Self {
             labels: AdapterLabels::of(&key),
             metrics,
             paused_at: Mutex::new(None),
+            weights_missing: AtomicBool::new(false),
+            weights_error: Mutex::new(None),
+            state,
             key,
             gate: watch::Sender::new(gate),
             actor: watch::Sender::new(None),
@@ -101,53 +112,123 @@ impl AdapterCell {
         self.load.count(occupancy)
     }
 
-    /// Adds `request`'s pause (or renews its owner's) and closes the gate. A lease's timer reports to whichever
-    /// incarnation of the actor is current when it fires.
-    pub(crate) fn pause(&self, request: &PauseRequest) -> Paused {
-        let paused = self.pauses.lock().pause(request, |pause_id, expires_at| {
-            let mut incarnations = self.subscribe_actor();
-            AbortOnDropHandle::new(tokio::spawn(async move {
-                tokio::time::sleep_until(expires_at).await;
-                // If the actor is between incarnations, tell the next one; stop once the adapter is removed.
-                loop {
-                    let Some(actor) = incarnations.borrow_and_update().clone() else { return };
-                    let ended = AdapterMsg::LeaseEnded { pause_id: pause_id.clone(), expires_at };
-                    if actor.cast(ended).is_ok() || incarnations.changed().await.is_err() {
-                        return;
-                    }
+    /// Adds `request`'s pause (or renews its owner's) and closes the gate; queues its record if it is recorded.
+    pub(crate) fn pause(&self, request: &PauseRequest) -> (Paused, Recording) {
+        let paused = self.pauses.lock().pause(request, || self.state.new_pause_id(), |id, at| self.lease_timer(id, at));
+        let wall_expiry = request.lease.map(|lease| SystemTime::now() + lease);
+        let recording = self.record_pause(&request.owner, &paused.pause_id, request.mode, wall_expiry);
+        self.close_gate(request.mode);
+        (paused, recording)
+    }
+
+    /// Puts back a recorded pause (at start, or made by another coordinator) under its own id, closing the gate,
+    /// without acting on admitted requests. A pause whose lease ran out meanwhile ends instead (and its record goes).
+    pub(crate) fn adopt(&self, record: &PauseRecord) -> Recording {
+        let lease_left = match record.lease_expires_at.map(|at| at.duration_since(SystemTime::now())) {
+            None => None,
+            Some(Ok(left)) if left > Duration::ZERO => Some(left),
+            Some(_) => {
+                tracing::warn!(
+                    adapter = %self.key, pause_id = %record.pause_id, owner = %record.owner,
+                    "a recorded pause's lease ran out while the server was down; released it"
+                );
+                self.metrics.record_lease_expiry(&self.labels);
+                return self
+                    .record_ended(vec![(PauseOwner::Named(record.owner.as_str().into()), record.pause_id.clone())]);
+            }
+        };
+        let owner = PauseOwner::Named(record.owner.as_str().into());
+        self.pauses
+            .lock()
+            .adopt(owner, record.pause_id.clone(), record.mode, lease_left, |id, at| self.lease_timer(id, at));
+        self.close_gate(record.mode);
+        nothing_to_record()
+    }
+
+    /// A lease's timer: it reports to whichever incarnation of the actor is current when it fires.
+    fn lease_timer(&self, pause_id: PauseId, expires_at: tokio::time::Instant) -> AbortOnDropHandle<()> {
+        let mut incarnations = self.subscribe_actor();
+        AbortOnDropHandle::new(tokio::spawn(async move {
+            tokio::time::sleep_until(expires_at).await;
+            // If the actor is between incarnations, tell the next one; stop once the adapter is removed.
+            loop {
+                let Some(actor) = incarnations.borrow_and_update().clone() else { return };
+                let ended = AdapterMsg::LeaseEnded { pause_id: pause_id.clone(), expires_at };
+                if actor.cast(ended).is_ok() || incarnations.changed().await.is_err() {
+                    return;
                 }
-            }))
-        });
-        if request.mode == PauseMode::Abort {
+            }
+        }))
+    }
+
+    fn close_gate(&self, mode: PauseMode) {
+        if mode == PauseMode::Abort {
             // Before the gate closes, so that a kept request never sees this pause close the gate without it.
             self.gate.send_modify(|gate| gate.abort_pauses += 1);
         }
         self.sync_gate();
-        paused
+    }
+
+    /// Queues the record of a pause made or renewed, if its owner's pauses are recorded (named owners: a swap's
+    /// pause dies with its call, and the global pause is recorded once, by the manager).
+    fn record_pause(
+        &self,
+        owner: &PauseOwner,
+        pause_id: &PauseId,
+        mode: PauseMode,
+        lease_expires_at: Option<SystemTime>,
+    ) -> Recording {
+        let (AdapterKey::Lora(adapter), PauseOwner::Named(owner)) = (&self.key, owner) else {
+            return nothing_to_record();
+        };
+        let record = PauseRecord {
+            adapter: adapter.clone(),
+            pause_id: pause_id.clone(),
+            owner: owner.to_string(),
+            mode,
+            lease_expires_at,
+        };
+        self.state.record(vec![StateChange::Paused(record)])
+    }
+
+    /// Queues the end of the recorded ones among `ended`.
+    fn record_ended(&self, ended: Vec<(PauseOwner, PauseId)>) -> Recording {
+        let AdapterKey::Lora(adapter) = &self.key else { return nothing_to_record() };
+        let changes: Vec<StateChange> = ended
+            .into_iter()
+            .filter(|(owner, _)| matches!(owner, PauseOwner::Named(_)))
+            .map(|(_, pause_id)| StateChange::PauseEnded { adapter: adapter.clone(), pause_id })
+            .collect();
+        if changes.is_empty() { nothing_to_record() } else { self.state.record(changes) }
     }
 
     /// Releases the pause `id` (every pause for `None`), reopening the gate if it was the last.
-    pub(crate) fn release(&self, id: Option<&PauseId>) -> ResumeReport {
+    pub(crate) fn release(&self, id: Option<&PauseId>) -> (ResumeReport, Recording) {
         let was_paused = self.gate_state().paused;
-        self.pauses.lock().release(id);
-        ResumeReport { was_paused, still_paused: self.sync_gate() }
+        let ended = self.pauses.lock().release(id);
+        let recording = self.record_ended(ended);
+        (ResumeReport { was_paused, still_paused: self.sync_gate() }, recording)
     }
 
-    /// Releases the pauses `owner` holds, reopening the gate if they were the last.
-    pub(crate) fn release_owner(&self, owner: &PauseOwner) -> ResumeReport {
+    /// Releases the pause `owner` holds, reopening the gate if it was the last.
+    pub(crate) fn release_owner(&self, owner: &PauseOwner) -> (ResumeReport, Recording) {
         let was_paused = self.gate_state().paused;
-        let pause_id =
-            self.pauses.lock().snapshot().into_iter().find(|pause| &pause.owner == owner).map(|pause| pause.pause_id);
-        if let Some(pause_id) = pause_id {
-            self.pauses.lock().release(Some(&pause_id));
-        }
-        ResumeReport { was_paused, still_paused: self.sync_gate() }
+        let ended = {
+            let mut pauses = self.pauses.lock();
+            match pauses.of_owner(owner) {
+                Some(pause_id) => pauses.release(Some(&pause_id)),
+                None => Vec::new(),
+            }
+        };
+        let recording = self.record_ended(ended);
+        (ResumeReport { was_paused, still_paused: self.sync_gate() }, recording)
     }
 
     /// Ends the pause `id` if the lease that expires at `expires_at` is still its lease and has run out; returns the
-    /// owner whose pause ended.
+    /// owner whose pause ended. Its record's end is queued (nobody waits for it).
     pub(crate) fn expire_lease(&self, id: &PauseId, expires_at: tokio::time::Instant) -> Option<PauseOwner> {
         let owner = self.pauses.lock().expire(id, expires_at)?;
+        drop(self.record_ended(vec![(owner.clone(), id.clone())]));
         self.metrics.record_lease_expiry(&self.labels);
         self.sync_gate();
         Some(owner)
@@ -177,12 +258,14 @@ impl AdapterCell {
         });
     }
 
-    /// Hands out the next version number for a load; `None` once the versions are sealed (the adapter is unloaded).
-    pub(crate) fn reserve_version(&self) -> Option<AdapterVersion> {
+    /// Takes `version` (issued by the state store) for a load of this adapter; `false` once the versions are sealed
+    /// (the adapter is unloaded: the load must not start).
+    pub(crate) fn reserve_version(&self, version: AdapterVersion) -> bool {
         self.last_reserved_version
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| (last & SEALED == 0).then_some(last + 1))
-            .ok()
-            .map(|last| AdapterVersion(last + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| {
+                (last & SEALED == 0).then_some(last.max(version.0))
+            })
+            .is_ok()
     }
 
     /// Gives back a version whose load failed, if no later one was handed out (and the versions are not sealed), so
@@ -212,8 +295,31 @@ impl AdapterCell {
         self.weights_released.load(Ordering::SeqCst)
     }
 
-    /// Makes `version` current unless a later one already is.
+    /// Marks the adapter as having no weights in the engine, for `reason` (its recorded weights could not be loaded
+    /// at start); a successful load clears it.
+    pub(crate) fn set_weights_missing(&self, reason: &str) {
+        *self.weights_error.lock() = Some(reason.into());
+        self.weights_missing.store(true, Ordering::Release);
+    }
+
+    /// Why the adapter has no weights in the engine, if it has none.
+    pub(crate) fn weights_error(&self) -> Option<Arc<str>> {
+        if !self.weights_missing.load(Ordering::Acquire) {
+            return None;
+        }
+        self.weights_error.lock().clone()
+    }
+
+    /// The state store this adapter records its changes in.
+    pub(crate) fn state(&self) -> &Arc<dyn StateStore> {
+        &self.state
+    }
+
+    /// Makes `version` current unless a later one already is; the adapter has weights again.
     pub(crate) fn install_version(&self, version: AdapterVersion) {
+        if self.weights_missing.swap(false, Ordering::AcqRel) {
+            *self.weights_error.lock() = None;
+        }
         self.gate.send_if_modified(|gate| {
             let newer = version > gate.version;
             if newer {
@@ -250,6 +356,7 @@ impl AdapterCell {
             waiting: self.waiting.load(Ordering::Acquire),
             kept: self.kept.load(Ordering::Acquire),
             pauses: self.pauses.lock().snapshot(),
+            weights_error: self.weights_error().map(|reason| reason.to_string()),
         }
     }
 }
@@ -261,14 +368,15 @@ mod tests {
     #[test]
     fn sealed_versions_are_never_handed_out_and_a_release_does_not_unseal() {
         let load = ServerLoad::new(crate::limits::Limits::default());
-        let cell = AdapterCell::new(AdapterKey::Base, AdapterVersion(4), Arc::default(), &load);
-        assert_eq!(cell.reserve_version(), Some(AdapterVersion(5)));
-        assert_eq!(cell.reserve_version(), Some(AdapterVersion(6)));
+        let state = Arc::new(crate::state::MemoryStore::new());
+        let cell = AdapterCell::new(AdapterKey::Base, AdapterVersion(4), Arc::default(), &load, state);
+        assert!(cell.reserve_version(AdapterVersion(5)));
+        assert!(cell.reserve_version(AdapterVersion(6)));
         cell.release_version(AdapterVersion(5));
         assert_eq!(cell.seal_versions(), AdapterVersion(6), "a release of an older version leaves the count");
-        assert_eq!(cell.reserve_version(), None);
+        assert!(!cell.reserve_version(AdapterVersion(7)));
         cell.release_version(AdapterVersion(6));
-        assert_eq!(cell.reserve_version(), None, "still sealed after a release");
+        assert!(!cell.reserve_version(AdapterVersion(8)), "still sealed after a release");
         assert_eq!(cell.seal_versions(), AdapterVersion(6), "sealing again changes nothing");
     }
 }

@@ -152,9 +152,14 @@ impl PauseRequest {
 pub struct PauseId(Arc<str>);
 
 impl PauseId {
-    fn generate() -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        Self(format!("pause-{}", NEXT.fetch_add(1, Ordering::Relaxed) + 1).into())
+    /// The id `pause-N`: what stores give out (see [`crate::StateStore::new_pause_id`]).
+    pub fn numbered(n: u64) -> Self {
+        Self(format!("pause-{n}").into())
+    }
+
+    /// `N` of an id `pause-N`; `None` for ids of another shape.
+    pub fn number(&self) -> Option<u64> {
+        self.0.strip_prefix("pause-")?.parse().ok()
     }
 
     /// Parses a wire `pause_id`; the empty id means "every pause" and parses to `None`.
@@ -232,35 +237,62 @@ impl PauseBook {
         !self.by_owner.is_empty()
     }
 
-    /// Adds `request`'s pause, or renews its owner's (new mode, new lease). `arm` starts the timer of a lease that
-    /// expires at the given instant for the given pause.
+    /// Adds `request`'s pause, or renews its owner's (new mode, new lease). A new pause's id comes from `new_id`;
+    /// `arm` starts the timer of a lease that expires at the given instant for the given pause.
     pub(crate) fn pause(
         &mut self,
         request: &PauseRequest,
+        new_id: impl FnOnce() -> PauseId,
         arm: impl FnOnce(PauseId, Instant) -> AbortOnDropHandle<()>,
     ) -> Paused {
-        let created = !self.by_owner.contains_key(&request.owner);
-        let pause = self.by_owner.entry(request.owner.clone()).or_insert_with(|| Pause {
-            id: PauseId::generate(),
-            mode: request.mode,
-            lease: None,
-        });
-        pause.mode = request.mode;
-        pause.lease = request.lease.map(|lease| {
+        self.hold(request.owner.clone(), new_id, request.mode, request.lease, arm)
+    }
+
+    /// Puts back a pause made earlier (recorded before a restart, or made by another coordinator): under its own id,
+    /// replacing its owner's pause if there is one, with `lease_left` of its lease.
+    pub(crate) fn adopt(
+        &mut self,
+        owner: PauseOwner,
+        id: PauseId,
+        mode: PauseMode,
+        lease_left: Option<Duration>,
+        arm: impl FnOnce(PauseId, Instant) -> AbortOnDropHandle<()>,
+    ) -> Paused {
+        if self.by_owner.get(&owner).is_some_and(|pause| pause.id != id) {
+            self.by_owner.remove(&owner);
+        }
+        self.hold(owner, || id, mode, lease_left, arm)
+    }
+
+    fn hold(
+        &mut self,
+        owner: PauseOwner,
+        new_id: impl FnOnce() -> PauseId,
+        mode: PauseMode,
+        lease: Option<Duration>,
+        arm: impl FnOnce(PauseId, Instant) -> AbortOnDropHandle<()>,
+    ) -> Paused {
+        let created = !self.by_owner.contains_key(&owner);
+        let pause = self.by_owner.entry(owner).or_insert_with(|| Pause { id: new_id(), mode, lease: None });
+        pause.mode = mode;
+        pause.lease = lease.map(|lease| {
             let expires_at = Instant::now() + lease;
             Lease { expires_at, _timer: arm(pause.id.clone(), expires_at) }
         });
         Paused { pause_id: pause.id.clone(), created }
     }
 
-    /// Releases the pause `id` (or every pause for `None`); returns whether anything was released.
-    pub(crate) fn release(&mut self, id: Option<&PauseId>) -> bool {
-        let before = self.by_owner.len();
-        match id {
-            Some(id) => self.by_owner.retain(|_, pause| &pause.id != id),
-            None => self.by_owner.clear(),
-        }
-        self.by_owner.len() != before
+    /// Releases the pause `id` (or every pause for `None`); returns the owners and ids of the pauses released.
+    pub(crate) fn release(&mut self, id: Option<&PauseId>) -> Vec<(PauseOwner, PauseId)> {
+        let released = std::mem::take(&mut self.by_owner);
+        let (gone, kept) = released.into_iter().partition(|(_, pause)| id.is_none_or(|id| &pause.id == id));
+        self.by_owner = kept;
+        gone.into_iter().map(|(owner, pause): (PauseOwner, Pause)| (owner, pause.id)).collect()
+    }
+
+    /// The live pause `owner` holds, if any.
+    pub(crate) fn of_owner(&self, owner: &PauseOwner) -> Option<PauseId> {
+        self.by_owner.get(owner).map(|pause| pause.id.clone())
     }
 
     /// Releases the pause `id` if its lease (the one that expires at `expires_at`, not a renewal) has run out.
@@ -297,53 +329,65 @@ mod tests {
         AbortOnDropHandle::new(tokio::spawn(async {}))
     }
 
+    /// Ids `pause-1`, `pause-2`, … (what a store gives out).
+    fn ids() -> impl FnMut() -> PauseId {
+        let mut last = 0;
+        move || {
+            last += 1;
+            PauseId::numbered(last)
+        }
+    }
+
     fn by(owner: &str, mode: PauseMode, lease_s: f64) -> PauseRequest {
         PauseRequest::parse(mode, owner, lease_s).expect("valid pause")
     }
 
     #[tokio::test]
     async fn the_same_owner_renews_and_the_gate_reopens_with_the_last_release() {
-        let mut book = PauseBook::default();
-        let first = book.pause(&by("trainer", PauseMode::Abort, 0.0), no_timer);
-        let again = book.pause(&by("trainer", PauseMode::Keep, 0.0), no_timer);
+        let (mut book, mut next_id) = (PauseBook::default(), ids());
+        let first = book.pause(&by("trainer", PauseMode::Abort, 0.0), &mut next_id, no_timer);
+        let again = book.pause(&by("trainer", PauseMode::Keep, 0.0), &mut next_id, no_timer);
         assert!(first.created && !again.created);
         assert_eq!(first.pause_id, again.pause_id, "a renewal keeps the pause's id");
         assert_eq!(book.snapshot()[0].mode, PauseMode::Keep, "the latest call's mode is listed");
 
-        let other = book.pause(&by("evaluator", PauseMode::Wait, 0.0), no_timer);
+        let other = book.pause(&by("evaluator", PauseMode::Wait, 0.0), &mut next_id, no_timer);
         assert_ne!(other.pause_id, first.pause_id);
-        assert!(book.release(Some(&first.pause_id)));
+        assert_eq!(
+            book.release(Some(&first.pause_id)),
+            [(PauseOwner::Named("trainer".into()), first.pause_id.clone())]
+        );
         assert!(book.is_paused(), "the evaluator still holds the gate");
-        assert!(!book.release(Some(&first.pause_id)), "releasing twice releases nothing");
-        assert!(book.release(Some(&other.pause_id)));
+        assert!(book.release(Some(&first.pause_id)).is_empty(), "releasing twice releases nothing");
+        assert_eq!(book.release(Some(&other.pause_id)).len(), 1);
         assert!(!book.is_paused());
     }
 
     #[tokio::test]
     async fn anonymous_pauses_are_one_pause_and_release_all_clears_every_owner() {
-        let mut book = PauseBook::default();
-        book.pause(&PauseRequest::new(PauseMode::Abort), no_timer);
-        book.pause(&PauseRequest::new(PauseMode::Abort), no_timer);
-        book.pause(&by("a", PauseMode::Wait, 0.0), no_timer);
+        let (mut book, mut next_id) = (PauseBook::default(), ids());
+        book.pause(&PauseRequest::new(PauseMode::Abort), &mut next_id, no_timer);
+        book.pause(&PauseRequest::new(PauseMode::Abort), &mut next_id, no_timer);
+        book.pause(&by("a", PauseMode::Wait, 0.0), &mut next_id, no_timer);
         assert_eq!(book.snapshot().len(), 2);
-        assert!(book.release(None));
+        assert_eq!(book.release(None).len(), 2);
         assert!(!book.is_paused());
     }
 
     #[tokio::test(start_paused = true)]
     async fn only_the_current_lease_expires() {
-        let mut book = PauseBook::default();
+        let (mut book, mut next_id) = (PauseBook::default(), ids());
         let mut armed = Vec::new();
-        let paused = book.pause(&by("t", PauseMode::Abort, 5.0), |id, at| {
-            armed.push((id, at));
-            no_timer(PauseId::generate(), at)
+        let paused = book.pause(&by("t", PauseMode::Abort, 5.0), &mut next_id, |id, at| {
+            armed.push((id.clone(), at));
+            no_timer(id, at)
         });
         let (id, first_expiry) = armed.pop().expect("a lease arms a timer");
         assert_eq!(id, paused.pause_id);
         tokio::time::advance(Duration::from_secs(3)).await;
-        book.pause(&by("t", PauseMode::Abort, 5.0), |id, at| {
-            armed.push((id, at));
-            no_timer(PauseId::generate(), at)
+        book.pause(&by("t", PauseMode::Abort, 5.0), &mut next_id, |id, at| {
+            armed.push((id.clone(), at));
+            no_timer(id, at)
         });
         tokio::time::advance(Duration::from_secs(3)).await;
         assert_eq!(book.expire(&id, first_expiry), None, "the renewed lease has not run out");
@@ -353,6 +397,25 @@ mod tests {
         assert_eq!(book.expire(&id, renewed_expiry), Some(PauseOwner::Named("t".into())));
         assert!(!book.is_paused());
         assert!(book.snapshot().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_adopted_pause_keeps_its_id_and_replaces_its_owners_pause() {
+        let (mut book, mut next_id) = (PauseBook::default(), ids());
+        let trainer = PauseOwner::Named("trainer".into());
+        let adopted = book.adopt(trainer.clone(), PauseId::numbered(41), PauseMode::Keep, None, no_timer);
+        assert!(adopted.created);
+        assert_eq!(adopted.pause_id.as_str(), "pause-41");
+        let renewed = book.pause(&by("trainer", PauseMode::Abort, 0.0), &mut next_id, no_timer);
+        assert_eq!(renewed.pause_id, adopted.pause_id, "the owner renews the adopted pause");
+        let replaced =
+            book.adopt(trainer, PauseId::numbered(42), PauseMode::Wait, Some(Duration::from_secs(9)), no_timer);
+        assert_eq!(replaced.pause_id.as_str(), "pause-42");
+        let listed = book.snapshot();
+        assert_eq!(listed.len(), 1, "one pause per owner");
+        assert_eq!((listed[0].mode, listed[0].lease_left.is_some()), (PauseMode::Wait, true));
+        assert_eq!(PauseId::numbered(42).number(), Some(42));
+        assert_eq!(PauseId::parse("mine").ok().flatten().and_then(|id| id.number()), None);
     }
 
     #[test]

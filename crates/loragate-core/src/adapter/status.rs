@@ -22,6 +22,9 @@ pub struct AdapterStatus {
     pub kept: u32,
     /// The live pauses holding its gate, ordered by owner.
     pub pauses: Vec<PauseInfo>,
+    /// Why it cannot serve, when its recorded weights could not be loaded at start (the path, the version and the
+    /// engine's reason); its samples fail with [`crate::CoreError::WeightsMissing`] until a load gives it weights.
+    pub weights_error: Option<String>,
 }
 
 /// What a pause did.

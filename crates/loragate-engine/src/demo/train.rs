@@ -74,7 +74,7 @@ pub(super) fn train_adapters(
         }
         let tokens = Tensor::from_vec(tokens, (rows.len(), plan.sequence_len), &device)?;
         let lora = LoraBatch::for_rows(&rows, None, &device)?;
-        let hidden = model.forward_sequences(&tokens, &lora)?.hidden;
+        let hidden = model.forward_sequences(&tokens, &lora)?;
         let hidden = hidden.flatten_to(1)?.index_select(&Tensor::new(positions, &device)?, 0)?;
         let logprobs = candle_nn::ops::log_softmax(&model.logits(&hidden)?, D::Minus1)?;
         let targets = Tensor::new(targets, &device)?.unsqueeze(1)?;

@@ -1,5 +1,9 @@
 //! Applying different adapters to different rows of one batch.
 //!
+//! A row is whatever runs with one adapter: a whole sequence in a pass over whole sequences, one token in a
+//! scheduler step's packed pass (whose decode rows and prefill chunks mix adapters token by token), so the masks
+//! below are per token there.
+//!
 //! **Design: concatenate, then select.** For each adapted projection, the `A`s of every distinct adapter in the
 //! batch are concatenated along the rank axis into one `(in, R)` matrix and the `B`s into one `(R, out)` matrix
 //! (`R = Σ rᵢ`), a *bank*. One step computes `select(M, x·A_catᵀ, 0)·B_catᵀ`, where the row mask `M` `(rows, R)` is
@@ -104,6 +108,7 @@ impl LoraBatch {
     }
 
     /// Every row runs `adapter` (or the base model).
+    #[cfg(test)]
     pub(crate) fn uniform(adapter: Option<&Arc<AdapterWeights>>) -> candle_core::Result<Self> {
         match adapter {
             None => Ok(Self::base()),

@@ -1,14 +1,24 @@
-//! The key/value cache of a decode batch: one left-padded tensor per layer for all rows.
+//! Key/value caches: one left-padded tensor per layer for all rows of the decode batch ([`BatchKvCache`]), and one
+//! sequence's own cache while its prompt is prefilled chunk by chunk ([`SequenceKv`]).
 //!
-//! Row `i` holds `lenᵢ` cached positions in the columns `[len − lenᵢ, len)` of a `(rows, kv_heads, capacity,
-//! head_dim)` buffer; the columns before are padding, hidden from attention by a `-inf` mask. Every decode step
-//! writes one new column for all rows at once (`slice_set`, in place), so rows stay right-aligned and the work per
-//! step is the same handful of ops whatever the number of rows. The buffer is rebuilt only when the batch's
+//! Row `i` of the batch holds `lenᵢ` cached positions in the columns `[len − lenᵢ, len)` of a `(rows, kv_heads,
+//! capacity, head_dim)` buffer; the columns before are padding, hidden from attention by a `-inf` mask. Every decode
+//! step writes one new column for all rows at once (`slice_set`, in place), so rows stay right-aligned and the work
+//! per step is the same handful of ops whatever the number of rows. The buffer is rebuilt only when the batch's
 //! membership changes: rows leaving are dropped with one `index_select` (and padding shared by every remaining row
-//! is trimmed), rows joining are left-padded to the batch length and concatenated. Capacity grows geometrically,
-//! up to the context length.
+//! is trimmed); the rows joining in one step (each a [`SequenceKv`] whose prefill finished, or any sequence's
+//! keys and values) are written into one new buffer with the old rows, so each step copies the batch at most once.
+//! Capacity grows geometrically, up to the context length.
+//!
+//! A sequence's keys and values are a self-contained `[LayerKv]` (`(1, kv_heads, len, head_dim)` per layer) on the
+//! way in and on the way out ([`BatchKvCache::row`]): a sequence can leave the batch with its cache and rejoin later
+//! as a decode row without any prefill.
+
+mod sequence;
 
 use candle_core::{DType, Device, Result, Tensor};
+
+pub(crate) use sequence::SequenceKv;
 
 /// The keys and values of one layer for some rows, `(rows, kv_heads, len, head_dim)` each, RoPE already applied.
 #[derive(Clone, Debug)]
@@ -75,40 +85,90 @@ impl BatchKvCache {
         self.rebuild_mask()
     }
 
-    /// Appends `copies` rows that all hold `prefill` (one sequence's keys and values for every layer, `len` positions
-    /// each): the `num_samples` sequences of a request share their prompt's prefill.
-    pub(crate) fn push(&mut self, prefill: &[LayerKv], copies: usize) -> Result<()> {
-        let Some(first) = prefill.first() else { return Ok(()) };
-        let prompt_len = first.keys.dim(2)?;
-        let new_len = self.len.max(prompt_len);
+    /// Appends rows: for each `(kv, copies)` of `joining`, `copies` rows that all hold `kv` (one sequence's keys and
+    /// values for every layer, `(1, kv_heads, len, head_dim)` each; the `num_samples` sequences of a request share
+    /// their prompt's prefill). The buffers are rebuilt once for all of them: every row already in the batch is
+    /// copied once (shifted right when a newcomer is longer than the batch), whatever the number of newcomers.
+    pub(crate) fn push(&mut self, joining: &[(&[LayerKv], usize)]) -> Result<()> {
+        let joining: Vec<(&[LayerKv], usize)> =
+            joining.iter().copied().filter(|(kv, copies)| *copies > 0 && !kv.is_empty()).collect();
+        if joining.is_empty() {
+            return Ok(());
+        }
+        let lens = joining.iter().map(|(kv, _)| kv[0].keys.dim(2)).collect::<Result<Vec<_>>>()?;
+        let new_len = lens.iter().copied().fold(self.len, usize::max);
         let old_shift = new_len - self.len;
-        let new_pad = new_len - prompt_len;
         let capacity = grown_capacity(self.capacity, new_len + 1, self.max_capacity);
-        for (slot, layer) in self.layers.iter_mut().zip(prefill) {
+        for (index, slot) in self.layers.iter_mut().enumerate() {
             let old = slot.take();
-            let mut joined = LayerKv { keys: layer.keys.clone(), values: layer.values.clone() };
-            for (buffer, fresh, old) in [
-                (&mut joined.keys, &layer.keys, old.as_ref().map(|kv| &kv.keys)),
-                (&mut joined.values, &layer.values, old.as_ref().map(|kv| &kv.values)),
-            ] {
-                let (_, heads, _, head_dim) = fresh.dims4()?;
-                let fresh = left_pad(fresh, new_pad)?;
-                let fresh = fresh.broadcast_as((copies, heads, new_len, head_dim))?;
-                let rows = match old {
-                    Some(old) => Tensor::cat(&[&left_pad(&old.narrow(2, 0, self.len)?, old_shift)?, &fresh], 0)?,
-                    None => fresh.contiguous()?,
-                };
-                *buffer = right_pad(&rows, capacity - new_len)?;
+            let mut buffers = Vec::with_capacity(2);
+            for part in [Part::Keys, Part::Values] {
+                let mut blocks = Vec::with_capacity(joining.len() + 1);
+                if let Some(old) = &old {
+                    let old = part.of(old);
+                    if old_shift == 0 && capacity == self.capacity {
+                        blocks.push(old.clone());
+                    } else {
+                        let (rows, heads, _, head_dim) = old.dims4()?;
+                        let moved = Tensor::zeros((rows, heads, capacity, head_dim), self.dtype, &self.device)?;
+                        // The columns past `len` are never read: moving them along saves a copy when they fit.
+                        let source = if self.capacity + old_shift <= capacity {
+                            old.contiguous()?
+                        } else {
+                            old.narrow(2, 0, self.len)?.contiguous()?
+                        };
+                        moved.slice_set(&source, 2, old_shift)?;
+                        blocks.push(moved);
+                    }
+                }
+                for ((kv, copies), len) in joining.iter().zip(&lens) {
+                    let Some(layer) = kv.get(index) else { candle_core::bail!("a joining row lacks layer {index}") };
+                    let fresh = part.of(layer);
+                    let (_, heads, _, head_dim) = fresh.dims4()?;
+                    let block = Tensor::zeros((1, heads, capacity, head_dim), self.dtype, &self.device)?;
+                    block.slice_set(&fresh.contiguous()?, 2, new_len - len)?;
+                    blocks.push(if *copies == 1 {
+                        block
+                    } else {
+                        block.broadcast_as((*copies, heads, capacity, head_dim))?.contiguous()?
+                    });
+                }
+                buffers.push(if blocks.len() == 1 { blocks.remove(0) } else { Tensor::cat(&blocks, 0)? });
             }
-            *slot = Some(joined);
+            let values = buffers.pop().expect("values were built");
+            let keys = buffers.pop().expect("keys were built");
+            *slot = Some(LayerKv { keys, values });
         }
         for pad in &mut self.pads {
             *pad += old_shift;
         }
-        self.pads.extend(std::iter::repeat_n(new_pad, copies));
+        for ((_, copies), len) in joining.iter().zip(&lens) {
+            self.pads.extend(std::iter::repeat_n(new_len - len, *copies));
+        }
         self.len = new_len;
         self.capacity = capacity;
         self.rebuild_mask()
+    }
+
+    /// The position of each row's next token: how many positions it has cached.
+    pub(crate) fn positions(&self) -> Vec<u32> {
+        self.pads.iter().map(|pad| (self.len - pad) as u32).collect()
+    }
+
+    /// The keys and values of row `row`, its padding left out: what [`BatchKvCache::push`] takes back. This is how a
+    /// sequence leaves the batch with its cache (to be parked, and rejoin later without any prefill).
+    #[cfg(test)]
+    pub(crate) fn row(&self, row: usize) -> Result<Vec<LayerKv>> {
+        let Some(&pad) = self.pads.get(row) else { candle_core::bail!("no row {row} in the batch") };
+        let cached = self.len - pad;
+        self.layers
+            .iter()
+            .flatten()
+            .map(|layer| {
+                let take = |buffer: &Tensor| buffer.narrow(0, row, 1)?.narrow(2, pad, cached)?.contiguous();
+                Ok(LayerKv { keys: take(&layer.keys)?, values: take(&layer.values)? })
+            })
+            .collect()
     }
 
     /// Makes room for one more column (call once per decode step, before the layers append).
@@ -168,12 +228,20 @@ fn grown_capacity(current: usize, needed: usize, max: usize) -> usize {
     needed.max(current * 2).next_multiple_of(64).min(max).max(needed.min(max))
 }
 
-fn left_pad(x: &Tensor, columns: usize) -> Result<Tensor> {
-    if columns == 0 {
-        return Ok(x.clone());
+/// The keys or the values of a [`LayerKv`].
+#[derive(Clone, Copy)]
+enum Part {
+    Keys,
+    Values,
+}
+
+impl Part {
+    fn of(self, layer: &LayerKv) -> &Tensor {
+        match self {
+            Self::Keys => &layer.keys,
+            Self::Values => &layer.values,
+        }
     }
-    let (rows, heads, _, head_dim) = x.dims4()?;
-    Tensor::cat(&[&Tensor::zeros((rows, heads, columns, head_dim), x.dtype(), x.device())?, x], 2)
 }
 
 fn right_pad(x: &Tensor, columns: usize) -> Result<Tensor> {
@@ -202,8 +270,8 @@ mod tests {
     #[test]
     fn rows_are_left_padded_and_padding_is_trimmed_when_the_longest_leaves() {
         let mut cache = BatchKvCache::new(1, 4096, &Device::Cpu, DType::F32);
-        cache.push(&kv(2, 1.0), 1).expect("push");
-        cache.push(&kv(4, 2.0), 2).expect("push");
+        cache.push(&[(&kv(2, 1.0), 1)]).expect("push");
+        cache.push(&[(&kv(4, 2.0), 2)]).expect("push");
         assert_eq!((cache.rows(), cache.len), (3, 4));
         assert_eq!(column_values(&cache, 0), vec![0.0, 0.0, 1.0, 1.0]);
         assert_eq!(column_values(&cache, 2), vec![2.0; 4]);
@@ -222,6 +290,26 @@ mod tests {
         assert_eq!(column_values(&cache, 0), vec![1.0, 1.0, 3.0]);
         cache.retain(&[]).expect("retain none");
         assert_eq!(cache.rows(), 0);
+    }
+
+    #[test]
+    fn several_rows_join_at_once_and_a_row_leaves_with_exactly_its_own_positions() {
+        let mut cache = BatchKvCache::new(1, 4096, &Device::Cpu, DType::F32);
+        cache.push(&[(&kv(3, 1.0), 1)]).expect("push");
+        let (short, long) = (kv(2, 2.0), kv(5, 3.0));
+        cache.push(&[(&short, 2), (&long, 1), (&kv(1, 4.0), 0)]).expect("push several");
+        assert_eq!((cache.rows(), cache.len), (4, 5), "no row for zero copies");
+        assert_eq!(cache.pads, vec![2, 3, 3, 0]);
+        assert_eq!(cache.positions(), vec![3, 2, 2, 5]);
+        assert_eq!(column_values(&cache, 0), vec![0.0, 0.0, 1.0, 1.0, 1.0], "the old row is shifted right");
+        assert_eq!(column_values(&cache, 2), vec![0.0, 0.0, 0.0, 2.0, 2.0]);
+        assert_eq!(column_values(&cache, 3), vec![3.0; 5]);
+
+        let row = cache.row(1).expect("row 1");
+        assert_eq!(row[0].keys.dims(), &[1, 1, 2, 2]);
+        cache.retain(&[0, 2, 3]).expect("retain");
+        cache.push(&[(&row, 1)]).expect("rejoin");
+        assert_eq!(column_values(&cache, 3), vec![0.0, 0.0, 0.0, 2.0, 2.0], "it rejoins as it left");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use candle_core::{Result, Tensor};
 
-use super::kv_cache::{BatchKvCache, LayerKv};
+use super::kv_cache::{BatchKvCache, SequenceKv};
 use super::ops;
 use crate::lora::{LoraBatch, LoraTarget};
 
@@ -33,10 +33,36 @@ impl Projection {
 
 /// What attention attends over.
 pub(crate) enum AttentionInput<'a> {
-    /// Whole sequences from position 0, with a causal mask `(len, len)`; the layer's keys and values are returned.
+    /// Whole sequences from position 0, with a causal mask `(len, len)`; nothing is cached.
     Sequences { cos: &'a Tensor, sin: &'a Tensor, causal_mask: &'a Tensor },
-    /// One new position per row on top of the batch cache; `cos`/`sin` are per row `(rows, 1, head_dim / 2)`.
-    Step { cos: &'a Tensor, sin: &'a Tensor, cache: &'a BatchKvCache, mask: &'a Tensor },
+    /// Packed tokens of several sequences, one per row (`len` 1), each with its own position: `cos`/`sin` are per
+    /// token, `(tokens, 1, head_dim / 2)`. The first rows are the decode batch's (one new position per row on top of
+    /// the batch cache), then each prefill chunk's tokens in order (its next positions on top of its own cache).
+    Packed { cos: &'a Tensor, sin: &'a Tensor, decode: Option<DecodeAttention<'a>>, chunks: &'a [ChunkAttention<'a>] },
+}
+
+/// The decode rows of a packed pass: one token per row of the batch cache.
+#[derive(Clone, Copy)]
+pub(crate) struct DecodeAttention<'a> {
+    pub(crate) cache: &'a BatchKvCache,
+    /// `(rows, 1, 1, 1, cached + 1)`: each row's padding hidden.
+    pub(crate) mask: &'a Tensor,
+}
+
+/// One prefill chunk of a packed pass: `len` consecutive positions of one sequence, attending causally to
+/// themselves and to every position its cache already holds.
+pub(crate) struct ChunkAttention<'a> {
+    pub(crate) cache: &'a SequenceKv,
+    pub(crate) len: usize,
+}
+
+/// Which key positions each query position of [`Attention::attend`] may see.
+#[derive(Clone, Copy)]
+enum Visible<'a> {
+    /// An additive mask (0 or `-inf`) broadcast to the scores `(rows, kv_heads, group, len, total)`.
+    Masked(&'a Tensor),
+    /// The `len` queries are the last `len` of the `total` positions, each seeing those up to itself.
+    Causal,
 }
 
 #[derive(Debug)]
@@ -51,15 +77,8 @@ pub(crate) struct Attention {
 }
 
 impl Attention {
-    /// `x` is `(rows, len, hidden)`. Returns the output and, for [`AttentionInput::Sequences`], this layer's keys and
-    /// values.
-    fn forward(
-        &self,
-        x: &Tensor,
-        layer: usize,
-        lora: &LoraBatch,
-        input: AttentionInput<'_>,
-    ) -> Result<(Tensor, Option<LayerKv>)> {
+    /// `x` is `(rows, len, hidden)`.
+    fn forward(&self, x: &Tensor, layer: usize, lora: &LoraBatch, input: AttentionInput<'_>) -> Result<Tensor> {
         let (rows, len, hidden) = x.dims3()?;
         let x = x.reshape((rows * len, hidden))?;
         let heads = |projection: &Projection, count: usize| -> Result<Tensor> {
@@ -72,34 +91,67 @@ impl Attention {
         let q = heads(&self.q, self.num_heads)?;
         let k = heads(&self.k, self.num_kv_heads)?;
         let v = heads(&self.v, self.num_kv_heads)?;
-        let (output, kv) = match input {
+        let output = match input {
             AttentionInput::Sequences { cos, sin, causal_mask } => {
                 let (q, k) = (ops::rope(&q, cos, sin)?, ops::rope(&k, cos, sin)?);
-                let output = self.attend(&q, &k, &v, causal_mask)?;
-                (output, Some(LayerKv { keys: k, values: v }))
+                self.attend(&q, &k, &v, Visible::Masked(causal_mask))?
             }
-            AttentionInput::Step { cos, sin, cache, mask } => {
+            AttentionInput::Packed { cos, sin, decode, chunks } => {
                 let (q, k) = (ops::rope(&q, cos, sin)?, ops::rope(&k, cos, sin)?);
-                let (keys, values) = cache.append(layer, &k, &v)?;
-                (self.attend(&q, &keys, &values, mask)?, None)
+                self.attend_packed(layer, &q, &k, &v, decode, chunks)?
             }
         };
         let output = output.reshape((rows * len, self.num_heads * self.head_dim))?;
-        let output = self.o.forward(&output, rows, layer, lora)?.reshape((rows, len, hidden))?;
-        Ok((output, kv))
+        self.o.forward(&output, rows, layer, lora)?.reshape((rows, len, hidden))
+    }
+
+    /// Attention of packed tokens `(tokens, heads, 1, d)`: the decode rows over the batch cache in one batched call,
+    /// then each chunk over its own sequence's cache. Returns `(tokens, 1, heads, d)`.
+    fn attend_packed(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        decode: Option<DecodeAttention<'_>>,
+        chunks: &[ChunkAttention<'_>],
+    ) -> Result<Tensor> {
+        let mut outputs = Vec::with_capacity(chunks.len() + 1);
+        let mut offset = 0;
+        if let Some(DecodeAttention { cache, mask }) = decode {
+            let rows = cache.rows();
+            let (keys, values) = cache.append(layer, &k.narrow(0, 0, rows)?, &v.narrow(0, 0, rows)?)?;
+            outputs.push(self.attend(&q.narrow(0, 0, rows)?, &keys, &values, Visible::Masked(mask))?);
+            offset = rows;
+        }
+        // A chunk's tokens are rows of the packed tensors; attention wants them as one sequence, `(1, heads, len, d)`.
+        let sequence = |x: &Tensor, offset: usize, len: usize| -> Result<Tensor> {
+            let (_, heads, _, head_dim) = x.dims4()?;
+            x.narrow(0, offset, len)?.reshape((1, len, heads, head_dim))?.transpose(1, 2)?.contiguous()
+        };
+        for chunk in chunks {
+            let (k, v) = (sequence(k, offset, chunk.len)?, sequence(v, offset, chunk.len)?);
+            let (keys, values) = chunk.cache.append(layer, &k, &v)?;
+            let output = self.attend(&sequence(q, offset, chunk.len)?, &keys, &values, Visible::Causal)?;
+            outputs.push(output.reshape((chunk.len, 1, self.num_heads, self.head_dim))?);
+            offset += chunk.len;
+        }
+        if outputs.len() == 1 { Ok(outputs.remove(0)) } else { Tensor::cat(&outputs, 0) }
     }
 
     /// Scaled dot-product attention of `q` `(rows, heads, len, d)` over `k`/`v` `(rows, kv_heads, total, d)`.
     /// Grouped-query attention without copying keys: the query heads sharing a key/value head are folded into the
-    /// length axis, `(rows, kv_heads, group·len, d)`. `mask` broadcasts to `(rows, kv_heads, group, len, total)`.
-    /// Returns `(rows, len, heads, d)`, contiguous.
-    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    /// length axis, `(rows, kv_heads, group·len, d)`. Returns `(rows, len, heads, d)`, contiguous.
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, visible: Visible<'_>) -> Result<Tensor> {
         let (rows, _, len, head_dim) = q.dims4()?;
         let total = k.dim(2)?;
         let group = self.num_heads / self.num_kv_heads;
         let q = (q * (1.0 / (head_dim as f64).sqrt()))?.reshape((rows, self.num_kv_heads, group * len, head_dim))?;
         let scores = q.matmul(&k.t()?)?.reshape((rows, self.num_kv_heads, group, len, total))?;
-        let weights = ops::softmax_last_dim(&scores.broadcast_add(mask)?)?;
+        let weights = match visible {
+            Visible::Masked(mask) => ops::softmax_last_dim(&scores.broadcast_add(mask)?)?,
+            Visible::Causal => ops::causal_softmax(scores)?,
+        };
         let output = weights.reshape((rows, self.num_kv_heads, group * len, total))?.matmul(v)?;
         output.reshape((rows, self.num_heads, len, head_dim))?.transpose(1, 2)?.contiguous()
     }
@@ -133,18 +185,13 @@ pub(crate) struct DecoderLayer {
 
 impl DecoderLayer {
     /// `x` is `(rows, len, hidden)`.
-    pub(crate) fn forward(
-        &self,
-        x: &Tensor,
-        lora: &LoraBatch,
-        input: AttentionInput<'_>,
-    ) -> Result<(Tensor, Option<LayerKv>)> {
+    pub(crate) fn forward(&self, x: &Tensor, lora: &LoraBatch, input: AttentionInput<'_>) -> Result<Tensor> {
         let (rows, len, hidden) = x.dims3()?;
         let normed = ops::rms_norm(x, &self.input_norm, self.rms_norm_eps)?;
-        let (attention, kv) = self.attention.forward(&normed, self.index, lora, input)?;
+        let attention = self.attention.forward(&normed, self.index, lora, input)?;
         let x = (x + attention)?;
         let normed = ops::rms_norm(&x, &self.post_attention_norm, self.rms_norm_eps)?.reshape((rows * len, hidden))?;
         let mlp = self.mlp.forward(&normed, rows, self.index, lora)?.reshape((rows, len, hidden))?;
-        Ok(((x + mlp)?, kv))
+        x + mlp
     }
 }

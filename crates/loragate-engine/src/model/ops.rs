@@ -1,8 +1,10 @@
 //! candle's fused kernels (RMSNorm, softmax, RoPE) have no backward pass. Inference uses them; when the input is
 //! tracked by autograd (the demo trainer differentiates through the frozen model into its LoRA), the same math is
-//! composed from differentiable ops instead.
+//! composed from differentiable ops instead. Plus our own fused causal softmax for prefill chunks on the CPU.
 
-use candle_core::{D, Result, Tensor};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, D, DType, Device, InplaceOp1, Layout, Result, Tensor};
+use rayon::prelude::*;
 
 pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     if x.track_op() {
@@ -23,5 +25,90 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
         candle_nn::rotary_emb::rope_slow(x, cos, sin)
     } else {
         candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin)
+    }
+}
+
+/// The softmax over the last dimension of a prefill chunk's attention scores `(…, len, total)`, for a chunk at
+/// positions `total − len..total`: row `i` of each `(len, total)` block keeps the columns up to its own position
+/// (`..=total − len + i`) and gets exact zeros after it. On the CPU this is one pass over the scores, in place (the
+/// chunk's scores are the largest tensor of a prefill: no mask is added and no copy made); elsewhere, and under
+/// autograd, an additive `-inf` mask and candle's softmax.
+pub(crate) fn causal_softmax(scores: Tensor) -> Result<Tensor> {
+    let dims = scores.dims();
+    let (len, total) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+    if scores.device().is_cpu() && scores.dtype() == DType::F32 && !scores.track_op() && scores.is_contiguous() {
+        scores.inplace_op1(&CausalSoftmax { len, start: total - len })?;
+        return Ok(scores);
+    }
+    let mask = causal_mask(total - len, len, scores.device())?.to_dtype(scores.dtype())?;
+    softmax_last_dim(&scores.broadcast_add(&mask)?)
+}
+
+/// `(len, start + len)` for positions `start..start + len`: 0 where a position may attend (every earlier position
+/// and itself), `-inf` after it.
+pub(crate) fn causal_mask(start: usize, len: usize, device: &Device) -> Result<Tensor> {
+    let total = start + len;
+    let values: Vec<f32> =
+        (0..len).flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY })).collect();
+    Tensor::from_vec(values, (len, total), device)
+}
+
+/// [`causal_softmax`] on the CPU: each row of `len` consecutive rows is the position after the one before.
+struct CausalSoftmax {
+    len: usize,
+    start: usize,
+}
+
+impl InplaceOp1 for CausalSoftmax {
+    fn name(&self) -> &'static str {
+        "causal-softmax"
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> Result<()> {
+        let dtype = storage.dtype();
+        let CpuStorage::F32(values) = storage else { candle_core::bail!("causal softmax of {dtype:?} scores") };
+        let Some((from, to)) = layout.contiguous_offsets() else { candle_core::bail!("non-contiguous scores") };
+        let total = self.start + self.len;
+        values[from..to].par_chunks_mut(total).enumerate().for_each(|(row, scores)| {
+            let (visible, hidden) = scores.split_at_mut(self.start + row % self.len + 1);
+            // NaN and infinite scores (an overflowing adapter) make the whole row NaN, as candle's softmax does.
+            let max = visible.iter().fold(f32::NEG_INFINITY, |max, &score| max.max(score));
+            let mut sum = 0.0;
+            for score in visible.iter_mut() {
+                *score = (*score - max).exp();
+                sum += *score;
+            }
+            for score in visible.iter_mut() {
+                *score /= sum;
+            }
+            hidden.fill(0.0);
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fused_causal_softmax_equals_a_masked_softmax() {
+        let scores = Tensor::randn(0f32, 3.0, (2, 3, 5, 9), &Device::Cpu).expect("scores");
+        let mask = causal_mask(4, 5, &Device::Cpu).expect("mask");
+        let expected = softmax_last_dim(&scores.broadcast_add(&mask).expect("masked")).expect("softmax");
+        let fused = causal_softmax(scores.copy().expect("copy")).expect("fused");
+        let diff = (fused - &expected).and_then(|d| d.abs()).and_then(|d| d.flatten_all()).and_then(|d| d.max(0));
+        assert!(diff.and_then(|d| d.to_scalar::<f32>()).expect("diff") < 1e-6);
+        let row = fused_row(&scores, 0);
+        assert_eq!(&row[5..], &[0.0; 4], "the first position sees the 4 cached ones and itself");
+        let nan = scores.copy().expect("copy");
+        nan.slice_set(&Tensor::full(f32::NAN, (2, 3, 5, 1), &Device::Cpu).expect("nan"), 3, 0).expect("set");
+        let row = fused_row(&nan, 4);
+        assert!(row.iter().take(9).all(|value| value.is_nan()), "a NaN score spoils its row: {row:?}");
+    }
+
+    fn fused_row(scores: &Tensor, row: usize) -> Vec<f32> {
+        let fused = causal_softmax(scores.copy().expect("copy")).expect("fused");
+        fused.flatten_all().and_then(|f| f.narrow(0, row * 9, 9)).and_then(|f| f.to_vec1()).expect("row")
     }
 }

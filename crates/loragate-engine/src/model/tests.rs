@@ -14,7 +14,7 @@ use crate::test_support::{TempDir, max_abs_diff, tiny_adapter, tiny_config, tiny
 fn full_logits(model: &Llama, tokens: &[u32], adapter: Option<&Arc<AdapterWeights>>) -> Tensor {
     let input = Tensor::from_slice(tokens, (1, tokens.len()), &Device::Cpu).expect("tokens");
     let lora = LoraBatch::uniform(adapter).expect("lora");
-    let hidden = model.forward_sequences(&input, &lora).expect("forward").hidden;
+    let hidden = model.forward_sequences(&input, &lora).expect("forward");
     model.logits(&hidden.narrow(1, tokens.len() - 1, 1).expect("last")).expect("logits").flatten_all().expect("flat")
 }
 
@@ -28,11 +28,14 @@ struct Row {
     adapter: Option<Arc<AdapterWeights>>,
 }
 
+/// Prefills all of `row` but its last token (in one chunk, alone) and adds it to `cache`.
 fn prefill(model: &Llama, cache: &mut BatchKvCache, row: &Row) {
     let prompt = &row.tokens[..row.tokens.len() - 1];
-    let input = Tensor::from_slice(prompt, (1, prompt.len()), &Device::Cpu).expect("prompt");
+    let mut kv = model.sequence_kv(prompt.len()).expect("kv");
     let lora = LoraBatch::uniform(row.adapter.as_ref()).expect("lora");
-    cache.push(&model.forward_sequences(&input, &lora).expect("prefill").kv, 1).expect("push");
+    let input = PackedInput { decode: None, chunks: vec![PrefillChunk { tokens: prompt, cache: &mut kv }] };
+    model.forward_packed(input, &lora).expect("prefill");
+    cache.push(&[(&kv.layers().expect("layers"), 1)]).expect("push");
 }
 
 /// Runs one decode step over `rows` (each feeding its last token) and checks every row's logits against a full
@@ -40,12 +43,11 @@ fn prefill(model: &Llama, cache: &mut BatchKvCache, row: &Row) {
 fn step_and_compare(model: &Llama, cache: &mut BatchKvCache, rows: &mut [Row], rng: &mut StdRng) {
     let adapters: Vec<_> = rows.iter().map(|row| row.adapter.as_ref()).collect();
     let lora = LoraBatch::for_rows(&adapters, None, &Device::Cpu).expect("lora");
-    cache.reserve_step().expect("reserve");
     let last: Vec<u32> = rows.iter().map(|row| row.tokens[row.tokens.len() - 1]).collect();
     let positions: Vec<u32> = rows.iter().map(|row| row.tokens.len() as u32 - 1).collect();
-    let tokens = Tensor::new(last, &Device::Cpu).expect("tokens");
-    let positions = Tensor::new(positions, &Device::Cpu).expect("positions");
-    let logits = model.forward_step(&tokens, &positions, cache, &lora).expect("step");
+    assert_eq!(cache.positions(), positions, "each row's next position is its cached length");
+    let input = PackedInput { decode: Some((&last, cache)), chunks: Vec::new() };
+    let logits = model.logits(&model.forward_packed(input, &lora).expect("step")).expect("logits");
     for (index, row) in rows.iter_mut().enumerate() {
         let expected = full_logits(model, &row.tokens, row.adapter.as_ref());
         let got = logits.get(index).expect("row");
@@ -83,6 +85,134 @@ fn cached_mixed_adapter_decode_equals_full_recomputation_through_membership_chan
     prefill(&model, &mut cache, &newcomer);
     rows.push(newcomer);
     for _ in 0..3 {
+        step_and_compare(&model, &mut cache, &mut rows, &mut rng);
+    }
+}
+
+/// A sequence being prefilled chunk by chunk in packed passes.
+struct Prefilling {
+    prompt: Vec<u32>,
+    adapter: Option<Arc<AdapterWeights>>,
+    chunks: Vec<usize>,
+    cache: SequenceKv,
+}
+
+#[test]
+fn packed_chunks_and_decode_rows_equal_full_recomputation() {
+    let config = tiny_config(vec![]);
+    let (meow, woof) = (tiny_adapter(&config, 1), tiny_adapter(&config, 2));
+    let model = tiny_model(config);
+    let vocab = model.config().vocab_size;
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut cache = BatchKvCache::new(2, model.context_length(), &Device::Cpu, DType::F32);
+    let mut rows = vec![
+        Row { tokens: random_tokens(&mut rng, 9, vocab), adapter: Some(woof.clone()) },
+        Row { tokens: random_tokens(&mut rng, 4, vocab), adapter: None },
+    ];
+    for row in &rows {
+        prefill(&model, &mut cache, row);
+    }
+    let mut prefilling = vec![
+        Prefilling {
+            prompt: random_tokens(&mut rng, 13, vocab),
+            adapter: Some(meow),
+            chunks: vec![5, 4, 4],
+            cache: model.sequence_kv(13).expect("kv"),
+        },
+        Prefilling {
+            prompt: random_tokens(&mut rng, 7, vocab),
+            adapter: Some(woof),
+            chunks: vec![3, 4, 0],
+            cache: model.sequence_kv(7).expect("kv"),
+        },
+        Prefilling {
+            prompt: random_tokens(&mut rng, 2, vocab),
+            adapter: None,
+            chunks: vec![0, 2, 0],
+            cache: model.sequence_kv(2).expect("kv"),
+        },
+    ];
+    for pass in 0..3 {
+        let mut adapters: Vec<Option<&Arc<AdapterWeights>>> = rows.iter().map(|row| row.adapter.as_ref()).collect();
+        let mut spans = Vec::new();
+        for sequence in &prefilling {
+            let start = sequence.cache.len();
+            let len = sequence.chunks[pass];
+            if len > 0 {
+                adapters.extend(std::iter::repeat_n(sequence.adapter.as_ref(), len));
+                spans.push((start, len));
+            }
+        }
+        let lora = LoraBatch::for_rows(&adapters, None, &Device::Cpu).expect("lora");
+        let last: Vec<u32> = rows.iter().map(|row| row.tokens[row.tokens.len() - 1]).collect();
+        let chunks = prefilling
+            .iter_mut()
+            .filter(|sequence| sequence.chunks[pass] > 0)
+            .map(|sequence| {
+                let start = sequence.cache.len();
+                PrefillChunk {
+                    tokens: &sequence.prompt[start..start + sequence.chunks[pass]],
+                    cache: &mut sequence.cache,
+                }
+            })
+            .collect();
+        let hidden =
+            model.forward_packed(PackedInput { decode: Some((&last, &mut cache)), chunks }, &lora).expect("pass");
+        let logits = model.logits(&hidden).expect("logits");
+        for (index, row) in rows.iter_mut().enumerate() {
+            let diff =
+                max_abs_diff(&logits.get(index).expect("row"), &full_logits(&model, &row.tokens, row.adapter.as_ref()));
+            assert!(diff < 1e-4, "pass {pass}: decode row {index} differs by {diff}");
+            row.tokens.push(rng.random_range(0..vocab as u32));
+        }
+        let mut offset = rows.len();
+        let active = prefilling.iter().filter(|sequence| sequence.chunks[pass] > 0);
+        for (sequence, (start, len)) in active.zip(spans) {
+            for position in start..start + len {
+                let expected = full_logits(&model, &sequence.prompt[..=position], sequence.adapter.as_ref());
+                let diff = max_abs_diff(&logits.get(offset).expect("token"), &expected);
+                assert!(diff < 1e-4, "pass {pass}: position {position} of a chunk differs by {diff}");
+                offset += 1;
+            }
+        }
+        assert_eq!(offset, logits.dim(0).expect("tokens"));
+    }
+    // A prefilled sequence joins the batch with its own cache and decodes on like the others.
+    for sequence in prefilling.drain(..2) {
+        assert_eq!(sequence.cache.len(), sequence.prompt.len());
+        let layers = sequence.cache.layers().expect("layers");
+        cache.push(&[(&layers, 1)]).expect("join");
+        let mut tokens = sequence.prompt;
+        tokens.push(rng.random_range(0..vocab as u32));
+        rows.push(Row { tokens, adapter: sequence.adapter });
+    }
+    for _ in 0..2 {
+        step_and_compare(&model, &mut cache, &mut rows, &mut rng);
+    }
+}
+
+#[test]
+fn a_row_taken_out_of_the_batch_rejoins_without_any_prefill() {
+    let config = tiny_config(vec![]);
+    let meow = tiny_adapter(&config, 1);
+    let model = tiny_model(config);
+    let mut rng = StdRng::seed_from_u64(6);
+    let mut cache = BatchKvCache::new(2, model.context_length(), &Device::Cpu, DType::F32);
+    let mut rows = vec![
+        Row { tokens: random_tokens(&mut rng, 5, 64), adapter: None },
+        Row { tokens: random_tokens(&mut rng, 8, 64), adapter: Some(meow) },
+    ];
+    for row in &rows {
+        prefill(&model, &mut cache, row);
+    }
+    step_and_compare(&model, &mut cache, &mut rows, &mut rng);
+    let parked = cache.row(1).expect("row");
+    let parked_row = rows.remove(1);
+    cache.retain(&[0]).expect("retain");
+    step_and_compare(&model, &mut cache, &mut rows, &mut rng);
+    cache.push(&[(&parked, 1)]).expect("rejoin");
+    rows.push(parked_row);
+    for _ in 0..2 {
         step_and_compare(&model, &mut cache, &mut rows, &mut rng);
     }
 }

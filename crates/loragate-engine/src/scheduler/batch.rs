@@ -1,24 +1,22 @@
-//! The running sequences: their rows in the batch KV cache and the batch's LoRA, kept in the same order.
+//! The decoding sequences: their rows in the batch KV cache, kept in the same order.
 
-use candle_core::Tensor;
+use std::sync::Arc;
+
 use loragate_core::{EngineError, FinishReason};
 
 use super::sequence::Sequence;
-use crate::lora::LoraBatch;
-use crate::model::{BatchKvCache, LayerKv, Llama, log_softmax};
+use crate::lora::AdapterWeights;
+use crate::model::{BatchKvCache, Llama, SequenceKv};
 
 pub(super) struct Batch {
     /// Row `i` of the cache is `rows[i]`.
     rows: Vec<Sequence>,
     cache: BatchKvCache,
-    lora: LoraBatch,
-    /// The rows changed since `lora` was built.
-    lora_stale: bool,
 }
 
 impl Batch {
     pub(super) fn new(model: &Llama) -> Self {
-        Self { rows: Vec::new(), cache: empty_cache(model), lora: LoraBatch::base(), lora_stale: false }
+        Self { rows: Vec::new(), cache: empty_cache(model) }
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -29,18 +27,40 @@ impl Batch {
         self.rows.len()
     }
 
-    /// Adds a sequence; its cache row follows with [`Batch::push_cache`].
-    pub(super) fn push_row(&mut self, sequence: Sequence) {
-        self.rows.push(sequence);
-        self.lora_stale = true;
+    /// The decoding sequences, in row order.
+    #[cfg(test)]
+    pub(super) fn rows(&self) -> &[Sequence] {
+        &self.rows
     }
 
-    /// Adds `copies` cache rows holding one prefill, for the sequences just pushed.
-    pub(super) fn push_cache(&mut self, prefill: &[LayerKv], copies: usize) -> candle_core::Result<()> {
-        if copies == 0 {
-            return Ok(());
+    /// Each row's next input token and the cache they go on, for this step's pass; `None` without rows.
+    pub(super) fn decode_input(&mut self) -> Option<(Vec<u32>, &mut BatchKvCache)> {
+        if self.rows.is_empty() {
+            return None;
         }
-        let result = self.cache.push(prefill, copies);
+        debug_assert_eq!(self.cache.rows(), self.rows.len(), "row i of the cache is rows[i]");
+        Some((self.rows.iter().map(|row| row.next_input).collect(), &mut self.cache))
+    }
+
+    /// Each row's adapter, in row order.
+    pub(super) fn adapters(&self) -> impl Iterator<Item = Option<&Arc<AdapterWeights>>> {
+        self.rows.iter().map(|row| row.request.adapter.as_ref())
+    }
+
+    /// Whether some row samples from the raw logits too.
+    pub(super) fn needs_logits(&self) -> bool {
+        self.rows.iter().any(Sequence::needs_logits)
+    }
+
+    /// Adds sequences whose prompt is prefilled: each group shares one cache (a request's `num_samples` sequences).
+    pub(super) fn join(&mut self, joining: Vec<(Vec<Sequence>, SequenceKv)>) -> candle_core::Result<()> {
+        let caches = joining.iter().map(|(_, cache)| cache.layers()).collect::<candle_core::Result<Vec<_>>>();
+        let result = caches.and_then(|caches| {
+            let pushed: Vec<_> =
+                caches.iter().zip(&joining).map(|(layers, (rows, _))| (&layers[..], rows.len())).collect();
+            self.cache.push(&pushed)
+        });
+        self.rows.extend(joining.into_iter().flat_map(|(rows, _)| rows));
         if let Err(err) = &result {
             // The cache may be half rebuilt: nothing in it can run on.
             self.fail_all(&format!("cannot add sequences to the batch: {err}"));
@@ -62,37 +82,19 @@ impl Batch {
         })
     }
 
-    /// Advances every row by one token in one forward pass, emits the tokens, and retires finished rows (and rows
-    /// whose logits were not finite, with an error).
-    pub(super) fn step(&mut self, model: &Llama) -> candle_core::Result<()> {
-        if self.rows.is_empty() {
-            return Ok(());
-        }
-        if self.lora_stale {
-            let adapters: Vec<_> = self.rows.iter().map(|row| row.request.adapter.as_ref()).collect();
-            self.lora = LoraBatch::for_rows(&adapters, self.lora.bank(), model.device())?;
-            self.lora_stale = false;
-        }
-        debug_assert_eq!(self.cache.rows(), self.rows.len(), "row i of the cache is rows[i]");
-        self.cache.reserve_step()?;
-        let device = model.device();
-        let tokens: Vec<u32> = self.rows.iter().map(|row| row.next_input).collect();
-        let positions: Vec<u32> = self.rows.iter().map(|row| row.cached_len() as u32).collect();
-        let tokens = Tensor::from_vec(tokens, self.rows.len(), device)?;
-        let positions = Tensor::from_vec(positions, self.rows.len(), device)?;
-        let logits = model.forward_step(&tokens, &positions, &mut self.cache, &self.lora)?;
-        let logprobs = log_softmax(&logits)?.flatten_all()?.to_vec1::<f32>()?;
-        // Raw logits too, only when some row's penalty needs them.
-        let logits = if self.rows.iter().any(Sequence::needs_logits) {
-            Some(logits.flatten_all()?.to_vec1::<f32>()?)
-        } else {
-            None
-        };
-        let vocab = model.config().vocab_size;
-        let context_length = model.context_length();
+    /// Samples each row's next token from its row of `logprobs` (and of `logits`, given when
+    /// [`Batch::needs_logits`]), `vocab` values per row, emits the tokens, and retires finished rows (and rows whose
+    /// logprobs were not finite, with an error).
+    pub(super) fn advance(
+        &mut self,
+        logprobs: &[f32],
+        logits: Option<&[f32]>,
+        vocab: usize,
+        context_length: usize,
+    ) -> candle_core::Result<()> {
         let mut finished = Vec::new();
         for (index, (row, row_logprobs)) in self.rows.iter_mut().zip(logprobs.chunks_exact(vocab)).enumerate() {
-            let row_logits = logits.as_deref().map(|logits| &logits[index * vocab..(index + 1) * vocab]);
+            let row_logits = logits.map(|logits| &logits[index * vocab..(index + 1) * vocab]);
             match row.advance(row_logprobs, row_logits, context_length) {
                 Ok(None) => continue,
                 Ok(Some(reason)) => row.finish(reason),
@@ -130,8 +132,6 @@ impl Batch {
 
     fn reset(&mut self) {
         self.cache.retain(&[]).expect("emptying a cache allocates nothing");
-        self.lora = LoraBatch::base();
-        self.lora_stale = false;
     }
 
     /// Keeps the rows (and their cache rows) for which `keep` is true, in order.
@@ -146,7 +146,6 @@ impl Batch {
             index += 1;
             keeping
         });
-        self.lora_stale = true;
         self.cache.retain(&kept)
     }
 }

@@ -33,8 +33,10 @@ impl Submission {
     }
 }
 
-/// What the sequences of one admitted request share.
+/// What the sequences of one started request share.
 pub(crate) struct RequestContext {
+    /// The step thread's number for the request, in arrival order (for logs and traces).
+    pub(crate) id: u64,
     pub(crate) events: EventSender,
     pub(crate) cancel: CancellationToken,
     pub(crate) version: AdapterVersion,
@@ -45,14 +47,14 @@ pub(crate) struct RequestContext {
 }
 
 impl RequestContext {
-    pub(crate) fn new(submission: Submission, eos_token_ids: &[u32]) -> (Arc<Self>, SampleRequest) {
+    pub(crate) fn new(id: u64, submission: Submission, eos_token_ids: &[u32]) -> (Arc<Self>, SampleRequest) {
         let Submission { request, adapter, version, cancel, events } = submission;
         let params = request.params();
         let mut stop_tokens = params.stop_token_ids().to_vec();
         if !params.ignore_eos() {
             stop_tokens.extend_from_slice(eos_token_ids);
         }
-        let context = Self { events, cancel, version, adapter, max_tokens: params.max_tokens(), stop_tokens };
+        let context = Self { id, events, cancel, version, adapter, max_tokens: params.max_tokens(), stop_tokens };
         (Arc::new(context), request)
     }
 
@@ -65,6 +67,11 @@ impl RequestContext {
     pub(crate) fn send(&self, event: EngineEvent) {
         // A closed channel means the caller went away; the next step drops its sequences.
         self.events.send(Ok(event));
+    }
+
+    /// Whether the caller cancelled the request or went away.
+    pub(crate) fn is_abandoned(&self) -> bool {
+        self.cancel.is_cancelled() || self.events.is_closed()
     }
 }
 
@@ -85,14 +92,15 @@ impl Sequence {
         Self { request, index, sampler, generated: 0, context_len: prompt_len, next_input: 0 }
     }
 
-    /// The position of [`Sequence::next_input`]: how many of the sequence's tokens are in the KV cache.
-    pub(crate) fn cached_len(&self) -> usize {
-        self.context_len - 1
-    }
-
     /// Whether the caller cancelled the request or went away.
     pub(crate) fn is_abandoned(&self) -> bool {
-        self.request.cancel.is_cancelled() || self.request.events.is_closed()
+        self.request.is_abandoned()
+    }
+
+    /// The sequence's index in its request.
+    #[cfg(test)]
+    pub(crate) fn index(&self) -> u32 {
+        self.index
     }
 
     /// Whether [`Sequence::advance`] needs the raw logits besides the logprobs.

@@ -1,5 +1,9 @@
 //! The scheduler driven step by step, without its thread, so batching and cancellation are deterministic.
 
+mod chunked;
+mod interleavings;
+mod tenants;
+
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
@@ -8,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::outbox::EventReceiver;
 use super::*;
-use crate::lora::AdapterWeights;
+use crate::lora::{AdapterWeights, LoraBatch};
 use crate::model::ModelConfig;
 use crate::test_support::{Collected, greedy, request, tiny_adapter, tiny_config, tiny_model};
 
@@ -21,9 +25,15 @@ struct Harness {
 }
 
 impl Harness {
+    /// A scheduler whose step budget covers every prompt of these tests in one step.
     fn new(config: ModelConfig, max_batch_size: usize) -> Self {
+        Self::with_budget(config, max_batch_size, 512)
+    }
+
+    fn with_budget(config: ModelConfig, max_batch_size: usize, max_num_batched_tokens: usize) -> Self {
         let (commands, receiver) = mpsc::channel();
-        let scheduler = Scheduler::new(tiny_model(config.clone()), receiver, max_batch_size);
+        let limits = StepLimits { max_batch_size, max_num_batched_tokens };
+        let scheduler = Scheduler::new(tiny_model(config.clone()), receiver, limits);
         Self { config, scheduler, _commands: commands }
     }
 
@@ -36,7 +46,7 @@ impl Harness {
         let (events, receiver) = outbox();
         let version = if adapter.is_some() { AdapterVersion(1) } else { AdapterVersion::BASE };
         let request = request(&self.config, raw);
-        self.scheduler.waiting.push_back(Submission { request, adapter: adapter.cloned(), version, cancel, events });
+        self.scheduler.pending.push(Submission { request, adapter: adapter.cloned(), version, cancel, events });
         receiver
     }
 
@@ -46,7 +56,7 @@ impl Harness {
 
     fn run_until_idle(&mut self) {
         for _ in 0..1000 {
-            if self.scheduler.batch.is_empty() && self.scheduler.waiting.is_empty() {
+            if self.scheduler.batch.is_empty() && self.scheduler.pending.is_empty() {
                 return;
             }
             self.scheduler.run_step();
@@ -121,7 +131,7 @@ fn a_cancelled_sequence_ends_within_one_step_with_exactly_the_tokens_it_emitted(
     }
     let before = drain(&mut running);
     let emitted = token_count(&before);
-    assert_eq!(emitted, 5, "the prefill's token and one per step");
+    assert_eq!(emitted, 4, "the prefill's token in the first step, then one per step");
     assert!(before.single().finish.is_none());
 
     cancel.cancel();
@@ -129,7 +139,7 @@ fn a_cancelled_sequence_ends_within_one_step_with_exactly_the_tokens_it_emitted(
     let after = drain(&mut running);
     assert_eq!(after.events, vec![EngineEvent::Finished { sequence: 0, reason: FinishReason::Abort }]);
     assert_eq!(harness.scheduler.batch.len(), 1, "the other request runs on");
-    assert_eq!(token_count(&drain(&mut other)), 6);
+    assert_eq!(token_count(&drain(&mut other)), 5);
 }
 
 #[test]
@@ -232,7 +242,7 @@ fn prompt_logprobs_come_first_one_per_prompt_token_under_the_raw_distribution() 
 
     let model = tiny_model(config);
     let input = Tensor::from_slice(&prompt, (1, prompt.len()), &Device::Cpu).expect("prompt");
-    let hidden = model.forward_sequences(&input, &LoraBatch::base()).expect("forward").hidden;
+    let hidden = model.forward_sequences(&input, &LoraBatch::base()).expect("forward");
     let all = crate::model::log_softmax(&model.logits(&hidden.squeeze(0).expect("rows")).expect("logits"))
         .expect("log_softmax")
         .to_vec2::<f32>()
@@ -253,7 +263,7 @@ fn requests_beyond_the_batch_size_wait_their_turn() {
     let mut third = harness.submit(greedy("", &[3], 5), None);
     let mut large = harness.submit(RawSampleRequest { num_samples: 3, ..greedy("", &[4], 5) }, None);
     harness.scheduler.run_step();
-    assert_eq!((harness.scheduler.batch.len(), harness.scheduler.waiting.len()), (2, 2));
+    assert_eq!((harness.scheduler.batch.len(), harness.scheduler.pending.waiting()), (2, 2));
     harness.run_until_idle();
     for receiver in [&mut first, &mut second, &mut third] {
         assert_eq!(drain(receiver).single().finish, Some(FinishReason::Length));
@@ -334,7 +344,7 @@ fn a_repetition_penalty_in_a_mixed_batch_samples_from_the_penalised_raw_logits()
     for step in 0..tokens.len() {
         let context: Vec<u32> = prompt.iter().chain(&tokens[..step]).copied().collect();
         let input = Tensor::from_slice(&context, (1, context.len()), &Device::Cpu).expect("context");
-        let hidden = model.forward_sequences(&input, &LoraBatch::base()).expect("forward").hidden;
+        let hidden = model.forward_sequences(&input, &LoraBatch::base()).expect("forward");
         let last = hidden.narrow(1, context.len() - 1, 1).expect("last");
         let mut scores =
             model.logits(&last).expect("logits").flatten_all().expect("flat").to_vec1::<f32>().expect("values");
@@ -395,10 +405,12 @@ fn a_sequence_whose_logits_turn_non_finite_fails_and_the_rest_of_its_batch_goes_
     let mut hostile_prefill = harness.submit(greedy("hostile", &[7, 8], 10), Some(&hostile));
     let mut meow_events = harness.submit(greedy("meow", &[4, 5], 10), Some(&meow));
     harness.scheduler.run_step();
+    assert_eq!(harness.scheduler.batch.len(), 3, "the prefill that overflowed has left; the others decode next");
+    harness.scheduler.run_step();
     assert_eq!(harness.scheduler.batch.len(), 2, "base and meow run on; both hostile requests have left");
     harness.run_until_idle();
 
-    // A prompt of two tokens overflows in the prefill: nothing is sampled.
+    // A prompt of two tokens overflows in its prefill chunk: nothing is sampled.
     let prefill = drain(&mut hostile_prefill);
     assert_eq!(token_count(&prefill), 0);
     assert_eq!(prefill.errors.len(), 1, "{prefill:?}");

@@ -17,6 +17,8 @@ pub struct Spawned {
     child: Child,
     /// The ready line.
     pub ready: serde_json::Value,
+    /// The state directory [`Spawned::serve`] gave it (its own, never the user's), removed when dropped.
+    _state_dir: Option<tempfile::TempDir>,
 }
 
 impl Spawned {
@@ -42,15 +44,27 @@ impl Spawned {
         let line = receiver.recv_timeout(PATIENCE).expect("the ready line in time");
         let ready: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line:?}"));
         assert_eq!(ready["event"], "ready", "{ready}");
-        Self { child, ready }
+        Self { child, ready, _state_dir: None }
     }
 
-    /// `loragate serve ARGS` on free loopback ports.
+    /// `loragate serve ARGS` on free loopback ports, with its own temporary state directory.
     pub fn serve(args: &[&str]) -> Self {
+        let state_dir = tempfile::tempdir().expect("a state directory");
+        let state_path = state_dir.path().to_str().expect("a UTF-8 temporary path").to_owned();
         let mut all = vec!["serve"];
         all.extend_from_slice(args);
-        all.extend_from_slice(&["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]);
-        Self::start(&all)
+        all.extend_from_slice(&[
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--state-dir",
+            &state_path,
+        ]);
+        let mut spawned = Self::start(&all);
+        // Dropped after the child is killed (`Drop` runs before the fields go).
+        spawned._state_dir = Some(state_dir);
+        spawned
     }
 
     /// A string field of the ready line.

@@ -1,0 +1,160 @@
+//! Start from the recorded state: every recorded adapter is loaded again at its recorded version from its recorded
+//! path and published with its recorded pauses (one whose weights cannot be loaded is published all the same, with
+//! its error, and refuses samples), the global pause is set again, and the operator's `--adapter` flags are
+//! reconciled with what was recorded.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use futures::StreamExt;
+use ractor::SpawnErr;
+use ractor::rpc::CallResult;
+
+use super::Coordinator;
+use crate::adapter_source::AdapterSource;
+use crate::error::CoreError;
+use crate::ids::{AdapterName, AdapterVersion};
+use crate::manager::ManagerMsg;
+use crate::state::{AdapterRecord, PauseRecord, StateChange};
+
+/// How many recorded adapters are loaded into the engine at once at start.
+const RESTORE_CONCURRENCY: usize = 8;
+
+/// Why the coordinator could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// Its actors could not be spawned.
+    #[error("starting the coordinator's actors: {0}")]
+    Spawn(#[from] SpawnErr),
+    /// The recorded state could not be read or put back.
+    #[error("restoring the recorded state: {0}")]
+    Restore(#[from] CoreError),
+}
+
+/// What [`Coordinator::reconcile_adapter`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reconciled {
+    /// The recorded adapter already serves what the flag names (or what was loaded since the flag last changed):
+    /// nothing was loaded.
+    Kept(AdapterVersion),
+    /// The flag's path was loaded, as this new version.
+    Loaded(AdapterVersion),
+}
+
+impl Reconciled {
+    /// The adapter's version after reconciling.
+    pub fn version(self) -> AdapterVersion {
+        match self {
+            Self::Kept(version) | Self::Loaded(version) => version,
+        }
+    }
+}
+
+/// What the start put back from the recorded state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RestoreReport {
+    /// Adapters published at their recorded version.
+    pub adapters: usize,
+    /// Of those, the ones whose weights could not be loaded (listed with their error).
+    pub without_weights: usize,
+    /// Recorded pauses put back (those whose lease ran out meanwhile are not counted: they ended).
+    pub pauses: usize,
+}
+
+impl Coordinator {
+    /// Puts back what the state store recorded. Called once by [`Coordinator::start`], before anything is served.
+    pub(super) async fn restore(&self) -> Result<RestoreReport, CoreError> {
+        let recorded = self.inner.config.state.recorded().await?;
+        let mut pauses: HashMap<AdapterName, Vec<PauseRecord>> = HashMap::new();
+        for pause in recorded.pauses {
+            pauses.entry(pause.adapter.clone()).or_default().push(pause);
+        }
+        let mut report = RestoreReport::default();
+        let mut loads = futures::stream::iter(recorded.adapters)
+            .map(|record| async move {
+                let loaded = self.load_recorded_weights(&record).await;
+                (record, loaded)
+            })
+            .buffer_unordered(RESTORE_CONCURRENCY);
+        while let Some((record, loaded)) = loads.next().await {
+            let weights_error = loaded.err().map(|err| {
+                let reason = format!(
+                    "the weights recorded for it ({}, from {}) could not be loaded at start: {err}",
+                    record.version,
+                    record.source.path.display()
+                );
+                tracing::error!(adapter = %record.name, %reason, "a recorded adapter has no weights");
+                reason
+            });
+            let adapter_pauses = pauses.remove(&record.name).unwrap_or_default();
+            report.adapters += 1;
+            report.without_weights += usize::from(weights_error.is_some());
+            report.pauses += adapter_pauses.len();
+            let (name, version) = (record.name, record.version);
+            let restored = self
+                .inner
+                .manager
+                .call(
+                    |reply| ManagerMsg::Restore {
+                        name: name.clone(),
+                        version,
+                        weights_error: weights_error.clone(),
+                        pauses: adapter_pauses.clone(),
+                        reply,
+                    },
+                    None,
+                )
+                .await;
+            match restored {
+                Ok(CallResult::Success(result)) => result?,
+                _ => return Err(CoreError::AdapterUnavailable(name.into())),
+            }
+        }
+        if let Some(mode) = recorded.global_pause {
+            // Nothing runs yet: this only closes every gate again under the global owner.
+            self.pause_all(mode, None).await?;
+        }
+        Ok(report)
+    }
+
+    /// Loads a recorded adapter's weights into the engine at its recorded version. A path that came from a request
+    /// must still lie inside the adapter root.
+    async fn load_recorded_weights(&self, record: &AdapterRecord) -> Result<(), CoreError> {
+        let source = if record.source.confined {
+            let path = record.source.path.to_string_lossy();
+            self.resolve_adapter_path(&path).await?
+        } else {
+            AdapterSource::trusted(&record.source.path)
+        };
+        self.inner.engine.load_adapter(&record.name, record.version, &source).await?;
+        Ok(())
+    }
+
+    /// Reconciles an operator's `--adapter NAME=DIR` with the recorded state: if `name` is recorded from the same
+    /// directory, or from anything loaded since the flag last named this directory, nothing is loaded; otherwise
+    /// (a new name, a flag that names another directory, or recorded weights that could not be loaded) the flag's
+    /// directory is loaded as the name's next version. Either way the flag's directory is recorded as declared.
+    pub async fn reconcile_adapter(&self, name: &AdapterName, source: AdapterSource) -> Result<Reconciled, CoreError> {
+        let recorded = self.inner.config.state.recorded().await?;
+        let record = recorded.adapters.into_iter().find(|record| &record.name == name);
+        let dir = source.dir().to_owned();
+        let serving = self.lora(name).is_ok_and(|adapter| adapter.cell().weights_error().is_none());
+        let (reconciled, already_declared) = match record {
+            Some(record) if serving && declares(&record, &dir) => {
+                (Reconciled::Kept(record.version), record.declared_path.as_deref() == Some(dir.as_path()))
+            }
+            _ => (Reconciled::Loaded(self.load_adapter(name, source).await?), false),
+        };
+        if !already_declared {
+            self.inner.config.state.record(vec![StateChange::Declared { name: name.clone(), path: dir }]).await?;
+        }
+        Ok(reconciled)
+    }
+}
+
+/// Whether `record` already serves what a flag naming `dir` asks for: the same directory, or the flag named `dir`
+/// before and what is recorded was loaded since (by a trainer).
+fn declares(record: &AdapterRecord, dir: &Path) -> bool {
+    record.source.path == dir || record.declared_path.as_deref() == Some(dir)
+}

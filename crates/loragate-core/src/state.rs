@@ -1,0 +1,176 @@
+//! The control plane's state that outlives the process: which adapters are loaded (name, source, version), the
+//! highest version ever issued for each name, and the live pauses. The coordinator consumes it through the
+//! [`StateStore`] trait, defined here (the consuming crate); backends live elsewhere (`loragate-state`: an embedded
+//! database on disk), and [`MemoryStore`] keeps the same records in memory (`--state-dir none`, and tests).
+//!
+//! Data flow:
+//! - **Writes are ordered where the state changes.** The single writer of a piece of state (an adapter's actor for
+//!   its pauses, installs and unload; the manager for the global pause) calls [`StateStore::record`] in the same
+//!   handler that changes the state in memory. `record` only queues the change (it never blocks the actor) and
+//!   returns a [`Recording`], which the caller's outside half awaits before answering its client: an answered pause
+//!   is on disk. A queued change is applied whether or not its `Recording` is awaited.
+//! - **Versions are issued by the store, in one place** ([`StateStore::issue_version`]): durably, before the engine
+//!   loads anything, so a version is never issued twice for a name, across failed loads, unloads, reloads and
+//!   restarts (and, for a shared backend, across replicas).
+//! - **Start reads everything once** ([`StateStore::recorded`]); the coordinator loads each recorded adapter again
+//!   at its recorded version and adopts its pauses (leases are wall-clock times, so one that ran out while the server
+//!   was down is gone).
+//! - **The hot path never touches the store**: admission, hand-back and sampling read only memory.
+//!
+//! What is recorded: adapters loaded (not the base model), pauses with a named owner (anonymous included) and the
+//! global pause. Not recorded: a swap's own pause (it belongs to one call, which dies with the process), requests in
+//! flight, held or kept (they die with their connections).
+//!
+//! For several coordinators sharing one store (a later backend over etcd), a pause another replica made is applied
+//! to this replica's gate through the path that puts a recorded pause back at start (`AdapterCell::adopt`, reached by
+//! the actor's `Adopt` message): under its own id, owner, mode and remaining lease, without recording it again.
+
+mod memory;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+
+pub use self::memory::MemoryStore;
+use crate::adapter::{PauseId, PauseMode};
+use crate::ids::{AdapterName, AdapterVersion};
+
+/// A change queued in a [`StateStore`]: resolves once it is durable (or failed). Dropping it does not cancel the
+/// change.
+pub type Recording<T = ()> = BoxFuture<'static, Result<T, StateError>>;
+
+/// A [`Recording`] of nothing: resolves at once.
+pub(crate) fn nothing_to_record() -> Recording {
+    Box::pin(std::future::ready(Ok(())))
+}
+
+/// Where an adapter's weights were loaded from, as recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedSource {
+    /// The adapter directory.
+    pub path: PathBuf,
+    /// Whether the path came from a request (`LoadLoraAdapter`): it is resolved against the adapter root again when
+    /// it is loaded at start, so a root that changed since confines it as it would a new request. Paths named by
+    /// the operator (`--adapter`) are trusted as they are.
+    pub confined: bool,
+}
+
+/// One loaded adapter, as recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdapterRecord {
+    /// Its name.
+    pub name: AdapterName,
+    /// Where its current weights came from.
+    pub source: RecordedSource,
+    /// Its current weights version.
+    pub version: AdapterVersion,
+    /// The path its `--adapter` flag named when the flag was last reconciled, if it was ever given one: a restart with
+    /// the same flag keeps whatever was loaded since (see `docs/state.md`).
+    pub declared_path: Option<PathBuf>,
+}
+
+/// One live pause with a named owner, as recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PauseRecord {
+    /// The paused adapter.
+    pub adapter: AdapterName,
+    /// The pause's id (what a resume releases).
+    pub pause_id: PauseId,
+    /// Its owner (empty: the anonymous owner).
+    pub owner: String,
+    /// The mode of its latest pause call.
+    pub mode: PauseMode,
+    /// When its lease runs out, as wall-clock time; `None` without a lease.
+    pub lease_expires_at: Option<SystemTime>,
+}
+
+/// Everything a store holds, as read at start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecordedState {
+    /// The loaded adapters, ordered by name.
+    pub adapters: Vec<AdapterRecord>,
+    /// The live pauses.
+    pub pauses: Vec<PauseRecord>,
+    /// The global pause's mode, if it is set.
+    pub global_pause: Option<PauseMode>,
+}
+
+/// One change of the recorded state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StateChange {
+    /// `name` now serves `version`, loaded from `source` (a first load or a swap).
+    Installed {
+        /// The adapter.
+        name: AdapterName,
+        /// Its new version (one the store issued).
+        version: AdapterVersion,
+        /// Where the weights came from.
+        source: RecordedSource,
+    },
+    /// The operator's `--adapter` flag for `name` named `path` (see [`AdapterRecord::declared_path`]).
+    Declared {
+        /// The adapter.
+        name: AdapterName,
+        /// The flag's path.
+        path: PathBuf,
+    },
+    /// `name` was unloaded: its record and its pauses go; the highest version issued for the name stays.
+    Unloaded {
+        /// The adapter.
+        name: AdapterName,
+    },
+    /// A load that was issued `version` failed: the version is given back if no later one was issued, so failed
+    /// loads leave no gaps (it was never installed, so no token carries it).
+    VersionReturned {
+        /// The adapter.
+        name: AdapterName,
+        /// The version its load was issued.
+        version: AdapterVersion,
+    },
+    /// A pause was made or renewed (same id: the record is replaced).
+    Paused(PauseRecord),
+    /// A pause ended: released, withdrawn, or its lease ran out.
+    PauseEnded {
+        /// The adapter.
+        adapter: AdapterName,
+        /// The pause.
+        pause_id: PauseId,
+    },
+    /// The global pause was set in this mode, or cleared (`None`).
+    GlobalPause(Option<PauseMode>),
+}
+
+/// What a store can fail with.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StateError {
+    /// The store could not read or write its records (an I/O error, a damaged file).
+    #[error("the state store failed: {0}")]
+    Failed(String),
+    /// The store is not reachable now (stopped, or, for a shared backend, its servers are unreachable); retrying
+    /// later may succeed.
+    #[error("the state store is unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Where the coordinator keeps what must survive a restart. Implementations apply the changes queued by
+/// [`StateStore::record`] and [`StateStore::issue_version`] in the order of the calls, each call atomically.
+#[async_trait]
+pub trait StateStore: Send + Sync + fmt::Debug + 'static {
+    /// Everything recorded (read once, at start).
+    async fn recorded(&self) -> Result<RecordedState, StateError>;
+
+    /// Queues `changes`, to be applied atomically after every change queued before. Must not block: it is called
+    /// by actors. The change is ordered by this call, not by polling the returned future.
+    fn record(&self, changes: Vec<StateChange>) -> Recording;
+
+    /// Queues the issue of `name`'s next version: one above every version ever issued for the name (including
+    /// unloaded ones). Resolves once the issue is durable. Ordered like [`StateStore::record`].
+    fn issue_version(&self, name: &AdapterName) -> Recording<AdapterVersion>;
+
+    /// A pause id never given out before by this store (across restarts for a durable store).
+    fn new_pause_id(&self) -> PauseId;
+}

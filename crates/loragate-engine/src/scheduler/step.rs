@@ -1,0 +1,146 @@
+//! One step: plan it, run it in one packed forward pass, and hand each token and chunk to its request.
+
+use std::sync::Arc;
+
+use candle_core::{DType, Tensor};
+
+use super::Scheduler;
+use super::fair::Limits;
+use super::pending::Scheduled;
+use super::prefill::{ChunkOutcome, Prefill};
+use crate::lora::{AdapterWeights, LoraBatch};
+use crate::model::{PackedInput, log_softmax};
+
+/// The smallest share of a step's prefill budget dealt to one tenant while the budget allows it: smaller chunks
+/// would cost more in per-chunk overhead than they gain in fairness.
+const MIN_PREFILL_SHARE: usize = 16;
+
+/// What one step ran, for tests of the scheduler's invariants.
+#[cfg(test)]
+#[derive(Clone, Debug)]
+pub(super) struct StepTrace {
+    /// The decode rows: (request id, sequence index), in row order.
+    pub(super) decode: Vec<(u64, u32)>,
+    /// The prefill chunks: (request id, tenant, first position, tokens), in pass order.
+    pub(super) chunks: Vec<(u64, loragate_core::AdapterKey, usize, usize)>,
+}
+
+impl Scheduler {
+    /// One step: hand back abandoned requests, plan, run every decode row and the planned chunks in one pass, emit.
+    pub(super) fn run_step(&mut self) {
+        self.drop_abandoned();
+        let decode_rows = self.batch.len();
+        let limits = Limits {
+            budget: self.limits.max_num_batched_tokens.saturating_sub(decode_rows),
+            places_taken: decode_rows + self.pending.places_taken(),
+            places: self.limits.max_batch_size,
+            min_share: MIN_PREFILL_SHARE,
+        };
+        let plan = self.pending.plan(limits);
+        let mut scheduled = self.pending.take(&plan, &self.model);
+        #[cfg(test)]
+        self.trace.push(StepTrace {
+            decode: self.batch.rows().iter().map(|row| (row.request.id, row.index())).collect(),
+            chunks: scheduled
+                .iter()
+                .map(|s| (s.prefill.context.id, s.prefill.tenant().clone(), s.prefill.prefilled(), s.tokens))
+                .collect(),
+        });
+        let continuing = if decode_rows == 0 && scheduled.is_empty() {
+            Vec::new()
+        } else {
+            match self.run_pass(&mut scheduled) {
+                Ok(hidden) => self.emit(&hidden, decode_rows, scheduled),
+                Err(err) => {
+                    tracing::error!(error = %err, "the step's forward pass failed; failing its requests");
+                    let reason = format!("the engine step failed: {err}");
+                    self.batch.fail_all(&reason);
+                    for Scheduled { prefill, .. } in scheduled {
+                        prefill.context.events.send(Err(loragate_core::EngineError::Internal(reason.clone())));
+                    }
+                    Vec::new()
+                }
+            }
+        };
+        self.pending.put_back(continuing, &plan);
+    }
+
+    fn drop_abandoned(&mut self) {
+        self.pending.drop_abandoned();
+        if let Err(err) = self.batch.drop_abandoned() {
+            self.batch.fail_all(&format!("cannot shrink the batch: {err}"));
+        }
+    }
+
+    /// Runs the decode rows and the scheduled chunks in one pass; returns the final hidden states, one row per token.
+    fn run_pass(&mut self, scheduled: &mut [Scheduled]) -> candle_core::Result<Tensor> {
+        let lora = {
+            let mut adapters: Vec<Option<&Arc<AdapterWeights>>> = self.batch.adapters().collect();
+            for chunk in scheduled.iter() {
+                adapters.extend(std::iter::repeat_n(chunk.prefill.adapter(), chunk.tokens));
+            }
+            LoraBatch::for_rows(&adapters, self.bank.as_ref(), self.model.device())?
+        };
+        if lora.bank().is_some() {
+            self.bank = lora.bank().cloned();
+        }
+        let mut decode = self.batch.decode_input();
+        let chunks = scheduled.iter_mut().map(|chunk| chunk.prefill.chunk(chunk.tokens)).collect();
+        let decode = decode.as_mut().map(|(tokens, cache)| (&tokens[..], &mut **cache));
+        self.model.forward_packed(PackedInput { decode, chunks }, &lora)
+    }
+
+    /// Emits the decode rows' tokens and takes each chunk's results; returns the prefills that go on.
+    fn emit(&mut self, hidden: &Tensor, decode_rows: usize, scheduled: Vec<Scheduled>) -> Vec<(usize, Prefill)> {
+        if decode_rows > 0
+            && let Err(err) = self.advance_decode_rows(hidden, decode_rows)
+        {
+            tracing::error!(error = %err, "sampling the decode rows failed; failing them");
+            self.batch.fail_all(&format!("decode step failed: {err}"));
+        }
+        let mut continuing = Vec::new();
+        let mut joining = Vec::new();
+        let mut offset = decode_rows;
+        for Scheduled { tenant, prefill, tokens } in scheduled {
+            let rows = chunk_rows(hidden, offset, tokens);
+            offset += tokens;
+            let outcome = match rows {
+                Ok((rows, finite)) => prefill.finish_chunk(&rows, finite, &self.model),
+                Err(err) => {
+                    let reason = format!("prefill failed: {err}");
+                    prefill.context.events.send(Err(loragate_core::EngineError::Internal(reason)));
+                    ChunkOutcome::Ended
+                }
+            };
+            match outcome {
+                ChunkOutcome::Continue(prefill) => continuing.push((tenant, prefill)),
+                ChunkOutcome::Decode { sequences, cache } => joining.push((sequences, cache)),
+                ChunkOutcome::Ended => {}
+            }
+        }
+        if !joining.is_empty()
+            && let Err(err) = self.batch.join(joining)
+        {
+            tracing::error!(error = %err, "cannot add prefilled sequences to the batch");
+        }
+        continuing
+    }
+
+    /// Samples every decode row's next token from its final hidden state, the first `rows` of `hidden`.
+    fn advance_decode_rows(&mut self, hidden: &Tensor, rows: usize) -> candle_core::Result<()> {
+        let logits = self.model.logits(&hidden.narrow(0, 0, rows)?)?;
+        let logprobs = log_softmax(&logits)?.flatten_all()?.to_vec1::<f32>()?;
+        // Raw logits too, only when some row's penalty needs them.
+        let logits = if self.batch.needs_logits() { Some(logits.flatten_all()?.to_vec1::<f32>()?) } else { None };
+        let (vocab, context_length) = (self.model.config().vocab_size, self.model.context_length());
+        self.batch.advance(&logprobs, logits.as_deref(), vocab, context_length)
+    }
+}
+
+/// A chunk's final hidden states, rows `offset..offset + tokens` of `hidden`, and whether they are all finite (in
+/// one reduction: a row's sum is finite iff its values are, as after the final norm they are far from overflowing).
+fn chunk_rows(hidden: &Tensor, offset: usize, tokens: usize) -> candle_core::Result<(Tensor, bool)> {
+    let rows = hidden.narrow(0, offset, tokens)?;
+    let sums = rows.to_dtype(DType::F32)?.sum(1)?.to_vec1::<f32>()?;
+    Ok((rows, sums.into_iter().all(f32::is_finite)))
+}
