@@ -35,6 +35,10 @@ const SAMPLING_PARAMS: &str = "sampling_params";
 /// parameters for custom logit processors, which are refused on their own).
 const NEUTRAL_SAMPLING_FIELDS: &[&str] = &["skip_special_tokens", "spaces_between_special_tokens", "custom_params"];
 
+/// Top-level fields the clients send whose values change nothing here: `custom_params` (slime's, next to
+/// `input_ids`; its custom logit processor parameters, a processor itself being refused on its own).
+const NEUTRAL_REQUEST_FIELDS: &[&str] = &["custom_params"];
+
 /// A `/generate` body as it arrives: SGLang's request fields, and its sampling fields under `sampling_params`. Any
 /// other key is refused, at either level, but for the fields the clients send that change nothing.
 pub(crate) struct SglangRequest {
@@ -44,7 +48,8 @@ pub(crate) struct SglangRequest {
 
 impl ParseBody for SglangRequest {
     fn parse_body(bytes: &[u8]) -> Result<Self, HttpError> {
-        let mut object = JsonObject::parse(bytes, &[field_names::<SglangBody>(), &[SAMPLING_PARAMS]])?;
+        let mut object =
+            JsonObject::parse(bytes, &[field_names::<SglangBody>(), &[SAMPLING_PARAMS], NEUTRAL_REQUEST_FIELDS])?;
         let nested = match object.take_value(SAMPLING_PARAMS) {
             Some(Value::Array(_)) => {
                 return Err(HttpError::invalid(SAMPLING_PARAMS, "send one sampling_params object for every prompt"));
