@@ -9,9 +9,16 @@
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use loragate_benches::coordinator_with_one_adapter;
-use loragate_core::{Ending, RequestId};
+use loragate_core::testing::{ScriptedEngine, coordinator_with_adapters};
+use loragate_core::{AdapterName, Coordinator, CoordinatorConfig, Ending, RequestId};
 use tokio::runtime::Runtime;
+
+/// A coordinator over a model-less scripted engine, with one loaded adapter, `bench`: the coordinator benchmarks
+/// measure the gate and the registry, not a model.
+async fn coordinator_with_one_adapter() -> (Coordinator, AdapterName) {
+    let coordinator = coordinator_with_adapters(ScriptedEngine::new(1), CoordinatorConfig::default(), &["bench"]).await;
+    (coordinator, AdapterName::parse("bench").expect("valid name"))
+}
 
 fn runtime() -> Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")

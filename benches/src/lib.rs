@@ -1,15 +1,8 @@
-//! Shared helpers of the benchmarks: a coordinator over a scripted engine, and worker servers (gRPC, and HTTP in
-//! vLLM's and SGLang's dialects) on their own threads.
+//! Shared helpers of the benchmarks: worker servers (gRPC, and HTTP in vLLM's and SGLang's dialects) on their own
+//! threads. (Benchmarks over the scripted engine of `loragate-core`'s `testing` feature build it themselves: that
+//! feature is a dev-dependency only.)
 
-use loragate_core::testing::{ScriptedEngine, coordinator_with_adapters};
-use loragate_core::{AdapterName, Coordinator, CoordinatorConfig};
-
-/// A coordinator over a model-less scripted engine, with one loaded adapter, `bench`: the coordinator benchmarks
-/// measure the gate and the registry, not a model.
-pub async fn coordinator_with_one_adapter() -> (Coordinator, AdapterName) {
-    let coordinator = coordinator_with_adapters(ScriptedEngine::new(1), CoordinatorConfig::default(), &["bench"]).await;
-    (coordinator, AdapterName::parse("bench").expect("valid name"))
-}
+use loragate_core::{Coordinator, CoordinatorConfig};
 
 /// A `loragate worker` server on its own thread and runtime, as a separate process would be: killing it drops every
 /// connection it had at once (its runtime goes, and with it every connection task).

@@ -5,8 +5,6 @@
 //! every test process. Each server's adapter root is a fresh temporary copy of the demo adapters, so a test can add
 //! adapters (broken ones too) without touching the cache.
 
-pub mod soak;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -90,19 +88,13 @@ pub fn test_cache_dir() -> PathBuf {
 }
 
 /// A directory that is removed with everything in it when dropped.
-pub struct TempDir(PathBuf);
+pub struct TempDir(tempfile::TempDir);
 
 impl std::ops::Deref for TempDir {
     type Target = Path;
 
     fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.0.path()
     }
 }
 
@@ -110,9 +102,9 @@ async fn copy_demo_adapters(cache_dir: &Path) -> TempDir {
     let cache_dir = cache_dir.to_owned();
     tokio::task::spawn_blocking(move || {
         let files = loragate_engine_demo_files(&cache_dir);
-        let root = std::env::temp_dir().join(format!("loragate-adapters-{}-{}", std::process::id(), unique()));
+        let root = tempfile::Builder::new().prefix("loragate-adapters-").tempdir().expect("a temporary directory");
         for (name, source) in [("meow", &files.meow_dir), ("woof", &files.woof_dir)] {
-            copy_dir(source, &root.join(name));
+            copy_dir(source, &root.path().join(name));
         }
         TempDir(root)
     })
@@ -122,12 +114,6 @@ async fn copy_demo_adapters(cache_dir: &Path) -> TempDir {
 
 fn loragate_engine_demo_files(cache_dir: &Path) -> loragate::DemoFiles {
     loragate::ensure_demo_files(cache_dir).expect("the demo model is generated")
-}
-
-fn unique() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Copies the files of `from` (one level) into a new directory `to`.
@@ -159,9 +145,6 @@ pub fn sample_request(lora_name: &str, max_tokens: u32) -> pb::SampleRequest {
         ..Default::default()
     }
 }
-
-/// Polls a condition until it holds; fails the test after a limit.
-pub use loragate_core::testing::eventually_within as eventually;
 
 /// The generous limit for waits on the demo model in CI.
 pub const PATIENCE: Duration = Duration::from_secs(60);

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
+use loragate_core::testing::eventually_within as eventually;
 use loragate_proto::v1::{self as pb, FinishReason};
-use loragate_tests::{DemoServer, PATIENCE, eventually, sample_request, text};
+use loragate_tests::{DemoServer, PATIENCE, sample_request, text};
 use tonic::Code;
 use tonic::codec::Streaming;
 

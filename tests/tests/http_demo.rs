@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use loragate_core::testing::eventually_within as eventually;
 use loragate_proto::v1 as pb;
-use loragate_tests::{DemoServer, PATIENCE, PROMPT, eventually, sample_request, text};
+use loragate_tests::{DemoServer, PATIENCE, PROMPT, sample_request, text};
 use serde_json::{Value, json};
 
 async fn post(demo: &DemoServer, path: &str, body: Value) -> (u16, Value) {

@@ -1,8 +1,9 @@
 //! Pause modes, owners, leases and the atomic swap on the demo model, over gRPC and HTTP (issue 11): clients that
 //! know nothing of pauses get whole samples across a keep-mode swap, with each token's version in the response.
 
+use loragate_core::testing::eventually_within as eventually;
 use loragate_proto::v1::{self as pb, FinishReason, PauseMode};
-use loragate_tests::{DemoServer, PATIENCE, PROMPT, eventually, sample_request, text};
+use loragate_tests::{DemoServer, PATIENCE, PROMPT, sample_request, text};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tonic::Code;

@@ -5,8 +5,9 @@
 //! server's token counter moved), so none of them would pass if the pause came too late to matter.
 
 use loragate_client::{SamplingClient, TrainerClient};
+use loragate_core::testing::eventually_within as eventually;
 use loragate_proto::v1::{self as pb, FinishReason, SampleResponse, SampledSequence};
-use loragate_tests::{DemoServer, PATIENCE, eventually, sample_request, text};
+use loragate_tests::{DemoServer, PATIENCE, sample_request, text};
 use tokio::task::JoinHandle;
 
 /// Long enough that a pause lands mid-generation, short enough for CI.

@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use loragate_tests::soak::{SoakConfig, run};
+#[path = "soak/scenario.rs"]
+mod scenario;
+
+use scenario::{SoakConfig, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_soak_loses_nothing_and_leaves_nothing_behind() {

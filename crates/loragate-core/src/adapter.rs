@@ -199,6 +199,7 @@ impl AdapterHandle {
         let report = match mode {
             PauseMode::Abort | PauseMode::Keep => {
                 let report = pending.wait(ack_timeout).await;
+                report.warn_if_unacknowledged(self.key(), "pause");
                 let labels = &self.cell.labels;
                 self.cell.metrics.record_abort(labels, report.aborted.len(), report.kept.len(), started.elapsed());
                 report
@@ -247,7 +248,9 @@ impl AdapterHandle {
         ack_timeout: Duration,
     ) -> Result<AbortReport, CoreError> {
         let pending = self.call(|reply| AdapterMsg::AbortRequests { ids: ids.clone(), reply }).await?;
-        Ok(pending.wait(ack_timeout).await)
+        let report = pending.wait(ack_timeout).await;
+        report.warn_if_unacknowledged(self.key(), "abort by request id");
+        Ok(report)
     }
 
     /// Long-poll: `Ok(false)` as soon as the gate is open (at once if it is), `Ok(true)` if it is still closed after

@@ -266,6 +266,17 @@ impl Principal {
         if allowed { Ok(()) } else { Err(CoreError::PermissionDenied { action, adapter: Some(adapter.clone()) }) }
     }
 
+    /// Whether `self` and `other` presented the same key: the same tenant key (two tenant keys with the same grant are
+    /// different callers), or both the API key, or both the admin key. With authentication off every caller is the
+    /// same. What one caller created (a Tinker future) is readable only by the same key.
+    pub fn is_same_key(&self, other: &Principal) -> bool {
+        match (self, other) {
+            (Self::Anyone, Self::Anyone) | (Self::Admin, Self::Admin) | (Self::Sampler, Self::Sampler) => true,
+            (Self::Tenant(one), Self::Tenant(another)) => Arc::ptr_eq(one, another),
+            _ => false,
+        }
+    }
+
     /// Whether `adapter` is shown to this principal in listings (the adapters it may sample).
     pub fn may_see(&self, adapter: &AdapterKey) -> bool {
         self.authorize(Action::Sample, adapter).is_ok()

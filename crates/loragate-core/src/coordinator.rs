@@ -414,22 +414,31 @@ impl Coordinator {
             Ok(CallResult::Success(result)) => result?,
             _ => return Err(CoreError::AdapterUnavailable(key)),
         };
-        let (pending, recorded) = match unloading.retired.await.ok().and_then(Result::ok) {
-            Some(retired) => (retired.pending, Some(retired.recorded)),
-            None => (Default::default(), None),
-        };
-        let report = pending.wait(self.inner.config.abort_ack_timeout).await;
-        if !report.unacknowledged.is_empty() {
-            tracing::warn!(adapter = %name, unacknowledged = ?report.unacknowledged, "unload did not see every request handed back");
+        // The rest runs on its own task, so a caller that goes away midway leaves no weights behind.
+        let (engine, metrics) = (self.inner.engine.clone(), self.inner.metrics.clone());
+        let (ack_timeout, name) = (self.inner.config.abort_ack_timeout, name.clone());
+        let finish = tokio::spawn(async move {
+            let (pending, recorded) = match unloading.retired.await.ok().and_then(Result::ok) {
+                Some(retired) => (retired.pending, Some(retired.recorded)),
+                None => (Default::default(), None),
+            };
+            pending.wait(ack_timeout).await.warn_if_unacknowledged(&key, "unload");
+            // Its requests were handed back: nothing records under its name any more.
+            metrics.forget_adapter(&key);
+            // Only the unloaded adapter's versions: a reload of the name that raced this unload keeps its weights. A
+            // load of the unloaded adapter still in progress removes its own weights once it sees the flag.
+            unloading.cell.release_weights();
+            engine.unload_adapter(&name, unloading.last_version).await?;
+            if let Some(recorded) = recorded {
+                recorded.await?;
+            }
+            Ok::<(), CoreError>(())
+        });
+        match finish.await {
+            Ok(result) => result,
+            // Only a runtime shutting down cancels the task (nothing in it panics).
+            Err(_) => Err(CoreError::ShuttingDown),
         }
-        // Its requests were handed back: nothing records under its name any more.
-        self.inner.metrics.forget_adapter(&key);
-        // Only the unloaded adapter's versions: a reload of the name that raced this unload keeps its weights.
-        self.inner.engine.unload_adapter(name, unloading.last_version).await?;
-        if let Some(recorded) = recorded {
-            recorded.await?;
-        }
-        Ok(())
     }
 
     /// Snapshots of every loaded adapter (not the base model), ordered by name.

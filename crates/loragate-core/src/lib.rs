@@ -79,5 +79,7 @@ pub use limits::{DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Limit, Limits, LoadSna
 pub use metrics::{AdapterLabels, AdapterVersionLabels, CoreMetrics};
 pub use output::{FinishReason, SampleOutput, Segment, SegmentsBuilder, SequenceOutput, TopLogprobs};
 pub use sample_stream::{SampleEvent, SampleStream};
-pub use sampling::{MAX_NUM_SAMPLES, MAX_TOP_LOGPROBS, RawSampleRequest, SampleRequest, SamplingParams};
+pub use sampling::{
+    MAX_NUM_SAMPLES, MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, RawSampleRequest, SampleRequest, SamplingParams,
+};
 pub use state::{MemoryStore, StateError, StateStore};

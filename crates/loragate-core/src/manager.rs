@@ -63,6 +63,8 @@ pub(crate) struct Unloading {
     pub(crate) last_version: AdapterVersion,
     /// The actor's answer to its retirement: what to wait on for the hand-backs and the record's removal.
     pub(crate) retired: oneshot::Receiver<Result<Retired, CoreError>>,
+    /// The unloaded adapter's cell, to say when its weights may go ([`AdapterCell::release_weights`]).
+    pub(crate) cell: Arc<AdapterCell>,
 }
 
 /// The manager's behaviour.
@@ -199,7 +201,7 @@ impl Actor for AdapterManager {
                 let key = AdapterKey::Lora(name.clone());
                 match state.supervised.get(&key) {
                     Some(adapter) if adapter.published => {
-                        let actor = adapter.actor.clone();
+                        let (actor, cell) = (adapter.actor.clone(), adapter.cell.clone());
                         let last_version = adapter.cell.seal_versions();
                         state.discard(&key);
                         // Retire, then drain: the actor answers Retire (and anything queued before it, a finished
@@ -213,7 +215,7 @@ impl Actor for AdapterManager {
                             let _ = reply.send(Ok(Retired { pending: Default::default(), recorded }));
                         }
                         let _ = actor.drain();
-                        let _ = reply.send(Ok(Unloading { last_version, retired }));
+                        let _ = reply.send(Ok(Unloading { last_version, retired, cell }));
                     }
                     _ => {
                         let _ = reply.send(Err(CoreError::UnknownAdapter(key)));

@@ -13,6 +13,9 @@ pub const MAX_NUM_SAMPLES: u32 = 64;
 /// The most alternatives (most likely tokens) reported per position, as vLLM's default `max_logprobs`.
 pub const MAX_TOP_LOGPROBS: u32 = 20;
 
+/// The most stop token ids one request may give (every front: they are checked against every sampled token).
+pub const MAX_STOP_TOKEN_IDS: usize = 256;
+
 /// The range of OpenAI's presence and frequency penalties.
 const PENALTY_RANGE: std::ops::RangeInclusive<f32> = -2.0..=2.0;
 
@@ -415,6 +418,12 @@ fn parse_top_logprobs(k: u32, field: Field) -> Result<u32, CoreError> {
 }
 
 fn parse_stop_token_ids(mut ids: Vec<u32>, model: &ModelInfo) -> Result<Arc<[u32]>, CoreError> {
+    if ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(CoreError::invalid(
+            Field::StopTokenIds,
+            format!("has {} stop tokens, the limit is {MAX_STOP_TOKEN_IDS}", ids.len()),
+        ));
+    }
     if let Some(bad) = ids.iter().find(|t| **t >= model.vocab_size) {
         return Err(CoreError::invalid(
             Field::StopTokenIds,
@@ -464,6 +473,7 @@ mod tests {
             (RawSampleRequest { top_p: Some(1.5), ..raw() }, Field::TopP),
             (RawSampleRequest { top_k: -2, ..raw() }, Field::TopK),
             (RawSampleRequest { stop_token_ids: vec![999], ..raw() }, Field::StopTokenIds),
+            (RawSampleRequest { stop_token_ids: vec![1; MAX_STOP_TOKEN_IDS + 1], ..raw() }, Field::StopTokenIds),
             (RawSampleRequest { min_p: 1.5, ..raw() }, Field::MinP),
             (RawSampleRequest { min_p: -0.1, ..raw() }, Field::MinP),
             (RawSampleRequest { repetition_penalty: Some(0.0), ..raw() }, Field::RepetitionPenalty),

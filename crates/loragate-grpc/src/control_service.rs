@@ -51,17 +51,12 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         let wire = request.into_inner();
         let mode = pause_mode(wire.mode, PauseMode::Abort).map_err(status_from_core)?;
         let pause = PauseRequest::parse(mode, &wire.owner, wire.lease_s).map_err(status_from_core)?;
-        answer(self.coordinator.pause(&name, pause, deadline).await.map(|report| {
-            if !report.unacknowledged.is_empty() {
-                tracing::warn!(adapter = %name, unacknowledged = ?report.unacknowledged, "abort acknowledgement timed out");
-            }
-            pb::AbortLoraRequestsResponse {
-                aborted_count: count(report.aborted.len()),
-                aborted_request_ids: report.aborted.iter().map(ToString::to_string).collect(),
-                unacknowledged_request_ids: report.unacknowledged.iter().map(ToString::to_string).collect(),
-                pause_id: report.pause_id.to_string(),
-                kept_count: count(report.kept.len()),
-            }
+        answer(self.coordinator.pause(&name, pause, deadline).await.map(|report| pb::AbortLoraRequestsResponse {
+            aborted_count: count(report.aborted.len()),
+            aborted_request_ids: report.aborted.iter().map(ToString::to_string).collect(),
+            unacknowledged_request_ids: report.unacknowledged.iter().map(ToString::to_string).collect(),
+            pause_id: report.pause_id.to_string(),
+            kept_count: count(report.kept.len()),
         }))
     }
 

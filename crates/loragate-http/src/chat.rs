@@ -17,10 +17,14 @@ use self::response::{ChatOptions, ChatRender};
 use crate::chat_template::normalize_messages;
 use crate::completions::caller_request_id;
 use crate::error::{Api, HttpError};
-use crate::json_body::{JsonValue, parse_value};
+use crate::front::HttpFront;
+use crate::json_body::{JsonObject, ParseBody, Parsed, field_names};
 use crate::output::{ResponseHeader, StreamOptions, respond, unix_now};
-use crate::sampling::{self, PromptSpec, VllmSampling, refuse_unless_neutral};
-use crate::server::{AppState, HttpFront};
+use crate::sampling::{
+    self, PromptSpec, SamplingPlan, VLLM_NEUTRAL_REQUEST_FIELDS, VLLM_NEUTRAL_SAMPLING_FIELDS, VllmSampling,
+    refuse_unless_neutral,
+};
+use crate::state::AppState;
 
 /// A conversation rendered with the model's chat template and encoded: the prompt's token ids.
 pub(crate) fn chat_prompt(
@@ -45,68 +49,102 @@ pub(crate) fn chat_prompt(
     front.codec().encode(&text, add_special_tokens).map_err(|reason| HttpError::invalid("messages", reason))
 }
 
+/// A chat body as it arrives: this API's own fields and the sampling fields it shares with vLLM's other APIs. Any
+/// other key is refused, but for the fields the clients send that change nothing.
+pub(crate) struct ChatRequest {
+    body: ChatBody,
+    fields: VllmSampling,
+}
+
+impl ParseBody for ChatRequest {
+    fn parse_body(bytes: &[u8]) -> Result<Self, HttpError> {
+        let known = [
+            field_names::<ChatBody>(),
+            field_names::<VllmSampling>(),
+            VLLM_NEUTRAL_SAMPLING_FIELDS,
+            VLLM_NEUTRAL_REQUEST_FIELDS,
+        ];
+        let mut object = JsonObject::parse(bytes, &known)?;
+        Ok(Self { body: object.take()?, fields: object.take()? })
+    }
+}
+
+/// A chat request, rendered, encoded and ready to start: nothing of its body is left.
+struct Plan {
+    prompt: PromptSpec,
+    sampling: SamplingPlan,
+    model: String,
+    options: ChatOptions,
+    stream: bool,
+}
+
+impl Plan {
+    fn parse(front: &HttpFront, request: ChatRequest, request_id: String) -> Result<Self, HttpError> {
+        let ChatRequest { body, mut fields } = request;
+        refuse_unless_neutral(
+            "response_format",
+            body.response_format.as_ref(),
+            &[json!({"type": "text"})],
+            "constrained decoding is not implemented",
+        )?;
+        refuse_unless_neutral(
+            "tool_choice",
+            body.tool_choice.as_ref(),
+            &[json!("none"), json!("auto")],
+            "no tool call is forced",
+        )?;
+        refuse_unless_neutral("chat_template", body.chat_template.as_ref(), &[], "the model's own template is used")?;
+        refuse_unless_neutral(
+            "continue_final_message",
+            body.continue_final_message.as_ref(),
+            &[json!(false)],
+            "a new assistant turn is always started",
+        )?;
+        let model = front.model_or_base(body.model)?;
+        let messages = body.messages.ok_or(HttpError::MissingField("messages"))?;
+        let token_ids = chat_prompt(
+            front,
+            messages,
+            body.add_generation_prompt.unwrap_or(true),
+            body.tools.as_ref(),
+            &body.chat_template_kwargs.unwrap_or_default(),
+            body.add_special_tokens.unwrap_or(false),
+        )?;
+        fields.set_max_tokens(body.max_completion_tokens);
+        let with_logprobs = body.logprobs.unwrap_or(false);
+        if !with_logprobs && body.top_logprobs.is_some_and(|k| k > 0) {
+            return Err(HttpError::invalid("top_logprobs", "needs logprobs: true"));
+        }
+        let mut sampling = fields.into_plan("")?;
+        sampling.params.top_logprobs = if with_logprobs { body.top_logprobs.unwrap_or(0) } else { 0 };
+        sampling.text.with_logprobs = with_logprobs;
+        let return_token_ids = body.return_token_ids.unwrap_or(false);
+        let options = ChatOptions {
+            with_logprobs,
+            as_token_ids: body.return_tokens_as_token_ids.unwrap_or(false),
+            prompt_token_ids: return_token_ids.then(|| token_ids.clone()),
+            include_usage: StreamOptions::wants_usage(body.stream_options),
+            eos_token_ids: front.coordinator().model_info().eos_token_ids.clone(),
+        };
+        let prompt = PromptSpec { request_id, lora_name: front.lora_name_for(&model).to_owned(), token_ids };
+        Ok(Self { prompt, sampling, model, options, stream: body.stream.unwrap_or(false) })
+    }
+}
+
 /// The handler of `POST /v1/chat/completions`.
 pub(crate) async fn create_chat_completion(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     headers: HeaderMap,
-    JsonValue(body): JsonValue,
+    Parsed(request): Parsed<ChatRequest>,
 ) -> Result<Response, HttpError> {
     let front = state.front();
     let created = unix_now();
-    let request: ChatBody = parse_value(&body, "")?;
-    let mut fields: VllmSampling = parse_value(&body, "")?;
-    refuse_unless_neutral(
-        "response_format",
-        request.response_format.as_ref(),
-        &[json!({"type": "text"})],
-        "constrained decoding is not implemented",
-    )?;
-    refuse_unless_neutral(
-        "tool_choice",
-        request.tool_choice.as_ref(),
-        &[json!("none"), json!("auto")],
-        "no tool call is forced",
-    )?;
-    refuse_unless_neutral("chat_template", request.chat_template.as_ref(), &[], "the model's own template is used")?;
-    refuse_unless_neutral(
-        "continue_final_message",
-        request.continue_final_message.as_ref(),
-        &[json!(false)],
-        "a new assistant turn is always started",
-    )?;
-    let model = front.model_or_base(request.model)?;
-    let messages = request.messages.ok_or(HttpError::MissingField("messages"))?;
-    let token_ids = chat_prompt(
-        front,
-        messages,
-        request.add_generation_prompt.unwrap_or(true),
-        request.tools.as_ref(),
-        &request.chat_template_kwargs.unwrap_or_default(),
-        request.add_special_tokens.unwrap_or(false),
-    )?;
-    fields.set_max_tokens(request.max_completion_tokens);
-    let with_logprobs = request.logprobs.unwrap_or(false);
-    if !with_logprobs && request.top_logprobs.is_some_and(|k| k > 0) {
-        return Err(HttpError::invalid("top_logprobs", "needs logprobs: true"));
-    }
-    let mut plan = fields.into_plan("")?;
-    plan.params.top_logprobs = if with_logprobs { request.top_logprobs.unwrap_or(0) } else { 0 };
-    plan.text.with_logprobs = with_logprobs;
-    let prompt = PromptSpec {
-        request_id: caller_request_id(&headers)?,
-        lora_name: front.lora_name_for(&model).to_owned(),
-        token_ids,
-    };
-    let started = sampling::start(front, &caller, vec![prompt], plan, Api::Chat).await?;
+    // The request is consumed here: only its plan (no part of the body) waits at the gate.
+    let plan = Plan::parse(front, request, caller_request_id(&headers)?)?;
+    let started = sampling::start(front, &caller, vec![plan.prompt], plan.sampling, Api::Chat).await?;
     let request_id = started.request_ids[0].clone();
-    let options = ChatOptions {
-        with_logprobs,
-        as_token_ids: request.return_tokens_as_token_ids.unwrap_or(false),
-        prompt_token_ids: request.return_token_ids.unwrap_or(false).then(|| started.prompts[0].to_vec()),
-        include_usage: StreamOptions::wants_usage(request.stream_options),
-    };
-    let header = ResponseHeader { id: format!("chatcmpl-{request_id}"), created, model };
-    let render = ChatRender::new(header, front.codec().clone(), options, started.prompt_tokens());
-    respond(started.parts, render, request.stream.unwrap_or(false), Some(&request_id)).await
+    let header = ResponseHeader { id: format!("chatcmpl-{request_id}"), created, model: plan.model };
+    let render = ChatRender::new(header, front.codec().clone(), plan.options, started.prompt_tokens());
+    respond(started.parts, render, plan.stream, Some(&request_id)).await
 }

@@ -20,10 +20,34 @@ use loragate_core::{Principal, RequestId};
 use self::request::{CompletionBody, Prompt};
 use self::response::{CompletionOptions, CompletionRender, EchoedPrompt};
 use crate::error::{Api, HttpError};
-use crate::json_body::{JsonValue, parse_value};
+use crate::front::HttpFront;
+use crate::json_body::{JsonObject, ParseBody, Parsed, field_names};
 use crate::output::{REQUEST_ID_HEADER, ResponseHeader, StreamOptions, respond, unix_now};
-use crate::sampling::{self, PromptSpec, SamplingPlan, VllmSampling, refuse_unless_neutral};
-use crate::server::{AppState, HttpFront};
+use crate::sampling::{
+    self, PromptSpec, SamplingPlan, VLLM_NEUTRAL_REQUEST_FIELDS, VLLM_NEUTRAL_SAMPLING_FIELDS, VllmSampling,
+    refuse_unless_neutral,
+};
+use crate::state::AppState;
+
+/// A completion body as it arrives: this API's own fields and the sampling fields it shares with vLLM's other APIs.
+/// Any other key is refused, but for the fields the clients send that change nothing.
+pub(crate) struct CompletionRequest {
+    body: CompletionBody,
+    fields: VllmSampling,
+}
+
+impl ParseBody for CompletionRequest {
+    fn parse_body(bytes: &[u8]) -> Result<Self, HttpError> {
+        let known = [
+            field_names::<CompletionBody>(),
+            field_names::<VllmSampling>(),
+            VLLM_NEUTRAL_SAMPLING_FIELDS,
+            VLLM_NEUTRAL_REQUEST_FIELDS,
+        ];
+        let mut object = JsonObject::parse(bytes, &known)?;
+        Ok(Self { body: object.take()?, fields: object.take()? })
+    }
+}
 
 /// A completion request, parsed and ready to start.
 struct Plan {
@@ -40,7 +64,8 @@ struct Plan {
 }
 
 impl Plan {
-    fn parse(front: &HttpFront, body: CompletionBody, fields: VllmSampling, base_id: &str) -> Result<Self, HttpError> {
+    fn parse(front: &HttpFront, request: CompletionRequest, base_id: &str) -> Result<Self, HttpError> {
+        let CompletionRequest { body, fields } = request;
         refuse_unless_neutral("suffix", body.suffix.as_ref(), &[serde_json::json!("")], "nothing is inserted")?;
         let model = front.model_or_base(body.model)?;
         let lora_name = front.lora_name_for(&model).to_owned();
@@ -108,13 +133,12 @@ pub(crate) async fn create_completion(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     headers: HeaderMap,
-    JsonValue(body): JsonValue,
+    Parsed(request): Parsed<CompletionRequest>,
 ) -> Result<Response, HttpError> {
     let front = state.front();
     let created = unix_now();
-    let request: CompletionBody = parse_value(&body, "")?;
-    let fields: VllmSampling = parse_value(&body, "")?;
-    let plan = Plan::parse(front, request, fields, &caller_request_id(&headers)?)?;
+    // The request is consumed here: only its plan (no part of the body) waits at the gate.
+    let plan = Plan::parse(front, request, &caller_request_id(&headers)?)?;
     let started = sampling::start(front, &caller, plan.prompts, plan.sampling, Api::Completions).await?;
     let request_id = response_request_id(&started.request_ids);
     let codec = front.codec().clone();
@@ -124,8 +148,10 @@ pub(crate) async fn create_completion(
         as_token_ids: plan.as_token_ids,
         echo,
         prompt_logprobs: plan.prompt_logprobs,
-        prompt_token_ids: plan.return_token_ids.then(|| started.prompts.clone()),
+        // vLLM returns the prompt's ids with return_token_ids, and streamed also with echo.
+        prompt_token_ids: (plan.return_token_ids || (plan.echo && plan.stream)).then(|| started.prompts.clone()),
         include_usage: plan.include_usage,
+        eos_token_ids: front.coordinator().model_info().eos_token_ids.clone(),
     };
     let header = ResponseHeader { id: format!("cmpl-{request_id}"), created, model: plan.model };
     let render = CompletionRender::new(header, codec, options, started.prompt_tokens());

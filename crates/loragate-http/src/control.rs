@@ -3,6 +3,10 @@
 //! `/v1/{load,unload}_lora_adapter` (also at the root, where prime-rl and SGLang clients call them), the cache
 //! flushes clients call between steps, and SGLang's server info. Unlike SkyRL, an unknown adapter is a 404: no state
 //! is ever made up for a name.
+//!
+//! Bodies are strict, as vLLM's and SGLang's control endpoints are: a field not listed here is a 400 naming it, so a
+//! typo (`"ownr"`, `"lease"`) never turns into a pause without an owner or a lease. The fields listed are every one
+//! the frameworks' released clients send (`framework-clients.md`).
 
 use axum::Json;
 use axum::extract::{Extension, State};
@@ -10,31 +14,40 @@ use http::StatusCode;
 use loragate_core::{Action, AdapterKey, AdapterName, PauseId, PauseMode, PauseRequest, Principal, parse_timeout_s};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio::time::Instant;
 
 use crate::error::HttpError;
-use crate::json_body::JsonBody;
-use crate::server::AppState;
+use crate::json_body::{JsonBody, OptionalJsonBody};
+use crate::state::AppState;
 
 /// How long `wait_lora_unpaused` waits when the caller says nothing (SkyRL's client default).
 const DEFAULT_WAIT_TIMEOUT_S: f64 = 60.0;
 
-/// `{"lora_name"}`: the body of unload.
+/// `{"lora_name"}`: the body of unload (vLLM's `lora_int_id` is accepted and changes nothing: names identify
+/// adapters here).
 #[derive(Deserialize)]
-pub(crate) struct LoraNameBody {
+#[serde(deny_unknown_fields)]
+pub(crate) struct UnloadBody {
     lora_name: Option<String>,
+    #[allow(dead_code)]
+    lora_int_id: Option<i64>,
 }
 
-/// `{"lora_name", "mode", "owner", "lease_s"}`: the body of abort (a pause; `mode` defaults to abort).
+/// `{"lora_name", "mode", "owner", "lease_s", "timeout_s"}`: the body of abort (a pause; `mode` defaults to abort).
+/// `timeout_s` bounds a wait-mode pause's drain: past it the pause is withdrawn and the answer is 504.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct PauseBody {
     lora_name: Option<String>,
     mode: Option<String>,
     owner: Option<String>,
     lease_s: Option<f64>,
+    timeout_s: Option<f64>,
 }
 
 /// `{"lora_name", "pause_id"}`: the body of resume (without `pause_id`, every pause is released).
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct ResumeBody {
     lora_name: Option<String>,
     pause_id: Option<String>,
@@ -42,6 +55,7 @@ pub(crate) struct ResumeBody {
 
 /// `{"lora_name", "timeout_s"}`.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct WaitBody {
     lora_name: Option<String>,
     timeout_s: Option<f64>,
@@ -51,6 +65,7 @@ pub(crate) struct WaitBody {
 /// its version; with vLLM's `load_inplace: true` it is the atomic keep-mode swap (running requests stop, and continue
 /// on the new weights), which is what vLLM's in-place reload means for requests in flight.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct LoadBody {
     lora_name: Option<String>,
     lora_path: Option<String>,
@@ -77,10 +92,8 @@ pub(crate) async fn abort_lora_requests(
     let mode = body.mode.as_deref().map_or(Ok(PauseMode::Abort), PauseMode::parse).map_err(HttpError::control)?;
     let pause = PauseRequest::parse(mode, body.owner.as_deref().unwrap_or(""), body.lease_s.unwrap_or(0.0))
         .map_err(HttpError::control)?;
-    let report = state.front().coordinator().pause(&name, pause, None).await.map_err(HttpError::control)?;
-    if !report.unacknowledged.is_empty() {
-        tracing::warn!(adapter = %name, unacknowledged = ?report.unacknowledged, "abort acknowledgement timed out");
-    }
+    let drain_until = drain_deadline(mode, body.timeout_s)?;
+    let report = state.front().coordinator().pause(&name, pause, drain_until).await.map_err(HttpError::control)?;
     let aborted: Vec<String> = report.aborted.iter().map(ToString::to_string).collect();
     let unacknowledged: Vec<String> = report.unacknowledged.iter().map(ToString::to_string).collect();
     Ok(Json(json!({
@@ -92,6 +105,16 @@ pub(crate) async fn abort_lora_requests(
         "mode": report.mode.as_str(),
         "kept_count": report.kept.len(),
     })))
+}
+
+/// The deadline of a wait-mode pause's drain, from `timeout_s` (finite, `>= 0`); only wait mode drains.
+fn drain_deadline(mode: PauseMode, timeout_s: Option<f64>) -> Result<Option<Instant>, HttpError> {
+    let Some(timeout_s) = timeout_s else { return Ok(None) };
+    if mode != PauseMode::Wait {
+        return Err(HttpError::invalid("timeout_s", format!("bounds a wait-mode pause only; this pause is {mode}")));
+    }
+    let timeout = parse_timeout_s(timeout_s).map_err(HttpError::control)?;
+    Ok(Some(Instant::now() + timeout))
 }
 
 /// `POST /skyrl/v1/resume_lora_requests`: releases the pause `pause_id`, or every pause of the adapter; when none
@@ -176,7 +199,7 @@ async fn load(
 pub(crate) async fn unload_lora_adapter(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    JsonBody(body): JsonBody<LoraNameBody>,
+    JsonBody(body): JsonBody<UnloadBody>,
 ) -> Result<Json<Value>, HttpError> {
     let name = authorized(&caller, body.lora_name, Action::Control)?;
     state.front().coordinator().unload_adapter(&name).await.map_err(HttpError::control)?;
@@ -184,9 +207,18 @@ pub(crate) async fn unload_lora_adapter(
     Ok(Json(json!({"status": "ok", "lora_name": name.as_str()})))
 }
 
+/// The body of `/reset_prefix_cache` and `/flush_cache`: nothing, `{}`, or SkyRL's `{"reset_running_requests": false}`.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FlushBody {
+    #[allow(dead_code)]
+    reset_running_requests: Option<bool>,
+}
+
 /// `POST /reset_prefix_cache` (vLLM) and `GET`/`POST /flush_cache` (SGLang): 200 with an empty body. loragate keeps
-/// no cache whose flush would change a result (a request's KV cache lives only as long as the request).
-pub(crate) async fn flush_cache() -> StatusCode {
+/// no cache whose flush would change a result (a request's KV cache lives only as long as the request). The body is
+/// read (and checked) like every other: a body left unread would cost the client its keep-alive connection.
+pub(crate) async fn flush_cache(OptionalJsonBody(_): OptionalJsonBody<FlushBody>) -> StatusCode {
     StatusCode::OK
 }
 

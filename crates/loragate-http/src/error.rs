@@ -13,6 +13,8 @@ use http::{HeaderValue, StatusCode};
 use loragate_core::{CoreError, EngineError, Field, StateError};
 use serde::Serialize;
 
+use crate::json_body::BodyError;
+
 /// Which API an error arose in; it decides how fields are named.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Api {
@@ -40,14 +42,10 @@ pub(crate) enum HttpError {
         /// Where it was said (for field names).
         api: Api,
     },
-    /// The body is not the JSON this endpoint takes: a syntax error, a wrong type, a value out of range.
-    #[error("{message}")]
-    InvalidJson {
-        /// The top-level field the error is in, if it is in one.
-        param: Option<String>,
-        /// What is wrong, with the path to the offending value.
-        message: String,
-    },
+    /// The body could not be read, or is not the JSON this endpoint takes (a syntax error, a wrong type, a value
+    /// out of range, an unknown field).
+    #[error(transparent)]
+    Body(#[from] BodyError),
     /// A required field is absent or null.
     #[error("{0}: this field is required")]
     MissingField(&'static str),
@@ -60,18 +58,27 @@ pub(crate) enum HttpError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The body is larger than the server's limit.
-    #[error("the request body is larger than the {limit}-byte limit")]
-    BodyTooLarge {
-        /// The limit, in bytes.
-        limit: usize,
+    /// A batch that could never be admitted whole, however long its client waited: more prompts than a limit lets
+    /// in at once, or more sequences than [`MAX_BATCH_SEQUENCES`](crate::sampling::MAX_BATCH_SEQUENCES). Unlike
+    /// overload (429, "try again later"), retrying cannot help.
+    #[error("{param}: {reason}")]
+    BatchTooLarge {
+        /// The field that makes the batch (`prompt`, `input_ids`, `text`).
+        param: &'static str,
+        /// Which limit, by its flag or name.
+        reason: String,
     },
-    /// The body could not be read (the client stopped sending it).
-    #[error("could not read the request body: {0}")]
-    UnreadableBody(String),
-    /// The body did not arrive by the gate deadline (`--gate-max-wait`).
-    #[error("the request body did not arrive in time (the limit is the server's --gate-max-wait)")]
-    BodyTimeout,
+    /// A sampling request named a model this server does not serve; the message lists the ones it does (those the
+    /// caller may use).
+    #[error("{}", unknown_model(.model, .served))]
+    UnknownModel {
+        /// The field that named it (`model`, `lora_path`).
+        param: &'static str,
+        /// The name asked for.
+        model: String,
+        /// The served names the caller may use: the base model's, then the adapters'.
+        served: Vec<String>,
+    },
     /// No endpoint at that path.
     #[error("no endpoint at {0}")]
     NoSuchEndpoint(String),
@@ -117,11 +124,12 @@ impl HttpError {
     pub(crate) fn status(&self) -> StatusCode {
         match self {
             Self::Core { error, .. } => core_status(error),
-            Self::InvalidJson { .. } | Self::MissingField(_) | Self::InvalidField { .. } | Self::UnreadableBody(_) => {
+            Self::Body(BodyError::TooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Body(BodyError::Timeout) => StatusCode::REQUEST_TIMEOUT,
+            Self::Body(_) | Self::MissingField(_) | Self::InvalidField { .. } | Self::BatchTooLarge { .. } => {
                 StatusCode::BAD_REQUEST
             }
-            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::UnknownModel { .. } => StatusCode::NOT_FOUND,
             Self::NoSuchEndpoint(_) => StatusCode::NOT_FOUND,
             Self::CrossOrigin(_) => StatusCode::FORBIDDEN,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -133,12 +141,15 @@ impl HttpError {
     pub(crate) fn code(&self) -> &'static str {
         match self {
             Self::Core { error, .. } => error.kind(),
-            Self::InvalidJson { .. } => "invalid_json",
+            Self::Body(BodyError::Json { .. }) => "invalid_json",
+            Self::Body(BodyError::UnknownField { .. }) => "unknown_field",
+            Self::Body(BodyError::TooLarge { .. }) => "body_too_large",
+            Self::Body(BodyError::Unreadable(_)) => "unreadable_body",
+            Self::Body(BodyError::Timeout) => "body_timeout",
             Self::MissingField(_) => "missing_field",
             Self::InvalidField { .. } => "invalid_argument",
-            Self::BodyTooLarge { .. } => "body_too_large",
-            Self::UnreadableBody(_) => "unreadable_body",
-            Self::BodyTimeout => "body_timeout",
+            Self::BatchTooLarge { .. } => "batch_too_large",
+            Self::UnknownModel { .. } => "unknown_adapter",
             Self::NoSuchEndpoint(_) => "no_such_endpoint",
             Self::CrossOrigin(_) => "cross_origin",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
@@ -150,14 +161,14 @@ impl HttpError {
     pub(crate) fn param(&self) -> Option<String> {
         match self {
             Self::Core { error, api } => core_param(error, *api).map(str::to_owned),
-            Self::InvalidJson { param, .. } => param.clone(),
+            Self::Body(BodyError::Json { param, .. }) => param.clone(),
+            Self::Body(BodyError::UnknownField { param }) => Some(param.clone()),
             Self::MissingField(param) => Some((*param).to_owned()),
             Self::InvalidField { param, .. } => Some(param.clone()),
+            Self::BatchTooLarge { param, .. } | Self::UnknownModel { param, .. } => Some((*param).to_owned()),
             Self::UnsupportedMediaType(_) => Some("Content-Type".to_owned()),
             Self::CrossOrigin(header) => Some((*header).to_owned()),
-            Self::BodyTooLarge { .. }
-            | Self::BodyTimeout
-            | Self::UnreadableBody(_)
+            Self::Body(BodyError::TooLarge { .. } | BodyError::Timeout | BodyError::Unreadable(_))
             | Self::NoSuchEndpoint(_)
             | Self::MetricsEncoding(_) => None,
         }
@@ -202,6 +213,16 @@ impl IntoResponse for HttpError {
 /// What a 429 tells its client to wait before retrying, in seconds: a limit frees up as requests finish, which
 /// takes about as long as a short generation.
 const RETRY_AFTER_SECONDS: u32 = 1;
+
+/// How many served names an unknown-model error lists before it says how many more there are.
+const MAX_LISTED_MODELS: usize = 20;
+
+fn unknown_model(model: &str, served: &[String]) -> String {
+    let shown: Vec<String> = served.iter().take(MAX_LISTED_MODELS).map(|name| format!("{name:?}")).collect();
+    let more = served.len().saturating_sub(MAX_LISTED_MODELS);
+    let more = if more > 0 { format!(" and {more} more (GET /v1/models lists them)") } else { String::new() };
+    format!("model {model:?} is not served here; this server serves {}{more}", shown.join(", "))
+}
 
 fn unsupported_media_type(content_type: Option<&str>) -> String {
     match content_type {
@@ -399,7 +420,23 @@ mod tests {
                 "boom",
             ),
             (HttpError::MissingField("model"), StatusCode::BAD_REQUEST, Some("model"), "model"),
-            (HttpError::BodyTooLarge { limit: 10 }, StatusCode::PAYLOAD_TOO_LARGE, None, "10-byte"),
+            (HttpError::Body(BodyError::TooLarge { limit: 10 }), StatusCode::PAYLOAD_TOO_LARGE, None, "10-byte"),
+            (
+                HttpError::Body(BodyError::UnknownField { param: "ownr".into() }),
+                StatusCode::BAD_REQUEST,
+                Some("ownr"),
+                "unknown field",
+            ),
+            (
+                HttpError::UnknownModel {
+                    param: "model",
+                    model: "mew".into(),
+                    served: vec!["demo".into(), "meow".into()],
+                },
+                StatusCode::NOT_FOUND,
+                Some("model"),
+                r#""demo", "meow""#,
+            ),
             (HttpError::NoSuchEndpoint("/v2/x".into()), StatusCode::NOT_FOUND, None, "/v2/x"),
             (
                 HttpError::sampling(CoreError::Overloaded { limit: Limit::Held, cap: 4, adapter: meow() }),

@@ -3,42 +3,73 @@
 //! and the base model are paused under the global owner (adapters loaded meanwhile start paused), and a resume
 //! releases that pause only, so an adapter a trainer paused itself stays paused.
 //!
-//! - vLLM: `POST /pause?mode=abort|wait|keep&clear_cache=..` (default `abort`; `clear_cache` is accepted and has
-//!   nothing to clear), `POST /resume`, `GET /is_paused`.
+//! - vLLM: `POST /pause?mode=abort|wait|keep&clear_cache=..&timeout_s=..` (default `abort`; `clear_cache` is
+//!   accepted and has nothing to clear; `timeout_s` bounds a wait-mode pause's drain: past it the pause is withdrawn
+//!   everywhere and the answer is 504), `POST /resume`, `GET /is_paused`.
 //! - SGLang: `POST /pause_generation {"mode": "abort"|"retract"|"in_place"}` (default `abort`; `retract` and
 //!   `in_place` keep), `POST /continue_generation`.
 //! - AReaL's vLLM extension: `POST /areal_pause_generation` (abort), `POST /areal_continue_generation`.
+//!
+//! Every one is strict: another query parameter, or a body field other than SGLang's `mode`, is a 400 naming it.
+//! The bodyless calls take no body or `{}`.
 
 use axum::Json;
 use axum::extract::State;
 use http::Uri;
-use loragate_core::PauseMode;
+use loragate_core::{PauseMode, parse_timeout_s};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio::time::Instant;
 
 use crate::error::HttpError;
-use crate::json_body::OptionalJsonBody;
-use crate::server::AppState;
+use crate::json_body::{NoFields, OptionalJsonBody};
+use crate::state::AppState;
 
 /// SGLang's `/pause_generation` body; an empty body or `{}` pauses in abort mode.
 #[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct PauseGenerationBody {
     mode: Option<String>,
 }
 
-/// The `mode` of vLLM's `/pause` query string (other parameters, like `clear_cache`, are accepted and ignored).
-fn query_mode(uri: &Uri) -> Result<PauseMode, HttpError> {
-    let mode = uri
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .find_map(|(key, value)| (key == "mode").then_some(value));
-    mode.map_or(Ok(PauseMode::Abort), PauseMode::parse).map_err(HttpError::control)
+/// What vLLM's `/pause` query string asks for.
+#[derive(Debug, PartialEq)]
+struct PauseQuery {
+    mode: PauseMode,
+    /// With `timeout_s` (wait mode only): when the drain gives up.
+    drain_until: Option<Instant>,
 }
 
-async fn pause_all(state: &AppState, mode: PauseMode) -> Result<(), HttpError> {
-    let report = state.front().coordinator().pause_all(mode, None).await.map_err(HttpError::control)?;
+/// Parses vLLM's `/pause` query string: `mode` (default abort), `clear_cache` (accepted: nothing to clear) and
+/// `timeout_s`; anything else is refused, naming it.
+fn pause_query(uri: &Uri) -> Result<PauseQuery, HttpError> {
+    let (mut mode, mut timeout_s) = (None, None);
+    for pair in uri.query().unwrap_or("").split('&').filter(|pair| !pair.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "mode" => mode = Some(PauseMode::parse(value).map_err(HttpError::control)?),
+            "clear_cache" => {}
+            "timeout_s" => {
+                let seconds = value.parse::<f64>().map_err(|_| HttpError::invalid("timeout_s", "must be a number"))?;
+                timeout_s = Some(parse_timeout_s(seconds).map_err(HttpError::control)?);
+            }
+            other => {
+                return Err(HttpError::invalid(
+                    other,
+                    "unknown query parameter (this takes mode, clear_cache, timeout_s)",
+                ));
+            }
+        }
+    }
+    let mode = mode.unwrap_or(PauseMode::Abort);
+    if timeout_s.is_some() && mode != PauseMode::Wait {
+        return Err(HttpError::invalid("timeout_s", format!("bounds a wait-mode pause only; this pause is {mode}")));
+    }
+    Ok(PauseQuery { mode, drain_until: timeout_s.map(|timeout| Instant::now() + timeout) })
+}
+
+async fn pause_all(state: &AppState, mode: PauseMode, drain_until: Option<Instant>) -> Result<(), HttpError> {
+    let report = state.front().coordinator().pause_all(mode, drain_until).await.map_err(HttpError::control)?;
     tracing::info!(%mode, aborted = report.aborted.len(), kept = report.kept.len(), "every adapter paused");
     Ok(())
 }
@@ -49,13 +80,21 @@ async fn resume_all(state: &AppState) -> Result<(), HttpError> {
 }
 
 /// `POST /pause?mode=..`: vLLM's engine-wide pause.
-pub(crate) async fn pause(State(state): State<AppState>, uri: Uri) -> Result<Json<Value>, HttpError> {
-    pause_all(&state, query_mode(&uri)?).await?;
+pub(crate) async fn pause(
+    State(state): State<AppState>,
+    uri: Uri,
+    OptionalJsonBody(NoFields {}): OptionalJsonBody<NoFields>,
+) -> Result<Json<Value>, HttpError> {
+    let query = pause_query(&uri)?;
+    pause_all(&state, query.mode, query.drain_until).await?;
     Ok(Json(json!({"status": "paused"})))
 }
 
 /// `POST /resume`: vLLM's engine-wide resume.
-pub(crate) async fn resume(State(state): State<AppState>) -> Result<Json<Value>, HttpError> {
+pub(crate) async fn resume(
+    State(state): State<AppState>,
+    OptionalJsonBody(NoFields {}): OptionalJsonBody<NoFields>,
+) -> Result<Json<Value>, HttpError> {
     resume_all(&state).await?;
     Ok(Json(json!({"status": "resumed"})))
 }
@@ -72,24 +111,33 @@ pub(crate) async fn pause_generation(
     OptionalJsonBody(body): OptionalJsonBody<PauseGenerationBody>,
 ) -> Result<Json<Value>, HttpError> {
     let mode = body.mode.as_deref().map_or(Ok(PauseMode::Abort), PauseMode::parse).map_err(HttpError::control)?;
-    pause_all(&state, mode).await?;
+    pause_all(&state, mode, None).await?;
     Ok(Json(json!({"message": "Generation paused successfully.", "status": "ok"})))
 }
 
 /// `POST /continue_generation`: SGLang's engine-wide resume.
-pub(crate) async fn continue_generation(State(state): State<AppState>) -> Result<Json<Value>, HttpError> {
+pub(crate) async fn continue_generation(
+    State(state): State<AppState>,
+    OptionalJsonBody(NoFields {}): OptionalJsonBody<NoFields>,
+) -> Result<Json<Value>, HttpError> {
     resume_all(&state).await?;
     Ok(Json(json!({"message": "Generation continued successfully.", "status": "ok"})))
 }
 
 /// `POST /areal_pause_generation`: AReaL's pause (abort mode; held requests wait for the continue).
-pub(crate) async fn areal_pause_generation(State(state): State<AppState>) -> Result<Json<Value>, HttpError> {
-    pause_all(&state, PauseMode::Abort).await?;
+pub(crate) async fn areal_pause_generation(
+    State(state): State<AppState>,
+    OptionalJsonBody(NoFields {}): OptionalJsonBody<NoFields>,
+) -> Result<Json<Value>, HttpError> {
+    pause_all(&state, PauseMode::Abort, None).await?;
     Ok(Json(json!({"status": "ok"})))
 }
 
 /// `POST /areal_continue_generation`: AReaL's continue.
-pub(crate) async fn areal_continue_generation(State(state): State<AppState>) -> Result<Json<Value>, HttpError> {
+pub(crate) async fn areal_continue_generation(
+    State(state): State<AppState>,
+    OptionalJsonBody(NoFields {}): OptionalJsonBody<NoFields>,
+) -> Result<Json<Value>, HttpError> {
     resume_all(&state).await?;
     Ok(Json(json!({"status": "ok"})))
 }
@@ -99,13 +147,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_query_mode_defaults_to_abort_and_names_the_field_when_unknown() {
-        let mode = |uri: &str| query_mode(&uri.parse::<Uri>().expect("uri"));
-        assert_eq!(mode("/pause").ok(), Some(PauseMode::Abort));
-        assert_eq!(mode("/pause?mode=keep&clear_cache=false").ok(), Some(PauseMode::Keep));
-        assert_eq!(mode("/pause?clear_cache=true&mode=wait").ok(), Some(PauseMode::Wait));
-        let err = mode("/pause?mode=freeze").expect_err("unknown mode");
-        assert_eq!(err.param().as_deref(), Some("mode"));
-        assert_eq!(err.status(), http::StatusCode::BAD_REQUEST);
+    fn the_query_mode_defaults_to_abort_and_unknown_values_and_parameters_are_named() {
+        let query = |uri: &str| pause_query(&uri.parse::<Uri>().expect("uri"));
+        let mode = |uri: &str| query(uri).map(|query| query.mode).ok();
+        assert_eq!(mode("/pause"), Some(PauseMode::Abort));
+        assert_eq!(mode("/pause?mode=keep&clear_cache=false"), Some(PauseMode::Keep));
+        assert_eq!(mode("/pause?clear_cache=true&mode=wait"), Some(PauseMode::Wait));
+        assert!(query("/pause?mode=wait&timeout_s=0.5").expect("bounded").drain_until.is_some());
+        for (uri, param) in [
+            ("/pause?mode=freeze", "mode"),
+            ("/pause?mdoe=keep", "mdoe"),
+            ("/pause?mode=abort&timeout_s=1", "timeout_s"),
+            ("/pause?mode=wait&timeout_s=soon", "timeout_s"),
+            ("/pause?mode=wait&timeout_s=-1", "timeout_s"),
+        ] {
+            let err = query(uri).expect_err(uri);
+            assert_eq!(err.param().as_deref(), Some(param), "{uri}");
+            assert_eq!(err.status(), http::StatusCode::BAD_REQUEST);
+        }
     }
 }

@@ -1,38 +1,52 @@
-//! The request guard: one router-wide middleware that every request passes before routing, so that endpoints added
-//! later are covered without doing anything.
+//! The request guard, in two parts.
 //!
-//! In order, it refuses:
+//! **Router-wide** ([`guard`], applied before routing, so that routes added later, other fronts' routes and the
+//! fallback are covered without doing anything), it refuses:
 //! 1. **cross-origin browser requests** (403): any request carrying `Origin`, or `Sec-Fetch-Site` other than
 //!    `none` (a URL typed into the browser). loragate serves no web pages, so such a request can only come from a
 //!    page the operator happened to visit (CSRF) or a DNS-rebinding attack; programs (SDKs, curl, Prometheus) send
 //!    neither header;
 //! 2. **POST bodies that are not JSON** (415): a `POST` with a body must say `Content-Type: application/json`
 //!    (a browser form can send `text/plain` without a preflight; it cannot send JSON cross-origin). A `POST` without
-//!    a body needs no content type;
-//! 3. **callers without a valid key**, when authentication is on (401, with `WWW-Authenticate: Bearer`), and callers
-//!    whose key may not make this kind of request at all (403). The key → permission logic is the core's
-//!    ([`loragate_core::Keyring`]); this module only reads `Authorization: Bearer KEY` (or, as the Tinker SDK sends
-//!    it, `X-API-Key: KEY`, where `tml-KEY` also stands for `KEY`: the SDK insists on that prefix) and classifies endpoints
-//!    ([`required_action`]). The caller's [`loragate_core::Principal`] goes to the handlers in a request
-//!    extension; they check it against the adapter each request names.
+//!    a body needs no content type.
+//!
+//! It also keeps keep-alive connections honest: a response that leaves its request's body unread (a refusal before
+//! the body was looked at, a body over the limit or too slow) says `Connection: close`, because the server then
+//! closes the connection rather than read the rest; a client that reuses it would otherwise find a broken pipe.
+//!
+//! **Per route** ([`authenticate`], a route layer on this front's own routes), when authentication is on: callers
+//! without a valid key get 401 (with `WWW-Authenticate: Bearer`), callers whose key may not make this kind of
+//! request at all 403. The key → permission logic is the core's ([`loragate_core::Keyring`]); this module only reads
+//! `Authorization: Bearer KEY` and classifies endpoints ([`required_action`]). The caller's
+//! [`loragate_core::Principal`] goes to the handlers in a request extension; they check it against the adapter each
+//! request names. Other fronts mounted on the listener (the Tinker API) bring their own authentication, with their
+//! own way of presenting keys; this module knows nothing of them.
 //!
 //! `/health` and `/metrics` are open (no key), but still refuse cross-origin browser requests.
 
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, TRANSFER_ENCODING};
-use http::{HeaderMap, Method};
-use loragate_core::{Action, bearer_token};
+use bytes::Bytes;
+use http::header::{AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderValue, Method, Uri};
+use http_body::Frame;
+use loragate_core::{Action, Principal, bearer_token};
 
 use crate::error::HttpError;
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// `Sec-Fetch-Site`, sent by browsers with every request.
 const SEC_FETCH_SITE: &str = "sec-fetch-site";
 
-/// What an endpoint needs from its caller: `None` for open endpoints. Endpoints not listed here need the admin
-/// key, so a new endpoint is closed until it is classified.
+/// What an endpoint of this front needs from its caller: `None` for open endpoints. Endpoints not listed here need
+/// the admin key, so a new endpoint is closed until it is classified.
 pub(crate) fn required_action(path: &str) -> Option<Action> {
     match path {
         "/health" | "/metrics" => None,
@@ -47,67 +61,107 @@ pub(crate) fn required_action(path: &str) -> Option<Action> {
         | "/server_info"
         | "/skyrl/v1/wait_lora_unpaused"
         | "/is_paused" => Some(Action::Sample),
-        // The Tinker API (mounted with `HttpFront::with_routes`): sampling only; its handlers check the adapter.
-        tinker if tinker.starts_with("/api/v1/") => Some(Action::Sample),
         "/skyrl/v1/abort_lora_requests"
         | "/skyrl/v1/resume_lora_requests"
         | "/skyrl/v1/load_lora_adapter"
         | "/v1/load_lora_adapter"
         | "/v1/unload_lora_adapter"
         | "/load_lora_adapter"
-        | "/unload_lora_adapter"
-        | "/reset_prefix_cache"
-        | "/flush_cache" => Some(Action::Control),
-        // The engine-wide pause (/pause, /resume, /pause_generation, ...), SGLang's /abort_request and vLLM's
-        // /inference/v1/abort_requests (they abort by request id across every adapter) and anything not classified
-        // yet.
+        | "/unload_lora_adapter" => Some(Action::Control),
+        // The engine-wide pause (/pause, /resume, /pause_generation, ...), the engine-wide caches
+        // (/reset_prefix_cache, /flush_cache), SGLang's /abort_request and vLLM's /inference/v1/abort_requests (they
+        // abort by request id across every adapter) and anything not classified yet.
         _ => Some(Action::Admin),
     }
 }
 
-/// The middleware (apply it with `Router::layer` after every route, so that it covers all of them).
-pub(crate) async fn guard(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+/// The router-wide middleware (apply it with `Router::layer` after every route, so that it covers all of them).
+pub(crate) async fn guard(request: Request, next: Next) -> Response {
     let headers = request.headers();
-    if let Err(err) = refuse_cross_origin(headers).and_then(|()| require_json_body(request.method(), headers)) {
-        return err.into_response();
+    let has_body = declares_body(headers);
+    if let Err(err) = refuse_cross_origin(headers).and_then(|()| require_json_body(request.method(), headers, has_body))
+    {
+        return close_if(has_body, err.into_response());
     }
+    if !has_body {
+        return next.run(request).await;
+    }
+    let finished = Arc::new(AtomicBool::new(false));
+    let request = request.map(|body| Body::new(TrackedBody { inner: body, finished: finished.clone() }));
+    let response = next.run(request).await;
+    close_if(!finished.load(Ordering::Acquire), response)
+}
+
+/// The per-route authentication of this front's endpoints (apply it with `Router::route_layer`).
+pub(crate) async fn authenticate(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     if let Some(action) = required_action(request.uri().path()) {
-        let keyring = state.front().coordinator().auth();
-        let authenticated = match presented_key(headers) {
-            Presented::Bearer(key) => keyring.authenticate(key),
-            // The SDK's `tml-` prefix is optional on the server's side: `tml-KEY` also presents `KEY`.
-            Presented::ApiKey(key) => keyring.authenticate(Some(key)).or_else(|err| {
-                key.strip_prefix(TINKER_KEY_PREFIX).map_or(Err(err), |bare| keyring.authenticate(Some(bare)))
-            }),
-        };
-        match authenticated.and_then(|principal| principal.may(action).map(|()| principal)) {
+        match authorized(&state, request.headers(), Some(action)) {
             Ok(principal) => {
                 request.extensions_mut().insert(principal);
             }
-            Err(err) => return HttpError::access(err).into_response(),
+            Err(err) => return err.into_response(),
         }
     }
     next.run(request).await
 }
 
-/// `X-API-Key`, the Tinker SDK's header.
-const API_KEY_HEADER: &str = "x-api-key";
-/// The prefix the Tinker SDK requires of its keys.
-const TINKER_KEY_PREFIX: &str = "tml-";
-
-/// The key a request presents.
-enum Presented<'a> {
-    /// `Authorization: Bearer KEY` (or no key at all).
-    Bearer(Option<&'a str>),
-    /// `X-API-Key: KEY`, without an `Authorization` header.
-    ApiKey(&'a str),
+/// The caller behind `headers`' bearer key, checked for `action` (any valid key for `None`).
+fn authorized(state: &AppState, headers: &HeaderMap, action: Option<Action>) -> Result<Principal, HttpError> {
+    let presented = headers.get(AUTHORIZATION).and_then(|value| value.to_str().ok()).and_then(bearer_token);
+    let principal = state.front().coordinator().auth().authenticate(presented).map_err(HttpError::access)?;
+    if let Some(action) = action {
+        principal.may(action).map_err(HttpError::access)?;
+    }
+    Ok(principal)
 }
 
-fn presented_key(headers: &HeaderMap) -> Presented<'_> {
-    let header = |name| headers.get(name).and_then(|value: &http::HeaderValue| value.to_str().ok());
-    match (header(AUTHORIZATION.as_str()), header(API_KEY_HEADER)) {
-        (None, Some(key)) => Presented::ApiKey(key.trim()),
-        (authorization, _) => Presented::Bearer(authorization.and_then(bearer_token)),
+/// The fallback: 404 for a path nothing serves, once the caller presented a valid key (any key: clients probe
+/// optional endpoints with the key they have, and a 404 is what tells them "not supported").
+pub(crate) async fn no_such_endpoint(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> HttpError {
+    match authorized(&state, &headers, None) {
+        Ok(_) => HttpError::NoSuchEndpoint(uri.path().to_owned()),
+        Err(err) => err,
+    }
+}
+
+/// HTTP/1.1 (the only protocol this front speaks): a request has a body iff it is chunked or declares a length.
+fn declares_body(headers: &HeaderMap) -> bool {
+    let declared_length = headers.get(CONTENT_LENGTH).map(|value| value.as_bytes().trim_ascii());
+    headers.contains_key(TRANSFER_ENCODING) || declared_length.is_some_and(|length| length != b"0")
+}
+
+/// `response`, saying `Connection: close` if `close`.
+fn close_if(close: bool, mut response: Response) -> Response {
+    if close {
+        response.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// A request body that records whether it was read to its end.
+struct TrackedBody {
+    inner: Body,
+    finished: Arc<AtomicBool>,
+}
+
+impl http_body::Body for TrackedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) {
+            self.finished.store(true, Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -121,14 +175,8 @@ fn refuse_cross_origin(headers: &HeaderMap) -> Result<(), HttpError> {
     }
 }
 
-fn require_json_body(method: &Method, headers: &HeaderMap) -> Result<(), HttpError> {
-    if method != Method::POST {
-        return Ok(());
-    }
-    // HTTP/1.1 (the only protocol this front speaks): a request has a body iff it is chunked or declares a length.
-    let declared_length = headers.get(CONTENT_LENGTH).map(|value| value.as_bytes().trim_ascii());
-    let has_body = headers.contains_key(TRANSFER_ENCODING) || declared_length.is_some_and(|length| length != b"0");
-    if !has_body {
+fn require_json_body(method: &Method, headers: &HeaderMap, has_body: bool) -> Result<(), HttpError> {
+    if method != Method::POST || !has_body {
         return Ok(());
     }
     let media_type = headers
@@ -173,6 +221,7 @@ mod tests {
     #[test]
     fn post_bodies_must_be_json_and_bodiless_posts_need_no_type() {
         let post = Method::POST;
+        let json_body = |headers: &HeaderMap| require_json_body(&post, headers, declares_body(headers));
         for allowed in [
             headers(&[("content-length", "2"), ("content-type", "application/json")]),
             headers(&[("content-length", "2"), ("content-type", "Application/JSON; charset=utf-8")]),
@@ -180,7 +229,7 @@ mod tests {
             headers(&[("content-length", "0")]),
             headers(&[]),
         ] {
-            assert!(require_json_body(&post, &allowed).is_ok(), "{allowed:?}");
+            assert!(json_body(&allowed).is_ok(), "{allowed:?}");
         }
         for refused in [
             headers(&[("content-length", "2")]),
@@ -189,9 +238,10 @@ mod tests {
             headers(&[("content-length", "2"), ("content-type", "multipart/form-data; boundary=x")]),
             headers(&[("transfer-encoding", "chunked"), ("content-type", "application/jsonp")]),
         ] {
-            assert!(require_json_body(&post, &refused).is_err(), "{refused:?}");
+            assert!(json_body(&refused).is_err(), "{refused:?}");
         }
-        assert!(require_json_body(&Method::GET, &headers(&[("content-length", "2")])).is_ok());
+        let with_length = headers(&[("content-length", "2")]);
+        assert!(require_json_body(&Method::GET, &with_length, declares_body(&with_length)).is_ok());
     }
 
     #[test]
@@ -203,10 +253,18 @@ mod tests {
         assert_eq!(required_action("/v1/load_lora_adapter"), Some(Action::Control));
         assert_eq!(required_action("/skyrl/v1/load_lora_adapter"), Some(Action::Control));
         assert_eq!(required_action("/is_paused"), Some(Action::Sample));
-        for engine_wide in ["/pause", "/resume", "/pause_generation", "/continue_generation", "/areal_pause_generation"]
-        {
+        for engine_wide in [
+            "/pause",
+            "/resume",
+            "/pause_generation",
+            "/continue_generation",
+            "/areal_pause_generation",
+            "/reset_prefix_cache",
+            "/flush_cache",
+        ] {
             assert_eq!(required_action(engine_wide), Some(Action::Admin), "{engine_wide}");
         }
         assert_eq!(required_action("/v1/completions/"), Some(Action::Admin));
+        assert_eq!(required_action("/api/v1/asample"), Some(Action::Admin), "this front knows no Tinker route");
     }
 }

@@ -1,55 +1,151 @@
 //! Request bodies: read within the server's limit and by the gate deadline (`--gate-max-wait`: a body that never
 //! completes fails with 408 and is counted in `loragate_request_body_timeouts_total{front="http"}`), then parsed as
-//! JSON into this front's own request types, with every failure a 400 (413 over the limit) naming the field where
-//! there is one (its path of keys, such as `sampling_params.max_tokens`). This replaces axum's `Json` extractor,
-//! whose rejections are 415/422 with plain-text bodies. The bytes are dropped once parsed: nothing downstream (a
-//! request held at a paused gate included) keeps them.
+//! JSON into the endpoint's own request types, consuming the bytes: nothing of the body (no bytes, no
+//! `serde_json::Value`) outlives the parse, so a request held at a paused gate keeps only its parsed form. Every
+//! failure is a 400 (413 over the limit) naming the field where there is one (its path of keys, such as
+//! `sampling_params.max_tokens`). This replaces axum's `Json` extractor, whose rejections are 415/422 with
+//! plain-text bodies.
 //!
-//! A body can also be read once as a [`JsonValue`] and parsed into several types ([`parse_value`]): the sampling
-//! endpoints parse the fields every API shares into one type and their own fields into another.
+//! Bodies are **strict**: a key the endpoint does not know is a 400 naming it ([`BodyError::UnknownField`]), so a
+//! typo (`"ownr"` for `"owner"`) is never silently dropped. A request type refuses unknown keys with
+//! `#[serde(deny_unknown_fields)]` ([`JsonBody`]); an endpoint whose body is read into several types (its own fields,
+//! and the sampling fields its API family shares) lists every type's fields and the fields it accepts without
+//! effect ([`JsonObject`]).
+//!
+//! The reader ([`read_json`]) is public: the Tinker front reads its bodies with it, under the same limit and
+//! deadline.
 
 use axum::body::Body;
 use axum::extract::{FromRequest, Request};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use serde::de::DeserializeOwned;
-use serde_json::Value;
+use loragate_core::Coordinator;
+use serde::Deserialize;
+use serde::de::{DeserializeOwned, Visitor};
+use serde_json::{Map, Value};
 use serde_path_to_error::{Path, Segment};
 use tokio::time::Instant;
 
 use crate::error::HttpError;
-use crate::server::AppState;
+use crate::state::AppState;
 
-/// Reads a whole body by `deadline`, refusing more than `limit` bytes.
-pub(crate) async fn read_body(body: Body, limit: usize, deadline: Instant) -> Result<Bytes, HttpError> {
-    match tokio::time::timeout_at(deadline, Limited::new(body, limit).collect()).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => Err(HttpError::BodyTooLarge { limit }),
-        Ok(Err(err)) => Err(HttpError::UnreadableBody(err.to_string())),
-        Err(_elapsed) => Err(HttpError::BodyTimeout),
+/// Why a request body was refused before its endpoint looked at it. Each front maps it to its own error shape.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// The body is larger than the limit.
+    #[error("the request body is larger than the {limit}-byte limit")]
+    TooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// The body did not arrive by the gate deadline (`--gate-max-wait`).
+    #[error("the request body did not arrive in time (the limit is the server's --gate-max-wait)")]
+    Timeout,
+    /// The body could not be read (the client stopped sending it).
+    #[error("could not read the request body: {0}")]
+    Unreadable(String),
+    /// The body is not the JSON this endpoint takes: a syntax error, a wrong type, a value out of range.
+    #[error("{message}")]
+    Json {
+        /// The path of object keys down to the offending value (up to the first array index), if there is one.
+        param: Option<String>,
+        /// What is wrong, with the whole path to the offending value.
+        message: String,
+    },
+    /// A key the endpoint does not take.
+    #[error("{param}: unknown field: this endpoint does not take it (check its spelling)")]
+    UnknownField {
+        /// The key's path (`owner`, `sampling_params.top_kk`).
+        param: String,
+    },
+}
+
+impl BodyError {
+    /// The offending field's path of keys, if there is one.
+    pub fn param(&self) -> Option<String> {
+        match self {
+            Self::Json { param, .. } => param.clone(),
+            Self::UnknownField { param } => Some(param.clone()),
+            Self::TooLarge { .. } | Self::Timeout | Self::Unreadable(_) => None,
+        }
     }
 }
 
-/// Parses a JSON document into `T`. Errors carry the path to the offending value and name its field.
-pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
+/// Reads a request's whole body within `limit` bytes and by the coordinator's gate deadline (a timeout is counted
+/// in `loragate_request_body_timeouts_total{front="http"}`), and parses it into `T`. `T` is strict if it says
+/// `#[serde(deny_unknown_fields)]`.
+pub async fn read_json<T: DeserializeOwned>(
+    body: Body,
+    coordinator: &Coordinator,
+    limit: usize,
+) -> Result<T, BodyError> {
+    let bytes = read_bounded(body, coordinator, limit).await?;
+    parse_json(&bytes)
+}
+
+/// Reads a whole body within `limit` bytes and by the coordinator's gate deadline, counting a timeout.
+pub(crate) async fn read_bounded(body: Body, coordinator: &Coordinator, limit: usize) -> Result<Bytes, BodyError> {
+    let deadline = coordinator.gate_deadline(None).hold_until();
+    read_body(body, limit, deadline).await.inspect_err(|err| {
+        if matches!(err, BodyError::Timeout) {
+            coordinator.metrics().record_body_read_timeout("http");
+        }
+    })
+}
+
+/// Reads a whole body by `deadline`, refusing more than `limit` bytes.
+pub(crate) async fn read_body(body: Body, limit: usize, deadline: Instant) -> Result<Bytes, BodyError> {
+    match tokio::time::timeout_at(deadline, copy_frames(Limited::new(body, limit))).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => Err(BodyError::TooLarge { limit }),
+        Ok(Err(err)) => Err(BodyError::Unreadable(err.to_string())),
+        Err(_elapsed) => Err(BodyError::Timeout),
+    }
+}
+
+/// Copies each frame of `body` into one buffer (sized by its `Content-Length`) and drops the frame at once. Each
+/// frame is a piece of its connection's read buffer: collecting the frames first (as `BodyExt::collect` does) would
+/// hold every piece of a large body at once, a heap of small allocations the allocator keeps after they are freed,
+/// where copying lets the connection reuse one read buffer and the whole body is one allocation, returned when freed.
+async fn copy_frames<B>(mut body: B) -> Result<Bytes, B::Error>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    let expected = body.size_hint().exact().and_then(|bytes| usize::try_from(bytes).ok()).unwrap_or(0);
+    let mut bytes = Vec::with_capacity(expected);
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            bytes.extend_from_slice(&data);
+        }
+    }
+    Ok(Bytes::from(bytes))
+}
+
+/// Parses one JSON document into `T`. Errors carry the path to the offending value and name its field.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BodyError> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut deserializer)
         .map_err(|err| invalid_json("", err.path().clone(), err.into_inner()))?;
-    deserializer
-        .end()
-        .map_err(|err| HttpError::InvalidJson { param: None, message: format!("invalid JSON body: {err}") })?;
+    deserializer.end().map_err(|err| BodyError::Json { param: None, message: format!("invalid JSON body: {err}") })?;
     Ok(value)
 }
 
-/// Parses an already read JSON value into `T`; `at` is where the value sits in the body (`""` for the body
-/// itself, `"sampling_params"` for a nested object), so errors name the field by its whole path.
-pub(crate) fn parse_value<T: DeserializeOwned>(value: &Value, at: &str) -> Result<T, HttpError> {
+/// Deserializes `value` into `T`, consuming it; `at` is where the value sits in the body (`""` for the body itself,
+/// `"sampling_params"` for a nested object), so errors name the field by its whole path.
+pub(crate) fn from_value<T: DeserializeOwned>(value: Value, at: &str) -> Result<T, BodyError> {
     serde_path_to_error::deserialize(value).map_err(|err| invalid_json(at, err.path().clone(), err.into_inner()))
 }
 
+/// [`from_value`] on a copy of `value` (tests build their bodies as values).
+#[cfg(test)]
+pub(crate) fn parse_value<T: DeserializeOwned>(value: &Value, at: &str) -> Result<T, HttpError> {
+    Ok(from_value(value.clone(), at)?)
+}
+
 /// The error for `inner` at `path` below `at`: `param` is the path of object keys down to the offending value (up
-/// to the first array index), `message` the whole path and what is wrong.
-fn invalid_json(at: &str, path: Path, inner: serde_json::Error) -> HttpError {
+/// to the first array index), `message` the whole path and what is wrong. An unknown key (a type that denies them)
+/// is [`BodyError::UnknownField`].
+fn invalid_json(at: &str, path: Path, inner: serde_json::Error) -> BodyError {
     let mut keys: Vec<&str> = if at.is_empty() { Vec::new() } else { vec![at] };
     for segment in path.iter() {
         match segment {
@@ -58,46 +154,133 @@ fn invalid_json(at: &str, path: Path, inner: serde_json::Error) -> HttpError {
         }
     }
     if keys.is_empty() {
-        return HttpError::InvalidJson { param: None, message: format!("invalid JSON body: {inner}") };
+        return BodyError::Json { param: None, message: format!("invalid JSON body: {inner}") };
+    }
+    let param = keys.join(".");
+    // serde's own wording for a key a `deny_unknown_fields` type does not know.
+    if inner.to_string().starts_with("unknown field") {
+        return BodyError::UnknownField { param };
     }
     let full_path = if at.is_empty() { path.to_string() } else { format!("{at}.{path}") };
-    HttpError::InvalidJson { param: Some(keys.join(".")), message: format!("{full_path}: {inner}") }
+    BodyError::Json { param: Some(param), message: format!("{full_path}: {inner}") }
 }
 
-/// A JSON request body parsed into `T` (an extractor; must be the handler's last argument).
+/// The field names `T`'s derived `Deserialize` reads (its aliases included): what a [`JsonObject`] lets through
+/// for it. `T` must be a struct with named fields.
+pub(crate) fn field_names<T: DeserializeOwned>() -> &'static [&'static str] {
+    /// A deserializer that only records the field list serde's derive hands to `deserialize_struct`.
+    struct FieldNames<'a>(&'a mut &'static [&'static str]);
+
+    impl<'de> serde::Deserializer<'de> for FieldNames<'_> {
+        type Error = serde::de::value::Error;
+
+        fn deserialize_any<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value, Self::Error> {
+            Err(serde::de::Error::custom("not a struct"))
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            _visitor: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(serde::de::Error::custom("fields recorded"))
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+            unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+        }
+    }
+
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(FieldNames(&mut fields));
+    fields
+}
+
+/// A JSON object read into several request types at once (an endpoint's own fields and the sampling fields it
+/// shares with its API family), strictly: every key must belong to one of the types, or to the endpoint's list of
+/// fields accepted without effect. Each [`JsonObject::take`] moves its type's fields out, so the object is consumed
+/// as it is parsed.
+pub(crate) struct JsonObject {
+    fields: Map<String, Value>,
+    at: &'static str,
+}
+
+impl JsonObject {
+    /// The body `bytes`, which must be one JSON object whose every key is in one of `known`.
+    pub(crate) fn parse(bytes: &[u8], known: &[&[&str]]) -> Result<Self, BodyError> {
+        let fields: Map<String, Value> = parse_json(bytes)?;
+        Self::check(fields, "", known)
+    }
+
+    /// The nested object `value` (`null` or absent: an empty one) at `at`, whose every key is in one of `known`.
+    pub(crate) fn nested(value: Option<Value>, at: &'static str, known: &[&[&str]]) -> Result<Self, BodyError> {
+        let fields = match value {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(fields)) => fields,
+            Some(other) => {
+                return Err(BodyError::Json {
+                    param: Some(at.to_owned()),
+                    message: format!("{at}: must be an object, got {other}"),
+                });
+            }
+        };
+        Self::check(fields, at, known)
+    }
+
+    fn check(fields: Map<String, Value>, at: &'static str, known: &[&[&str]]) -> Result<Self, BodyError> {
+        if let Some(unknown) = fields.keys().find(|key| !known.iter().any(|names| names.contains(&key.as_str()))) {
+            let param = if at.is_empty() { unknown.clone() } else { format!("{at}.{unknown}") };
+            return Err(BodyError::UnknownField { param });
+        }
+        Ok(Self { fields, at })
+    }
+
+    /// Moves `T`'s fields out of the object and deserializes them.
+    pub(crate) fn take<T: DeserializeOwned>(&mut self) -> Result<T, BodyError> {
+        let names = field_names::<T>();
+        let mine: Map<String, Value> = names.iter().filter_map(|name| self.fields.remove_entry(*name)).collect();
+        from_value(Value::Object(mine), self.at)
+    }
+
+    /// Moves the value of `key` out of the object.
+    pub(crate) fn take_value(&mut self, key: &str) -> Option<Value> {
+        self.fields.remove(key)
+    }
+}
+
+/// A JSON request body parsed into `T` (an extractor; must be the handler's last argument). Strict when `T` says
+/// `#[serde(deny_unknown_fields)]`, as every control body does.
 pub(crate) struct JsonBody<T>(pub(crate) T);
 
 impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = HttpError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, HttpError> {
-        let bytes = read_request_body(request, state).await?;
-        parse_json(&bytes).map(Self)
+        let bytes = read_bounded(request.into_body(), state.front().coordinator(), state.body_limit()).await?;
+        Ok(Self(parse_json(&bytes)?))
     }
 }
 
-/// A JSON request body read as a JSON value, to be parsed with [`parse_value`] (an extractor; must be the handler's
-/// last argument).
-pub(crate) struct JsonValue(pub(crate) Value);
+/// A request parsed from a whole JSON body by [`ParseBody::parse_body`] (an extractor; must be the handler's last
+/// argument): for endpoints whose body is read into several types (see [`JsonObject`]).
+pub(crate) struct Parsed<T>(pub(crate) T);
 
-impl FromRequest<AppState> for JsonValue {
+/// A request type parsed from a body's bytes, consuming them.
+pub(crate) trait ParseBody: Sized {
+    /// Parses the body.
+    fn parse_body(bytes: &[u8]) -> Result<Self, HttpError>;
+}
+
+impl<T: ParseBody> FromRequest<AppState> for Parsed<T> {
     type Rejection = HttpError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, HttpError> {
-        let bytes = read_request_body(request, state).await?;
-        parse_json(&bytes).map(Self)
+        let bytes = read_bounded(request.into_body(), state.front().coordinator(), state.body_limit()).await?;
+        T::parse_body(&bytes).map(Self)
     }
-}
-
-/// Reads a request's body within the server's limit and by the gate deadline, counting a body that timed out.
-async fn read_request_body(request: Request, state: &AppState) -> Result<Bytes, HttpError> {
-    let coordinator = state.front().coordinator();
-    let deadline = coordinator.gate_deadline(None).hold_until();
-    read_body(request.into_body(), state.body_limit(), deadline).await.inspect_err(|err| {
-        if matches!(err, HttpError::BodyTimeout) {
-            coordinator.metrics().record_body_read_timeout("http");
-        }
-    })
 }
 
 /// A JSON request body parsed into `T`, where an empty body means `T::default()` (control endpoints that clients
@@ -108,13 +291,18 @@ impl<T: DeserializeOwned + Default> FromRequest<AppState> for OptionalJsonBody<T
     type Rejection = HttpError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, HttpError> {
-        let bytes = read_request_body(request, state).await?;
+        let bytes = read_bounded(request.into_body(), state.front().coordinator(), state.body_limit()).await?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(Self(T::default()));
         }
-        parse_json(&bytes).map(Self)
+        Ok(Self(parse_json(&bytes)?))
     }
 }
+
+/// The body of endpoints that take no fields: nothing, or `{}` (a strict empty object).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NoFields {}
 
 #[cfg(test)]
 mod tests {
@@ -129,9 +317,19 @@ mod tests {
         stop: Option<Vec<String>>,
     }
 
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Strict {
+        #[allow(dead_code)]
+        lora_name: Option<String>,
+        #[allow(dead_code)]
+        #[serde(alias = "lease")]
+        lease_s: Option<f64>,
+    }
+
     fn param_of(json: &str) -> Option<String> {
         match parse_json::<Probe>(json.as_bytes()) {
-            Err(HttpError::InvalidJson { param, .. }) => param,
+            Err(BodyError::Json { param, .. }) => param,
             other => panic!("{json} gave {other:?}"),
         }
     }
@@ -151,16 +349,16 @@ mod tests {
             sampling_params: Option<Probe>,
         }
         let value: Value = serde_json::from_str(r#"{"sampling_params": {"max_tokens": "ten"}}"#).expect("json");
-        match parse_value::<Outer>(&value, "") {
-            Err(HttpError::InvalidJson { param, message }) => {
+        match from_value::<Outer>(value, "") {
+            Err(BodyError::Json { param, message }) => {
                 assert_eq!(param.as_deref(), Some("sampling_params.max_tokens"));
                 assert!(message.starts_with("sampling_params.max_tokens: "), "{message}");
             }
             other => panic!("{other:?}"),
         }
         let nested: Value = serde_json::from_str(r#"{"stop": ["a", 3]}"#).expect("json");
-        match parse_value::<Probe>(&nested, "sampling_params") {
-            Err(HttpError::InvalidJson { param, .. }) => assert_eq!(param.as_deref(), Some("sampling_params.stop")),
+        match from_value::<Probe>(nested, "sampling_params") {
+            Err(BodyError::Json { param, .. }) => assert_eq!(param.as_deref(), Some("sampling_params.stop")),
             other => panic!("{other:?}"),
         }
     }
@@ -173,16 +371,46 @@ mod tests {
     }
 
     #[test]
-    fn unknown_fields_are_ignored() {
-        let probe: Probe = parse_json(br#"{"max_tokens": 3, "frequency_penalty": 0.5, "stop": []}"#).expect("valid");
-        assert_eq!((probe.max_tokens, probe.stop), (Some(3), Some(vec![])));
+    fn a_strict_type_names_the_unknown_field() {
+        match parse_json::<Strict>(br#"{"lora_name": "meow", "ownr": "x"}"#) {
+            Err(BodyError::UnknownField { param }) => assert_eq!(param, "ownr"),
+            other => panic!("{other:?}"),
+        }
+        assert!(parse_json::<Strict>(br#"{"lora_name": "meow", "lease": 5}"#).is_ok(), "aliases are fields");
+        assert!(matches!(parse_json::<NoFields>(b"{}"), Ok(NoFields {})));
+        assert!(matches!(parse_json::<NoFields>(br#"{"x": 1}"#), Err(BodyError::UnknownField { .. })));
+    }
+
+    #[test]
+    fn field_names_lists_a_structs_fields_with_their_aliases() {
+        assert_eq!(field_names::<Probe>(), &["max_tokens", "stop"]);
+        let strict = field_names::<Strict>();
+        assert!(strict.contains(&"lora_name") && strict.contains(&"lease_s") && strict.contains(&"lease"));
+    }
+
+    #[test]
+    fn an_object_read_into_several_types_refuses_keys_none_of_them_knows() {
+        let known: &[&[&str]] = &[field_names::<Probe>(), &["user"]];
+        let mut object = JsonObject::parse(br#"{"max_tokens": 3, "user": "u", "stop": ["a"]}"#, known).expect("ok");
+        let probe: Probe = object.take().expect("probe");
+        assert_eq!((probe.max_tokens, probe.stop), (Some(3), Some(vec!["a".to_owned()])));
+        match JsonObject::parse(br#"{"max_tokens": 3, "frequency_penalty": 0.5}"#, known) {
+            Err(BodyError::UnknownField { param }) => assert_eq!(param, "frequency_penalty"),
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        let nested = serde_json::json!({"top_kk": 1});
+        match JsonObject::nested(Some(nested), "sampling_params", known) {
+            Err(BodyError::UnknownField { param }) => assert_eq!(param, "sampling_params.top_kk"),
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        assert!(JsonObject::nested(None, "sampling_params", known).is_ok(), "absent is empty");
     }
 
     #[tokio::test]
     async fn bodies_over_the_limit_are_refused() {
         let later = Instant::now() + std::time::Duration::from_secs(10);
         let err = read_body(Body::from(vec![b'x'; 11]), 10, later).await.expect_err("too large");
-        assert!(matches!(err, HttpError::BodyTooLarge { limit: 10 }), "{err:?}");
+        assert!(matches!(err, BodyError::TooLarge { limit: 10 }), "{err:?}");
         assert_eq!(read_body(Body::from("1234567890"), 10, later).await.expect("fits").len(), 10);
     }
 
@@ -192,6 +420,6 @@ mod tests {
             .chain(futures::stream::pending());
         let deadline = Instant::now() + std::time::Duration::from_millis(50);
         let err = read_body(Body::from_stream(trickle), 100, deadline).await.expect_err("never completes");
-        assert!(matches!(err, HttpError::BodyTimeout), "{err:?}");
+        assert!(matches!(err, BodyError::Timeout), "{err:?}");
     }
 }

@@ -34,6 +34,7 @@ mod codec;
 mod completions;
 mod control;
 mod error;
+mod front;
 mod generate;
 mod global_pause;
 mod guard;
@@ -44,6 +45,7 @@ mod output;
 mod sampling;
 mod server;
 mod sglang;
+mod state;
 #[cfg(test)]
 mod test_codec;
 mod token_stop_watcher;
@@ -51,5 +53,8 @@ mod tokenize;
 
 pub use chat_template::{ChatTemplate, ChatTemplateError};
 pub use codec::TextCodec;
-pub use server::{DEFAULT_BODY_LIMIT, HttpFront, HttpServeError, serve_http};
+pub use front::{DEFAULT_BODY_LIMIT, HttpFront};
+pub use json_body::{BodyError, parse_json, read_json};
+pub use sampling::{MAX_STOP_STRING_BYTES, MAX_STOP_STRINGS, check_stop_strings};
+pub use server::{HttpServeError, serve_http};
 pub use token_stop_watcher::TokenStopWatcher;

@@ -9,7 +9,7 @@ use axum::extract::{Extension, State};
 use loragate_core::{AdapterKey, AdapterStatus, Principal};
 use serde::Serialize;
 
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// OpenAI's model list.
 #[derive(Debug, Serialize)]

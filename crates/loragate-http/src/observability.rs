@@ -20,7 +20,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::error::HttpError;
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// The content type of `/metrics`.
 const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

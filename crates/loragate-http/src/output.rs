@@ -37,7 +37,7 @@ impl StreamOptions {
     }
 }
 
-/// OpenAI's token counts.
+/// OpenAI's token counts, with vLLM's `prompt_tokens_details`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct Usage {
     /// Prompt tokens, over every prompt.
@@ -46,12 +46,47 @@ pub(crate) struct Usage {
     pub(crate) completion_tokens: usize,
     /// Their sum.
     pub(crate) total_tokens: usize,
+    /// How many prompt tokens came from a cache.
+    pub(crate) prompt_tokens_details: PromptTokensDetails,
+}
+
+/// vLLM's `usage.prompt_tokens_details` (`PromptTokenUsageInfo`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct PromptTokensDetails {
+    /// Prompt tokens read from a prefix cache: always 0, since a request's KV cache lives only as long as the
+    /// request (vLLM reports the same field with `--enable-prompt-tokens-details`).
+    pub(crate) cached_tokens: usize,
 }
 
 impl Usage {
     /// The usage of `prompt_tokens` and `completion_tokens`.
     pub(crate) fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
-        Self { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails::default(),
+        }
+    }
+}
+
+/// vLLM's `stop_reason`: the stop string or stop token id that ended a choice; `null` (`None`) when the
+/// end-of-sequence token ended it, and for every other ending.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(untagged)]
+pub(crate) enum StopReason {
+    /// A stop token (of `stop_token_ids`).
+    Token(u32),
+    /// A stop string.
+    Text(String),
+}
+
+/// The `stop_reason` of a choice that ended with `finish`; `eos_token_ids` are the model's end-of-sequence tokens.
+pub(crate) fn stop_reason(finish: Option<&Finish>, eos_token_ids: &[u32]) -> Option<StopReason> {
+    match finish?.matched.as_ref()? {
+        Matched::Token(token) if eos_token_ids.contains(token) => None,
+        Matched::Token(token) => Some(StopReason::Token(*token)),
+        Matched::Text(text) => Some(StopReason::Text(text.clone())),
     }
 }
 

@@ -11,21 +11,43 @@ mod sglang;
 mod stop_strings;
 mod vllm;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::future::try_join_all;
-use loragate_core::{Action, Principal, RawSampleRequest, SampleRequest};
+use loragate_core::{Action, AdapterKey, Field, Limit, Principal, RawSampleRequest, SampleRequest};
 use serde_json::Value;
 
 pub(crate) use self::sglang::SglangSampling;
 pub(crate) use self::stop_strings::StopStrings;
+pub use self::stop_strings::{MAX_STOP_STRING_BYTES, MAX_STOP_STRINGS, check_stop_strings};
 pub(crate) use self::vllm::VllmSampling;
-use crate::error::{Api, HttpError};
+use crate::error::{Api, HttpError, wire_name};
+use crate::front::HttpFront;
 use crate::output::{Choices, Part, TextOptions};
-use crate::server::HttpFront;
 
 /// OpenAI's, vLLM's and SGLang's default temperature (the core's own default, for gRPC, is 0: greedy).
 const DEFAULT_TEMPERATURE: f32 = 1.0;
+
+/// The most sequences one HTTP request may ask for over all its prompts (prompts × `n`): a batch over it is refused
+/// with 400 whatever the server's load, since its cost is out of proportion to its body (1,000 prompts × `n` = 64
+/// from a few kilobytes).
+pub(crate) const MAX_BATCH_SEQUENCES: usize = 4096;
+
+/// vLLM sampling fields the clients send whose values change nothing here (text is always detokenized, special
+/// tokens never written, and the output always whole per chunk): flat in the OpenAI bodies, under
+/// `sampling_params` in `/inference/v1/generate`.
+pub(crate) const VLLM_NEUTRAL_SAMPLING_FIELDS: &[&str] = &[
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "output_kind",
+    "detokenize",
+    "routed_experts_prompt_start",
+];
+
+/// vLLM request fields the clients send that change nothing here: `cache_salt` (there is no prefix cache to salt),
+/// `priority` (requests are scheduled in arrival order), `user` (OpenAI's end-user tag).
+pub(crate) const VLLM_NEUTRAL_REQUEST_FIELDS: &[&str] = &["cache_salt", "priority", "user"];
 
 /// What an endpoint asks of each of its prompts, parsed but not yet validated by the core.
 #[derive(Clone, Debug, Default)]
@@ -75,6 +97,7 @@ pub(crate) async fn start(
     api: Api,
 ) -> Result<Started, HttpError> {
     let coordinator = front.coordinator();
+    check_batch(front, &prompts, plan.params.num_samples, api)?;
     let requests = prompts
         .into_iter()
         .map(|prompt| {
@@ -90,6 +113,11 @@ pub(crate) async fn start(
         .map_err(|err| HttpError::in_api(err, api))?;
     for request in &requests {
         caller.authorize(Action::Sample, request.adapter()).map_err(|err| HttpError::in_api(err, api))?;
+    }
+    for request in &requests {
+        if coordinator.adapter(request.adapter()).is_err() {
+            return Err(unknown_model(front, caller, request.adapter(), api).await);
+        }
     }
     let deadline = coordinator.gate_deadline(None);
     let request_ids = requests.iter().map(|request| request.id().to_string()).collect();
@@ -109,6 +137,56 @@ pub(crate) async fn start(
         })
         .collect();
     Ok(Started { parts, request_ids, prompts })
+}
+
+/// Refuses a batch that could never be admitted whole (400, not 429: waiting would not help): more prompts than the
+/// in-flight caps let in at once (each prompt is one admitted request), or more than [`MAX_BATCH_SEQUENCES`]
+/// sequences in all.
+fn check_batch(front: &HttpFront, prompts: &[PromptSpec], n: u32, api: Api) -> Result<(), HttpError> {
+    let param = wire_name(Field::PromptTokenIds, api);
+    let limits = front.coordinator().config().limits;
+    let too_many = |cap: u32, flag: &str, counted: &str| HttpError::BatchTooLarge {
+        param,
+        reason: format!(
+            "{} prompts{counted} can never be admitted at once: {flag} is {cap} (send at most {cap} per request)",
+            prompts.len()
+        ),
+    };
+    if prompts.len() > limits.max_in_flight as usize {
+        return Err(too_many(limits.max_in_flight, Limit::InFlight.flag(), ""));
+    }
+    if let Some(cap) = limits.max_in_flight_per_adapter {
+        let mut per_adapter: HashMap<&str, usize> = HashMap::new();
+        for prompt in prompts {
+            *per_adapter.entry(prompt.lora_name.as_str()).or_default() += 1;
+        }
+        if per_adapter.values().any(|&count| count > cap as usize) {
+            return Err(too_many(cap, Limit::InFlightPerAdapter.flag(), " of one adapter"));
+        }
+    }
+    let sequences = prompts.len().saturating_mul(n.max(1) as usize);
+    if sequences > MAX_BATCH_SEQUENCES {
+        return Err(HttpError::BatchTooLarge {
+            param,
+            reason: format!(
+                "{} prompts × n = {} asks for {sequences} sequences; one request may ask for at most \
+                 {MAX_BATCH_SEQUENCES}",
+                prompts.len(),
+                n.max(1)
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The 404 for a model nobody serves, listing the served names `caller` may use (the base model first).
+async fn unknown_model(front: &HttpFront, caller: &Principal, key: &AdapterKey, api: Api) -> HttpError {
+    let mut served = vec![front.served_model_name().to_owned()];
+    let adapters = front.coordinator().list_adapters().await;
+    served.extend(
+        adapters.iter().filter(|status| caller.may_see(&status.key)).map(|status| status.key.as_wire_str().to_owned()),
+    );
+    HttpError::UnknownModel { param: wire_name(Field::LoraName, api), model: key.as_wire_str().to_owned(), served }
 }
 
 /// Refuses `value` at `param` unless it is absent, `null`, or one of `neutral` (values that change nothing).

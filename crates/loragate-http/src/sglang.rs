@@ -21,76 +21,118 @@ use self::request::{OneOrMany, SglangBody};
 use self::response::{SglangOptions, SglangRender};
 use crate::completions::prompt_request_ids;
 use crate::error::{Api, HttpError};
-use crate::json_body::{JsonValue, OptionalJsonBody, parse_value};
+use crate::front::HttpFront;
+use crate::json_body::{JsonObject, OptionalJsonBody, ParseBody, Parsed, field_names};
 use crate::output::respond;
-use crate::sampling::{self, PromptSpec, SglangSampling, is_empty_collection, refuse_unless_neutral};
-use crate::server::{AppState, HttpFront};
+use crate::sampling::{self, PromptSpec, SamplingPlan, SglangSampling, is_empty_collection, refuse_unless_neutral};
+use crate::state::AppState;
 
 /// Where the sampling fields sit in the body.
 const SAMPLING_PARAMS: &str = "sampling_params";
+
+/// SGLang sampling fields the clients send whose values change nothing here: `skip_special_tokens` and
+/// `spaces_between_special_tokens` (special tokens are never written in the text), `custom_params` (slime's
+/// parameters for custom logit processors, which are refused on their own).
+const NEUTRAL_SAMPLING_FIELDS: &[&str] = &["skip_special_tokens", "spaces_between_special_tokens", "custom_params"];
+
+/// Top-level fields the clients send whose values change nothing here: `custom_params` (slime's, next to
+/// `input_ids`; its custom logit processor parameters, a processor itself being refused on its own).
+const NEUTRAL_REQUEST_FIELDS: &[&str] = &["custom_params"];
+
+/// A `/generate` body as it arrives: SGLang's request fields, and its sampling fields under `sampling_params`. Any
+/// other key is refused, at either level, but for the fields the clients send that change nothing.
+pub(crate) struct SglangRequest {
+    body: SglangBody,
+    fields: SglangSampling,
+}
+
+impl ParseBody for SglangRequest {
+    fn parse_body(bytes: &[u8]) -> Result<Self, HttpError> {
+        let mut object =
+            JsonObject::parse(bytes, &[field_names::<SglangBody>(), &[SAMPLING_PARAMS], NEUTRAL_REQUEST_FIELDS])?;
+        let nested = match object.take_value(SAMPLING_PARAMS) {
+            Some(Value::Array(_)) => {
+                return Err(HttpError::invalid(SAMPLING_PARAMS, "send one sampling_params object for every prompt"));
+            }
+            other => other,
+        };
+        let nested_known = [field_names::<SglangSampling>(), NEUTRAL_SAMPLING_FIELDS];
+        let mut nested = JsonObject::nested(nested, SAMPLING_PARAMS, &nested_known)?;
+        Ok(Self { body: object.take()?, fields: nested.take()? })
+    }
+}
+
+/// A `/generate` request, its prompts encoded, ready to start: nothing of its body is left.
+struct Plan {
+    specs: Vec<PromptSpec>,
+    sampling: SamplingPlan,
+    options: SglangOptions,
+    stream: bool,
+}
+
+impl Plan {
+    fn parse(front: &HttpFront, request: SglangRequest) -> Result<Self, HttpError> {
+        let SglangRequest { body, fields } = request;
+        refuse_out_of_scope(&body)?;
+        let (prompts, batch) = prompts(front, body.input_ids, body.text)?;
+        let count = prompts.len();
+        let lora_names: Vec<Option<String>> = match body.lora_path {
+            None => vec![None; count],
+            Some(OneOrMany::One(name)) => vec![name; count],
+            Some(OneOrMany::Many(names)) => one_per_prompt(names, count, "lora_path")?,
+        };
+        let lora_names = lora_names.iter().map(|name| front.lora_name_for(name.as_deref().unwrap_or("")).to_owned());
+        let request_ids = match body.rid {
+            None => prompt_request_ids("", count),
+            Some(OneOrMany::One(base)) => prompt_request_ids(&base, count),
+            Some(OneOrMany::Many(ids)) => one_per_prompt(ids, count, "rid")?,
+        };
+        let return_logprob = body.return_logprob.unwrap_or(false);
+        let top_logprobs_num = body.top_logprobs_num.unwrap_or(0);
+        let logprob_start_len = body
+            .logprob_start_len
+            .filter(|start| *start >= 0 && return_logprob)
+            .map(|start| usize::try_from(start).unwrap_or(usize::MAX));
+        let mut sampling = fields.into_plan()?;
+        sampling.params.top_logprobs = if return_logprob { top_logprobs_num } else { 0 };
+        sampling.params.prompt_top_logprobs = logprob_start_len.map(|_| top_logprobs_num);
+        sampling.text.with_logprobs = return_logprob;
+        let num_samples = sampling.params.num_samples.max(1);
+        let specs = prompts
+            .into_iter()
+            .zip(lora_names)
+            .zip(request_ids)
+            .map(|((token_ids, lora_name), request_id)| PromptSpec { request_id, lora_name, token_ids })
+            .collect();
+        let options = SglangOptions {
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            text_in_logprobs: body.return_text_in_logprobs.unwrap_or(false),
+            as_list: batch || num_samples > 1,
+        };
+        Ok(Self { specs, sampling, options, stream: body.stream.unwrap_or(false) })
+    }
+}
 
 /// The handler of `POST /generate`.
 pub(crate) async fn generate(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    JsonValue(body): JsonValue,
+    Parsed(request): Parsed<SglangRequest>,
 ) -> Result<Response, HttpError> {
     let front = state.front();
-    let request: SglangBody = parse_value(&body, "")?;
-    refuse_out_of_scope(&request)?;
-    let nested = match body.get(SAMPLING_PARAMS) {
-        None | Some(Value::Null) => json!({}),
-        Some(Value::Array(_)) => {
-            return Err(HttpError::invalid(SAMPLING_PARAMS, "send one sampling_params object for every prompt"));
-        }
-        Some(object) => object.clone(),
-    };
-    let fields: SglangSampling = parse_value(&nested, SAMPLING_PARAMS)?;
-    let (prompts, batch) = prompts(front, &request)?;
-    let count = prompts.len();
-    let lora_names: Vec<Option<String>> = match request.lora_path {
-        None => vec![None; count],
-        Some(OneOrMany::One(name)) => vec![name; count],
-        Some(OneOrMany::Many(names)) => one_per_prompt(names, count, "lora_path")?,
-    };
-    let lora_names = lora_names.iter().map(|name| front.lora_name_for(name.as_deref().unwrap_or("")).to_owned());
-    let request_ids = match request.rid {
-        None => prompt_request_ids("", count),
-        Some(OneOrMany::One(base)) => prompt_request_ids(&base, count),
-        Some(OneOrMany::Many(ids)) => one_per_prompt(ids, count, "rid")?,
-    };
-    let return_logprob = request.return_logprob.unwrap_or(false);
-    let top_logprobs_num = request.top_logprobs_num.unwrap_or(0);
-    let logprob_start_len = request
-        .logprob_start_len
-        .filter(|start| *start >= 0 && return_logprob)
-        .map(|start| usize::try_from(start).unwrap_or(usize::MAX));
-    let mut plan = fields.into_plan()?;
-    plan.params.top_logprobs = if return_logprob { top_logprobs_num } else { 0 };
-    plan.params.prompt_top_logprobs = logprob_start_len.map(|_| top_logprobs_num);
-    plan.text.with_logprobs = return_logprob;
-    let num_samples = plan.params.num_samples.max(1);
-    let specs = prompts
-        .into_iter()
-        .zip(lora_names)
-        .zip(request_ids)
-        .map(|((token_ids, lora_name), request_id)| PromptSpec { request_id, lora_name, token_ids })
-        .collect();
-    let started = sampling::start(front, &caller, specs, plan, Api::Sglang).await?;
-    let options = SglangOptions {
-        return_logprob,
-        logprob_start_len,
-        top_logprobs_num,
-        text_in_logprobs: request.return_text_in_logprobs.unwrap_or(false),
-        as_list: batch || num_samples > 1,
-    };
+    // The request is consumed here: only its plan (no part of the body) waits at the gate.
+    let plan = Plan::parse(front, request)?;
+    let started = sampling::start(front, &caller, plan.specs, plan.sampling, Api::Sglang).await?;
     let prompt_lengths = started.prompts.iter().map(|prompt| prompt.len()).collect();
-    let render = SglangRender::new(front.codec().clone(), options, started.request_ids.clone(), prompt_lengths);
-    respond(started.parts, render, request.stream.unwrap_or(false), None).await
+    let render = SglangRender::new(front.codec().clone(), plan.options, started.request_ids.clone(), prompt_lengths);
+    respond(started.parts, render, plan.stream, None).await
 }
 
-/// The body of `POST /abort_request`.
+/// The body of `POST /abort_request` (strict: another field is a 400 naming it).
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct AbortBody {
     /// The request to abort (a `/generate` request's `rid`; an empty one aborts nothing).
     rid: Option<String>,
@@ -116,29 +158,30 @@ pub(crate) async fn abort_request(
         let id = RequestId::parse_or_generate(&rid).map_err(|err| HttpError::in_api(err, Api::Sglang))?;
         coordinator.abort_requests(&[id]).await
     };
-    if !report.unacknowledged.is_empty() {
-        tracing::warn!(unacknowledged = ?report.unacknowledged, "abort_request: not every request was handed back in time");
-    }
     tracing::debug!(aborted = ?report.aborted, kept = ?report.kept, "abort_request");
     Ok(StatusCode::OK)
 }
 
 /// The prompts' token ids (text encoded with the tokenizer's special tokens), and whether they came as a batch.
-fn prompts(front: &HttpFront, request: &SglangBody) -> Result<(Vec<Vec<u32>>, bool), HttpError> {
-    match (&request.input_ids, &request.text) {
+fn prompts(
+    front: &HttpFront,
+    input_ids: Option<OneOrMany<Vec<u32>>>,
+    text: Option<OneOrMany<String>>,
+) -> Result<(Vec<Vec<u32>>, bool), HttpError> {
+    match (input_ids, text) {
         (Some(_), Some(_)) => Err(HttpError::invalid("input_ids", "give input_ids or text, not both")),
-        (Some(OneOrMany::One(ids)), None) => Ok((vec![ids.clone()], false)),
+        (Some(OneOrMany::One(ids)), None) => Ok((vec![ids], false)),
         (Some(OneOrMany::Many(batch)), None) if batch.is_empty() => {
             Err(HttpError::invalid("input_ids", "must not be empty"))
         }
-        (Some(OneOrMany::Many(batch)), None) => Ok((batch.clone(), true)),
+        (Some(OneOrMany::Many(batch)), None) => Ok((batch, true)),
         (None, Some(text)) => {
             let (texts, batch) = match text {
-                OneOrMany::One(text) => (vec![text.clone()], false),
+                OneOrMany::One(text) => (vec![text], false),
                 OneOrMany::Many(texts) if texts.is_empty() => {
                     return Err(HttpError::invalid("text", "must hold at least one prompt"));
                 }
-                OneOrMany::Many(texts) => (texts.clone(), true),
+                OneOrMany::Many(texts) => (texts, true),
             };
             let encoded = texts
                 .iter()

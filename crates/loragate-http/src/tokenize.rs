@@ -10,11 +10,13 @@ use serde_json::{Map, Value};
 
 use crate::chat::chat_prompt;
 use crate::error::{Api, HttpError};
+use crate::front::HttpFront;
 use crate::json_body::JsonBody;
-use crate::server::{AppState, HttpFront};
+use crate::state::AppState;
 
-/// The body of `POST /tokenize`: a `prompt` or chat `messages`.
+/// The body of `POST /tokenize`: a `prompt` or chat `messages` (strict: another field is a 400 naming it).
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct TokenizeBody {
     model: Option<String>,
     prompt: Option<String>,
@@ -38,8 +40,9 @@ pub(crate) struct Tokenized {
     token_strs: Option<Vec<Option<String>>>,
 }
 
-/// The body of `POST /detokenize`.
+/// The body of `POST /detokenize` (strict).
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct DetokenizeBody {
     model: Option<String>,
     tokens: Option<Vec<u32>>,

@@ -3,7 +3,7 @@
 //! rejection and retries it).
 //!
 //! The status codes follow what the SDK does with each (docs/tinker.md): permanent conditions get 400, 404 or 413
-//! (fatal in the SDK), overload gets 429 (the SDK backs off and resubmits), 410 only for futures of an earlier
+//! (fatal in the SDK), a body that does not arrive by the gate deadline 408, overload gets 429 (the SDK backs off and resubmits), 410 only for futures of an earlier
 //! process (the SDK resubmits the sample) and heartbeats of a finished session (the SDK stops beating), and 5xx only
 //! for real failures. 402 is never sent.
 
@@ -11,6 +11,7 @@ use axum::Json;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode};
 use loragate_core::{CoreError, EngineError, Field};
+use loragate_http::BodyError;
 use serde_json::json;
 
 /// Everything this front answers with an error.
@@ -27,18 +28,9 @@ pub(crate) enum TinkerError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The body is not the JSON this route takes.
-    #[error("{0}")]
-    InvalidJson(String),
-    /// The body is larger than the server's limit.
-    #[error("the request body is larger than the {limit}-byte limit")]
-    BodyTooLarge {
-        /// The limit, in bytes.
-        limit: usize,
-    },
-    /// The body could not be read (the client stopped sending it).
-    #[error("could not read the request body: {0}")]
-    UnreadableBody(String),
+    /// The body could not be read in time, is too large, or is not the JSON this route takes.
+    #[error(transparent)]
+    Body(#[from] BodyError),
     /// A `base_model`, `model_path` or sampling session names nothing this server serves.
     #[error("{0}")]
     UnknownTarget(String),
@@ -98,8 +90,9 @@ impl TinkerError {
                 CoreError::PermissionDenied { .. } => StatusCode::FORBIDDEN,
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             },
-            Self::InvalidField { .. } | Self::InvalidJson(_) | Self::UnreadableBody(_) => StatusCode::BAD_REQUEST,
-            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Body(BodyError::TooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Body(BodyError::Timeout) => StatusCode::REQUEST_TIMEOUT,
+            Self::InvalidField { .. } | Self::Body(_) => StatusCode::BAD_REQUEST,
             Self::UnknownTarget(_) | Self::NotSupported { .. } | Self::UnknownFuture(_) => StatusCode::NOT_FOUND,
             Self::WrongMethod { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::FutureOfEarlierProcess(_) | Self::SessionFinished(_) => StatusCode::GONE,
@@ -178,7 +171,8 @@ mod tests {
             ),
             (TinkerError::Core(CoreError::UnknownAdapter(meow)), StatusCode::NOT_FOUND, "meow"),
             (TinkerError::invalid("num_samples", "must be at least 1"), StatusCode::BAD_REQUEST, "num_samples"),
-            (TinkerError::BodyTooLarge { limit: 10 }, StatusCode::PAYLOAD_TOO_LARGE, "10-byte"),
+            (TinkerError::Body(BodyError::TooLarge { limit: 10 }), StatusCode::PAYLOAD_TOO_LARGE, "10-byte"),
+            (TinkerError::Body(BodyError::Timeout), StatusCode::REQUEST_TIMEOUT, "--gate-max-wait"),
             (
                 TinkerError::NotSupported { feature: "LoRA training (create_model)".into() },
                 StatusCode::NOT_FOUND,

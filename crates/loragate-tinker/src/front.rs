@@ -1,4 +1,4 @@
-//! The front's configuration and shared state, and [`TinkerFront`], which hands the routes to the HTTP listener.
+//! The front's configuration, and [`TinkerFront`], which hands the routes to the HTTP listener.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +10,7 @@ use ractor::SpawnErr;
 
 use crate::ids::{Epoch, IdMaker};
 use crate::routes::routes;
+use crate::state::{Shared, TinkerState};
 use crate::store::{FutureStore, RetentionLimits};
 
 /// How often expired results are dropped.
@@ -67,7 +68,7 @@ impl TinkerFront {
             store,
             ids: IdMaker::new(Epoch::random()),
         };
-        Ok(Self { state: TinkerState(Arc::new(shared)) })
+        Ok(Self { state: TinkerState::new(shared) })
     }
 
     /// The `/api/v1/…` routes, with their state applied and no fallback (unknown `/api/v1/` paths get the Tinker
@@ -80,44 +81,5 @@ impl TinkerFront {
     #[cfg(test)]
     pub(crate) fn state(&self) -> &TinkerState {
         &self.state
-    }
-}
-
-/// What every handler and sample task shares.
-#[derive(Clone)]
-pub(crate) struct TinkerState(Arc<Shared>);
-
-struct Shared {
-    coordinator: Coordinator,
-    served_model_name: Arc<str>,
-    codec: Arc<dyn TextCodec>,
-    config: TinkerConfig,
-    store: FutureStore,
-    ids: IdMaker,
-}
-
-impl TinkerState {
-    pub(crate) fn coordinator(&self) -> &Coordinator {
-        &self.0.coordinator
-    }
-
-    pub(crate) fn served_model_name(&self) -> &str {
-        &self.0.served_model_name
-    }
-
-    pub(crate) fn codec(&self) -> &Arc<dyn TextCodec> {
-        &self.0.codec
-    }
-
-    pub(crate) fn config(&self) -> &TinkerConfig {
-        &self.0.config
-    }
-
-    pub(crate) fn store(&self) -> &FutureStore {
-        &self.0.store
-    }
-
-    pub(crate) fn ids(&self) -> &IdMaker {
-        &self.0.ids
     }
 }

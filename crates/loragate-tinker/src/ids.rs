@@ -1,9 +1,9 @@
 //! The ids this front makes up: request ids that tell this process's futures from an earlier process's, session ids,
 //! and self-describing sampling-session ids that name their target, so an SDK client survives a server restart
-//! without any table.
+//! without any table. Future and session ids carry 128 random bits: they cannot be guessed from one another (a
+//! future is also readable only by the key that created it).
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use loragate_core::AdapterKey;
 
@@ -19,11 +19,12 @@ impl Epoch {
     }
 }
 
-/// A future's request id: `tk-<epoch>-<n>`, also the core request id of its sample, so that aborts list it.
+/// A future's request id: `tk-<epoch>-<128 random bits in hex>`, also the core request id of its sample, so that
+/// aborts list it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct FutureId {
     epoch: u32,
-    n: u64,
+    token: u128,
 }
 
 /// What a `request_id` sent to `retrieve_future` is.
@@ -45,13 +46,14 @@ impl FutureId {
 
     /// Reads a `request_id` as this process (`epoch`) sees it.
     pub(crate) fn classify(raw: &str, epoch: Epoch) -> KnownId {
-        let Some((epoch_hex, n)) = raw.strip_prefix("tk-").and_then(|rest| rest.split_once('-')) else {
+        let Some((epoch_hex, token)) = raw.strip_prefix("tk-").and_then(|rest| rest.split_once('-')) else {
             return KnownId::Foreign;
         };
-        let parsed_epoch = (epoch_hex.len() == 8).then(|| u32::from_str_radix(epoch_hex, 16).ok()).flatten();
-        let parsed_n = n.bytes().all(|b| b.is_ascii_digit()).then(|| n.parse::<u64>().ok()).flatten();
-        match (parsed_epoch, parsed_n) {
-            (Some(theirs), Some(n)) if theirs == epoch.0 => KnownId::Ours(FutureId { epoch: theirs, n }),
+        let hex = |text: &str, digits: usize| text.len() == digits && text.bytes().all(|b| b.is_ascii_hexdigit());
+        let parsed_epoch = hex(epoch_hex, 8).then(|| u32::from_str_radix(epoch_hex, 16).ok()).flatten();
+        let parsed_token = hex(token, 32).then(|| u128::from_str_radix(token, 16).ok()).flatten();
+        match (parsed_epoch, parsed_token) {
+            (Some(theirs), Some(token)) if theirs == epoch.0 => KnownId::Ours(FutureId { epoch: theirs, token }),
             (Some(_), Some(_)) => KnownId::EarlierProcess,
             _ => KnownId::Foreign,
         }
@@ -60,7 +62,7 @@ impl FutureId {
 
 impl fmt::Display for FutureId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "tk-{:08x}-{}", self.epoch, self.n)
+        write!(f, "tk-{:08x}-{:032x}", self.epoch, self.token)
     }
 }
 
@@ -68,13 +70,12 @@ impl fmt::Display for FutureId {
 #[derive(Debug)]
 pub(crate) struct IdMaker {
     epoch: Epoch,
-    next: AtomicU64,
 }
 
 impl IdMaker {
     /// Ids marked with `epoch`.
     pub(crate) fn new(epoch: Epoch) -> Self {
-        Self { epoch, next: AtomicU64::new(0) }
+        Self { epoch }
     }
 
     /// This process's epoch.
@@ -84,12 +85,12 @@ impl IdMaker {
 
     /// A fresh future id.
     pub(crate) fn future_id(&self) -> FutureId {
-        FutureId { epoch: self.epoch.0, n: self.next.fetch_add(1, Ordering::Relaxed) }
+        FutureId { epoch: self.epoch.0, token: rand::random() }
     }
 
     /// A fresh session id (sessions are bookkeeping only: the id is opaque to the SDK).
     pub(crate) fn session_id(&self) -> String {
-        format!("session-{:08x}-{}", self.epoch.0, self.next.fetch_add(1, Ordering::Relaxed))
+        format!("session-{:08x}-{:032x}", self.epoch.0, rand::random::<u128>())
     }
 }
 
@@ -123,14 +124,35 @@ mod tests {
     fn future_ids_round_trip_and_tell_earlier_processes_from_foreign_ids() {
         let ours = IdMaker::new(Epoch(0xabc));
         let id = ours.future_id();
-        assert_eq!(id.to_wire(), "tk-00000abc-0");
-        assert_eq!(FutureId::classify(&id.to_wire(), Epoch(0xabc)), KnownId::Ours(id));
+        let wire = id.to_wire();
+        assert!(wire.starts_with("tk-00000abc-") && wire.len() == "tk-00000abc-".len() + 32, "{wire}");
+        assert_eq!(FutureId::classify(&wire, Epoch(0xabc)), KnownId::Ours(id));
         assert_ne!(ours.future_id(), id, "ids are fresh");
-        assert_eq!(FutureId::classify(&id.to_wire(), Epoch(0xdef)), KnownId::EarlierProcess);
-        for foreign in ["", "tk-", "tk-00000abc", "tk-00000abc-", "tk-abc-1", "tk-00000abc-x", "tk-00000abc-+1", "lg-1"]
-        {
+        assert_eq!(FutureId::classify(&wire, Epoch(0xdef)), KnownId::EarlierProcess);
+        let sequential = "tk-00000abc-00000000000000000000000000000001";
+        assert_eq!(FutureId::classify(sequential, Epoch(0xabc)), KnownId::Ours(FutureId { epoch: 0xabc, token: 1 }));
+        for foreign in [
+            "",
+            "tk-",
+            "tk-00000abc",
+            "tk-00000abc-",
+            "tk-abc-1",
+            "tk-00000abc-x",
+            "tk-00000abc-+1",
+            "tk-00000abc-0",
+            "tk-00000abc-+0000000000000000000000000000001",
+            "lg-1",
+        ] {
             assert_eq!(FutureId::classify(foreign, Epoch(0xabc)), KnownId::Foreign, "{foreign:?}");
         }
+    }
+
+    #[test]
+    fn future_ids_cannot_be_guessed_from_one_another() {
+        let ids = IdMaker::new(Epoch(1));
+        let (a, b) = (ids.future_id(), ids.future_id());
+        assert_ne!(a.token.abs_diff(b.token), 1, "not sequential");
+        assert!(a.token.count_ones() > 16 && b.token.count_ones() > 16, "128 random bits: {a} {b}");
     }
 
     #[test]

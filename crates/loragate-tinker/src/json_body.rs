@@ -1,12 +1,15 @@
-//! Request bodies: read within the server's limit (413 past it), then parsed as JSON into this front's request types,
-//! every failure a 400 whose detail names the path of the offending value (`sampling_params.seed: invalid type`).
+//! Request bodies, read with the HTTP front's reader ([`loragate_http::read_json`]): within the front's limit (413
+//! past it) and by the server's gate deadline (408 past it, counted in
+//! `loragate_request_body_timeouts_total{front="http"}`: a trickling body is cut off here as on every other route),
+//! then parsed as JSON into this front's request types, every failure a 400 whose detail names the path of the
+//! offending value (`sampling_params.seed: invalid type`). The SDK sends fields this front does not read (`type`,
+//! …): they are ignored.
 
 use axum::extract::{FromRequest, Request};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 
 use crate::error::TinkerError;
-use crate::front::TinkerState;
+use crate::state::TinkerState;
 
 /// A JSON request body parsed into `T` (an extractor; must be the handler's last argument).
 pub(crate) struct JsonBody<T>(pub(crate) T);
@@ -15,32 +18,15 @@ impl<T: DeserializeOwned> FromRequest<TinkerState> for JsonBody<T> {
     type Rejection = TinkerError;
 
     async fn from_request(request: Request, state: &TinkerState) -> Result<Self, TinkerError> {
-        let limit = state.config().body_limit;
-        let bytes = match Limited::new(request.into_body(), limit).collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => {
-                return Err(TinkerError::BodyTooLarge { limit });
-            }
-            Err(err) => return Err(TinkerError::UnreadableBody(err.to_string())),
-        };
-        parse_json(&bytes).map(Self)
+        let body = request.into_body();
+        Ok(Self(loragate_http::read_json(body, state.coordinator(), state.config().body_limit).await?))
     }
 }
 
-/// Parses one JSON document into `T`; errors carry the path to the offending value.
+/// Parses one JSON document into `T` (tests build bodies as text).
+#[cfg(test)]
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, TinkerError> {
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
-        let path = err.path().to_string();
-        let inner = err.into_inner();
-        // The path is "." at the top level and "?" where the document broke off before naming a field.
-        TinkerError::InvalidJson(match path.as_str() {
-            "." | "?" => format!("invalid JSON body: {inner}"),
-            _ => format!("{path}: {inner}"),
-        })
-    })?;
-    deserializer.end().map_err(|err| TinkerError::InvalidJson(format!("invalid JSON body: {err}")))?;
-    Ok(value)
+    Ok(loragate_http::parse_json(bytes)?)
 }
 
 #[cfg(test)]
@@ -64,7 +50,10 @@ mod tests {
     #[test]
     fn errors_name_the_path_of_the_offending_value() {
         let message = |json: &str| match parse_json::<Probe>(json.as_bytes()) {
-            Err(TinkerError::InvalidJson(message)) => message,
+            Err(err) => {
+                assert_eq!(err.status(), http::StatusCode::BAD_REQUEST, "{json}");
+                err.to_string()
+            }
             other => panic!("{json} gave {other:?}"),
         };
         assert!(message(r#"{"params": {"seed": "x"}}"#).starts_with("params.seed: "));

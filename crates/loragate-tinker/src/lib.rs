@@ -30,6 +30,7 @@
 //! # }
 //! ```
 
+mod auth;
 mod error;
 mod front;
 mod ids;
@@ -39,6 +40,7 @@ pub mod proto;
 mod routes;
 mod sample_request;
 mod sample_task;
+mod state;
 mod store;
 #[cfg(test)]
 mod test_support;

@@ -7,13 +7,15 @@ mod sampling;
 use axum::Json;
 use axum::Router;
 use axum::extract::{Path, State};
+use axum::middleware::from_fn_with_state;
 use axum::routing::{MethodRouter, any, get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::auth::authenticate;
 use crate::error::TinkerError;
-use crate::front::TinkerState;
 use crate::json_body::JsonBody;
+use crate::state::TinkerState;
 
 /// The SDK versions this front was checked against; others get a warning in their log at `create_session`.
 const CHECKED_SDK_VERSIONS: &str = "0.38.";
@@ -21,7 +23,7 @@ const CHECKED_SDK_VERSIONS: &str = "0.38.";
 /// The SDK's own default for in-flight `sample()` calls per sampling client.
 const SDK_MAX_CONCURRENT_SAMPLES: usize = 2000;
 
-/// Every Tinker route this front answers.
+/// Every Tinker route this front answers, each behind the front's authentication.
 pub(crate) fn routes(state: TinkerState) -> Router {
     Router::new()
         .route("/api/v1/client/config", only(post(client_config)))
@@ -37,6 +39,7 @@ pub(crate) fn routes(state: TinkerState) -> Router {
         .route("/api/v1/asample", only(post(sampling::asample)))
         .route("/api/v1/retrieve_future", only(post(sampling::retrieve_future)))
         .route("/api/v1/{*rest}", any(refused::not_supported))
+        .route_layer(from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
 }
 

@@ -17,9 +17,9 @@ use futures::StreamExt;
 use loragate_core::{AdapterKey, CoreError, EngineError, FinishReason, GateDeadline, SampleEvent, SampleStream};
 use loragate_http::{TextCodec, TokenStopWatcher};
 
-use crate::front::TinkerState;
 use crate::proto::{Ending, FinishedSequence, encode_sample_response};
 use crate::sample_request::SamplePlan;
+use crate::state::TinkerState;
 use crate::store::{Failure, PendingFuture, Settled};
 
 /// How a sample ended, for its future.

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use loragate_core::AdapterKey;
+use loragate_core::{AdapterKey, Principal};
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef, RpcReplyPort, SpawnErr};
 use tokio::sync::watch;
@@ -131,13 +131,30 @@ pub(crate) struct DedupKey {
     pub(crate) seq_id: i64,
 }
 
-/// A future's state channel and what it samples (to report a paused adapter while it waits).
+/// What a future samples, and who asked for it: only that caller may read it.
+#[derive(Clone, Debug)]
+pub(crate) struct FutureSubject {
+    /// The adapter, or the base model.
+    pub(crate) target: AdapterKey,
+    /// The caller whose `asample` created it.
+    pub(crate) creator: Principal,
+}
+
+#[cfg(test)]
+impl From<AdapterKey> for FutureSubject {
+    /// A future anyone may read (authentication off).
+    fn from(target: AdapterKey) -> Self {
+        Self { target, creator: Principal::Anyone }
+    }
+}
+
+/// A future's state channel and its subject (to report a paused adapter while it waits, and to check its reader).
 #[derive(Debug)]
 pub(crate) struct FutureWatch {
     /// Its state; closed if the future is dropped.
     pub(crate) state: watch::Receiver<FutureState>,
-    /// Its target.
-    pub(crate) target: AdapterKey,
+    /// What it samples and who created it.
+    pub(crate) subject: FutureSubject,
 }
 
 /// What [`FutureStore::submit`] answers.
@@ -169,14 +186,14 @@ impl FutureStore {
         Ok(Self { inner: Arc::new(StoreRef(actor)) })
     }
 
-    /// Records a pending future `id` for `target`, or finds the earlier submission `dedup` names. 429 when full.
+    /// Records a pending future `id` for `subject`, or finds the earlier submission `dedup` names. 429 when full.
     pub(crate) async fn submit(
         &self,
         id: FutureId,
-        target: AdapterKey,
+        subject: FutureSubject,
         dedup: Option<DedupKey>,
     ) -> Result<Submission, TinkerError> {
-        match self.call(|reply| StoreMsg::Submit { id, target: target.clone(), dedup: dedup.clone(), reply }).await? {
+        match self.call(|reply| StoreMsg::Submit { id, subject: subject.clone(), dedup: dedup.clone(), reply }).await? {
             Submitted::New => Ok(Submission::New(PendingFuture { id, store: self.inner.0.clone(), settled: false })),
             Submitted::Existing(earlier) => Ok(Submission::Existing(earlier)),
             Submitted::Full { pending } => Err(TinkerError::TooManyPending { pending }),

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use loragate_core::testing::{ScriptedEngine, coordinator_with_adapters, eventually};
 use loragate_core::{AdapterName, Coordinator, CoordinatorConfig, PauseMode, PauseRequest, RequestId};
 use prost::Message;
@@ -428,7 +429,7 @@ async fn bad_requests_and_other_tinker_features_get_4xx_with_a_detail_naming_the
 }
 
 #[tokio::test]
-async fn behind_the_http_front_a_tenant_key_samples_and_reads_only_its_own_adapters() {
+async fn behind_the_http_front_a_tenant_key_samples_its_own_adapters_and_reads_only_its_own_futures() {
     use loragate_core::{Keyring, TenantKeys};
     use loragate_http::HttpFront;
 
@@ -458,10 +459,50 @@ async fn behind_the_http_front_a_tenant_key_samples_and_reads_only_its_own_adapt
     let session = meow.sampling_session(Some("tinker://loragate/meow")).await;
     let id = meow.submit(&session, 0, json!({})).await;
     match woof.poll(&id).await {
-        Poll::Json(status, body) => assert_eq!(status, StatusCode::FORBIDDEN, "another tenant's future: {body}"),
+        Poll::Json(status, body) => assert_eq!(status, StatusCode::NOT_FOUND, "another tenant's future: {body}"),
         Poll::Finished(_) => panic!("a tenant read another tenant's sample"),
     }
     let (status, _) = woof.asample(&session, 1, json!({})).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "nor sample its adapter");
     assert!(matches!(meow.retrieve(&id).await, Poll::Finished(_)), "the owner reads its sample");
+
+    // Both may sample the base model, and each reads only its own base-model futures.
+    let base_session = meow.sampling_session(None).await;
+    let base_id = meow.submit(&base_session, 0, json!({})).await;
+    match woof.poll(&base_id).await {
+        Poll::Json(status, body) => assert_eq!(status, StatusCode::NOT_FOUND, "another tenant's future: {body}"),
+        Poll::Finished(_) => panic!("a tenant read another tenant's base-model sample"),
+    }
+    assert!(matches!(meow.retrieve(&base_id).await, Poll::Finished(_)), "the owner reads its base-model sample");
+
+    // Without a key: 401 in the Tinker API's own shape (the front authenticates its routes itself).
+    let anonymous = reqwest::Client::builder().no_proxy().build().expect("client");
+    let response = anonymous.get(format!("{base}/api/v1/healthz")).send().await.expect("GET");
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let body: Value = response.json().await.expect("a JSON body");
+    assert!(body["detail"].as_str().is_some_and(|detail| detail.contains("key")), "{body}");
+}
+
+#[tokio::test]
+async fn a_body_that_never_completes_is_cut_off_at_the_gate_deadline() {
+    let coordinator = coordinator_with_adapters(
+        ScriptedEngine::new(HOLD_AFTER),
+        CoordinatorConfig { max_gate_hold: Duration::from_millis(200), ..CoordinatorConfig::default() },
+        &["meow"],
+    )
+    .await;
+    let front = TinkerFront::start(coordinator.clone(), SERVED_NAME, Arc::new(ByteCodec), TinkerConfig::default())
+        .await
+        .expect("start");
+    let trickle = futures::stream::once(async { Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"{\"seq_id\"")) })
+        .chain(futures::stream::pending());
+    let request = http::Request::post("/api/v1/asample")
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from_stream(trickle))
+        .expect("request");
+    let started = Instant::now();
+    let response = tower::ServiceExt::oneshot(front.routes(), request).await.expect("infallible");
+    assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
+    assert!(started.elapsed() >= Duration::from_millis(150), "{:?}", started.elapsed());
+    assert_eq!(coordinator.metrics().body_read_timeouts("http"), 1);
 }

@@ -22,6 +22,7 @@
 mod cli;
 mod compute_threads;
 mod duration_arg;
+mod large_frees;
 mod serve;
 mod state_dir;
 mod text_codec;
@@ -30,6 +31,7 @@ mod worker;
 pub use cli::{Cli, Command, EngineArgs, ServeArgs, WorkerArgs};
 pub use compute_threads::{default_compute_threads, set_compute_threads};
 pub use duration_arg::parse_duration;
+pub use large_frees::return_large_frees_to_the_os;
 pub use loragate_engine::{DemoFiles, default_cache_dir, ensure_demo_files};
 pub use serve::{Authentication, InitialAdapter, ModelSource, RunningServer, ServeConfig, ServeError};
 pub use state_dir::StateLocation;

@@ -13,6 +13,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    loragate::return_large_frees_to_the_os();
     let cli = Cli::parse();
     let compute_threads = match &cli.command {
         Command::Serve(args) => Some(args.engine.compute_threads),

@@ -8,86 +8,12 @@
 //! Without them the tests fail. The only skip: the Tinker SDK test on a Python older than 3.11, where the SDK
 //! cannot be installed (it says so on stderr).
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+#[path = "support/spawned.rs"]
+mod spawned;
 
-const PATIENCE: Duration = Duration::from_secs(120);
+use std::process::Command;
 
-/// A `loragate serve` child process, killed when dropped.
-struct Served {
-    child: Child,
-    grpc_addr: String,
-    http_addr: String,
-    ready: serde_json::Value,
-    /// Its own state directory (never the user's, never another server's), removed when dropped.
-    _state_dir: tempfile::TempDir,
-}
-
-impl Served {
-    /// Starts `loragate serve ARGS --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 --state-dir TMP` and reads its
-    /// ready line.
-    fn start(args: &[&str]) -> Self {
-        let state_dir = tempfile::tempdir().expect("a state directory");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_loragate"))
-            .arg("serve")
-            .args(args)
-            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--state-dir"])
-            .arg(state_dir.path())
-            .env("LORAGATE_CACHE_DIR", cache_dir())
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("loragate starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let (sender, receiver) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = sender.send(line);
-        });
-        let line = receiver.recv_timeout(PATIENCE).expect("the ready line in time");
-        let ready: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line:?}"));
-        assert_eq!(ready["event"], "ready", "{ready}");
-        let address = |key: &str| ready[key].as_str().unwrap_or_else(|| panic!("{key} in {ready}")).to_owned();
-        Self { grpc_addr: address("grpc_addr"), http_addr: address("http_addr"), ready, child, _state_dir: state_dir }
-    }
-
-    /// Sends SIGTERM and waits for the exit status.
-    fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("kill runs");
-        assert!(sent.success(), "SIGTERM sent");
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "loragate did not exit after SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn cache_dir() -> PathBuf {
-    std::env::var_os("LORAGATE_CACHE_DIR")
-        .filter(|dir| !dir.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target/loragate-test-cache"))
-}
+use spawned::{Spawned, repo_root};
 
 fn python() -> String {
     std::env::var("LORAGATE_PYTHON").unwrap_or_else(|_| "python3".to_owned())
@@ -109,11 +35,11 @@ fn run_python(script: &str, args: &[&str]) {
 
 #[test]
 fn serve_announces_the_demo_and_real_python_clients_pass_over_grpc_and_http() {
-    let served = Served::start(&[]);
+    let served = Spawned::serve(&[]);
     assert_eq!(served.ready["model"], "loragate-demo");
     assert_eq!(served.ready["adapters"], serde_json::json!(["meow", "woof"]), "{}", served.ready);
-    run_python("grpc_pause_roundtrip.py", &[&served.grpc_addr]);
-    let base_url = format!("http://{}", served.http_addr);
+    run_python("grpc_pause_roundtrip.py", &[&served.field("grpc_addr")]);
+    let base_url = format!("http://{}", served.field("http_addr"));
     run_python("http_openai_client.py", &[&base_url]);
     run_python("http_skyrl_pause.py", &[&base_url]);
     for framework in ["compat_skyrl.py", "compat_prime_rl.py", "compat_areal.py", "compat_verl_slime.py"] {
@@ -133,14 +59,15 @@ fn the_unmodified_tinker_sdk_samples_the_demo_through_the_tinker_front() {
         eprintln!("SKIPPED: the tinker SDK needs Python >= 3.11, and {} is older", python());
         return;
     }
-    let served = Served::start(&[]);
-    run_python("tinker_sdk.py", &[&format!("http://{}", served.http_addr), "--pause-modes"]);
+    let served = Spawned::serve(&[]);
+    run_python("tinker_sdk.py", &[&format!("http://{}", served.field("http_addr")), "--pause-modes"]);
     assert!(served.terminate().success());
 }
 
 #[test]
 fn demo_model_files_serve_the_same_adapters_from_disk() {
-    let out = std::env::temp_dir().join(format!("loragate-demo-files-{}", std::process::id()));
+    let temp = tempfile::tempdir().expect("a temporary directory");
+    let out = temp.path().join("demo");
     let written = Command::new(env!("CARGO_BIN_EXE_loragate"))
         .args(["demo-model", "--out"])
         .arg(&out)
@@ -158,7 +85,7 @@ fn demo_model_files_serve_the_same_adapters_from_disk() {
 
     let dir = |path: &str| out.join(path).display().to_string();
     let (model, meow, woof, root) = (dir("model"), dir("adapters/meow"), dir("adapters/woof"), dir("adapters"));
-    let served = Served::start(&[
+    let served = Spawned::serve(&[
         "--model",
         &model,
         "--adapter",
@@ -171,7 +98,6 @@ fn demo_model_files_serve_the_same_adapters_from_disk() {
     assert_eq!(served.ready["model"], "model", "the directory's name is the served name");
     assert_eq!(served.ready["adapters"], serde_json::json!(["meow", "woof"]), "{}", served.ready);
     assert!(served.terminate().success());
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 #[test]

@@ -20,11 +20,12 @@
 //! Python client needs `$LORAGATE_PYTHON` (default `python3`) with `grpcio grpcio-tools`; the README's test command
 //! sets that up.
 
+#[path = "support/spawned.rs"]
+mod spawned;
+
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use loragate_client::SamplingClient;
 use loragate_core::testing::{eventually, eventually_within};
@@ -32,58 +33,11 @@ use loragate_proto::v1::fleet_client::FleetClient;
 use loragate_proto::v1::lora_control_client::LoraControlClient;
 use loragate_proto::v1::sampler_client::SamplerClient;
 use loragate_proto::v1::{self as pb, FinishReason};
+use spawned::{PATIENCE, Spawned, cache_dir, repo_root};
 use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
-const PATIENCE: Duration = Duration::from_secs(120);
 const PROMPT: &[u8] = b"Make a single short animal noise.";
-
-/// A child process (killed when dropped) and the JSON ready line it printed.
-struct Process {
-    child: Child,
-    ready: serde_json::Value,
-}
-
-impl Process {
-    fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_loragate"))
-            .args(args)
-            .env("LORAGATE_CACHE_DIR", cache_dir())
-            .env("RUST_LOG", "warn")
-            .env("RAYON_NUM_THREADS", "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("loragate starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let (sender, receiver) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = sender.send(line);
-        });
-        let line = receiver.recv_timeout(PATIENCE).expect("the ready line in time");
-        let ready: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line:?}"));
-        assert_eq!(ready["event"], "ready", "{ready}");
-        Self { child, ready }
-    }
-
-    fn field(&self, key: &str) -> String {
-        self.ready[key].as_str().unwrap_or_else(|| panic!("{key} in {}", self.ready)).to_owned()
-    }
-
-    /// SIGKILL: no shutdown, no goodbye.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 /// The protocol a worker process speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,7 +52,7 @@ enum Kind {
 
 /// A worker process on 127.0.0.1.
 struct Worker {
-    process: Process,
+    process: Spawned,
     kind: Kind,
     port: u16,
     root: Option<PathBuf>,
@@ -123,7 +77,7 @@ impl Worker {
             args.extend(["--adapter-root".to_owned(), root.display().to_string()]);
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let process = Process::start(&args);
+        let process = Spawned::start(&args);
         let field = if kind == Kind::Grpc { "grpc_addr" } else { "http_addr" };
         let port = process.field(field).rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
         Self { process, kind, port, root: root.map(Path::to_owned) }
@@ -175,7 +129,7 @@ impl Worker {
 /// Workers and the coordinator in front of them.
 struct Fleet {
     workers: Vec<Worker>,
-    serve: Process,
+    serve: Spawned,
     channel: Channel,
     /// The coordinator's command line (to start it again).
     args: Vec<String>,
@@ -207,8 +161,8 @@ impl Fleet {
         Self { workers, serve, channel, args }
     }
 
-    async fn start_coordinator(args: &[String]) -> (Process, Channel) {
-        let serve = Process::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    async fn start_coordinator(args: &[String]) -> (Spawned, Channel) {
+        let serve = Spawned::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
         let channel = channel(&format!("http://{}", serve.field("grpc_addr"))).await;
         (serve, channel)
     }
@@ -358,17 +312,6 @@ fn adapter_root() -> tempfile::TempDir {
         }
     }
     root
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn cache_dir() -> PathBuf {
-    std::env::var_os("LORAGATE_CACHE_DIR")
-        .filter(|dir| !dir.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target/loragate-test-cache"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -332,8 +332,11 @@ async fn load_weights(
     }
     match engine.load_adapter(name, version, source).await {
         Ok(()) => {
-            if cell.gate_state().retired.is_some() {
-                // Unloaded while loading: remove what this load installed (and nothing a later load installed).
+            if cell.weights_released() {
+                // Unloaded while loading, and the unload already removed the weights it could see: remove what this
+                // load installed (and nothing a later load installed). Not before: a request admitted before the
+                // unload may still be on its way to the engine, and the unload removes these weights itself once
+                // every such request was handed back.
                 let _ = engine.unload_adapter(name, version).await;
             }
             Ok(version)

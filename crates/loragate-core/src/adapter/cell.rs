@@ -35,6 +35,9 @@ pub(crate) struct AdapterCell {
     /// The last version handed to a load (installed or not), so versions are never reused, across restarts too; with
     /// [`SEALED`] set once the adapter is unloaded.
     last_reserved_version: AtomicU64,
+    /// Set by an unload once every request admitted before it was handed back: from then on no request of this
+    /// adapter can reach the engine, so its weights may be removed (see [`AdapterCell::release_weights`]).
+    weights_released: AtomicBool,
     /// Its requests in flight and held, counted against the limits.
     load: Arc<AdapterLoad>,
     pub(crate) waiting: AtomicU32,
@@ -74,6 +77,7 @@ impl AdapterCell {
             gate: watch::Sender::new(gate),
             actor: watch::Sender::new(None),
             last_reserved_version: AtomicU64::new(last_version.0),
+            weights_released: AtomicBool::new(false),
             load: AdapterLoad::new(server_load),
             waiting: AtomicU32::new(0),
             kept: AtomicU32::new(0),
@@ -275,6 +279,20 @@ impl AdapterCell {
     /// this adapter's loads can ever install is at most that, and a reload of the name starts above it.
     pub(crate) fn seal_versions(&self) -> AdapterVersion {
         AdapterVersion(self.last_reserved_version.fetch_or(SEALED, Ordering::AcqRel) & !SEALED)
+    }
+
+    /// Says that no request of this (unloaded) adapter will reach the engine any more: its unload saw every admitted
+    /// request handed back and is about to remove the weights of every version it sealed. A load that installs after
+    /// this removes its own weights ([`AdapterCell::weights_released`]); one that installs before finds the flag
+    /// unset and leaves them to the unload's removal, which follows the flag. Either way they go, and never while an
+    /// admitted request may still ask the engine for them.
+    pub(crate) fn release_weights(&self) {
+        self.weights_released.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`AdapterCell::release_weights`] was called.
+    pub(crate) fn weights_released(&self) -> bool {
+        self.weights_released.load(Ordering::SeqCst)
     }
 
     /// Marks the adapter as having no weights in the engine, for `reason` (its recorded weights could not be loaded

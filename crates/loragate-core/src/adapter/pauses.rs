@@ -18,7 +18,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::error::{CoreError, Field};
 
-/// The longest lease honoured; longer ones are shortened to it.
+/// The longest lease accepted; a longer one is refused.
 pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The longest pause owner accepted, in bytes.
@@ -129,14 +129,20 @@ impl PauseRequest {
         Self { mode, owner: PauseOwner::Named("".into()), lease: None }
     }
 
-    /// Parses the wire fields: `owner` (see [`PauseOwner::named`]) and `lease_s` (finite, >= 0; 0 means no lease;
-    /// longer than [`MAX_LEASE`] is shortened to it).
+    /// Parses the wire fields: `owner` (see [`PauseOwner::named`]) and `lease_s` (finite, from 0 to [`MAX_LEASE`];
+    /// 0 means no lease; a longer one is refused, naming `lease_s`, rather than silently shortened).
     pub fn parse(mode: PauseMode, owner: &str, lease_s: f64) -> Result<Self, CoreError> {
         let owner = PauseOwner::named(owner)?;
         if !lease_s.is_finite() || lease_s < 0.0 {
             return Err(CoreError::invalid(Field::LeaseS, format!("must be finite and >= 0, got {lease_s}")));
         }
-        let lease = (lease_s > 0.0).then(|| Duration::from_secs_f64(lease_s.min(MAX_LEASE.as_secs_f64())));
+        if lease_s > MAX_LEASE.as_secs_f64() {
+            return Err(CoreError::invalid(
+                Field::LeaseS,
+                format!("is {lease_s} s, the longest lease is {} s (24 h)", MAX_LEASE.as_secs()),
+            ));
+        }
+        let lease = (lease_s > 0.0).then(|| Duration::from_secs_f64(lease_s));
         Ok(Self { mode, owner, lease })
     }
 }
@@ -417,6 +423,8 @@ mod tests {
         for (result, field) in [
             (PauseRequest::parse(PauseMode::Abort, "x", -1.0).map(|_| ()), Field::LeaseS),
             (PauseRequest::parse(PauseMode::Abort, "x", f64::NAN).map(|_| ()), Field::LeaseS),
+            (PauseRequest::parse(PauseMode::Abort, "x", 1e300).map(|_| ()), Field::LeaseS),
+            (PauseRequest::parse(PauseMode::Abort, "x", MAX_LEASE.as_secs_f64() + 1.0).map(|_| ()), Field::LeaseS),
             (PauseRequest::parse(PauseMode::Abort, "bad\n", 0.0).map(|_| ()), Field::Owner),
             (PauseRequest::parse(PauseMode::Abort, &"o".repeat(MAX_OWNER_LEN + 1), 0.0).map(|_| ()), Field::Owner),
             (PauseMode::parse("freeze").map(|_| ()), Field::Mode),
@@ -428,7 +436,7 @@ mod tests {
         }
         assert_eq!(PauseMode::parse("retract").ok(), Some(PauseMode::Keep));
         assert_eq!(PauseMode::parse("in_place").ok(), Some(PauseMode::Keep));
-        let long = PauseRequest::parse(PauseMode::Abort, "", 1e12).expect("valid");
-        assert_eq!(long.lease, Some(MAX_LEASE));
+        let longest = PauseRequest::parse(PauseMode::Abort, "", MAX_LEASE.as_secs_f64()).expect("valid");
+        assert_eq!(longest.lease, Some(MAX_LEASE), "the maximum itself is accepted");
     }
 }

@@ -10,7 +10,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::ids::{AdapterVersion, RequestId};
+use crate::ids::{AdapterKey, AdapterVersion, RequestId};
 use crate::limits::Slot;
 
 /// How an admitted request ended, as seen by whoever waits for it to be handed back.
@@ -190,6 +190,19 @@ pub struct AbortReport {
     pub kept: Vec<RequestId>,
     /// Requests cancelled but not handed back within the acknowledgement timeout. They will still end as aborted.
     pub unacknowledged: Vec<RequestId>,
+}
+
+impl AbortReport {
+    /// Logs the requests that were not handed back in time, once, for whichever operation cancelled them (the one
+    /// place this warning is written; fronts only report the ids).
+    pub(crate) fn warn_if_unacknowledged(&self, adapter: &AdapterKey, operation: &str) {
+        if !self.unacknowledged.is_empty() {
+            tracing::warn!(
+                %adapter, operation, unacknowledged = ?self.unacknowledged,
+                "requests were not handed back within the acknowledgement timeout; they will still end aborted"
+            );
+        }
+    }
 }
 
 impl PendingHandBacks {

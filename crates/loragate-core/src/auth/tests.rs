@@ -129,3 +129,15 @@ fn keys_are_redacted_from_debug_output() {
     let shown = format!("{keyring:?} {:?}", key("k-secret"));
     assert!(!shown.contains("k-api") && !shown.contains("k-secret"), "{shown}");
 }
+
+#[test]
+fn the_same_key_is_the_same_caller_and_equal_grants_are_not() {
+    let tenants = r#"{"k-one": {"adapters": ["x"]}, "k-two": {"adapters": ["x"]}}"#;
+    let keyring = Keyring::new(Some(key("k-api")), None, TenantKeys::parse(tenants).expect("valid")).expect("keys");
+    let who = |raw: &str| keyring.authenticate(Some(raw)).expect("known");
+    assert!(who("k-one").is_same_key(&who("k-one")));
+    assert!(!who("k-one").is_same_key(&who("k-two")), "the same grant under two keys: two callers");
+    assert!(who("k-api").is_same_key(&who("k-api")));
+    assert!(!who("k-api").is_same_key(&who("k-one")));
+    assert!(Principal::Anyone.is_same_key(&Principal::Anyone), "authentication off: one caller");
+}

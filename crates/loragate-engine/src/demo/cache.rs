@@ -120,11 +120,9 @@ mod tests {
 
     #[test]
     fn incomplete_copies_are_not_complete() {
-        let dir = std::env::temp_dir().join(format!("loragate-demo-cache-{}", rand::random::<u64>()));
-        std::fs::create_dir_all(&dir).expect("mkdir");
-        assert!(!is_complete(&dir));
-        std::fs::write(dir.join(STAMP_FILE), stamp_contents()).expect("stamp");
-        assert!(!is_complete(&dir), "a stamp without the files is not a copy");
-        std::fs::remove_dir_all(&dir).ok();
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        assert!(!is_complete(dir.path()));
+        std::fs::write(dir.path().join(STAMP_FILE), stamp_contents()).expect("stamp");
+        assert!(!is_complete(dir.path()), "a stamp without the files is not a copy");
     }
 }

@@ -1,6 +1,6 @@
 //! The body of `POST /v1/chat/completions` as it arrives, apart from the sampling fields shared with the other
-//! vLLM-style endpoints ([`VllmSampling`](crate::sampling::VllmSampling), parsed from the same body). Unknown fields
-//! are ignored, as OpenAI and vLLM do.
+//! vLLM-style endpoints ([`VllmSampling`](crate::sampling::VllmSampling), parsed from the same body). Keys neither
+//! type knows are refused (see `chat.rs`).
 
 use serde::Deserialize;
 use serde_json::{Map, Value};

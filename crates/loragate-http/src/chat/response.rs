@@ -1,7 +1,8 @@
 //! The JSON of chat completions: OpenAI's `chat.completion` (each choice a `message {role, content}`, chat
 //! `logprobs.content[] {token, logprob, bytes, top_logprobs}`, `finish_reason`) plus loragate's `token_ids` and
-//! `segments` per choice and vLLM's `prompt_token_ids`; streamed as `chat.completion.chunk`s whose choices carry a
-//! `delta` (`role` on each choice's first).
+//! `segments` per choice, and vLLM's `stop_reason` per choice and `prompt_token_ids` and `prompt_logprobs` (`null`:
+//! chat never returns them) at the top; streamed as `chat.completion.chunk`s whose choices carry a `delta` (`role`
+//! on each choice's first).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -11,8 +12,8 @@ use serde::Serialize;
 use crate::codec::TextCodec;
 use crate::error::Api;
 use crate::output::{
-    ChoiceDelta, ChunkRenderer, ContentLogprob, ResponseHeader, SegmentJson, Usage, content_logprobs, finish_reason,
-    segments_json, to_json,
+    ChoiceDelta, ChunkRenderer, ContentLogprob, ResponseHeader, SegmentJson, StopReason, Usage, content_logprobs,
+    finish_reason, segments_json, stop_reason, to_json,
 };
 
 /// A chat completion, or one streamed chunk of it.
@@ -27,6 +28,9 @@ pub(crate) struct ChatCompletion {
     usage: Option<Usage>,
     #[serde(skip_serializing_if = "Option::is_none")]
     prompt_token_ids: Option<Vec<u32>>,
+    /// vLLM's key, always `null` in a unary response (chat takes no `prompt_logprobs`); absent from chunks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_logprobs: Option<()>,
 }
 
 /// A message (unary) or a delta (streamed).
@@ -53,6 +57,7 @@ struct ChatChoice {
     delta: Option<Message>,
     logprobs: Option<Logprobs>,
     finish_reason: Option<&'static str>,
+    stop_reason: Option<StopReason>,
     token_ids: Vec<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     segments: Option<Vec<SegmentJson>>,
@@ -69,6 +74,8 @@ pub(crate) struct ChatOptions {
     pub(crate) prompt_token_ids: Option<Vec<u32>>,
     /// With `stream`: end with a usage chunk.
     pub(crate) include_usage: bool,
+    /// The model's end-of-sequence tokens (they are no `stop_reason`).
+    pub(crate) eos_token_ids: Vec<u32>,
 }
 
 /// How a chat request's output is rendered.
@@ -107,6 +114,7 @@ impl ChatRender {
             choices,
             usage,
             prompt_token_ids,
+            prompt_logprobs: None,
         }
     }
 
@@ -124,6 +132,7 @@ impl ChatRender {
             delta: Some(Message { role: first.then_some("assistant"), content: delta.text }),
             logprobs,
             finish_reason: finish_reason(delta.finish.as_ref()),
+            stop_reason: stop_reason(delta.finish.as_ref(), &self.options.eos_token_ids),
             token_ids: delta.token_ids,
             segments: delta.segments.as_deref().map(segments_json),
         }
@@ -148,6 +157,7 @@ impl ChunkRenderer for ChatRender {
                         all.content.extend(more.content);
                     }
                     choice.finish_reason = piece.finish_reason.or(choice.finish_reason);
+                    choice.stop_reason = piece.stop_reason.or(choice.stop_reason.take());
                     choice.segments = piece.segments.or(choice.segments.take());
                 }
                 None => {
@@ -157,7 +167,10 @@ impl ChunkRenderer for ChatRender {
         }
         let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
         let prompt_token_ids = self.options.prompt_token_ids.take();
-        self.completion("chat.completion", choices.into_values().collect(), Some(usage), prompt_token_ids)
+        let mut completion =
+            self.completion("chat.completion", choices.into_values().collect(), Some(usage), prompt_token_ids);
+        completion.prompt_logprobs = Some(());
+        completion
     }
 
     fn api(&self) -> Api {

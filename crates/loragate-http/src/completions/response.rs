@@ -1,6 +1,6 @@
 //! The JSON of completion responses: the unary body and the streamed chunks share one choice shape, OpenAI's plus
-//! vLLM's `prompt_logprobs` and `prompt_token_ids`, and loragate's `token_ids` and `segments` (which adapter version
-//! produced which tokens).
+//! vLLM's `stop_reason`, `prompt_logprobs` (a `null` key in a unary response when not asked for, as vLLM sends it)
+//! and `prompt_token_ids`, and loragate's `token_ids` and `segments` (which adapter version produced which tokens).
 //!
 //! `logprobs` is OpenAI's legacy object: per token its text (or `"token_id:N"`), its logprob, the sampled token
 //! followed by the `k` most likely tokens (`k + 1` entries when the sampled one is not among them), and its
@@ -15,8 +15,9 @@ use serde::Serialize;
 use crate::codec::TextCodec;
 use crate::error::Api;
 use crate::output::{
-    ChoiceDelta, ChunkRenderer, Finish, OrderedLogprobs, PromptLogprobs, ResponseHeader, SegmentJson, TokenLogprob,
-    Usage, VllmPromptLogprobs, clamp_logprob, decode_with_offsets, segments_json, to_json, token_label,
+    ChoiceDelta, ChunkRenderer, Finish, OrderedLogprobs, PromptLogprobs, ResponseHeader, SegmentJson, StopReason,
+    TokenLogprob, Usage, VllmPromptLogprobs, clamp_logprob, decode_with_offsets, segments_json, stop_reason, to_json,
+    token_label,
 };
 
 /// A completion response, or one streamed chunk of it.
@@ -38,6 +39,7 @@ struct CompletionChoice {
     text: String,
     logprobs: Option<LegacyLogprobs>,
     finish_reason: Option<&'static str>,
+    stop_reason: Option<StopReason>,
     token_ids: Vec<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     prompt_token_ids: Option<Vec<u32>>,
@@ -76,6 +78,7 @@ impl CompletionChoice {
             (Some(_), None) => {}
         }
         self.finish_reason = later.finish_reason.or(self.finish_reason);
+        self.stop_reason = later.stop_reason.or(self.stop_reason.take());
         self.prompt_token_ids = later.prompt_token_ids.or(self.prompt_token_ids.take());
         self.prompt_logprobs = later.prompt_logprobs.or(self.prompt_logprobs.take());
         self.segments = later.segments.or(self.segments.take());
@@ -110,8 +113,10 @@ pub(crate) struct CompletionOptions {
     pub(crate) echo: Option<Vec<EchoedPrompt>>,
     /// Whether `prompt_logprobs` were asked for.
     pub(crate) prompt_logprobs: bool,
-    /// Per prompt, with `return_token_ids`.
+    /// Per prompt, with `return_token_ids` (and, streamed, with `echo`: on each choice's first chunk).
     pub(crate) prompt_token_ids: Option<Vec<Arc<[u32]>>>,
+    /// The model's end-of-sequence tokens (they are no `stop_reason`).
+    pub(crate) eos_token_ids: Vec<u32>,
     /// With `stream`: end with a usage chunk.
     pub(crate) include_usage: bool,
 }
@@ -182,6 +187,7 @@ impl CompletionRender {
             text,
             logprobs,
             finish_reason: delta.finish.as_ref().map(|finish: &Finish| finish.reason.as_str()),
+            stop_reason: stop_reason(delta.finish.as_ref(), &self.options.eos_token_ids),
             token_ids: delta.token_ids,
             prompt_token_ids,
             prompt_logprobs,
@@ -245,7 +251,12 @@ impl ChunkRenderer for CompletionRender {
             }
         }
         let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
-        self.completion(choices.into_values().collect(), Some(usage))
+        let mut choices: Vec<CompletionChoice> = choices.into_values().collect();
+        for choice in &mut choices {
+            // vLLM's unary choices always carry the key.
+            choice.prompt_logprobs.get_or_insert(None);
+        }
+        self.completion(choices, Some(usage))
     }
 
     fn api(&self) -> Api {
@@ -279,7 +290,13 @@ mod tests {
         let codec: Arc<dyn TextCodec> = Arc::new(ByteCodec);
         let echo = echo.then(|| vec![EchoedPrompt::new(&*codec, b"Hi".map(u32::from).as_slice())]);
         let header = ResponseHeader { id: "cmpl-r1".into(), created: 7, model: "meow".into() };
-        let options = CompletionOptions { with_logprobs, echo, include_usage: true, ..CompletionOptions::default() };
+        let options = CompletionOptions {
+            with_logprobs,
+            echo,
+            include_usage: true,
+            eos_token_ids: vec![257],
+            ..CompletionOptions::default()
+        };
         CompletionRender::new(header, codec, options, 2)
     }
 
@@ -318,10 +335,12 @@ mod tests {
             json!({
                 "id": "cmpl-r1", "object": "text_completion", "created": 7, "model": "meow",
                 "choices": [{
-                    "index": 0, "text": "meow", "logprobs": null, "finish_reason": "abort",
-                    "token_ids": [109, 101, 111, 119], "segments": [{"lora_version": 2, "start": 0, "end": 4}],
+                    "index": 0, "text": "meow", "logprobs": null, "finish_reason": "abort", "stop_reason": null,
+                    "token_ids": [109, 101, 111, 119], "prompt_logprobs": null,
+                    "segments": [{"lora_version": 2, "start": 0, "end": 4}],
                 }],
-                "usage": {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6},
+                "usage": {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6,
+                          "prompt_tokens_details": {"cached_tokens": 0}},
             })
         );
     }
@@ -340,10 +359,24 @@ mod tests {
     }
 
     #[test]
+    fn stop_reason_names_a_stop_token_or_string_but_not_the_end_of_sequence_token() {
+        let stopped = |matched: Matched| {
+            let mut last = delta("ab", Some(FinishReason::Stop));
+            last.finish = Some(Finish { reason: FinishReason::Stop, matched: Some(matched) });
+            serde_json::to_value(render(false, false).unary(vec![last])).expect("json")["choices"][0]["stop_reason"]
+                .clone()
+        };
+        assert_eq!(stopped(Matched::Token(98)), json!(98));
+        assert_eq!(stopped(Matched::Text("ow".into())), json!("ow"));
+        assert_eq!(stopped(Matched::Token(257)), json!(null), "the end-of-sequence token is no stop_reason");
+    }
+
+    #[test]
     fn a_stream_ends_with_a_usage_chunk_when_asked() {
         let mut render = render(false, false);
         let chunk: Value = serde_json::from_str(&render.chunks(delta("me", None))[0]).expect("json");
         assert_eq!(chunk["choices"][0]["finish_reason"], json!(null));
+        assert_eq!(chunk["choices"][0]["stop_reason"], json!(null), "vLLM's chunks carry the key");
         assert!(chunk.get("usage").is_none() && chunk["choices"][0].get("segments").is_none(), "{chunk}");
         let last: Value = serde_json::from_str(&render.finish()[0]).expect("json");
         assert_eq!((&last["choices"], &last["usage"]["completion_tokens"]), (&json!([]), &json!(2)));

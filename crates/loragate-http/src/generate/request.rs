@@ -1,6 +1,6 @@
 //! The body of `POST /inference/v1/generate` (vLLM's `GenerateRequest`), apart from the sampling fields shared with
 //! the OpenAI endpoints ([`VllmSampling`](crate::sampling::VllmSampling), parsed from `sampling_params`). Unknown
-//! fields are ignored: `cache_salt`, `priority`, `kv_transfer_params` and `routed_experts_prompt_start` are accepted
+//! fields are refused; `cache_salt`, `priority`, `kv_transfer_params` and `routed_experts_prompt_start` are accepted
 //! and change nothing here.
 
 use serde::Deserialize;

@@ -15,8 +15,8 @@ use crate::output::TextOptions;
 /// Where these fields sit in the body, for naming a refused one.
 const AT: &str = "sampling_params";
 
-/// SGLang's sampling fields. Unknown fields are ignored; constrained decoding and biases are refused unless
-/// neutral.
+/// SGLang's sampling fields. Constrained decoding and biases are refused unless neutral (unknown fields are refused
+/// by the endpoint, which knows which fields it accepts without effect).
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct SglangSampling {
     /// Most tokens to generate; absent for "up to the context length" (SGLang's own default is 128).

@@ -1,4 +1,4 @@
-//! Stop strings as requests send them: `"stop": "x"` or `"stop": ["x", "y"]` (or `null`); none may be empty.
+//! Stop strings as requests send them (and the one check every front's stop strings pass): `"stop": "x"` or `"stop": ["x", "y"]` (or `null`); none may be empty.
 //!
 //! Limits: a request may give at most [`MAX_STOP_STRINGS`] stop strings of at most [`MAX_STOP_STRING_BYTES`] bytes
 //! each (more is a 400 naming `stop`), so watching one piece of text costs at most a few microseconds' worth of
@@ -8,12 +8,13 @@ use serde::Deserialize;
 use serde_json::Value;
 
 /// The most stop strings one request may give.
-pub(crate) const MAX_STOP_STRINGS: usize = 16;
+pub const MAX_STOP_STRINGS: usize = 16;
 /// The longest stop string accepted, in bytes.
-pub(crate) const MAX_STOP_STRING_BYTES: usize = 256;
+pub const MAX_STOP_STRING_BYTES: usize = 256;
 
-/// Checks a request's stop strings against the limits (none may be empty either).
-fn check_stop_strings(stops: &[String]) -> Result<(), String> {
+/// Checks a request's stop strings against the limits (none may be empty either); the reason says which limit. Every
+/// front that watches stop strings (the Tinker front too) checks them here.
+pub fn check_stop_strings(stops: &[String]) -> Result<(), String> {
     if stops.len() > MAX_STOP_STRINGS {
         return Err(format!("has {} stop strings, the limit is {MAX_STOP_STRINGS}", stops.len()));
     }

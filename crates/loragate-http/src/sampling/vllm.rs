@@ -12,7 +12,8 @@ use super::{DEFAULT_TEMPERATURE, SamplingPlan, is_empty_collection, refuse_unles
 use crate::error::HttpError;
 use crate::output::TextOptions;
 
-/// vLLM's sampling fields. Unknown fields are ignored, as vLLM does; the fields that would change sampling in ways
+/// vLLM's sampling fields (unknown fields are refused by each endpoint, which knows which fields it accepts without
+/// effect); the fields that would change sampling in ways
 /// loragate does not implement are kept as raw values to be refused unless neutral.
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct VllmSampling {

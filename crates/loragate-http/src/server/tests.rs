@@ -13,6 +13,7 @@ mod generate;
 mod hardening;
 mod observability;
 mod sglang;
+mod strict;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -152,6 +153,14 @@ impl Harness {
             self.post("/skyrl/v1/resume_lora_requests", serde_json::json!({"lora_name": adapter})).await;
         assert_eq!(status, StatusCode::OK, "{answer}");
     }
+}
+
+/// The `usage` object of `prompt` prompt tokens and `completion` generated tokens (vLLM's shape: nothing cached).
+fn usage(prompt: u64, completion: u64) -> Value {
+    serde_json::json!({
+        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    })
 }
 
 /// The `data:` payloads of a server-sent event stream, in order.

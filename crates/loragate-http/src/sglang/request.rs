@@ -1,6 +1,6 @@
 //! The body of SGLang's native `POST /generate` (`GenerateReqInput`), apart from `sampling_params`
 //! ([`SglangSampling`](crate::sampling::SglangSampling)): the prompt as `input_ids` or `text` (one, or a batch),
-//! `lora_path` (the adapter's name), `rid`, what logprobs to return, `stream`. Unknown fields are ignored; the ones
+//! `lora_path` (the adapter's name), `rid`, what logprobs to return, `stream`. Unknown fields are refused; the ones
 //! loragate cannot honour (images, custom logit processors, hidden states) are refused unless neutral.
 
 use serde::Deserialize;

@@ -11,13 +11,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::error::TinkerError;
-use crate::front::TinkerState;
 use crate::ids::{FutureId, KnownId, sampling_session_id, sampling_session_target};
 use crate::json_body::JsonBody;
 use crate::naming::{Naming, model_path_of};
 use crate::sample_request::AsampleBody;
 use crate::sample_task::run_sample;
-use crate::store::{DedupKey, FutureState, Submission};
+use crate::state::TinkerState;
+use crate::store::{DedupKey, FutureState, FutureSubject, Submission};
 
 /// The content type of a finished sample.
 const PROTOBUF: &str = "application/x-protobuf";
@@ -37,11 +37,11 @@ pub(crate) struct CreateSamplingSessionBody {
 /// and answers an id that names it.
 pub(crate) async fn create_sampling_session(
     State(state): State<TinkerState>,
-    caller: Option<Extension<Principal>>,
+    Extension(caller): Extension<Principal>,
     JsonBody(body): JsonBody<CreateSamplingSessionBody>,
 ) -> Result<Json<Value>, TinkerError> {
     let target = naming(&state).resolve(body.base_model.as_deref(), body.model_path.as_deref())?;
-    authorize(caller, &target)?;
+    authorize(&caller, &target)?;
     Ok(Json(json!({"type": "create_sampling_session", "sampling_session_id": sampling_session_id(&target)})))
 }
 
@@ -58,13 +58,9 @@ pub(crate) async fn sampler(
     })))
 }
 
-/// Checks that the caller (the HTTP front's guard puts it in the request; absent when these routes are served alone,
-/// without authentication) may sample `target`.
-fn authorize(caller: Option<Extension<Principal>>, target: &AdapterKey) -> Result<(), TinkerError> {
-    match caller {
-        Some(Extension(caller)) => caller.authorize(Action::Sample, target).map_err(TinkerError::Core),
-        None => Ok(()),
-    }
+/// Checks that the caller (the front's authentication puts it in the request) may sample `target`.
+fn authorize(caller: &Principal, target: &AdapterKey) -> Result<(), TinkerError> {
+    caller.authorize(Action::Sample, target).map_err(TinkerError::Core)
 }
 
 fn session_target(id: &str) -> Result<AdapterKey, TinkerError> {
@@ -79,7 +75,7 @@ fn session_target(id: &str) -> Result<AdapterKey, TinkerError> {
 /// token is generated. A paused adapter is no error: the sample waits inside the core, the future stays pending.
 pub(crate) async fn asample(
     State(state): State<TinkerState>,
-    caller: Option<Extension<Principal>>,
+    Extension(caller): Extension<Principal>,
     JsonBody(body): JsonBody<AsampleBody>,
 ) -> Result<Json<Value>, TinkerError> {
     let naming = naming(&state);
@@ -91,7 +87,7 @@ pub(crate) async fn asample(
         }
         None => naming.resolve(body.base_model.as_deref(), body.model_path.as_deref())?,
     };
-    authorize(caller, &target)?;
+    authorize(&caller, &target)?;
     let dedup = body
         .sampling_session_id
         .clone()
@@ -100,7 +96,8 @@ pub(crate) async fn asample(
     let id = state.ids().future_id();
     let plan = body.into_plan(id, &target, state.coordinator())?;
     let num_samples = plan.request.num_samples();
-    let id = match state.store().submit(id, target, dedup).await? {
+    let subject = FutureSubject { target, creator: caller };
+    let id = match state.store().submit(id, subject, dedup).await? {
         Submission::New(future) => {
             tokio::spawn(run_sample(state.clone(), plan, future));
             id
@@ -122,7 +119,7 @@ pub(crate) struct RetrieveFutureBody {
 /// the `SampleResponse` (protobuf), the failure, or `try_again` with the adapter's queue state.
 pub(crate) async fn retrieve_future(
     State(state): State<TinkerState>,
-    caller: Option<Extension<Principal>>,
+    Extension(caller): Extension<Principal>,
     JsonBody(body): JsonBody<RetrieveFutureBody>,
 ) -> Result<Response, TinkerError> {
     let raw = body.request_id.ok_or_else(|| TinkerError::invalid("request_id", "is required"))?;
@@ -132,8 +129,12 @@ pub(crate) async fn retrieve_future(
         KnownId::Foreign => return Err(TinkerError::UnknownFuture(raw)),
     };
     let watch = state.store().watch(id).await?.ok_or_else(|| TinkerError::UnknownFuture(raw.clone()))?;
-    // Future ids are sequential: only a caller that may sample the future's adapter may read its result.
-    authorize(caller, &watch.target)?;
+    // Only the key that created a future may read it (base-model futures included); to any other caller it does not
+    // exist, so an id learnt elsewhere tells nothing.
+    if !caller.is_same_key(&watch.subject.creator) {
+        return Err(TinkerError::UnknownFuture(raw));
+    }
+    let target = watch.subject.target;
     let mut future = watch.state;
     let settled = match tokio::time::timeout(state.config().poll_hold, future.wait_for(FutureState::is_final)).await {
         Ok(Ok(final_state)) => final_state.clone(),
@@ -141,7 +142,7 @@ pub(crate) async fn retrieve_future(
         Err(_hold_passed) => FutureState::Pending,
     };
     let response = match settled {
-        FutureState::Pending => return Ok(Json(try_again(&state, &raw, &watch.target)).into_response()),
+        FutureState::Pending => return Ok(Json(try_again(&state, &raw, &target)).into_response()),
         FutureState::Finished(bytes) => {
             let mut response = (StatusCode::OK, bytes).into_response();
             response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(PROTOBUF));

@@ -3,19 +3,18 @@
 
 use std::time::Duration;
 
-use loragate_core::AdapterKey;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::table::{FutureTable, Submitted};
-use super::{DedupKey, FutureWatch, RetentionLimits, Settled};
+use super::{DedupKey, FutureSubject, FutureWatch, RetentionLimits, Settled};
 use crate::ids::FutureId;
 
 /// The commands the store serves. Only [`super::FutureStore`] and [`super::PendingFuture`] build them.
 pub(crate) enum StoreMsg {
     /// Records a pending future unless it is a resubmission or the table is full.
-    Submit { id: FutureId, target: AdapterKey, dedup: Option<DedupKey>, reply: RpcReplyPort<Submitted> },
+    Submit { id: FutureId, subject: FutureSubject, dedup: Option<DedupKey>, reply: RpcReplyPort<Submitted> },
     /// A pending future's outcome.
     Settle { id: FutureId, outcome: Settled },
     /// A future's state channel.
@@ -71,8 +70,8 @@ impl Actor for StoreActor {
     ) -> Result<(), ActorProcessingErr> {
         let table = &mut state.table;
         match message {
-            StoreMsg::Submit { id, target, dedup, reply } => {
-                let _ = reply.send(table.submit(id, target, dedup));
+            StoreMsg::Submit { id, subject, dedup, reply } => {
+                let _ = reply.send(table.submit(id, subject, dedup));
             }
             StoreMsg::Settle { id, outcome } => table.settle(id, outcome, Instant::now()),
             StoreMsg::Watch { id, reply } => {

@@ -4,11 +4,10 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use loragate_core::AdapterKey;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{DedupKey, FutureState, FutureWatch, RetentionLimits, Settled};
+use super::{DedupKey, FutureState, FutureSubject, FutureWatch, RetentionLimits, Settled};
 use crate::ids::FutureId;
 
 /// What [`FutureTable::submit`] did.
@@ -26,7 +25,7 @@ pub(crate) enum Submitted {
 }
 
 struct Entry {
-    target: AdapterKey,
+    subject: FutureSubject,
     state: watch::Sender<FutureState>,
     dedup: Option<DedupKey>,
     settled_at: Option<Instant>,
@@ -57,9 +56,14 @@ impl FutureTable {
         }
     }
 
-    /// Records a new pending future `id` for `target`, unless `dedup` names an earlier submission or the table is
+    /// Records a new pending future `id` for `subject`, unless `dedup` names an earlier submission or the table is
     /// full.
-    pub(crate) fn submit(&mut self, id: FutureId, target: AdapterKey, dedup: Option<DedupKey>) -> Submitted {
+    pub(crate) fn submit(
+        &mut self,
+        id: FutureId,
+        subject: impl Into<FutureSubject>,
+        dedup: Option<DedupKey>,
+    ) -> Submitted {
         if let Some(existing) = dedup.as_ref().and_then(|key| self.by_dedup.get(key)) {
             return Submitted::Existing(*existing);
         }
@@ -70,7 +74,8 @@ impl FutureTable {
             self.by_dedup.insert(key.clone(), id);
         }
         let (state, _) = watch::channel(FutureState::Pending);
-        self.entries.insert(id, Entry { target, state, dedup, settled_at: None, delivered_at: None });
+        let subject = subject.into();
+        self.entries.insert(id, Entry { subject, state, dedup, settled_at: None, delivered_at: None });
         self.pending += 1;
         Submitted::New
     }
@@ -99,7 +104,9 @@ impl FutureTable {
 
     /// The future's state channel, if it is known.
     pub(crate) fn watch(&self, id: FutureId) -> Option<FutureWatch> {
-        self.entries.get(&id).map(|entry| FutureWatch { state: entry.state.subscribe(), target: entry.target.clone() })
+        self.entries
+            .get(&id)
+            .map(|entry| FutureWatch { state: entry.state.subscribe(), subject: entry.subject.clone() })
     }
 
     /// The future's final answer went out; it is kept for the grace period (a lost response is retrieved again).
@@ -169,6 +176,8 @@ mod tests {
     use std::time::Duration;
 
     use bytes::Bytes;
+
+    use loragate_core::AdapterKey;
 
     use super::*;
     use crate::ids::{Epoch, IdMaker};

@@ -26,9 +26,9 @@ async fn tokenize_and_detokenize_answer_in_vllms_shapes() {
 
 #[tokio::test]
 async fn the_root_aliases_load_and_unload_like_the_v1_endpoints() {
-    let root = std::env::temp_dir().join(format!("loragate-alias-root-{}", rand_suffix()));
-    std::fs::create_dir_all(root.join("prime")).expect("adapter dir");
-    let adapter_root = loragate_core::AdapterRoot::new(&root).expect("root");
+    let root = tempfile::tempdir().expect("a temporary directory");
+    std::fs::create_dir_all(root.path().join("prime")).expect("adapter dir");
+    let adapter_root = loragate_core::AdapterRoot::new(root.path()).expect("root");
     let config = CoordinatorConfig { adapter_root: Some(adapter_root), ..CoordinatorConfig::default() };
     let harness = serve_engine(ScriptedEngine::new(HOLD_AFTER), config, &[]).await;
     for expected_version in [1, 2] {
@@ -40,11 +40,6 @@ async fn the_root_aliases_load_and_unload_like_the_v1_endpoints() {
     assert_eq!(status, StatusCode::OK);
     let (status, _) = harness.post("/unload_lora_adapter", json!({"lora_name": "prime"})).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "gone");
-    let _ = std::fs::remove_dir_all(root);
-}
-
-fn rand_suffix() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_nanos() as u64)
 }
 
 #[tokio::test]

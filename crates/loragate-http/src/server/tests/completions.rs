@@ -30,11 +30,11 @@ async fn a_completion_on_an_adapter_has_openai_shape_with_token_ids_and_segments
     assert_eq!(
         body["choices"],
         json!([{
-            "index": 0, "text": "\u{0}\u{1}", "logprobs": null, "finish_reason": "length", "token_ids": [0, 1],
-            "segments": [{"lora_version": 1, "start": 0, "end": 2}],
+            "index": 0, "text": "\u{0}\u{1}", "logprobs": null, "finish_reason": "length", "stop_reason": null,
+            "token_ids": [0, 1], "prompt_logprobs": null, "segments": [{"lora_version": 1, "start": 0, "end": 2}],
         }])
     );
-    assert_eq!(body["usage"], json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}), "BOS + Hi");
+    assert_eq!(body["usage"], usage(3, 2), "BOS + Hi");
 
     let (status, generated) =
         harness.post("/v1/completions", json!({"model": "meow", "prompt": [72, 105], "max_tokens": 1})).await;
@@ -280,7 +280,7 @@ async fn a_batch_is_one_core_request_per_prompt_with_choices_indexed_prompt_by_s
     for (index, choice) in choices.iter().enumerate() {
         assert_eq!((&choice["index"], &choice["token_ids"]), (&json!(index), &json!([0, 1])), "{body}");
     }
-    assert_eq!(body["usage"], json!({"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}));
+    assert_eq!(body["usage"], usage(3, 8));
     let seen = seen.lock().expect("lock").clone();
     let ids: Vec<&str> = seen.iter().map(|request| request.id().as_str()).collect();
     assert_eq!(ids, ["b1-0", "b1-1"], "one core request per prompt, each with its own id");
@@ -363,7 +363,7 @@ async fn a_stream_can_end_with_openais_usage_chunk() {
     let chunks = harness.stream("/v1/completions", body).await;
     let last = chunks.last().expect("chunks");
     assert_eq!(last["choices"], json!([]));
-    assert_eq!(last["usage"], json!({"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}));
+    assert_eq!(last["usage"], usage(2, 3));
     assert!(chunks[..chunks.len() - 1].iter().all(|chunk| chunk.get("usage").is_none()));
 }
 

@@ -1,7 +1,5 @@
 //! SkyRL-compatible pause control, vLLM-compatible loading, and the model list.
 
-use std::path::PathBuf;
-
 use loragate_core::AdapterRoot;
 use serde_json::json;
 
@@ -50,34 +48,19 @@ async fn a_long_poll_is_released_by_resume() {
 }
 
 /// A temporary adapter root with the directories `step-2` and `bad` (the scripted engine refuses `bad`).
-struct TempRoot(PathBuf);
-
-impl TempRoot {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("loragate-http-root-{}", unique_suffix()));
-        for adapter in ["step-2", "bad"] {
-            std::fs::create_dir_all(dir.join(adapter)).expect("mkdir");
-        }
-        Self(dir)
+fn temp_root() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    for adapter in ["step-2", "bad"] {
+        std::fs::create_dir_all(dir.path().join(adapter)).expect("mkdir");
     }
-}
-
-impl Drop for TempRoot {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn unique_suffix() -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    format!("{}-{nanos}", std::process::id())
+    dir
 }
 
 #[tokio::test]
 async fn adapters_load_swap_and_unload_through_the_adapter_root() {
-    let root = TempRoot::new();
+    let root = temp_root();
     let config = CoordinatorConfig {
-        adapter_root: Some(AdapterRoot::new(&root.0).expect("root")),
+        adapter_root: Some(AdapterRoot::new(root.path()).expect("root")),
         ..CoordinatorConfig::default()
     };
     let harness = serve_engine(ScriptedEngine::new(HOLD_AFTER), config, &["meow"]).await;

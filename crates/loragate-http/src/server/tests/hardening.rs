@@ -31,9 +31,9 @@ async fn a_held_completion_keeps_its_parsed_form_not_its_body() {
     let (app, coordinator) = in_process(CoordinatorConfig::default()).await;
     let meow = loragate_core::AdapterName::parse("meow").expect("name");
     coordinator.abort(&meow).await.expect("pause");
-    // A small completion padded with a 1 MiB field the parsed form does not keep.
-    let json = json!({"model": "meow", "prompt": "x", "max_tokens": 2, "padding": "x".repeat(1 << 20)});
-    let (tracked, dropped) = DropTrackedBytes::new(json.to_string().into_bytes());
+    // A small completion padded with 1 MiB of whitespace the parsed form does not keep.
+    let json = format!("{}{}", json!({"model": "meow", "prompt": "x", "max_tokens": 2}), " ".repeat(1 << 20));
+    let (tracked, dropped) = DropTrackedBytes::new(json.into_bytes());
     let body = Bytes::from_owner(tracked);
     let call = tokio::spawn(app.oneshot(completion_call(Body::from(body))));
 
@@ -140,24 +140,22 @@ async fn keys_decide_who_may_use_which_endpoint_and_adapter() {
 }
 
 #[tokio::test]
-async fn extra_routes_and_the_compat_endpoints_pass_the_guard_and_tinker_keys_work_with_or_without_tml() {
+async fn extra_routes_pass_the_guard_but_authenticate_themselves_and_the_compat_endpoints_need_their_keys() {
     let config = CoordinatorConfig { auth: keyring(), ..CoordinatorConfig::default() };
     let extra = Router::new().route("/api/v1/healthz", axum::routing::get(|| async { "ok" }));
     let harness =
         serve_front(ScriptedEngine::new(HOLD_AFTER), config, &["team-a/policy"], |front| front.with_routes(extra))
             .await;
-    let tinker = |key: Option<&'static str>| {
+    let extra = |origin: Option<&'static str>| {
         let request = harness.client.get(harness.url("/api/v1/healthz"));
-        let request = match key {
-            Some(key) => request.header("X-API-Key", key),
+        let request = match origin {
+            Some(origin) => request.header("Origin", origin),
             None => request,
         };
         async move { request.send().await.expect("send").status() }
     };
-    assert_eq!(tinker(None).await, StatusCode::UNAUTHORIZED, "extra routes are behind the guard");
-    assert_eq!(tinker(Some("tml-wrong")).await, StatusCode::UNAUTHORIZED);
-    assert_eq!(tinker(Some("k-api")).await, StatusCode::OK);
-    assert_eq!(tinker(Some("tml-k-api")).await, StatusCode::OK, "the SDK's tml- prefix is optional");
+    assert_eq!(extra(None).await, StatusCode::OK, "an extra route brings its own authentication (this one: none)");
+    assert_eq!(extra(Some("https://evil.example")).await, StatusCode::FORBIDDEN, "but passes the guard");
 
     let generate = json!({"input_ids": [1, 2], "lora_path": "team-a/policy", "sampling_params": {"max_new_tokens": 2}});
     assert_eq!(harness.post_as("k-api", "/generate", generate.clone()).await.0, StatusCode::OK);
@@ -167,6 +165,16 @@ async fn extra_routes_and_the_compat_endpoints_pass_the_guard_and_tinker_keys_wo
     assert_eq!(abort.send().await.expect("send").status(), StatusCode::FORBIDDEN, "aborts across adapters: admin");
     let (status, refused) = harness.post_as("k-wrong", "/inference/v1/generate", json!({"token_ids": [1]})).await;
     assert_eq!((status, &refused["error"]["code"]), (StatusCode::UNAUTHORIZED, &json!("unauthenticated")));
+    for cache in ["/reset_prefix_cache", "/flush_cache"] {
+        let (status, _) = harness.post_as("k-team-a", cache, json!({})).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{cache} is engine-wide: a tenant key may not flush it");
+        let response = harness.client.post(harness.url(cache)).bearer_auth("k-admin").send().await.expect("send");
+        assert_eq!(response.status(), StatusCode::OK, "{cache} with the admin key");
+    }
+    let (status, _) = harness.post_as("k-api", "/init_broadcaster", json!({})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "an unknown path is 404 to any valid key (clients probe with theirs)");
+    let unknown = harness.client.post(harness.url("/init_broadcaster")).json(&json!({})).send().await.expect("send");
+    assert_eq!(unknown.status(), StatusCode::UNAUTHORIZED, "and 401 without one");
 }
 
 #[tokio::test]

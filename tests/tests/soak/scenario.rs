@@ -33,31 +33,32 @@ use tokio::time::Instant;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::{DemoServer, PATIENCE, PROMPT, copy_dir, eventually, tokens};
+use loragate_core::testing::eventually_within as eventually;
+use loragate_tests::{DemoServer, PATIENCE, PROMPT, copy_dir, tokens};
 
 /// The four adapters every sampler and the trainer work on (two are loaded at start from copies of the demo's).
-pub const ADAPTERS: [&str; 4] = ["meow", "woof", "meow-b", "woof-b"];
+pub(crate) const ADAPTERS: [&str; 4] = ["meow", "woof", "meow-b", "woof-b"];
 
 /// How long and how hard the soak runs.
 #[derive(Clone, Debug)]
-pub struct SoakConfig {
+pub(crate) struct SoakConfig {
     /// Concurrent gRPC samplers (retry clients).
-    pub samplers: usize,
+    pub(crate) samplers: usize,
     /// Concurrent HTTP clients.
-    pub http_clients: usize,
+    pub(crate) http_clients: usize,
     /// Tokens each sample asks for.
-    pub max_tokens: u32,
+    pub(crate) max_tokens: u32,
     /// The server's `--max-in-flight` (below `samplers`, so that overload happens).
-    pub max_in_flight: u32,
+    pub(crate) max_in_flight: u32,
     /// How long the load runs before the baseline is measured.
-    pub warm_up: Duration,
+    pub(crate) warm_up: Duration,
     /// How long the measured load runs.
-    pub duration: Duration,
+    pub(crate) duration: Duration,
 }
 
 impl SoakConfig {
     /// The CI form: 512 samplers and 32 HTTP clients for 30 s after a 6 s warm-up.
-    pub fn short() -> Self {
+    pub(crate) fn short() -> Self {
         Self {
             samplers: 512,
             http_clients: 32,
@@ -69,36 +70,38 @@ impl SoakConfig {
     }
 
     /// The long form: the short form's load for `duration`.
-    pub fn long(duration: Duration) -> Self {
+    pub(crate) fn long(duration: Duration) -> Self {
         Self { duration, warm_up: Duration::from_secs(20), ..Self::short() }
     }
 }
 
 /// What a soak did.
 #[derive(Clone, Debug, Default)]
-pub struct SoakReport {
+// Its fields are read through `Debug` (the test prints the report).
+#[allow(dead_code)]
+pub(crate) struct SoakReport {
     /// Samples that came back finished through the retry client.
-    pub samples_finished: u64,
+    pub(crate) samples_finished: u64,
     /// Of those, samples whose tokens came from more than one adapter version (a swap happened mid-sample).
-    pub samples_across_swaps: u64,
+    pub(crate) samples_across_swaps: u64,
     /// Requests whose client walked away mid-request.
-    pub walked_away: u64,
+    pub(crate) walked_away: u64,
     /// HTTP completions answered (200), and refused for overload (429).
-    pub http_answered: u64,
+    pub(crate) http_answered: u64,
     /// HTTP completions refused with 429.
-    pub http_overloaded: u64,
+    pub(crate) http_overloaded: u64,
     /// Pauses by the trainer (abort, keep, wait and swaps).
-    pub pauses: u64,
+    pub(crate) pauses: u64,
     /// Weight swaps (loads under a loaded name while paused, and atomic swaps).
-    pub swaps: u64,
+    pub(crate) swaps: u64,
     /// Adapters loaded, sampled and unloaded under traffic.
-    pub churned: u64,
+    pub(crate) churned: u64,
     /// Resident memory of the test process after the warm-up, in KiB.
-    pub rss_start_kib: u64,
+    pub(crate) rss_start_kib: u64,
     /// Resident memory at the end, every request gone, in KiB.
-    pub rss_end_kib: u64,
+    pub(crate) rss_end_kib: u64,
     /// How long the measured load ran.
-    pub measured_for: Duration,
+    pub(crate) measured_for: Duration,
 }
 
 #[derive(Default)]
@@ -114,14 +117,14 @@ struct Counters {
 }
 
 /// The resident set size of this process, in KiB.
-pub fn rss_kib() -> u64 {
+pub(crate) fn rss_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
     let line = status.lines().find(|line| line.starts_with("VmRSS:")).expect("a VmRSS line");
     line.split_whitespace().nth(1).and_then(|kib| kib.parse().ok()).expect("VmRSS in kB")
 }
 
 /// Runs the soak and checks its invariants (panicking on the first violation); returns its figures.
-pub async fn run(config: SoakConfig) -> SoakReport {
+pub(crate) async fn run(config: SoakConfig) -> SoakReport {
     let demo = DemoServer::start_with(|serve| serve.limits.max_in_flight = config.max_in_flight).await;
     for (name, from) in [("meow-b", "meow"), ("woof-b", "woof")] {
         copy_dir(&demo.adapter_root.join(from), &demo.adapter_root.join(name));

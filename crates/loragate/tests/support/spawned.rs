@@ -1,0 +1,119 @@
+//! The one way the binary's tests start `loragate`: a child process (killed when dropped) whose first stdout line is
+//! its JSON ready line (`{"event": "ready", "grpc_addr", "http_addr", ...}`; logs go to stderr). Shared by the test
+//! files with `#[path = "support/spawned.rs"] mod spawned;`.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a start (demo generation included, on a loaded machine) or a shutdown may take.
+pub const PATIENCE: Duration = Duration::from_secs(120);
+
+/// A running `loragate` child and its ready line.
+pub struct Spawned {
+    child: Child,
+    /// The ready line.
+    pub ready: serde_json::Value,
+    /// The state directory [`Spawned::serve`] gave it (its own, never the user's), removed when dropped.
+    _state_dir: Option<tempfile::TempDir>,
+}
+
+impl Spawned {
+    /// Starts `loragate ARGS` (with the test demo cache, `RUST_LOG=warn` and one compute thread) and waits for its
+    /// ready line.
+    pub fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_loragate"))
+            .args(args)
+            .env("LORAGATE_CACHE_DIR", cache_dir())
+            .env("RUST_LOG", "warn")
+            .env("RAYON_NUM_THREADS", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("loragate starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = sender.send(line);
+        });
+        let line = receiver.recv_timeout(PATIENCE).expect("the ready line in time");
+        let ready: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line:?}"));
+        assert_eq!(ready["event"], "ready", "{ready}");
+        Self { child, ready, _state_dir: None }
+    }
+
+    /// `loragate serve ARGS` on free loopback ports, with its own temporary state directory.
+    pub fn serve(args: &[&str]) -> Self {
+        let state_dir = tempfile::tempdir().expect("a state directory");
+        let state_path = state_dir.path().to_str().expect("a UTF-8 temporary path").to_owned();
+        let mut all = vec!["serve"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&[
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--state-dir",
+            &state_path,
+        ]);
+        let mut spawned = Self::start(&all);
+        // Dropped after the child is killed (`Drop` runs before the fields go).
+        spawned._state_dir = Some(state_dir);
+        spawned
+    }
+
+    /// A string field of the ready line.
+    pub fn field(&self, key: &str) -> String {
+        self.ready[key].as_str().unwrap_or_else(|| panic!("{key} in {}", self.ready)).to_owned()
+    }
+
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit status.
+    pub fn terminate(mut self) -> ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("kill runs");
+        assert!(sent.success(), "SIGTERM sent");
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "loragate did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL: no shutdown, no goodbye.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Where the tests' demo files are generated and reused: `$LORAGATE_CACHE_DIR`, else `target/loragate-test-cache`.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("LORAGATE_CACHE_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/loragate-test-cache"))
+}
