@@ -11,7 +11,8 @@ use tonic::Code;
 const BUDGET: u32 = 96;
 
 fn pause(lora: &str, mode: PauseMode, owner: &str, lease_s: f64) -> pb::AbortLoraRequestsRequest {
-    pb::AbortLoraRequestsRequest { lora_name: lora.into(), mode: mode.into(), owner: owner.into(), lease_s }
+    let kv_policy = pb::KvPolicy::Unspecified.into();
+    pb::AbortLoraRequestsRequest { lora_name: lora.into(), mode: mode.into(), owner: owner.into(), lease_s, kv_policy }
 }
 
 fn resume(lora: &str, pause_id: &str) -> pb::ResumeLoraRequestsRequest {
@@ -19,7 +20,8 @@ fn resume(lora: &str, pause_id: &str) -> pb::ResumeLoraRequestsRequest {
 }
 
 fn swap(lora: &str, path: &str, mode: PauseMode) -> pb::SwapLoraAdapterRequest {
-    pb::SwapLoraAdapterRequest { lora_name: lora.into(), path: path.into(), mode: mode.into() }
+    let kv_policy = pb::KvPolicy::Unspecified.into();
+    pb::SwapLoraAdapterRequest { lora_name: lora.into(), path: path.into(), mode: mode.into(), kv_policy }
 }
 
 /// A unary greedy sample of `budget` tokens, in the background.

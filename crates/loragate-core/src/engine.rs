@@ -83,6 +83,12 @@ pub trait Engine: Send + Sync + 'static {
     /// The served model's limits.
     fn model_info(&self) -> &ModelInfo;
 
+    /// Whether the engine can park kept sequences with their keys and values and resume them without a prefill
+    /// ([`crate::KvPolicy::Reuse`]). One that cannot (the default) has every keep-mode pause apply RECOMPUTE.
+    fn can_park(&self) -> bool {
+        false
+    }
+
     /// Starts sampling `request`; cancelling `cancel` aborts it.
     async fn generate(&self, request: SampleRequest, cancel: CancellationToken) -> Result<EngineStream, EngineError>;
 

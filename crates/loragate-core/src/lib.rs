@@ -60,7 +60,7 @@ pub mod state;
 pub mod testing;
 
 pub use adapter::{
-    AbortReport, AdapterHandle, AdapterStatus, Admission, Ending, GateState, MAX_LEASE, MAX_OWNER_LEN,
+    AbortReport, AdapterHandle, AdapterStatus, Admission, Ending, GateState, KvPolicy, MAX_LEASE, MAX_OWNER_LEN,
     MAX_WAIT_TIMEOUT, PauseId, PauseInfo, PauseMode, PauseOwner, PauseReport, PauseRequest, ResumeReport, Retirement,
     StopCause, parse_timeout_s,
 };

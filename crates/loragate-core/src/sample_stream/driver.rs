@@ -21,6 +21,7 @@ use crate::coordinator::LiveRequest;
 use crate::engine::{Engine, EngineError, EngineEvent, EngineStream};
 use crate::error::CoreError;
 use crate::gate_deadline::GateDeadline;
+use crate::ids::AdapterVersion;
 use crate::output::{FinishReason, SegmentsBuilder};
 use crate::sample_stream::SampleEvent;
 use crate::sampling::{Continuation, SampleRequest};
@@ -43,6 +44,9 @@ struct Sequence {
     token_ids: Vec<u32>,
     segments: SegmentsBuilder,
     progress: Progress,
+    /// The oldest adapter version in the keys and values the current engine run attends to: unknown (`None`) when
+    /// a run starts with a prefill, the version of its first tokens from then on.
+    kv_version: Option<AdapterVersion>,
 }
 
 /// One engine request of this request, and which of the request's sequences its sequences are.
@@ -79,6 +83,7 @@ impl Driver {
                 token_ids: Vec::new(),
                 segments: SegmentsBuilder::default(),
                 progress: Progress::Running,
+                kv_version: None,
             })
             .collect();
         let abort_pauses_at_admission = adapter.cell().gate_state().abort_pauses;
@@ -168,12 +173,15 @@ impl Driver {
                     }
                     let index = self.running(&sequences, sequence)?;
                     let progress = &mut self.sequences[index];
-                    progress.segments.push(version, u32::try_from(token_ids.len()).unwrap_or(u32::MAX));
+                    let kv_version = *progress.kv_version.get_or_insert(version);
+                    let count = u32::try_from(token_ids.len()).unwrap_or(u32::MAX);
+                    progress.segments.push(version, kv_version, count);
                     progress.token_ids.extend_from_slice(&token_ids);
                     let cell = self.adapter.cell();
                     cell.metrics.record_tokens(&cell.labels, version, token_ids.len());
                     let sequence = index as u32;
-                    let tokens = SampleEvent::Tokens { sequence, version, token_ids, logprobs, top_logprobs };
+                    let tokens =
+                        SampleEvent::Tokens { sequence, version, kv_version, token_ids, logprobs, top_logprobs };
                     let _ = out.send(Ok(tokens));
                 }
                 EngineEvent::Finished { sequence, reason } => {
@@ -225,7 +233,10 @@ impl Driver {
         for (index, request) in continuations {
             match self.engine.generate(request, admission.cancel_token().clone()).await {
                 Ok(events) => {
-                    self.sequences[index].progress = Progress::Running;
+                    let sequence = &mut self.sequences[index];
+                    sequence.progress = Progress::Running;
+                    // Prefilled again: its keys and values are recomputed under the version this run reports.
+                    sequence.kv_version = None;
                     runs.push(EngineRun { events, sequences: Arc::new([index]) });
                 }
                 Err(why) => {
