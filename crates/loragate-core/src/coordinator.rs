@@ -21,7 +21,7 @@ use crate::adapter::{
 };
 use crate::adapter_source::{AdapterRoot, AdapterSource};
 use crate::auth::Keyring;
-use crate::engine::{Engine, ModelInfo};
+use crate::engine::{Engine, ModelInfo, Parking};
 use crate::error::{CoreError, Field};
 use crate::gate_deadline::GateDeadline;
 use crate::ids::{AdapterKey, AdapterName, AdapterVersion, RequestId};
@@ -192,7 +192,8 @@ impl Coordinator {
         let live = LiveRequests::enter(&self.inner.live);
         let adapter = self.adapter(request.adapter())?;
         let admission = adapter.admit(request.id().clone(), deadline.hold_until()).await?;
-        match self.inner.engine.generate(request.clone(), admission.cancel_token().clone()).await {
+        let parking = Parking { park_on_cancel: admission.park_signal().clone(), resume_from: None };
+        match self.inner.engine.generate_parking(request.clone(), admission.cancel_token().clone(), parking).await {
             Ok(events) => {
                 let driver = Driver::new(self.inner.engine.clone(), adapter, request, deadline, live);
                 Ok(SampleStream::spawn(driver, admission, events))

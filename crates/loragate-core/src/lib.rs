@@ -69,7 +69,9 @@ pub use auth::{
     Action, AdapterPattern, Key, KeyConfigError, Keyring, MAX_KEY_LEN, Principal, Tenant, TenantKeys, bearer_token,
 };
 pub use coordinator::{Coordinator, CoordinatorConfig, Reconciled, RestoreReport, StartError, SwapReport};
-pub use engine::{Engine, EngineError, EngineEvent, EngineStream, ModelInfo};
+pub use engine::{
+    Engine, EngineError, EngineEvent, EngineStream, ModelInfo, ParkSignal, ParkedKv, ParkedKvWatch, Parking,
+};
 pub use error::{CoreError, Field};
 pub use gate_deadline::GateDeadline;
 pub use ids::{AdapterKey, AdapterName, AdapterVersion, MAX_ADAPTER_NAME_LEN, MAX_REQUEST_ID_LEN, RequestId};

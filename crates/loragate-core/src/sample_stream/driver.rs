@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use super::unfinished_error;
 use crate::adapter::{AdapterHandle, Admission, Counted, Ending, StopCause};
 use crate::coordinator::LiveRequest;
-use crate::engine::{Engine, EngineError, EngineEvent, EngineStream};
+use crate::engine::{Engine, EngineError, EngineEvent, EngineStream, ParkedKv, Parking};
 use crate::error::CoreError;
 use crate::gate_deadline::GateDeadline;
 use crate::ids::AdapterVersion;
@@ -45,8 +45,14 @@ struct Sequence {
     segments: SegmentsBuilder,
     progress: Progress,
     /// The oldest adapter version in the keys and values the current engine run attends to: unknown (`None`) when
-    /// a run starts with a prefill, the version of its first tokens from then on.
+    /// a run starts with a prefill, the version of its first tokens from then on, and the parked keys and values'
+    /// when the run resumed from them.
     kv_version: Option<AdapterVersion>,
+    /// The keys and values the engine parked when a pause kept the sequence (KV_POLICY_REUSE), with their KV
+    /// version, until the continuation takes them. Dropped (freed) when the sequence ends.
+    parked: Option<(ParkedKv, Option<AdapterVersion>)>,
+    /// The KV version of the parked keys and values the current run was started with, until it says it resumed.
+    resuming_from: Option<AdapterVersion>,
 }
 
 /// One engine request of this request, and which of the request's sequences its sequences are.
@@ -84,6 +90,8 @@ impl Driver {
                 segments: SegmentsBuilder::default(),
                 progress: Progress::Running,
                 kv_version: None,
+                parked: None,
+                resuming_from: None,
             })
             .collect();
         let abort_pauses_at_admission = adapter.cell().gate_state().abort_pauses;
@@ -184,6 +192,16 @@ impl Driver {
                         SampleEvent::Tokens { sequence, version, kv_version, token_ids, logprobs, top_logprobs };
                     let _ = out.send(Ok(tokens));
                 }
+                EngineEvent::Parked { sequence, kv } => {
+                    let index = self.running(&sequences, sequence)?;
+                    let progress = &mut self.sequences[index];
+                    progress.parked = Some((kv, progress.kv_version));
+                }
+                EngineEvent::Resumed { sequence } => {
+                    let index = self.running(&sequences, sequence)?;
+                    let progress = &mut self.sequences[index];
+                    progress.kv_version = progress.resuming_from.take();
+                }
                 EngineEvent::Finished { sequence, reason } => {
                     let index = self.running(&sequences, sequence)?;
                     if reason == FinishReason::Abort && self.keeps(admission.stop_cause()) {
@@ -231,12 +249,16 @@ impl Driver {
         };
         let mut runs = Vec::with_capacity(continuations.len());
         for (index, request) in continuations {
-            match self.engine.generate(request, admission.cancel_token().clone()).await {
+            let (resume_from, resuming_from) = self.sequences[index].parked.take().unzip();
+            let parking = Parking { park_on_cancel: admission.park_signal().clone(), resume_from };
+            match self.engine.generate_parking(request, admission.cancel_token().clone(), parking).await {
                 Ok(events) => {
                     let sequence = &mut self.sequences[index];
                     sequence.progress = Progress::Running;
-                    // Prefilled again: its keys and values are recomputed under the version this run reports.
+                    // Prefilled again unless the engine says it resumed: then its keys and values go back to the
+                    // parked ones' version.
                     sequence.kv_version = None;
+                    sequence.resuming_from = resuming_from.flatten();
                     runs.push(EngineRun { events, sequences: Arc::new([index]) });
                 }
                 Err(why) => {
@@ -273,6 +295,8 @@ impl Driver {
     fn finish(&mut self, index: usize, reason: FinishReason, out: &Output) {
         let sequence = &mut self.sequences[index];
         sequence.progress = Progress::Finished;
+        // Frees parked keys and values nobody will resume from.
+        sequence.parked = None;
         self.aborted |= reason == FinishReason::Abort;
         let segments = sequence.segments.segments().to_vec();
         let _ = out.send(Ok(SampleEvent::Finished { sequence: index as u32, reason, segments }));
