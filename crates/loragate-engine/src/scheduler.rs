@@ -179,7 +179,7 @@ impl Scheduler {
     fn handle(&mut self, command: Command) -> bool {
         match command {
             Command::Generate(submission) => {
-                self.submit(*submission);
+                self.submit(submission);
                 true
             }
             Command::Shutdown => false,
@@ -187,10 +187,10 @@ impl Scheduler {
     }
 
     /// Queues a submission: to resume, if it brings parked keys and values that fit; to be prefilled otherwise.
-    fn submit(&mut self, submission: Submission) {
+    fn submit(&mut self, submission: Box<Submission>) {
         match park::Resuming::accept(submission, self.incarnation, &self.model) {
             Ok(resuming) => self.resuming.push_back(resuming),
-            Err(submission) => self.pending.push(submission),
+            Err(submission) => self.pending.push(*submission),
         }
     }
 }

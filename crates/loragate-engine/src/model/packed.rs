@@ -63,7 +63,7 @@ impl Llama {
             .map(|chunk| ChunkAttention { cache: &*chunk.cache, len: chunk.tokens.len() })
             .collect::<Vec<_>>();
         let decode_attention = match (&decode, &decode_mask) {
-            (Some((_, cache)), Some(mask)) => Some(DecodeAttention { cache: &**cache, mask }),
+            (Some((_, cache)), Some(mask)) => Some(DecodeAttention { cache, mask }),
             _ => None,
         };
         for layer in &self.layers {

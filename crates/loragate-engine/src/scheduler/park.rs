@@ -44,7 +44,7 @@ impl ParkedRow {
 
 /// A continuation whose parked keys and values were accepted: it rejoins the batch when there is a place.
 pub(super) struct Resuming {
-    pub(super) submission: Submission,
+    pub(super) submission: Box<Submission>,
     kv: ParkedKv,
 }
 
@@ -53,7 +53,11 @@ impl Resuming {
     /// the handle's tokens exactly the continuation's prompt (so its cache holds every position but the last, and
     /// the last token is the next input). Otherwise the submission comes back without its handle (dropped, which
     /// frees the keys and values) and the reason, to be prefilled as under RECOMPUTE.
-    pub(super) fn accept(mut submission: Submission, incarnation: u64, model: &Llama) -> Result<Self, Submission> {
+    pub(super) fn accept(
+        mut submission: Box<Submission>,
+        incarnation: u64,
+        model: &Llama,
+    ) -> Result<Self, Box<Submission>> {
         let Some(kv) = submission.resume.take() else { return Err(submission) };
         let request = &submission.request;
         let refusal = match kv.downcast_ref::<ParkedRow>() {
@@ -98,7 +102,7 @@ impl Resuming {
     /// it rejoins the batch with (the handle is dropped once they are copied into the batch).
     pub(super) fn start(self, id: u64, model: &Llama) -> (Sequence, Vec<LayerKv>) {
         let Self { submission, kv } = self;
-        let (context, request) = RequestContext::new(id, submission, &model.config().eos_token_ids);
+        let (context, request) = RequestContext::new(id, *submission, &model.config().eos_token_ids);
         let row = kv.downcast_ref::<ParkedRow>().expect("accepted handles are this engine's parked rows");
         let prompt = request.prompt();
         let sampler = Sampler::new(request.params(), 0, prompt, context.stop_tokens());

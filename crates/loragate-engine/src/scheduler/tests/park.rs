@@ -29,7 +29,7 @@ impl Harness {
         let request = request(&self.config, raw);
         let Parking { park_on_cancel: park, resume_from: resume } = parking;
         let adapter = Some(Arc::clone(adapter));
-        self.scheduler.submit(Submission { request, adapter, version, cancel, park, resume, events });
+        self.scheduler.submit(Box::new(Submission { request, adapter, version, cancel, park, resume, events }));
         receiver
     }
 

@@ -78,7 +78,7 @@ fn within_a_tenant_requests_are_served_first_come_first_served() {
     let config = tiny_config(vec![]);
     let mut harness = Harness::with_budget(config, 64, 24);
     let mut events: Vec<Events> =
-        (0..4).map(|index| harness.submit(greedy("", &vec![index as u32 + 1; 30], 2), None)).collect();
+        (0..4).map(|index| harness.submit(greedy("", &[index as u32 + 1; 30], 2), None)).collect();
     let mut first_token_step = vec![None; 4];
     for step in 0..20 {
         harness.scheduler.run_step();
