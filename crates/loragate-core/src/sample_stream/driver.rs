@@ -8,6 +8,11 @@
 //! `prompt + tokens so far` with the remaining budget for each such sequence, on the weights current then. If the
 //! adapter is unloaded, the server stops, an abort-mode pause comes (for a request that does not continue through
 //! them) or the deadline passes first, the sequence ends with `FINISH_REASON_ABORT` and every token it produced.
+//!
+//! Under [`KvPolicy::Reuse`](crate::KvPolicy::Reuse) the engine parks each kept decoding sequence
+//! ([`EngineEvent::Parked`]): the driver keeps the handle with the sequence (dropping it, and so freeing the keys
+//! and values, when the sequence ends any other way) and hands it to the continuation; when the engine reports
+//! [`EngineEvent::Resumed`], the continuation's tokens are recorded with the parked keys' KV version.
 
 use std::sync::Arc;
 
