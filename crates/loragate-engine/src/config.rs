@@ -1,4 +1,4 @@
-//! How an engine runs: device, dtype, batch and step limits.
+//! How an engine runs: device, dtype, batch and step limits, quantized weights.
 
 use std::fmt;
 use std::str::FromStr;
@@ -119,6 +119,65 @@ impl FromStr for DType {
     }
 }
 
+/// How the quantized weight matrices of a GGUF file are multiplied (a Hugging Face directory's weights, and a GGUF
+/// file's `F32`/`F16`/`BF16` matrices, are dense either way).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QuantizedWeights {
+    /// Kept in their block format and multiplied as such, the inputs quantized to 8 bits per block as llama.cpp
+    /// does: the least memory, and the fastest decoding, which is bound by memory bandwidth. On the CPU only (on
+    /// CUDA they are dequantized).
+    #[default]
+    Quantized,
+    /// Dequantized to the engine's dtype at load: dense GEMMs everywhere, and 4–8× the memory of the file at f32.
+    Dequantized,
+    /// Both: quantized for inputs of fewer than `dense_from_rows` rows (decode steps), dense for more (prefill),
+    /// where a dense GEMM is faster than quantized dot products; the memory of both.
+    Hybrid {
+        /// The fewest input rows multiplied by the dense copy.
+        dense_from_rows: usize,
+    },
+}
+
+impl QuantizedWeights {
+    /// The row count from which [`QuantizedWeights::Hybrid`] multiplies densely unless told otherwise: on the 2-core
+    /// machine of `docs/benchmarks.md` a dense GEMM overtakes the quantized kernel between 32 and 64 rows.
+    pub const DEFAULT_DENSE_FROM_ROWS: usize = 64;
+}
+
+impl fmt::Display for QuantizedWeights {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Quantized => f.write_str("quantized"),
+            Self::Dequantized => f.write_str("dequantized"),
+            Self::Hybrid { dense_from_rows } => write!(f, "hybrid:{dense_from_rows}"),
+        }
+    }
+}
+
+/// A quantized-weights setting that is none of `quantized`, `dequantized`, `hybrid`, `hybrid:N`.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown quantized-weights setting {0:?} (expected quantized, dequantized, hybrid or hybrid:N with N ≥ 1)")]
+pub struct ParseQuantizedWeightsError(String);
+
+impl FromStr for QuantizedWeights {
+    type Err = ParseQuantizedWeightsError;
+
+    /// Parses `quantized`, `dequantized`, `hybrid` (dense from [`Self::DEFAULT_DENSE_FROM_ROWS`] rows) or
+    /// `hybrid:N`.
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        let error = || ParseQuantizedWeightsError(raw.to_owned());
+        match raw.trim().to_ascii_lowercase().as_str() {
+            "quantized" => Ok(Self::Quantized),
+            "dequantized" => Ok(Self::Dequantized),
+            "hybrid" => Ok(Self::Hybrid { dense_from_rows: Self::DEFAULT_DENSE_FROM_ROWS }),
+            other => match other.strip_prefix("hybrid:").map(str::parse::<usize>) {
+                Some(Ok(rows)) if rows > 0 => Ok(Self::Hybrid { dense_from_rows: rows }),
+                _ => Err(error()),
+            },
+        }
+    }
+}
+
 /// How a [`crate::CandleEngine`] runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -148,6 +207,8 @@ pub struct EngineConfig {
     pub max_adapter_bytes: u64,
     /// How long reading and checking one adapter may take; past it the load fails and installs nothing.
     pub adapter_load_timeout: Duration,
+    /// How a GGUF file's quantized weight matrices are multiplied.
+    pub quantized_weights: QuantizedWeights,
 }
 
 impl EngineConfig {
@@ -201,6 +262,7 @@ impl Default for EngineConfig {
             max_lora_rank: Self::DEFAULT_MAX_LORA_RANK,
             max_adapter_bytes: Self::DEFAULT_MAX_ADAPTER_BYTES,
             adapter_load_timeout: Self::DEFAULT_ADAPTER_LOAD_TIMEOUT,
+            quantized_weights: QuantizedWeights::default(),
         }
     }
 }
@@ -227,6 +289,22 @@ mod tests {
         let cpu = candle_core::Device::Cpu;
         assert_eq!(DType::F32.for_device(&cpu).expect("f32"), candle_core::DType::F32);
         assert!(matches!(DType::Bf16.for_device(&cpu), Err(EngineLoadError::DType(_))));
+    }
+
+    #[test]
+    fn quantized_weight_settings_parse_and_print_back() {
+        for (raw, setting) in [
+            ("quantized", QuantizedWeights::Quantized),
+            ("Dequantized", QuantizedWeights::Dequantized),
+            ("hybrid", QuantizedWeights::Hybrid { dense_from_rows: QuantizedWeights::DEFAULT_DENSE_FROM_ROWS }),
+            ("hybrid:128", QuantizedWeights::Hybrid { dense_from_rows: 128 }),
+        ] {
+            assert_eq!(raw.parse::<QuantizedWeights>().expect(raw), setting);
+            assert_eq!(setting.to_string().parse::<QuantizedWeights>().expect("round trip"), setting);
+        }
+        for bad in ["q4", "hybrid:0", "hybrid:x", "hybrid:"] {
+            assert!(bad.parse::<QuantizedWeights>().is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::EngineConfig;
 use crate::detached::{DetachedError, run_detached};
 use crate::error::EngineLoadError;
+use crate::gguf::{GgufFile, ModelFormat};
 use crate::lora::{AdapterLimits, AdapterWeights, load_peft_adapter};
 use crate::model::{Llama, ModelConfig};
 use crate::scheduler::{StepThread, Submission, outbox};
@@ -50,15 +51,24 @@ struct InstalledAdapter {
 }
 
 impl CandleEngine {
-    /// Loads the Hugging Face model in `model_dir` (`config.json`, `model.safetensors` or sharded safetensors with
-    /// their index, optionally `generation_config.json` and `tokenizer.json`) and starts the step thread. Blocking
-    /// (it reads the weights): from async code, call it in `spawn_blocking`.
-    pub fn load(model_dir: &Path, config: EngineConfig) -> Result<Self, EngineLoadError> {
+    /// Loads the model at `path` and starts the step thread: a Hugging Face directory (`config.json`,
+    /// `model.safetensors` or sharded safetensors with their index, optionally `generation_config.json` and
+    /// `tokenizer.json`) or a GGUF file (see [`ModelFormat::of`]). Blocking (it reads the weights): from async code,
+    /// call it in `spawn_blocking`.
+    pub fn load(path: &Path, config: EngineConfig) -> Result<Self, EngineLoadError> {
         let device = config.device.open()?;
         let dtype = config.dtype.for_device(&device)?;
         let max_context = config.max_context_length.map(|max| max as usize);
-        let model = Llama::load(model_dir, &device, dtype, max_context)?;
-        let tokenizer = Tokenizer::from_model_dir(model_dir)?;
+        let (model, tokenizer) = match ModelFormat::of(path) {
+            ModelFormat::HuggingFace => {
+                (Llama::load(path, &device, dtype, max_context)?, Tokenizer::from_model_dir(path)?)
+            }
+            ModelFormat::Gguf => {
+                let file = GgufFile::open(path)?;
+                let weights = config.quantized_weights;
+                (Llama::load_gguf(&file, &device, dtype, max_context, weights)?, Some(file.tokenizer()?))
+            }
+        };
         Self::start(model, tokenizer, &config)
     }
 
@@ -89,7 +99,7 @@ impl CandleEngine {
         })
     }
 
-    /// The model directory's tokenizer, if it has a `tokenizer.json`.
+    /// The model's tokenizer: a Hugging Face directory's `tokenizer.json` if it has one, a GGUF file's always.
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
         self.tokenizer.as_ref()
     }
@@ -103,11 +113,15 @@ impl CandleEngine {
     }
 }
 
-/// The limits of the model in `model_dir` as [`CandleEngine::load`] would serve them (context capped at
-/// `max_context_length`), read from its `config.json` and `generation_config.json` without loading any weights: what a
-/// coordinator in front of a fleet of workers validates requests against.
-pub fn read_model_info(model_dir: &Path, max_context_length: Option<u32>) -> Result<ModelInfo, EngineLoadError> {
-    let config = ModelConfig::from_model_dir(model_dir)?;
+/// The limits of the model at `path` as [`CandleEngine::load`] would serve them (context capped at
+/// `max_context_length`), read from a directory's `config.json` and `generation_config.json` or a GGUF file's
+/// metadata without loading any weights: what a coordinator in front of a fleet of workers validates requests
+/// against.
+pub fn read_model_info(path: &Path, max_context_length: Option<u32>) -> Result<ModelInfo, EngineLoadError> {
+    let config = match ModelFormat::of(path) {
+        ModelFormat::HuggingFace => ModelConfig::from_model_dir(path)?,
+        ModelFormat::Gguf => GgufFile::open(path)?.model_config()?,
+    };
     Ok(ModelInfo {
         vocab_size: config.vocab_size as u32,
         context_length: config.served_context(max_context_length.map(|max| max as usize)) as u32,

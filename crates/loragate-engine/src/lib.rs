@@ -2,7 +2,8 @@
 //! chosen per request, whose weights can be swapped while sequences keep sampling.
 //!
 //! - **Model**: our own LLaMA-family decoder, loaded from a Hugging Face directory (`config.json` +
-//!   safetensors), with a LoRA term on every attention and MLP projection that can differ per row of a batch.
+//!   safetensors) or a GGUF file (llama.cpp's format, quantized weights included), with a LoRA term on every
+//!   attention and MLP projection that can differ per row of a batch.
 //! - **Adapters**: PEFT directories (`adapter_config.json` + `adapter_model.safetensors`), validated against the
 //!   model on a blocking thread before they replace anything.
 //! - **Scheduler**: one OS thread runs every sequence, of every adapter and of the base model, one token per step
@@ -29,8 +30,10 @@ mod demo;
 mod detached;
 mod engine;
 mod error;
+mod gguf;
 mod lora;
 mod model;
+mod random_adapter;
 mod sampler;
 mod scheduler;
 mod synthetic;
@@ -38,9 +41,13 @@ mod synthetic;
 mod test_support;
 mod tokenizer;
 
-pub use config::{DType, Device, EngineConfig, ParseDTypeError, ParseDeviceError};
+pub use config::{
+    DType, Device, EngineConfig, ParseDTypeError, ParseDeviceError, ParseQuantizedWeightsError, QuantizedWeights,
+};
 pub use demo::{DEMO_MODEL_NAME, DemoError, DemoFiles, default_cache_dir, ensure_demo_files, write_demo_files};
 pub use engine::{CandleEngine, read_model_info};
 pub use error::EngineLoadError;
+pub use gguf::{ChatTemplateSource, ModelFormat, gguf_chat_template};
+pub use random_adapter::{RandomAdapter, RandomAdapterError, write_random_adapter};
 pub use synthetic::ModelShape;
 pub use tokenizer::{TOKENIZER_FILE, Tokenizer, TokenizerError};

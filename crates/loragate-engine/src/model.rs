@@ -9,8 +9,10 @@
 mod config;
 mod kv_cache;
 mod layer;
+mod linear;
 mod ops;
 mod packed;
+mod quantized;
 mod rope;
 #[cfg(test)]
 mod tests;
@@ -24,10 +26,11 @@ use rope::RopeTables;
 
 pub(crate) use config::{ModelConfig, RopeScaling};
 pub(crate) use kv_cache::{BatchKvCache, LayerKv, SequenceKv};
+pub(crate) use linear::Linear;
 pub(crate) use packed::{PackedInput, PrefillChunk};
 #[cfg(test)]
 pub(crate) use weights::WeightMap;
-pub(crate) use weights::{random_tensor, random_weights};
+pub(crate) use weights::{WeightSource, check_shape, random_tensor, random_weights, to_engine, weights_error};
 
 /// A loaded LLaMA-family model.
 #[derive(Debug)]
@@ -37,7 +40,7 @@ pub(crate) struct Llama {
     layers: Vec<DecoderLayer>,
     norm: Tensor,
     /// `(vocab, hidden)`; the embedding itself when the checkpoint ties them.
-    lm_head: Tensor,
+    lm_head: Linear,
     rope: RopeTables,
     /// Positions served: the RoPE tables and KV caches never go past this.
     context_length: usize,
@@ -86,7 +89,7 @@ impl Llama {
         let dims = hidden.dims().to_vec();
         let hidden_size = dims[dims.len() - 1];
         let flat = hidden.reshape(((), hidden_size))?;
-        let logits = flat.matmul(&self.lm_head.t()?)?.to_dtype(DType::F32)?;
+        let logits = self.lm_head.forward(&flat)?.to_dtype(DType::F32)?;
         let mut out_dims = dims;
         *out_dims.last_mut().expect("hidden states have a last dimension") = self.config.vocab_size;
         logits.reshape(out_dims)

@@ -1,8 +1,10 @@
-//! Text in and out: a Hugging Face `tokenizer.json`, for the fronts that take text prompts.
+//! Text in and out: a Hugging Face `tokenizer.json` or a GGUF file's tokenizer, for the fronts that take text
+//! prompts.
 
 use std::path::Path;
 
 use crate::error::EngineLoadError;
+use crate::gguf::{GgufFile, ModelFormat};
 
 /// The file a model directory keeps its tokenizer in.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
@@ -30,6 +32,15 @@ impl Tokenizer {
     pub fn from_model_dir(dir: &Path) -> Result<Option<Self>, EngineLoadError> {
         let path = dir.join(TOKENIZER_FILE);
         if path.exists() { Self::from_file(&path).map(Some) } else { Ok(None) }
+    }
+
+    /// The tokenizer of the model at `path`: a Hugging Face directory's `tokenizer.json` if it has one, a GGUF
+    /// file's always (built from its metadata).
+    pub fn for_model(path: &Path) -> Result<Option<Self>, EngineLoadError> {
+        match ModelFormat::of(path) {
+            ModelFormat::HuggingFace => Self::from_model_dir(path),
+            ModelFormat::Gguf => GgufFile::open(path)?.tokenizer().map(Some),
+        }
     }
 
     /// The tokens of `text`, with the special tokens the tokenizer's post-processor adds (a BOS for LLaMA; none for

@@ -1,54 +1,177 @@
-//! Workers' addresses, and the engine-side names of versioned adapters (`NAME@VERSION`).
+//! Workers' addresses (the URL scheme picks the protocol; one canonical spelling per worker; never a credential),
+//! and the engine-side names of versioned adapters (`NAME@VERSION`).
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use loragate_core::{AdapterName, AdapterVersion};
 
 use crate::error::FleetError;
 
-/// A worker's gRPC address as the operator gave it (`http://127.0.0.1:9001`), validated; it is how the fleet names
-/// the worker everywhere (`ListWorkers`, metrics labels, errors).
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct WorkerAddress(Arc<str>);
+/// The port of an address that names none: every protocol here runs over plain HTTP.
+const DEFAULT_PORT: u16 = 80;
+/// How long resolving a worker's host name may take.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 
-impl WorkerAddress {
-    /// Parses an `http://HOST:PORT` (or `https://`) URL. Errors name the `address` field.
-    pub fn parse(raw: &str) -> Result<Self, FleetError> {
-        let invalid = |reason: String| FleetError::InvalidAddress { address: raw.to_owned(), reason };
-        let uri: http::Uri = raw.parse().map_err(|err| invalid(format!("is not a URL: {err}")))?;
-        match uri.scheme_str() {
-            Some("http" | "https") => {}
-            _ => return Err(invalid("must start with http:// or https://".into())),
+/// The protocol a worker speaks, chosen by its address's scheme.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    /// vLLM's own gRPC protocol (`vllm.Inference`, `vllm.Control`, `grpc.health.v1`): `grpc://`, or `http://` (its
+    /// older spelling). `loragate worker`, vLLM's Rust frontend.
+    Grpc,
+    /// vLLM's OpenAI-compatible HTTP server (`vllm serve`): `vllm+http://`.
+    VllmHttp,
+    /// SGLang's HTTP server (`python -m sglang.launch_server`): `sglang+http://`.
+    SglangHttp,
+}
+
+impl Protocol {
+    /// The canonical scheme.
+    pub fn scheme(self) -> &'static str {
+        match self {
+            Self::Grpc => "grpc",
+            Self::VllmHttp => "vllm+http",
+            Self::SglangHttp => "sglang+http",
         }
-        if uri.host().is_none_or(str::is_empty) {
-            return Err(invalid("names no host".into()));
-        }
-        if uri.port_u16().is_none() {
-            return Err(invalid("names no port".into()));
-        }
-        if uri.path_and_query().is_some_and(|path| path.as_str() != "/" && !path.as_str().is_empty()) {
-            return Err(invalid("must have no path".into()));
-        }
-        Ok(Self(raw.into()))
     }
 
-    /// The address as given.
+    fn from_scheme(scheme: &str) -> Option<Self> {
+        match scheme.to_ascii_lowercase().as_str() {
+            "grpc" | "http" => Some(Self::Grpc),
+            "vllm+http" => Some(Self::VllmHttp),
+            "sglang+http" => Some(Self::SglangHttp),
+            _ => None,
+        }
+    }
+}
+
+/// A worker's address, validated and canonical: `SCHEME://host:port` with the scheme and host in lower case, the
+/// port always written (80 when none was given) and without leading zeros, no path. It names the worker everywhere
+/// (`ListWorkers`, metrics labels, errors, logs) and never carries a credential (user-info is refused).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkerAddress {
+    canonical: Arc<str>,
+    protocol: Protocol,
+    host: Arc<str>,
+    port: u16,
+}
+
+impl WorkerAddress {
+    /// Parses `grpc://HOST[:PORT]` (or `http://`, its alias), `vllm+http://HOST[:PORT]` or
+    /// `sglang+http://HOST[:PORT]`; a trailing `/` is allowed, nothing else after the authority. Errors name the
+    /// `address` field and quote the address without its user-info, query or fragment.
+    pub fn parse(raw: &str) -> Result<Self, FleetError> {
+        let invalid = |reason: &str| FleetError::InvalidAddress { address: redacted(raw), reason: reason.to_owned() };
+        let uri: http::Uri = raw.trim().parse().map_err(|_| invalid("is not a URL"))?;
+        let Some(protocol) = uri.scheme_str().and_then(Protocol::from_scheme) else {
+            return Err(invalid(
+                "must start with grpc:// (or http://, its alias), vllm+http:// or sglang+http:// (no TLS)",
+            ));
+        };
+        let Some(authority) = uri.authority() else { return Err(invalid("names no host")) };
+        if authority.as_str().contains('@') {
+            return Err(invalid(
+                "must not carry user-info (credentials); the coordinator presents no credentials in addresses",
+            ));
+        }
+        let host = authority.host().to_ascii_lowercase();
+        if host.is_empty() || host == "[]" {
+            return Err(invalid("names no host"));
+        }
+        let port = match authority.port() {
+            None => DEFAULT_PORT,
+            Some(port) => match port.as_u16() {
+                0 => return Err(invalid("port 0 is not a worker's port")),
+                port => port,
+            },
+        };
+        if uri.path_and_query().is_some_and(|path| !matches!(path.as_str(), "" | "/")) {
+            return Err(invalid("must have no path or query"));
+        }
+        let canonical = format!("{}://{host}:{port}", protocol.scheme());
+        Ok(Self { canonical: canonical.into(), protocol, host: host.into(), port })
+    }
+
+    /// The canonical address.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.canonical
+    }
+
+    /// The protocol the worker speaks.
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
+    }
+
+    /// The URL the worker is reached at over plain HTTP (`http://host:port`; gRPC runs over HTTP/2 on it).
+    pub(crate) fn http_base(&self) -> String {
+        format!("http://{}:{}", self.host, self.port)
+    }
+
+    /// The socket addresses the host resolves to now (empty if it does not resolve in time: the worker is then
+    /// told from others by its canonical address alone).
+    pub(crate) async fn resolve(&self) -> Vec<SocketAddr> {
+        let host = self.host.trim_start_matches('[').trim_end_matches(']').to_owned();
+        match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((host, self.port))).await {
+            Ok(Ok(addresses)) => {
+                let mut addresses: Vec<SocketAddr> = addresses.collect();
+                addresses.sort_unstable();
+                addresses.dedup();
+                addresses
+            }
+            _ => Vec::new(),
+        }
     }
 }
 
 impl fmt::Display for WorkerAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.canonical)
     }
 }
 
 impl fmt::Debug for WorkerAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(&*self.canonical, f)
     }
+}
+
+/// A worker's address with the socket addresses it resolved to when it joined: two workers are one process when
+/// their canonical addresses match (whatever the scheme) or they share a socket address.
+#[derive(Clone, Debug)]
+pub(crate) struct WorkerIdentity {
+    pub(crate) address: WorkerAddress,
+    sockets: Vec<SocketAddr>,
+}
+
+impl WorkerIdentity {
+    /// Resolves `address`.
+    pub(crate) async fn resolve(address: WorkerAddress) -> Self {
+        let sockets = address.resolve().await;
+        Self { address, sockets }
+    }
+
+    /// Whether `self` and `other` reach the same process.
+    pub(crate) fn same_worker(&self, other: &Self) -> bool {
+        (self.address.host == other.address.host && self.address.port == other.address.port)
+            || self.sockets.iter().any(|socket| other.sockets.contains(socket))
+    }
+}
+
+/// `raw` without user-info, query or fragment, for error messages: a credential never reaches a log or a reply.
+fn redacted(raw: &str) -> String {
+    let raw = raw.trim();
+    let raw = raw.split(['?', '#']).next().unwrap_or_default();
+    let (scheme, rest) = raw.split_once("://").map_or(("", raw), |(scheme, rest)| (scheme, rest));
+    let (authority, path) = rest.split_once('/').map_or((rest, None), |(authority, path)| (authority, Some(path)));
+    let authority = authority.rsplit_once('@').map_or(authority.to_owned(), |(_, host)| format!("…@{host}"));
+    let mut shown = if scheme.is_empty() { authority } else { format!("{scheme}://{authority}") };
+    if let Some(path) = path {
+        shown.push('/');
+        shown.push_str(path);
+    }
+    shown.chars().take(200).collect()
 }
 
 /// The name under which version `version` of adapter `name` is loaded on the workers: `NAME@VERSION`. A version's
@@ -70,15 +193,53 @@ pub(crate) fn is_versioned_name(engine_name: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn canonical(raw: &str) -> String {
+        WorkerAddress::parse(raw).unwrap_or_else(|err| panic!("{raw}: {err}")).to_string()
+    }
+
     #[test]
-    fn addresses_are_urls_with_host_and_port_kept_as_given() {
-        let address = WorkerAddress::parse("http://127.0.0.1:9001").expect("valid");
-        assert_eq!(address.as_str(), "http://127.0.0.1:9001");
-        assert!(WorkerAddress::parse("https://worker-3.internal:443").is_ok());
-        for bad in ["127.0.0.1:9001", "http://127.0.0.1", "ftp://h:1", "http://:9001", "http://h:1/path", ""] {
+    fn the_scheme_picks_the_protocol_and_every_spelling_of_one_address_is_one_canonical_form() {
+        for raw in
+            ["grpc://127.0.0.1:9001", "http://127.0.0.1:9001", "HTTP://127.0.0.1:9001/", "GrPc://127.0.0.1:09001"]
+        {
+            assert_eq!(canonical(raw), "grpc://127.0.0.1:9001", "{raw}");
+        }
+        assert_eq!(canonical("vllm+http://GPU-1.Internal:8000/"), "vllm+http://gpu-1.internal:8000");
+        assert_eq!(canonical("SGLANG+HTTP://h"), "sglang+http://h:80", "the default port is written");
+        assert_eq!(canonical("sglang+http://h:80"), "sglang+http://h:80");
+        assert_eq!(canonical("grpc://[::1]:9001"), "grpc://[::1]:9001");
+        let protocols: Vec<Protocol> = ["grpc://h:1", "http://h:1", "vllm+http://h:1", "sglang+http://h:1"]
+            .iter()
+            .map(|raw| WorkerAddress::parse(raw).expect("valid").protocol())
+            .collect();
+        assert_eq!(protocols, [Protocol::Grpc, Protocol::Grpc, Protocol::VllmHttp, Protocol::SglangHttp]);
+        assert_eq!(WorkerAddress::parse("vllm+http://h:8000").expect("valid").http_base(), "http://h:8000");
+    }
+
+    #[test]
+    fn malformed_addresses_name_the_field_and_never_echo_a_credential() {
+        for bad in
+            ["127.0.0.1:9001", "ftp://h:1", "https://h:443", "grpc://:9001", "grpc://h:1/path", "grpc://h:0", "", "x"]
+        {
             let err = WorkerAddress::parse(bad).expect_err(bad);
             assert!(err.to_string().starts_with("address"), "{bad}: {err}");
         }
+        for secret in ["http://user:hunter2@h:1", "vllm+http://hunter2@h:1/", "grpc://h:1/?token=hunter2"] {
+            let err = WorkerAddress::parse(secret).expect_err(secret).to_string();
+            assert!(!err.contains("hunter2") && err.starts_with("address"), "{err}");
+        }
+        assert!(WorkerAddress::parse("http://u:p@h:1").expect_err("user-info").to_string().contains("user-info"));
+    }
+
+    #[tokio::test]
+    async fn names_resolving_to_the_same_socket_are_one_worker_whatever_the_scheme() {
+        let identity = |raw: &str| WorkerIdentity::resolve(WorkerAddress::parse(raw).expect("valid"));
+        let ip = identity("grpc://127.0.0.1:9001").await;
+        assert!(ip.same_worker(&identity("http://localhost:9001").await), "a name resolving to the same socket");
+        assert!(ip.same_worker(&identity("sglang+http://127.0.0.1:9001").await), "one process, two schemes");
+        assert!(!ip.same_worker(&identity("grpc://127.0.0.1:9002").await));
+        let unresolvable = identity("grpc://no-such-host.invalid:1").await;
+        assert!(unresolvable.same_worker(&identity("vllm+http://NO-SUCH-HOST.invalid:1").await), "by canonical name");
     }
 
     #[test]

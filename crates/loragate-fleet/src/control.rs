@@ -1,8 +1,7 @@
-//! The fleet as the fronts see it beyond the [`Engine`](loragate_core::Engine): the `Fleet` gRPC service's
-//! [`FleetControl`] and the HTTP front's [`MetricsSource`].
+//! The fleet as the fronts see it beyond the [`Engine`](loragate_core::Engine): the core's [`FleetControl`] (driven
+//! by the `Fleet` gRPC service) and [`MetricsSource`] (per-worker metrics on `/metrics`).
 
-use loragate_grpc::{FleetControl, FleetControlError, FleetSnapshot, WorkerSnapshot};
-use loragate_http::MetricsSource;
+use loragate_core::{FleetControl, FleetControlError, FleetSnapshot, MetricsSource, WorkerSnapshot};
 use prometheus_client::registry::Registry;
 
 use crate::address::WorkerAddress;
@@ -21,6 +20,8 @@ impl FleetControl for FleetEngine {
                 in_flight: worker.link.in_flight(),
                 adapters: worker.adapters.iter().cloned().collect(),
                 last_error: worker.last_error.clone(),
+                consecutive_failures: worker.failures.consecutive_failures(),
+                next_probe: worker.failures.next_probe(),
             })
             .collect();
         FleetSnapshot { epoch: roster.epoch, workers }
@@ -32,7 +33,8 @@ impl FleetControl for FleetEngine {
     }
 
     async fn remove_worker(&self, address: &str, drain: bool) -> Result<(), FleetControlError> {
-        Ok(self.membership().remove(address.to_owned(), drain).await?)
+        let address = WorkerAddress::parse(address)?;
+        Ok(self.membership().remove(address, drain).await?)
     }
 }
 

@@ -7,14 +7,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use loragate_core::{
     AdapterName, AdapterSource, AdapterVersion, Engine, EngineError, EngineStream, ModelInfo, SampleRequest,
+    WorkerState,
 };
-use loragate_grpc::WorkerState;
 use tokio_util::sync::CancellationToken;
 
 use crate::address::{WorkerAddress, versioned_name};
 use crate::error::FleetError;
 use crate::generate;
-use crate::membership::{Membership, MembershipSettings};
+use crate::membership::{FailurePolicy, Membership, MembershipSettings};
 use crate::metrics::FleetMetrics;
 use crate::staging::stage;
 use crate::versions::{Installed, Versions};
@@ -22,20 +22,29 @@ use crate::versions::{Installed, Versions};
 /// How a fleet runs.
 #[derive(Clone, Debug)]
 pub struct FleetConfig {
-    /// How often every worker's `grpc.health.v1` is checked (`--worker-health-interval`).
+    /// How often every worker's health is checked (`--worker-health-interval`).
     pub health_interval: Duration,
-    /// How long one health check may take before it counts as failed.
+    /// How long one health check may take before it counts as failed (SGLang's are given at least 25 s: it
+    /// generates a token to answer).
     pub health_timeout: Duration,
+    /// Failures in a row after which a worker's probes back off exponentially and it must pass this many checks in
+    /// a row before it gets traffic again (`--worker-failure-threshold`).
+    pub failure_threshold: u32,
+    /// The longest back-off between two probes of a failing worker.
+    pub max_probe_backoff: Duration,
+    /// The most workers the fleet holds (`--max-workers`); more are refused.
+    pub max_workers: usize,
     /// How long one worker may take to load or unload one adapter version (staging, catch-up, retirement).
     pub adapter_timeout: Duration,
     /// How long an aborted sequence waits for its worker's `ABORTED` before it is handed back with what it has.
     pub abort_ack_timeout: Duration,
-    /// How long [`FleetEngine::wait_ready`] waits for a first worker to become READY.
+    /// How long [`FleetEngine::wait_ready`] waits for a first worker to become READY (`--worker-wait`).
     pub join_timeout: Duration,
-    /// The coordinator's adapter root (canonical). Adapter paths inside it go to the workers relative to it, so each
-    /// worker resolves them against its own adapter root (the same tree, wherever it is mounted there); other paths
-    /// go as given.
+    /// The coordinator's adapter root, as the coordinator names it (`--adapter-root`).
     pub adapter_root: Option<PathBuf>,
+    /// Where the workers mount the coordinator's adapter root (`--worker-adapter-root`): adapter paths inside the
+    /// adapter root go to the workers under this directory instead. Without it, every path goes as given (absolute).
+    pub worker_adapter_root: Option<PathBuf>,
 }
 
 impl Default for FleetConfig {
@@ -43,15 +52,20 @@ impl Default for FleetConfig {
         Self {
             health_interval: Duration::from_secs(2),
             health_timeout: Duration::from_secs(2),
+            failure_threshold: 3,
+            max_probe_backoff: Duration::from_secs(30),
+            max_workers: 256,
             adapter_timeout: Duration::from_secs(60),
             abort_ack_timeout: Duration::from_secs(2),
             join_timeout: Duration::from_secs(60),
             adapter_root: None,
+            worker_adapter_root: None,
         }
     }
 }
 
-/// The core's engine over N workers speaking vLLM's gRPC protocol. See the crate documentation.
+/// The core's engine over N workers speaking vLLM's gRPC, vLLM's HTTP or SGLang's HTTP protocol. See the crate
+/// documentation.
 pub struct FleetEngine {
     info: ModelInfo,
     config: FleetConfig,
@@ -62,11 +76,17 @@ pub struct FleetEngine {
 
 impl FleetEngine {
     /// Starts a fleet serving `model` (the coordinator validates requests against it; workers must serve at least
-    /// its context) over `workers`, which join in the background (see [`FleetEngine::wait_ready`]).
+    /// its context) over `workers`, which join in the background (see [`FleetEngine::wait_ready`]). Fails if two of
+    /// them are one worker (the same process under two spellings), or if they are more than the limit.
     pub async fn start(model: ModelInfo, workers: Vec<WorkerAddress>, config: FleetConfig) -> Result<Self, FleetError> {
         let metrics = FleetMetrics::default();
         let settings = MembershipSettings {
-            health_interval: config.health_interval,
+            failures: FailurePolicy {
+                threshold: config.failure_threshold.max(1),
+                interval: config.health_interval,
+                max_backoff: config.max_probe_backoff,
+            },
+            max_workers: config.max_workers,
             health_timeout: config.health_timeout,
             adapter_timeout: config.adapter_timeout,
             context_length: model.context_length,
@@ -77,8 +97,9 @@ impl FleetEngine {
         Ok(Self { info: model, config, membership, versions, metrics })
     }
 
-    /// Waits until some worker is READY and every other one added at start has caught up or failed (unreachable
-    /// workers are retried every health interval, for at most the join timeout); fails if none is READY then.
+    /// Waits until some worker is READY and no other one added at start is still catching up, for at most the join
+    /// timeout (`--worker-wait`: unreachable workers keep being probed meanwhile, so workers started after the
+    /// coordinator are waited for); fails if none is READY then.
     pub async fn wait_ready(&self) -> Result<(), FleetError> {
         let roster = self.membership.settled(self.config.join_timeout).await;
         if roster.workers.iter().any(|worker| worker.state == WorkerState::Ready) {
@@ -101,10 +122,10 @@ impl FleetEngine {
         &self.membership
     }
 
-    /// An adapter directory as the workers see it: relative to the adapter root if inside it, else as given.
+    /// An adapter directory as the workers see it: under the workers' mount of the adapter root if it lies in the
+    /// adapter root and they mount it elsewhere, else as given (absolute: the coordinator resolved it).
     fn path_for_workers(&self, dir: &Path) -> String {
-        let relative = self.config.adapter_root.as_deref().and_then(|root| dir.strip_prefix(root).ok());
-        relative.unwrap_or(dir).to_string_lossy().into_owned()
+        path_for_workers(dir, self.config.adapter_root.as_deref(), self.config.worker_adapter_root.as_deref())
     }
 }
 
@@ -163,6 +184,15 @@ impl Engine for FleetEngine {
         }
         Ok(())
     }
+}
+
+/// `dir` with the prefix `root` replaced by `worker_root`, when both are given and `dir` lies in `root`.
+fn path_for_workers(dir: &Path, root: Option<&Path>, worker_root: Option<&Path>) -> String {
+    let mapped = root.zip(worker_root).and_then(|(root, worker_root)| {
+        let relative = dir.strip_prefix(root).ok()?;
+        Some(if relative.as_os_str().is_empty() { worker_root.to_owned() } else { worker_root.join(relative) })
+    });
+    mapped.as_deref().unwrap_or(dir).to_string_lossy().into_owned()
 }
 
 #[cfg(test)]

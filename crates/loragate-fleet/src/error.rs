@@ -1,7 +1,8 @@
-//! The fleet's one error enum. The `Fleet` service sees it as [`FleetControlError`] (mapped to gRPC in the gRPC
-//! front); the engine paths speak the core's [`loragate_core::EngineError`].
+//! The fleet's one error enum. The `Fleet` service sees it as the core's [`FleetControlError`] (mapped to gRPC in
+//! the gRPC front); the engine paths speak the core's [`loragate_core::EngineError`]. No message carries a
+//! credential: addresses are quoted canonical, or without their user-info when malformed.
 
-use loragate_grpc::FleetControlError;
+use loragate_core::FleetControlError;
 
 use crate::address::WorkerAddress;
 
@@ -12,7 +13,7 @@ pub enum FleetError {
     /// A worker address is malformed.
     #[error("address: {address:?} {reason}")]
     InvalidAddress {
-        /// The address as given.
+        /// The address as given, without user-info, query or fragment.
         address: String,
         /// What is wrong with it.
         reason: String,
@@ -20,9 +21,20 @@ pub enum FleetError {
     /// No worker has that address.
     #[error("no worker {0} in the fleet")]
     UnknownWorker(String),
-    /// A worker with that address is in the fleet.
-    #[error("worker {0} is already in the fleet")]
-    WorkerExists(WorkerAddress),
+    /// The worker is in the fleet already, maybe under another spelling or name of the same socket address.
+    #[error("worker {address} is already in the fleet{}", if address == as_ { String::new() } else { format!(" as {as_}") })]
+    WorkerExists {
+        /// The address given.
+        address: WorkerAddress,
+        /// The address it is in the fleet as.
+        as_: WorkerAddress,
+    },
+    /// The fleet holds as many workers as it may.
+    #[error("the fleet already has {max} workers, its limit (--max-workers)")]
+    TooManyWorkers {
+        /// The limit.
+        max: usize,
+    },
     /// The membership actor could not start.
     #[error("starting the fleet's membership: {0}")]
     Spawn(#[from] ractor::SpawnErr),
@@ -42,7 +54,8 @@ impl From<FleetError> for FleetControlError {
                 reason: err.to_string().trim_start_matches("address: ").to_owned(),
             },
             FleetError::UnknownWorker(address) => Self::UnknownWorker(address),
-            FleetError::WorkerExists(address) => Self::WorkerExists(address.to_string()),
+            FleetError::WorkerExists { .. } => Self::WorkerExists(err.to_string()),
+            FleetError::TooManyWorkers { max } => Self::TooManyWorkers { max },
             other => Self::Unavailable(other.to_string()),
         }
     }

@@ -1,13 +1,13 @@
-//! Sampling on the fleet: a request's sequences each run as one vLLM `GenerateStream` on a READY worker holding the
-//! request's pinned adapter version (the least busy; sequences of one request spread), with token-id prompts. Their
-//! events merge into the one [`EngineStream`] the coordinator reads; every token is stamped with the pinned version.
+//! Sampling on the fleet: a request's sequences each run as one streamed request on a READY worker holding the
+//! request's pinned adapter version (the least busy; sequences of one request spread), with token-id prompts, in
+//! the worker's protocol. Their events merge into the one [`EngineStream`] the coordinator reads; every token is
+//! stamped with the pinned version.
 //!
-//! Dropping the stream (the caller left) ends every sequence's gRPC stream, which the worker sees as its client
-//! leaving. Cancelling the request's token sends `Abort` for each running sequence (batched per worker) and waits,
-//! bounded, for the `ABORTED` finish that acknowledges it.
+//! Dropping the stream (the caller left) ends every sequence's stream, which the worker sees as its client leaving.
+//! Cancelling the request's token aborts each running sequence: by a call where the protocol has one (batched per
+//! worker), waiting, bounded, for the abort finish that acknowledges it; else by closing its stream.
 
 mod sequence;
-mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;

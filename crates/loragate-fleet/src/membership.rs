@@ -5,35 +5,44 @@
 //!
 //! Lifecycle of a worker: added JOINING → its health check answers → caught up (loads the fleet's `NAME@V` set,
 //! unloads stale `NAME@V` copies) → READY. A failed health check, a failed stream or a failed catch-up makes it
-//! UNHEALTHY: its session token is cancelled, so its running sequences end at once with their tokens; the next
-//! healthy check brings it back through JOINING. `RemoveWorker` with drain makes it DRAINING until it has no
-//! sequence in flight. The epoch grows on every membership change.
+//! UNHEALTHY: its session token is cancelled, so its running sequences end at once with their tokens; a later
+//! healthy check brings it back through JOINING, after its back-off and probation when it failed repeatedly
+//! ([`probation`]). `RemoveWorker` with drain makes it DRAINING until it has no sequence in flight. The epoch grows
+//! on every membership change.
+//!
+//! Addresses are resolved before they reach the actor (never inside a handler): one process listed under two
+//! spellings, or two names of one socket address, is one worker.
 
 mod actor;
 mod catch_up;
+mod probation;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use loragate_grpc::WorkerState;
+use loragate_core::WorkerState;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef, RpcReplyPort};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use self::actor::{MembershipActor, MembershipArgs, MembershipMsg};
-use crate::address::WorkerAddress;
+pub(crate) use self::probation::FailurePolicy;
+use self::probation::FailureRecord;
+use crate::address::{WorkerAddress, WorkerIdentity};
 use crate::error::FleetError;
 use crate::link::{InFlight, WorkerLink};
 use crate::metrics::FleetMetrics;
 
-/// Timing of the membership's background work.
+/// Timing and bounds of the membership's background work.
 #[derive(Clone, Debug)]
 pub(crate) struct MembershipSettings {
-    /// How often every worker's health is checked.
-    pub(crate) health_interval: Duration,
+    /// How often every worker's health is checked, and when failures back its probes off.
+    pub(crate) failures: FailurePolicy,
+    /// The most workers the fleet holds.
+    pub(crate) max_workers: usize,
     /// How long one health check may take.
     pub(crate) health_timeout: Duration,
     /// How long one adapter load or unload on one worker may take.
@@ -61,6 +70,8 @@ pub(crate) struct WorkerView {
     /// Engine-side adapter names (`NAME@V`) the worker holds.
     pub(crate) adapters: BTreeSet<String>,
     pub(crate) last_error: String,
+    /// Its failures, and when it is probed next.
+    pub(crate) failures: FailureRecord,
     /// Cancelled when the worker is declared lost or removed: its running sequences end at once.
     pub(crate) session: CancellationToken,
 }
@@ -90,12 +101,22 @@ pub(crate) struct Membership {
 }
 
 impl Membership {
-    /// Starts the membership with `workers` JOINING and their health checks running.
+    /// Starts the membership with `workers` JOINING and their health checks running. Fails if two of them are one
+    /// worker, or if there are more than the limit.
     pub(crate) async fn start(
         workers: Vec<WorkerAddress>,
         settings: MembershipSettings,
         metrics: FleetMetrics,
     ) -> Result<Self, FleetError> {
+        if workers.len() > settings.max_workers {
+            return Err(FleetError::TooManyWorkers { max: settings.max_workers });
+        }
+        let workers = futures::future::join_all(workers.into_iter().map(WorkerIdentity::resolve)).await;
+        for (index, worker) in workers.iter().enumerate() {
+            if let Some(earlier) = workers[..index].iter().find(|earlier| earlier.same_worker(worker)) {
+                return Err(FleetError::WorkerExists { address: worker.address.clone(), as_: earlier.address.clone() });
+            }
+        }
         let (publish, roster) = watch::channel(Arc::new(Roster::default()));
         let args = MembershipArgs { workers, settings, metrics, roster: publish };
         let (actor, _join) = Actor::spawn(None, MembershipActor, args).await?;
@@ -112,11 +133,14 @@ impl Membership {
         self.roster.borrow().clone()
     }
 
-    /// Waits (up to `timeout`) until no worker is JOINING; answers the snapshot then.
+    /// Waits (up to `timeout`) until some worker is READY and none is JOINING; answers the snapshot then (or at
+    /// the timeout). Unreachable workers keep being probed meanwhile, so a worker that comes up late is waited for.
     pub(crate) async fn settled(&self, timeout: Duration) -> Arc<Roster> {
         let mut roster = self.roster.clone();
-        let settled =
-            roster.wait_for(|roster| roster.workers.iter().all(|worker| worker.state != WorkerState::Joining));
+        let settled = roster.wait_for(|roster| {
+            roster.workers.iter().any(|worker| worker.state == WorkerState::Ready)
+                && roster.workers.iter().all(|worker| worker.state != WorkerState::Joining)
+        });
         match tokio::time::timeout(timeout, settled).await {
             Ok(Ok(roster)) => roster.clone(),
             _ => self.roster(),
@@ -145,14 +169,17 @@ impl Membership {
         })
     }
 
-    /// Adds the worker at `address` (JOINING).
+    /// Adds the worker at `address` (JOINING), unless it is in the fleet already (under any spelling) or the fleet
+    /// is full.
     pub(crate) async fn add(&self, address: WorkerAddress) -> Result<(), FleetError> {
-        self.call(|reply| MembershipMsg::Add { address, reply }).await?
+        let identity = WorkerIdentity::resolve(address).await;
+        self.call(|reply| MembershipMsg::Add { identity, reply }).await?
     }
 
-    /// Removes the worker at `address`; with `drain`, answers once its sequences finished.
-    pub(crate) async fn remove(&self, address: String, drain: bool) -> Result<(), FleetError> {
-        self.call(|reply| MembershipMsg::Remove { address, drain, reply }).await?
+    /// Removes the worker at `address` (under any spelling); with `drain`, answers once its sequences finished.
+    pub(crate) async fn remove(&self, address: WorkerAddress, drain: bool) -> Result<(), FleetError> {
+        let identity = WorkerIdentity::resolve(address).await;
+        self.call(|reply| MembershipMsg::Remove { identity, drain, reply }).await?
     }
 
     /// The READY workers, for staging an adapter version.

@@ -1,7 +1,8 @@
-//! The fleet's Prometheus metrics, per worker (label `worker`, its address as given), under `loragate_fleet_`:
-//! events are counted where they happen (dispatch, tokens, failures, aborts, stages); the state and in-flight gauges
-//! and the epoch are set from the membership snapshot before every scrape. Nothing is global: every fleet owns its
-//! metrics.
+//! The fleet's Prometheus metrics, per worker (label `worker`, its canonical address: never a credential), under
+//! `loragate_fleet_`: events are counted where they happen (dispatch, tokens, failures, aborts, stages); the state,
+//! in-flight and failure gauges and the epoch are set from the membership snapshot before every scrape. A worker's
+//! series go when it leaves the fleet, so membership churn cannot grow them without bound. Nothing is global: every
+//! fleet owns its metrics.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -15,7 +16,7 @@ use crate::membership::Roster;
 /// Labels of per-worker metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct WorkerLabels {
-    /// The worker's address as given.
+    /// The worker's canonical address.
     worker: String,
 }
 
@@ -42,6 +43,7 @@ pub struct FleetMetrics {
     abort_calls: Family<WorkerLabels, Counter>,
     aborted_sequences: Family<WorkerLabels, Counter>,
     in_flight: Family<WorkerLabels, Gauge>,
+    consecutive_failures: Family<WorkerLabels, Gauge>,
     state: Family<WorkerStateLabels, Gauge>,
     epoch: Gauge,
     stages: Family<StageLabels, Counter>,
@@ -59,12 +61,12 @@ impl FleetMetrics {
         );
         registry.register(
             "worker_health_check_failures",
-            "Failed grpc.health.v1 checks of each worker",
+            "Failed health checks of each worker",
             self.health_check_failures.clone(),
         );
         registry.register(
             "worker_abort_calls",
-            "Batched vllm.Control Abort calls to each worker",
+            "Batched abort calls to each worker (gRPC Abort, /inference/v1/abort_requests, /abort_request)",
             self.abort_calls.clone(),
         );
         registry.register(
@@ -73,6 +75,11 @@ impl FleetMetrics {
             self.aborted_sequences.clone(),
         );
         registry.register("worker_in_flight", "Sequences running on each worker now", self.in_flight.clone());
+        registry.register(
+            "worker_consecutive_failures",
+            "Failures in a row of each worker (health checks, streams, catch-ups)",
+            self.consecutive_failures.clone(),
+        );
         registry.register("worker_state", "1 for each worker's current state, 0 for the others", self.state.clone());
         registry.register("epoch", "The membership epoch", self.epoch.clone());
         registry.register("adapter_stages", "Adapter versions staged on the fleet, by outcome", self.stages.clone());
@@ -92,6 +99,22 @@ impl FleetMetrics {
         }
     }
 
+    /// Drops the series of a worker that left the fleet.
+    pub(crate) fn forget(&self, address: &WorkerAddress) {
+        let labels = WorkerLabels { worker: address.to_string() };
+        let families = [
+            &self.sequences,
+            &self.tokens,
+            &self.sequence_failures,
+            &self.health_check_failures,
+            &self.abort_calls,
+            &self.aborted_sequences,
+        ];
+        for family in families {
+            family.remove(&labels);
+        }
+    }
+
     /// Counts one staging of an adapter version (`committed` or `rolled_back`).
     pub(crate) fn record_stage(&self, committed: bool) {
         let outcome = if committed { "committed" } else { "rolled_back" };
@@ -101,13 +124,16 @@ impl FleetMetrics {
     /// Sets the gauges from a membership snapshot (workers that left disappear from them).
     pub(crate) fn set_gauges(&self, roster: &Roster) {
         self.in_flight.clear();
+        self.consecutive_failures.clear();
         self.state.clear();
         self.epoch.set(i64::try_from(roster.epoch).unwrap_or(i64::MAX));
         for worker in &roster.workers {
             let worker_name = worker.link.address().to_string();
             let in_flight = i64::from(worker.link.in_flight());
-            self.in_flight.get_or_create(&WorkerLabels { worker: worker_name.clone() }).set(in_flight);
-            for state in loragate_grpc::WorkerState::ALL {
+            let labels = WorkerLabels { worker: worker_name.clone() };
+            self.in_flight.get_or_create(&labels).set(in_flight);
+            self.consecutive_failures.get_or_create(&labels).set(i64::from(worker.failures.consecutive_failures()));
+            for state in loragate_core::WorkerState::ALL {
                 let labels = WorkerStateLabels { worker: worker_name.clone(), state: state.as_str() };
                 self.state.get_or_create(&labels).set(i64::from(worker.state == state));
             }

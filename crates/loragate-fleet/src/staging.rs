@@ -1,5 +1,5 @@
-//! Staging an adapter version on the fleet: `LoadLora(NAME@V)` on every READY worker in parallel, each bounded by a
-//! timeout. All succeeded: the version may be installed. Any failed: the copies that did load are unloaded again
+//! Staging an adapter version on the fleet: loading `NAME@V` on every READY worker in parallel, whatever its
+//! protocol, each bounded by a timeout. All succeeded: the version may be installed. Any failed: the copies that did load are unloaded again
 //! (rollback) and the load fails with a report naming every worker's outcome, so the previous version keeps
 //! serving everywhere.
 
@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use loragate_core::EngineError;
-use tonic::{Code, Status};
 
 use crate::membership::{Membership, StageTarget};
+use crate::worker::WorkerError;
 
 /// Stages `engine_name` from `source_path` on every READY worker; on any failure rolls back and fails with the
 /// per-worker report.
@@ -24,13 +24,14 @@ pub(crate) async fn stage(
         return Err(EngineError::Unavailable(format!("no READY worker to load {engine_name} on")));
     }
     let loads = targets.iter().map(|target| async move {
-        let outcome = target.link.replace_lora(engine_name, source_path, timeout).await;
+        let outcome = target.link.replace_adapter(engine_name, source_path, timeout).await;
         if outcome.is_ok() {
             membership.adapter_changed(target, engine_name, true);
         }
         outcome
     });
-    let outcomes: Vec<(StageTarget, Result<(), Status>)> = targets.iter().cloned().zip(join_all(loads).await).collect();
+    let outcomes: Vec<(StageTarget, Result<(), WorkerError>)> =
+        targets.iter().cloned().zip(join_all(loads).await).collect();
     if outcomes.iter().all(|(_, outcome)| outcome.is_ok()) {
         return Ok(());
     }
@@ -38,10 +39,10 @@ pub(crate) async fn stage(
     let staged: Vec<&StageTarget> =
         outcomes.iter().filter(|(_, outcome)| outcome.is_ok()).map(|(target, _)| target).collect();
     let rollbacks = staged.iter().map(|target| async move {
-        match target.link.unload_lora(engine_name, timeout).await {
+        match target.link.unload_adapter(engine_name, timeout).await {
             Ok(()) => membership.adapter_changed(target, engine_name, false),
             // A copy left behind is unloaded when the worker next catches up (it is not in the fleet's set).
-            Err(status) => tracing::warn!(worker = %target.link.address(), %engine_name, %status, "rollback failed"),
+            Err(err) => tracing::warn!(worker = %target.link.address(), %engine_name, %err, "rollback failed"),
         }
     });
     join_all(rollbacks).await;
@@ -49,13 +50,13 @@ pub(crate) async fn stage(
 }
 
 /// The failure of a staging, as the most specific engine error any worker gave, with every worker's outcome.
-fn report(engine_name: &str, outcomes: &[(StageTarget, Result<(), Status>)]) -> EngineError {
+fn report(engine_name: &str, outcomes: &[(StageTarget, Result<(), WorkerError>)]) -> EngineError {
     let failed = outcomes.iter().filter(|(_, outcome)| outcome.is_err()).count();
     let lines: Vec<String> = outcomes
         .iter()
         .map(|(target, outcome)| match outcome {
             Ok(()) => format!("{}: loaded, rolled back", target.link.address()),
-            Err(status) => format!("{}: {:?}: {}", target.link.address(), status.code(), status.message()),
+            Err(err) => format!("{}: {err}", target.link.address()),
         })
         .collect();
     let text = format!(
@@ -63,11 +64,10 @@ fn report(engine_name: &str, outcomes: &[(StageTarget, Result<(), Status>)]) -> 
         outcomes.len(),
         lines.join("; ")
     );
-    let codes: Vec<Code> =
-        outcomes.iter().filter_map(|(_, outcome)| outcome.as_ref().err().map(Status::code)).collect();
-    if codes.contains(&Code::InvalidArgument) {
+    let errors: Vec<&WorkerError> = outcomes.iter().filter_map(|(_, outcome)| outcome.as_ref().err()).collect();
+    if errors.iter().any(|err| matches!(err, WorkerError::InvalidArgument(_))) {
         EngineError::AdapterFiles(text)
-    } else if codes.contains(&Code::FailedPrecondition) {
+    } else if errors.iter().any(|err| matches!(err, WorkerError::FailedPrecondition(_))) {
         EngineError::AdapterIncompatible(text)
     } else {
         EngineError::Unavailable(text)

@@ -3,8 +3,9 @@
 //! Data flow: a call arrives → the [`SubmissionGateLayer`] (on the `Sampler` service only) holds it while its
 //! adapter is paused → [`SamplerService`] validates it into a core request and samples through the coordinator →
 //! tokens stream back with their adapter versions. [`LoraControlService`] routes control calls to the adapter's
-//! actor. Every core error becomes a gRPC status in one place, [`status_from_core`]. A server in front of a fleet of
-//! workers also serves `Fleet` ([`FleetService`]) over the [`FleetControl`] trait, which the fleet crate implements.
+//! actor. Every core error becomes a gRPC status in one place, [`status_from_core`]. `Fleet` ([`FleetService`]) drives a fleet of
+//! workers through the core's [`loragate_core::FleetControl`] trait, which the fleet crate implements; a server
+//! without a fleet answers its calls `FAILED_PRECONDITION`.
 //!
 //! ```no_run
 //! # async fn run(coordinator: loragate_core::Coordinator) -> Result<(), Box<dyn std::error::Error>> {
@@ -26,7 +27,7 @@ mod submission_gate;
 
 pub use auth::{AuthLayer, Authenticated};
 pub use control_service::LoraControlService;
-pub use fleet_service::{FleetControl, FleetControlError, FleetService, FleetSnapshot, WorkerSnapshot, WorkerState};
+pub use fleet_service::FleetService;
 pub use sampler_service::{SampleChunks, SamplerService};
 pub use server::{GrpcServeError, serve_grpc, serve_grpc_with};
 pub use status::{status_from_core, status_from_fleet};

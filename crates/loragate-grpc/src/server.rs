@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use loragate_core::Coordinator;
+use loragate_core::{Coordinator, FleetControl};
 use loragate_net::{ActivityLayer, ConnectionLimits, GuardedListener};
 use loragate_proto::FILE_DESCRIPTOR_SET;
 use loragate_proto::v1::fleet_server::FleetServer;
@@ -16,7 +16,7 @@ use tonic::transport::Server;
 
 use crate::auth::AuthLayer;
 use crate::control_service::LoraControlService;
-use crate::fleet_service::{FleetControl, FleetService};
+use crate::fleet_service::FleetService;
 use crate::sampler_service::SamplerService;
 use crate::submission_gate::SubmissionGateLayer;
 
@@ -42,8 +42,8 @@ pub async fn serve_grpc(
     serve_grpc_with(listener, coordinator, ConnectionLimits::default(), None, draining, stop).await
 }
 
-/// Serves the gRPC front on `listener` until `stop` resolves, then drains open calls; also serves `Fleet` over
-/// `fleet` when the coordinator runs in front of a fleet of workers.
+/// Serves the gRPC front on `listener` until `stop` resolves, then drains open calls; `Fleet` drives `fleet` when the
+/// coordinator runs in front of a fleet of workers, and answers `FAILED_PRECONDITION` otherwise.
 ///
 /// Health reports `SERVING` for the services until `draining` resolves (the server is about to stop), then
 /// `NOT_SERVING`, so load balancers stop sending work while running requests finish. At most
@@ -64,6 +64,8 @@ pub async fn serve_grpc_with(
     let serves_fleet = fleet.is_some();
     if serves_fleet {
         health.set_serving::<FleetServer<FleetService>>().await;
+    } else {
+        health.set_not_serving::<FleetServer<FleetService>>().await;
     }
     tokio::spawn(async move {
         draining.await;
@@ -104,7 +106,7 @@ pub async fn serve_grpc_with(
         .add_service(reflection_v1alpha)
         .add_service(control)
         .add_service(sampler)
-        .add_optional_service(fleet.map(|fleet| FleetServer::new(FleetService::new(fleet))))
+        .add_service(FleetServer::new(FleetService::new(fleet)))
         .serve_with_incoming_shutdown(incoming, stop)
         .await?;
     Ok(())

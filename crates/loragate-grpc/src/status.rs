@@ -1,9 +1,7 @@
 //! The one place core errors become gRPC statuses (the contract's error table).
 
-use loragate_core::{CoreError, EngineError, StateError};
+use loragate_core::{CoreError, EngineError, FleetControlError, StateError};
 use tonic::Status;
-
-use crate::fleet_service::FleetControlError;
 
 /// Maps a core error to the gRPC status the contract names for it. Messages name the field or the adapter.
 pub fn status_from_core(err: CoreError) -> Status {
@@ -45,6 +43,8 @@ pub fn status_from_fleet(err: FleetControlError) -> Status {
         FleetControlError::InvalidArgument { .. } => Status::invalid_argument(message),
         FleetControlError::UnknownWorker(_) => Status::not_found(message),
         FleetControlError::WorkerExists(_) => Status::already_exists(message),
+        FleetControlError::TooManyWorkers { .. } => Status::resource_exhausted(message),
+        FleetControlError::NoFleet => Status::failed_precondition(message),
         _ => Status::unavailable(message),
     }
 }
@@ -127,6 +127,8 @@ mod fleet_tests {
             (FleetControlError::UnknownWorker("http://w:1".into()), Code::NotFound, "http://w:1"),
             (FleetControlError::WorkerExists("http://w:2".into()), Code::AlreadyExists, "http://w:2"),
             (FleetControlError::Unavailable("stopping".into()), Code::Unavailable, "stopping"),
+            (FleetControlError::TooManyWorkers { max: 256 }, Code::ResourceExhausted, "--max-workers"),
+            (FleetControlError::NoFleet, Code::FailedPrecondition, "--worker"),
         ];
         for (err, code, mentions) in cases {
             let status = status_from_fleet(err);

@@ -58,8 +58,9 @@ pub(crate) fn required_action(path: &str) -> Option<Action> {
         | "/unload_lora_adapter"
         | "/reset_prefix_cache"
         | "/flush_cache" => Some(Action::Control),
-        // The engine-wide pause (/pause, /resume, /pause_generation, ...), SGLang's /abort_request (it aborts by
-        // request id across every adapter) and anything not classified yet.
+        // The engine-wide pause (/pause, /resume, /pause_generation, ...), SGLang's /abort_request and vLLM's
+        // /inference/v1/abort_requests (they abort by request id across every adapter) and anything not classified
+        // yet.
         _ => Some(Action::Admin),
     }
 }

@@ -51,6 +51,5 @@ mod tokenize;
 
 pub use chat_template::{ChatTemplate, ChatTemplateError};
 pub use codec::TextCodec;
-pub use observability::MetricsSource;
 pub use server::{DEFAULT_BODY_LIMIT, HttpFront, HttpServeError, serve_http};
 pub use token_stop_watcher::TokenStopWatcher;

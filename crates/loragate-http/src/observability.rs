@@ -22,16 +22,6 @@ use tokio::time::Instant;
 use crate::error::HttpError;
 use crate::server::AppState;
 
-/// More metrics for `/metrics` from outside this front (a fleet's per-worker metrics): registered once in the
-/// server's registry (under the `loragate` prefix), and refreshed before every scrape.
-pub trait MetricsSource: Send + Sync + 'static {
-    /// Registers the metrics (give them a sub-registry prefix of their own).
-    fn register(&self, registry: &mut Registry);
-
-    /// Brings state gauges up to date; called before every scrape. Must not block.
-    fn refresh(&self);
-}
-
 /// The content type of `/metrics`.
 const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 

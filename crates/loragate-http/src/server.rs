@@ -12,7 +12,7 @@ use axum::middleware::{Next, from_fn, from_fn_with_state};
 use axum::response::Response;
 use axum::routing::{get, post};
 use http::Uri;
-use loragate_core::Coordinator;
+use loragate_core::{Coordinator, MetricsSource};
 use loragate_net::{ActiveBody, Connection, ConnectionLimits, GuardedListener};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -32,7 +32,7 @@ use crate::global_pause::{
 };
 use crate::guard::guard;
 use crate::models::list_models;
-use crate::observability::{HttpMetrics, MetricsSource, health, metrics, track_requests};
+use crate::observability::{HttpMetrics, health, metrics, track_requests};
 use crate::tokenize::{detokenize, tokenize};
 
 /// The largest request body accepted unless [`HttpFront::with_body_limit`] says otherwise: 4 MiB.
@@ -253,6 +253,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/completions", post(create_completion))
         .route("/v1/chat/completions", post(create_chat_completion))
         .route("/inference/v1/generate", post(crate::generate::generate))
+        .route("/inference/v1/abort_requests", post(crate::generate::abort_requests))
         .route("/generate", post(crate::sglang::generate))
         .route("/abort_request", post(crate::sglang::abort_request))
         .route("/tokenize", post(tokenize))

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use loragate_core::{AdapterName, DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Key, Limits};
-use loragate_engine::{DType, Device, EngineConfig};
+use loragate_engine::{DType, Device, EngineConfig, QuantizedWeights};
 use loragate_fleet::WorkerAddress;
 use loragate_tinker::{RetentionLimits, TinkerConfig};
 
@@ -39,6 +39,29 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
     },
+    /// Write a PEFT LoRA adapter with seeded random factors for a model (a Hugging Face directory or a GGUF file),
+    /// adapting all seven projections of every layer. Untrained: it shifts the model's outputs without teaching it
+    /// anything; use it to try per-request adapters, loads and swaps on a real model before bringing trained ones.
+    RandomAdapter {
+        /// The model the adapter is for.
+        #[arg(long, value_name = "DIR|FILE.gguf")]
+        model: PathBuf,
+        /// The adapter directory to write.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// The LoRA rank.
+        #[arg(long, default_value_t = 8)]
+        rank: usize,
+        /// `lora_alpha` (the scale is alpha / rank).
+        #[arg(long, default_value_t = 16.0)]
+        alpha: f64,
+        /// The standard deviation of `lora_B`'s values (PEFT starts them at zero, which would change nothing).
+        #[arg(long, default_value_t = 0.01)]
+        b_std: f32,
+        /// The seed: the same seed writes the same adapter.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 /// `loragate serve`.
@@ -50,12 +73,13 @@ pub struct ServeArgs {
     /// Address of the HTTP server (OpenAI- and SkyRL-compatible endpoints, metrics).
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8000")]
     pub http_addr: SocketAddr,
-    /// A Hugging Face model directory (config.json, safetensors, tokenizer.json). Without it, the built-in demo
-    /// model is served with its adapters `meow` and `woof` loaded.
-    #[arg(long, value_name = "DIR")]
+    /// The model: a Hugging Face model directory (config.json, safetensors, tokenizer.json, tokenizer_config.json)
+    /// or a GGUF file (llama.cpp's format; its tokenizer and chat template come from its metadata). Without it, the
+    /// built-in demo model is served with its adapters `meow` and `woof` loaded.
+    #[arg(long, value_name = "DIR|FILE.gguf")]
     pub model: Option<PathBuf>,
-    /// What HTTP `model` and /v1/models call the base model (default: the model directory's name;
-    /// `loragate-demo` for the demo).
+    /// What HTTP `model` and /v1/models call the base model (default: the model directory's name or the GGUF file's
+    /// stem; `loragate-demo` for the demo).
     #[arg(long, value_name = "NAME")]
     pub served_model_name: Option<String>,
     /// An adapter to load at start: NAME=DIR with DIR a PEFT adapter directory. Repeatable.
@@ -78,15 +102,31 @@ pub struct ServeArgs {
     /// On SIGINT/SIGTERM, how long running requests may finish before the rest are aborted.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
-    /// A worker to front instead of running the model in-process: its gRPC address (`http://HOST:PORT`), speaking
-    /// vLLM's protocol (`loragate worker`, or vLLM's `vllm-rs serve MODEL --grpc-port PORT`). Repeatable. With
-    /// workers, --model supplies only the config and tokenizer, and --adapter paths are passed to the workers as
-    /// given (they resolve them against their own adapter roots).
-    #[arg(long = "worker", value_name = "URL", value_parser = parse_worker)]
+    /// A worker to front instead of running the model in-process. Its URL's scheme names its protocol:
+    /// `grpc://HOST:PORT` (vLLM's gRPC: `loragate worker`, vLLM's `vllm-rs serve MODEL --grpc-port PORT`; `http://` is
+    /// an alias), `vllm+http://HOST:PORT` (vLLM's OpenAI server) or `sglang+http://HOST:PORT` (SGLang's server).
+    /// Repeatable, protocols mixed. With workers, --model supplies only the config and tokenizer, and adapter paths
+    /// are sent to the workers absolute (see --worker-adapter-root).
+    #[arg(long = "worker", value_name = "URL", value_parser = WorkerUrlParser)]
     pub workers: Vec<WorkerAddress>,
-    /// How often each worker's health is checked (grpc.health.v1), in seconds.
+    /// How often each worker's health is checked, in seconds.
     #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = parse_duration)]
     pub worker_health_interval: Duration,
+    /// Failures in a row after which a worker's health checks back off exponentially, and it must pass this many
+    /// checks in a row before it gets traffic again.
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub worker_failure_threshold: u32,
+    /// How long a fleet coordinator waits at start for a first worker to be ready (workers started after it are
+    /// waited for), in seconds.
+    #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = parse_duration)]
+    pub worker_wait: Duration,
+    /// The most workers a fleet holds (--worker and AddWorker together); more are refused.
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_workers: u64,
+    /// Where the workers mount the adapter root: adapter paths inside --adapter-root are sent to the workers under
+    /// this directory instead (default: the same path as here).
+    #[arg(long, value_name = "DIR")]
+    pub worker_adapter_root: Option<PathBuf>,
     /// The most sampling requests admitted at once (queued or running), over every adapter and the base model;
     /// more are refused with RESOURCE_EXHAUSTED / 429.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
@@ -150,12 +190,12 @@ pub struct WorkerArgs {
     /// Address of the gRPC server (vllm.Inference, vllm.Control, grpc.health.v1).
     #[arg(long, value_name = "HOST:PORT")]
     pub grpc_addr: SocketAddr,
-    /// A Hugging Face model directory. Without it, the built-in demo model is served (no adapter loaded: the
-    /// fleet loads them).
-    #[arg(long, value_name = "DIR")]
+    /// A Hugging Face model directory or a GGUF file. Without it, the built-in demo model is served (no adapter
+    /// loaded: the fleet loads them).
+    #[arg(long, value_name = "DIR|FILE.gguf")]
     pub model: Option<PathBuf>,
-    /// What `GenerateRequest.model` may name and GetModelInfo reports (default: the model directory's name;
-    /// `loragate-demo` for the demo).
+    /// What `GenerateRequest.model` may name and GetModelInfo reports (default: the model directory's name or the
+    /// GGUF file's stem; `loragate-demo` for the demo).
     #[arg(long, value_name = "NAME")]
     pub served_model_name: Option<String>,
     /// The only directory LoadLora may read adapters from (relative paths are taken from it). Default for the demo:
@@ -215,6 +255,11 @@ pub struct EngineArgs {
     /// How long reading and checking one adapter may take before its load fails (installing nothing).
     #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
     pub adapter_load_timeout: Duration,
+    /// How a GGUF file's quantized weights are multiplied: `quantized` (kept in their block format: least memory,
+    /// fastest decoding), `dequantized` (to --dtype at load: dense GEMMs everywhere), or `hybrid[:N]` (both:
+    /// quantized below N input rows, dense from N rows on — prefill —, default N = 64).
+    #[arg(long, value_name = "MODE", default_value = "quantized")]
+    pub quantized_weights: QuantizedWeights,
     /// Where the demo model is generated and cached (default: $LORAGATE_CACHE_DIR, $XDG_CACHE_HOME/loragate or
     /// ~/.cache/loragate).
     #[arg(long, value_name = "DIR")]
@@ -233,13 +278,14 @@ impl EngineArgs {
             max_lora_rank: self.max_lora_rank,
             max_adapter_bytes: self.max_adapter_bytes,
             adapter_load_timeout: self.adapter_load_timeout,
+            quantized_weights: self.quantized_weights,
         }
     }
 
-    /// The model: `dir`, or the demo model cached in --cache-dir.
-    fn model_source(&self, dir: Option<PathBuf>) -> ModelSource {
-        match dir {
-            Some(dir) => ModelSource::Directory(dir),
+    /// The model: `path`, or the demo model cached in --cache-dir.
+    fn model_source(&self, path: Option<PathBuf>) -> ModelSource {
+        match path {
+            Some(path) => ModelSource::Path(path),
             None => ModelSource::Demo {
                 cache_dir: self.cache_dir.clone().unwrap_or_else(loragate_engine::default_cache_dir),
             },
@@ -279,6 +325,10 @@ impl ServeArgs {
             engine: self.engine.engine_config(),
             workers: self.workers,
             worker_health_interval: self.worker_health_interval,
+            worker_failure_threshold: self.worker_failure_threshold,
+            worker_wait: self.worker_wait,
+            max_workers: usize::try_from(self.max_workers).unwrap_or(usize::MAX),
+            worker_adapter_root: self.worker_adapter_root,
             state: self.state_dir.unwrap_or(StateLocation::UserDefault),
             tinker: TinkerConfig {
                 max_pause_wait: self.tinker_max_pause_wait,
@@ -290,8 +340,26 @@ impl ServeArgs {
     }
 }
 
-fn parse_worker(raw: &str) -> Result<WorkerAddress, String> {
-    WorkerAddress::parse(raw).map_err(|err| err.to_string())
+/// Parses `--worker`. Its errors never quote the value as given (clap's own errors would): an address may carry a
+/// credential, which must not reach a terminal or a log.
+#[derive(Clone, Copy, Debug)]
+struct WorkerUrlParser;
+
+impl clap::builder::TypedValueParser for WorkerUrlParser {
+    type Value = WorkerAddress;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<WorkerAddress, clap::Error> {
+        let invalid = |why: String| {
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("--worker: {why}\n")).with_cmd(cmd)
+        };
+        let raw = value.to_str().ok_or_else(|| invalid("is not UTF-8".into()))?;
+        WorkerAddress::parse(raw).map_err(|err| invalid(err.to_string()))
+    }
 }
 
 fn parse_initial_adapter(raw: &str) -> Result<InitialAdapter, String> {
@@ -440,18 +508,40 @@ mod tests {
             "--worker",
             "http://127.0.0.1:9001",
             "--worker",
-            "http://127.0.0.1:9002",
+            "vllm+http://127.0.0.1:9002",
+            "--worker",
+            "sglang+http://Worker-3:9003/",
             "--worker-health-interval",
             "0.5",
+            "--worker-failure-threshold",
+            "5",
+            "--worker-wait",
+            "10",
+            "--max-workers",
+            "8",
+            "--worker-adapter-root",
+            "/mnt/adapters",
         ])
         .expect("parses");
         let Command::Serve(args) = cli.command else { panic!("serve") };
         let config = args.into_config();
         let workers: Vec<&str> = config.workers.iter().map(WorkerAddress::as_str).collect();
-        assert_eq!(workers, ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]);
+        assert_eq!(workers, ["grpc://127.0.0.1:9001", "vllm+http://127.0.0.1:9002", "sglang+http://worker-3:9003"]);
         assert_eq!(config.worker_health_interval, Duration::from_millis(500));
+        assert_eq!((config.worker_failure_threshold, config.worker_wait), (5, Duration::from_secs(10)));
+        assert_eq!(config.max_workers, 8);
+        assert_eq!(config.worker_adapter_root.as_deref(), Some(std::path::Path::new("/mnt/adapters")));
         let bad = Cli::try_parse_from(["loragate", "serve", "--worker", "127.0.0.1:9001"]).expect_err("not a URL");
         assert!(bad.to_string().contains("--worker"), "{bad}");
+        let secret = Cli::try_parse_from(["loragate", "serve", "--worker", "http://u:hunter2@h:1"]).expect_err("creds");
+        assert!(!secret.to_string().contains("hunter2"), "{secret}");
+        let defaults = Cli::parse_from(["loragate", "serve"]);
+        let Command::Serve(args) = defaults.command else { panic!("serve") };
+        let config = args.into_config();
+        assert_eq!(
+            (config.worker_wait, config.max_workers, config.worker_failure_threshold),
+            (Duration::from_secs(60), 256, 3)
+        );
     }
 
     #[test]

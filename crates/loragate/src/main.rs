@@ -17,7 +17,7 @@ fn main() -> ExitCode {
     let compute_threads = match &cli.command {
         Command::Serve(args) => Some(args.engine.compute_threads),
         Command::Worker(args) => Some(args.engine.compute_threads),
-        Command::DemoModel { .. } => None,
+        Command::DemoModel { .. } | Command::RandomAdapter { .. } => None,
     };
     if let Some(threads) = compute_threads {
         // SAFETY: no other thread exists yet: the async runtime starts below, and logging spawns none.
@@ -43,6 +43,21 @@ fn main() -> ExitCode {
                     Ok(Ok(files)) => {
                         println!("model:    {}", files.model_dir.display());
                         println!("adapters: {} (meow, woof)", files.adapters_dir.display());
+                        Ok(())
+                    }
+                    Ok(Err(err)) => Err(err.to_string()),
+                    Err(err) => Err(err.to_string()),
+                }
+            }
+            Command::RandomAdapter { model, out, rank, alpha, b_std, seed } => {
+                let adapter = loragate_engine::RandomAdapter { rank, alpha, b_std, seed };
+                let shown = out.display().to_string();
+                let written =
+                    tokio::task::spawn_blocking(move || loragate_engine::write_random_adapter(&model, &out, &adapter))
+                        .await;
+                match written {
+                    Ok(Ok(())) => {
+                        println!("adapter: {shown} (random, seed {seed}, rank {rank})");
                         Ok(())
                     }
                     Ok(Err(err)) => Err(err.to_string()),

@@ -8,15 +8,14 @@ use std::time::Duration;
 
 use futures::future::select_all;
 use loragate_core::{
-    AdapterName, AdapterRoot, AdapterSource, Coordinator, CoordinatorConfig, CoreError, Engine, Key, KeyConfigError,
-    Keyring, Limits, Reconciled, StartError, StateError, TenantKeys,
+    AdapterName, AdapterRoot, AdapterSource, Coordinator, CoordinatorConfig, CoreError, Engine, FleetControl, Key,
+    KeyConfigError, Keyring, Limits, Reconciled, StartError, StateError, TenantKeys,
 };
 use loragate_engine::{
-    CandleEngine, DEMO_MODEL_NAME, DemoError, EngineConfig, EngineLoadError, Tokenizer, ensure_demo_files,
-    read_model_info,
+    CandleEngine, DEMO_MODEL_NAME, DemoError, EngineConfig, EngineLoadError, ModelFormat, Tokenizer, ensure_demo_files,
+    gguf_chat_template, read_model_info,
 };
 use loragate_fleet::{FleetConfig, FleetEngine, FleetError, WorkerAddress};
-use loragate_grpc::FleetControl;
 use loragate_http::{ChatTemplate, HttpFront, TextCodec};
 use loragate_net::ConnectionLimits;
 use loragate_tinker::{TinkerConfig, TinkerFront};
@@ -35,8 +34,8 @@ pub enum ModelSource {
         /// Where the demo files are cached.
         cache_dir: PathBuf,
     },
-    /// A Hugging Face model directory.
-    Directory(PathBuf),
+    /// A Hugging Face model directory or a GGUF file.
+    Path(PathBuf),
 }
 
 /// An adapter loaded at start (`--adapter NAME=DIR`).
@@ -57,7 +56,7 @@ pub struct ServeConfig {
     pub http_addr: SocketAddr,
     /// The model.
     pub model: ModelSource,
-    /// The base model's name over HTTP (default: the directory's name, or `loragate-demo`).
+    /// The base model's name over HTTP (default: the directory's name or the GGUF file's stem, or `loragate-demo`).
     pub served_model_name: Option<String>,
     /// Adapters to load at start.
     pub adapters: Vec<InitialAdapter>,
@@ -87,6 +86,14 @@ pub struct ServeConfig {
     pub workers: Vec<WorkerAddress>,
     /// How often the workers' health is checked.
     pub worker_health_interval: Duration,
+    /// Failures in a row after which a worker's probes back off and it must pass that many checks to serve again.
+    pub worker_failure_threshold: u32,
+    /// How long a fleet coordinator waits at start for a first worker to be ready.
+    pub worker_wait: Duration,
+    /// The most workers the fleet holds.
+    pub max_workers: usize,
+    /// Where the workers mount the adapter root (default: where the coordinator names it).
+    pub worker_adapter_root: Option<PathBuf>,
     /// Where adapters, versions and pauses are recorded to survive a restart (`--state-dir`).
     pub state: StateLocation,
     /// The Tinker API front's settings (its routes share the HTTP listener).
@@ -137,6 +144,10 @@ impl ServeConfig {
             engine: EngineConfig::default(),
             workers: Vec::new(),
             worker_health_interval: Duration::from_secs(2),
+            worker_failure_threshold: 3,
+            worker_wait: Duration::from_secs(60),
+            max_workers: 256,
+            worker_adapter_root: None,
             state: StateLocation::Memory,
             tinker: TinkerConfig::default(),
         }
@@ -153,7 +164,7 @@ pub enum ServeError {
     /// The model could not be loaded.
     #[error(transparent)]
     Engine(#[from] EngineLoadError),
-    /// `--adapter-root` is not a readable directory.
+    /// `--adapter-root` is not a readable directory (or, with workers, not a path the workers can be sent).
     #[error("--adapter-root {path}: {source}")]
     AdapterRoot {
         /// The directory.
@@ -206,7 +217,7 @@ pub enum ServeError {
     /// The fleet of workers could not start (no worker became ready).
     #[error("--worker: {0}")]
     Fleet(#[from] FleetError),
-    /// With workers, an `--adapter` path leaves the adapter root.
+    /// With workers, an `--adapter` path leaves the adapter root (or has `..`).
     #[error("--adapter {name}={}: the path leaves the adapter root {}", dir.display(), root.display())]
     AdapterOutsideRoot {
         /// Its name.
@@ -246,30 +257,51 @@ impl RunningServer {
         if auth.is_enabled() {
             tracing::info!("authentication is on: callers must present a key");
         }
-        let template_dir = model.dir.clone();
-        let chat_template = blocking(move || ChatTemplate::from_model_dir(&template_dir)).await?;
+        let template_path = model.path.clone();
+        let chat_template = blocking(move || chat_template(&template_path)).await?;
+        let in_fleet = !config.workers.is_empty();
         let (state, state_dir) = config.state.open(&served_model_name)?;
         if let Some(dir) = &state_dir {
             tracing::info!(state_dir = %dir.display(), "recording adapters, versions and pauses");
         }
         let adapter_root_dir = config.adapter_root.clone().or_else(|| model.adapter_root.clone());
         let adapter_root = match adapter_root_dir.clone() {
+            // A fleet's coordinator need not hold the files: the root is the workers' tree, checked by components.
+            Some(path) if in_fleet => Some(
+                // Canonical where it exists here (a shared mount, or the demo's directory), else as written.
+                std::fs::canonicalize(&path)
+                    .or_else(|_| std::path::absolute(&path))
+                    .and_then(AdapterRoot::remote)
+                    .map_err(|source| ServeError::AdapterRoot { path, source })?,
+            ),
             Some(path) => Some(AdapterRoot::new(&path).map_err(|source| ServeError::AdapterRoot { path, source })?),
             None => None,
         };
-        let backend = if config.workers.is_empty() {
-            Backend::in_process(&model, &config).await?
-        } else {
+        let backend = if in_fleet {
             Backend::fleet(&model, &config, adapter_root.as_ref()).await?
+        } else {
+            Backend::in_process(&model, &config).await?
         };
-        let mut adapters = backend.demo_adapters(&model);
-        adapters.retain(|demo| !config.adapters.iter().any(|given| given.name == demo.name));
-        for given in &config.adapters {
-            if backend.fleet.is_some() {
-                confine(given, adapter_root_dir.as_deref())?;
+        let demo: Vec<InitialAdapter> = model
+            .demo_adapters
+            .iter()
+            .filter(|demo| !config.adapters.iter().any(|given| given.name == demo.name))
+            .cloned()
+            .collect();
+        let adapters = if in_fleet {
+            // Paths as the workers see them: absolute, inside the adapter root if there is one (the demo's adapters
+            // are its `meow` and `woof`).
+            let mut adapters = Vec::with_capacity(demo.len() + config.adapters.len());
+            for demo in demo {
+                adapters.push(for_workers(demo, true, adapter_root.as_ref()).await?);
             }
-            adapters.push(given.clone());
-        }
+            for given in &config.adapters {
+                adapters.push(for_workers(given.clone(), false, adapter_root.as_ref()).await?);
+            }
+            adapters
+        } else {
+            demo.into_iter().chain(config.adapters.iter().cloned()).collect()
+        };
 
         let coordinator_config = CoordinatorConfig {
             max_gate_hold: config.gate_max_wait,
@@ -412,8 +444,8 @@ impl RunningServer {
 
 /// The model's files, wherever they come from.
 pub(crate) struct ResolvedModel {
-    /// The Hugging Face directory.
-    pub(crate) dir: PathBuf,
+    /// The Hugging Face directory or GGUF file.
+    pub(crate) path: PathBuf,
     /// The demo's adapters (none for a directory).
     pub(crate) demo_adapters: Vec<InitialAdapter>,
     /// The default adapter root (the demo's adapters directory).
@@ -434,14 +466,14 @@ impl ResolvedModel {
                     InitialAdapter { name: demo_name("woof"), dir: files.woof_dir.clone() },
                 ];
                 Self {
-                    dir: files.model_dir,
+                    path: files.model_dir,
                     demo_adapters,
                     adapter_root: Some(files.adapters_dir),
                     name: DEMO_MODEL_NAME.to_owned(),
                 }
             }
-            ModelSource::Directory(dir) => {
-                Self { dir: dir.clone(), demo_adapters: Vec::new(), adapter_root: None, name: directory_name(dir) }
+            ModelSource::Path(path) => {
+                Self { path: path.clone(), demo_adapters: Vec::new(), adapter_root: None, name: model_name(path) }
             }
         })
     }
@@ -456,61 +488,58 @@ struct Backend {
 
 impl Backend {
     async fn in_process(model: &ResolvedModel, config: &ServeConfig) -> Result<Self, ServeError> {
-        let (dir, engine_config) = (model.dir.clone(), config.engine.clone());
-        let engine = blocking(move || CandleEngine::load(&dir, engine_config)).await??;
+        let (path, engine_config) = (model.path.clone(), config.engine.clone());
+        let engine = blocking(move || CandleEngine::load(&path, engine_config)).await??;
         let tokenizer = engine.tokenizer().cloned();
         Ok(Self { engine: Arc::new(engine), tokenizer, fleet: None })
     }
 
-    /// The fleet, once at least one worker is ready. The model directory supplies only the limits and tokenizer;
-    /// adapter paths inside the adapter root go to the workers relative to it.
+    /// The fleet, once at least one worker is ready (waiting up to `--worker-wait` for one). The model's files supply
+    /// only the limits and tokenizer; adapter paths go to the workers absolute, those inside the adapter root under
+    /// the workers' mount of it (`--worker-adapter-root`).
     async fn fleet(
         model: &ResolvedModel,
         config: &ServeConfig,
         adapter_root: Option<&AdapterRoot>,
     ) -> Result<Self, ServeError> {
-        let (dir, max_context) = (model.dir.clone(), config.engine.max_context_length);
+        let (path, max_context) = (model.path.clone(), config.engine.max_context_length);
         let (info, tokenizer) = blocking(move || {
-            Ok::<_, EngineLoadError>((read_model_info(&dir, max_context)?, Tokenizer::from_model_dir(&dir)?))
+            Ok::<_, EngineLoadError>((read_model_info(&path, max_context)?, Tokenizer::for_model(&path)?))
         })
         .await??;
         let fleet_config = FleetConfig {
             health_interval: config.worker_health_interval,
+            failure_threshold: config.worker_failure_threshold,
+            max_workers: config.max_workers,
+            join_timeout: config.worker_wait,
             adapter_root: adapter_root.map(|root| root.path().to_owned()),
+            worker_adapter_root: config.worker_adapter_root.clone(),
             ..FleetConfig::default()
         };
         let fleet = Arc::new(FleetEngine::start(info, config.workers.clone(), fleet_config).await?);
         fleet.wait_ready().await?;
         Ok(Self { engine: fleet.clone(), tokenizer, fleet: Some(fleet) })
     }
-
-    /// The demo's adapters. The workers of a fleet get their paths relative to their own adapter roots (a worker on
-    /// the demo model defaults to the demo's adapters directory), so they need not share this machine's cache.
-    fn demo_adapters(&self, model: &ResolvedModel) -> Vec<InitialAdapter> {
-        let mut adapters = model.demo_adapters.clone();
-        if self.fleet.is_some() {
-            for adapter in &mut adapters {
-                adapter.dir = PathBuf::from(adapter.name.as_str());
-            }
-        }
-        adapters
-    }
 }
 
-/// Checks, without touching the filesystem (the path is the workers'), that `adapter`'s path stays inside `root`:
-/// no `..`, and an absolute path must start with the root.
-fn confine(adapter: &InitialAdapter, root: Option<&Path>) -> Result<(), ServeError> {
-    let Some(root) = root else { return Ok(()) };
-    let escapes = adapter.dir.components().any(|part| matches!(part, std::path::Component::ParentDir))
-        || (adapter.dir.is_absolute() && !adapter.dir.starts_with(root));
-    if escapes {
-        return Err(ServeError::AdapterOutsideRoot {
-            name: adapter.name.clone(),
-            dir: adapter.dir.clone(),
-            root: root.to_owned(),
-        });
+/// An adapter loaded at start as a fleet's workers are sent it, without touching the filesystem (the path is the
+/// workers'): inside the adapter root if there is one (relative paths taken from it, no `..`, an absolute path under
+/// it; the demo's adapters are the root's `meow` and `woof`), else absolute (relative to the current directory).
+async fn for_workers(
+    adapter: InitialAdapter,
+    is_demo: bool,
+    root: Option<&AdapterRoot>,
+) -> Result<InitialAdapter, ServeError> {
+    let InitialAdapter { name, dir } = adapter;
+    let Some(root) = root else {
+        let absolute = std::path::absolute(&dir).map_err(|source| ServeError::AdapterRoot { path: dir, source })?;
+        return Ok(InitialAdapter { name, dir: absolute });
+    };
+    let requested = if is_demo { PathBuf::from(name.as_str()) } else { dir.clone() };
+    match root.resolve(&requested.to_string_lossy()).await {
+        Ok(source) => Ok(InitialAdapter { name, dir: source.dir().to_owned() }),
+        Err(_) => Err(ServeError::AdapterOutsideRoot { name, dir, root: root.path().to_owned() }),
     }
-    Ok(())
 }
 
 /// SIGINT and SIGTERM, listened for from the moment this is made: made before the ready line is printed, so a signal
@@ -576,7 +605,27 @@ fn demo_name(name: &str) -> AdapterName {
     AdapterName::parse(name).expect("the demo adapter names are valid")
 }
 
-fn directory_name(dir: &Path) -> String {
-    let canonical = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_owned());
-    canonical.file_name().map_or_else(|| "model".to_owned(), |name| name.to_string_lossy().into_owned())
+/// The default served name: a directory's name, a GGUF file's stem (`SmolLM2-135M-Instruct.Q4_1` for
+/// `SmolLM2-135M-Instruct.Q4_1.gguf`).
+fn model_name(path: &Path) -> String {
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    let name = match ModelFormat::of(&canonical) {
+        ModelFormat::HuggingFace => canonical.file_name(),
+        ModelFormat::Gguf => canonical.file_stem(),
+    };
+    name.map_or_else(|| "model".to_owned(), |name| name.to_string_lossy().into_owned())
+}
+
+/// The model's chat template: a Hugging Face directory's `chat_template.jinja` or `tokenizer_config.json`, a GGUF
+/// file's `tokenizer.chat_template`. The error says why it is unusable (chat then answers 400).
+fn chat_template(path: &Path) -> Result<Option<ChatTemplate>, String> {
+    match ModelFormat::of(path) {
+        ModelFormat::HuggingFace => ChatTemplate::from_model_dir(path).map_err(|err| err.to_string()),
+        ModelFormat::Gguf => match gguf_chat_template(path).map_err(|err| err.to_string())? {
+            Some(source) => ChatTemplate::new(source.template, source.bos_token, source.eos_token)
+                .map(Some)
+                .map_err(|err| err.to_string()),
+            None => Ok(None),
+        },
+    }
 }

@@ -47,8 +47,8 @@ impl RunningWorker {
             Some(path) => Some(AdapterRoot::new(&path).map_err(|source| ServeError::AdapterRoot { path, source })?),
             None => None,
         };
-        let (dir, engine_config) = (model.dir.clone(), settings.engine.clone());
-        let engine = blocking(move || CandleEngine::load(&dir, engine_config)).await??;
+        let (path, engine_config) = (model.path.clone(), settings.engine.clone());
+        let engine = blocking(move || CandleEngine::load(&path, engine_config)).await??;
         let listener = bind(settings.grpc_addr).await?;
         let grpc_addr = local_addr(&listener, settings.grpc_addr)?;
         let shutdown = CancellationToken::new();

@@ -1,11 +1,20 @@
-//! A real fleet on loopback: three `loragate worker` processes behind `loragate serve --worker ...`, driven over gRPC
-//! (the loragate contract, the retry client, the `Fleet` service, each worker's own `vllm.Control`) and HTTP.
+//! A real fleet on loopback: worker processes behind `loragate serve --worker ...`, driven over gRPC (the loragate
+//! contract, the retry client, the `Fleet` service, each worker's own listing) and HTTP.
 //!
 //! One fleet per scenario group, shared by the scenarios of the group (they run in order; each leaves the fleet as
 //! the next expects it):
-//! - staging `NAME@V` everywhere, requests spreading, a pause aborting on every worker, a swap draining the old
-//!   version away, a failed load rolling back;
-//! - a worker killed with SIGKILL mid-sample and restarted on its address, `RemoveWorker` with drain, `AddWorker`.
+//! - a mixed fleet, one worker per protocol: a `loragate worker` over gRPC, and `loragate serve` itself as a vLLM HTTP
+//!   worker and as an SGLang HTTP worker (it speaks both dialects): staging `NAME@V` from absolute paths on each,
+//!   requests spreading, a pause aborting on every protocol with partial tokens, a swap draining the old version
+//!   away on each, seeded samples spreading reproducibly, an HTTP worker killed mid-sample and restarted;
+//! - gRPC workers: a worker killed with SIGKILL mid-sample and restarted on its address, `RemoveWorker` with drain,
+//!   `AddWorker`;
+//! - a coordinator on a state directory (a gRPC and an SGLang HTTP worker), killed and started again: it restores its
+//!   adapters at their versions and stages them on the workers from the absolute paths it recorded.
+//!
+//! The protocols' edge cases (aborts by disconnect, `rid` aborts, explicit budgets, rollback when one protocol's load
+//! fails, `--worker-adapter-root`, canonical addresses, back-off) are pinned against fakes in
+//! `crates/loragate-fleet/tests/http_workers`.
 //!
 //! Plus a Python `grpcio` client generated from vllm-proto's own `.proto` files, driving one worker directly. The
 //! Python client needs `$LORAGATE_PYTHON` (default `python3`) with `grpcio grpcio-tools`; the README's test command
@@ -76,67 +85,139 @@ impl Drop for Process {
     }
 }
 
-/// A `loragate worker` on 127.0.0.1.
+/// The protocol a worker process speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// `loragate worker`: vLLM's gRPC protocol.
+    Grpc,
+    /// `loragate serve` as a vLLM OpenAI HTTP server.
+    VllmHttp,
+    /// `loragate serve` as an SGLang HTTP server.
+    SglangHttp,
+}
+
+/// A worker process on 127.0.0.1.
 struct Worker {
     process: Process,
+    kind: Kind,
     port: u16,
     root: Option<PathBuf>,
 }
 
 impl Worker {
-    /// A worker on a free port (`port` 0) or on `port`, with `root` as its adapter root (default: the demo's).
-    fn start(root: Option<&Path>, port: u16) -> Self {
+    /// A worker of `kind` on a free port (`port` 0) or on `port`, with `root` as its adapter root (default: the
+    /// demo's).
+    fn start(kind: Kind, root: Option<&Path>, port: u16) -> Self {
         let address = format!("127.0.0.1:{port}");
-        let mut args = vec!["worker".to_owned(), "--grpc-addr".to_owned(), address];
+        let mut args: Vec<String> = match kind {
+            Kind::Grpc => vec!["worker".into(), "--grpc-addr".into(), address],
+            Kind::VllmHttp | Kind::SglangHttp => {
+                ["serve", "--grpc-addr", "127.0.0.1:0", "--state-dir", "none", "--http-addr"]
+                    .into_iter()
+                    .map(str::to_owned)
+                    .chain([address])
+                    .collect()
+            }
+        };
         if let Some(root) = root {
             args.extend(["--adapter-root".to_owned(), root.display().to_string()]);
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let process = Process::start(&args);
-        let port = process.field("grpc_addr").rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
-        Self { process, port, root: root.map(Path::to_owned) }
+        let field = if kind == Kind::Grpc { "grpc_addr" } else { "http_addr" };
+        let port = process.field(field).rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+        Self { process, kind, port, root: root.map(Path::to_owned) }
     }
 
+    /// Its address in the fleet (canonical).
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = match self.kind {
+            Kind::Grpc => "grpc",
+            Kind::VllmHttp => "vllm+http",
+            Kind::SglangHttp => "sglang+http",
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
-    /// The adapters the worker itself lists (`vllm.Control/ListLoras`).
+    /// The versioned adapters the worker itself lists, with the path each was loaded from where it says
+    /// (`vllm.Control/ListLoras`, or `GET /v1/models`, where a serving `loragate serve` also lists its own demo
+    /// adapters).
+    async fn lora_paths(&self) -> BTreeSet<(String, String)> {
+        match self.kind {
+            Kind::Grpc => {
+                let url = format!("http://127.0.0.1:{}", self.port);
+                let mut control = vllm_proto::control_client::ControlClient::new(channel(&url).await);
+                let listed = control.list_loras(vllm_proto::ListLorasRequest {}).await.expect("ListLoras");
+                let adapters = listed.into_inner().adapters.into_iter();
+                adapters.map(|adapter| (adapter.lora_name, adapter.source_path)).collect()
+            }
+            Kind::VllmHttp | Kind::SglangHttp => {
+                let url = format!("http://127.0.0.1:{}/v1/models", self.port);
+                let listed: serde_json::Value = reqwest::get(url).await.expect("models").json().await.expect("json");
+                let cards = listed["data"].as_array().cloned().unwrap_or_default();
+                let names = cards.iter().filter_map(|card| card["id"].as_str()).filter(|id| id.contains('@'));
+                names.map(|name| (name.to_owned(), String::new())).collect()
+            }
+        }
+    }
+
+    /// The versioned adapters the worker itself lists.
     async fn loras(&self) -> BTreeSet<String> {
-        let mut control = vllm_proto::control_client::ControlClient::new(channel(&self.url()).await);
-        let listed = control.list_loras(vllm_proto::ListLorasRequest {}).await.expect("ListLoras");
-        listed.into_inner().adapters.into_iter().map(|adapter| adapter.lora_name).collect()
+        self.lora_paths().await.into_iter().map(|(name, _)| name).collect()
     }
 
     fn restart(&mut self) {
         self.process.kill();
-        *self = Self::start(self.root.as_deref(), self.port);
+        *self = Self::start(self.kind, self.root.as_deref(), self.port);
     }
 }
 
-/// Three workers and the coordinator in front of them.
+/// Workers and the coordinator in front of them.
 struct Fleet {
     workers: Vec<Worker>,
     serve: Process,
     channel: Channel,
+    /// The coordinator's command line (to start it again).
+    args: Vec<String>,
 }
 
 impl Fleet {
+    /// A coordinator in front of `workers`, recording nothing.
     async fn start(workers: Vec<Worker>, adapter_root: Option<&Path>) -> Self {
-        let mut args = vec!["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--state-dir", "none"];
-        args.extend(["--worker-health-interval", "0.2"]);
-        let urls: Vec<String> = workers.iter().map(Worker::url).collect();
-        for url in &urls {
-            args.extend(["--worker", url.as_str()]);
+        Self::start_recorded(workers, adapter_root, None).await
+    }
+
+    /// A coordinator in front of `workers`, recording its state in `state_dir` (none: in memory only).
+    async fn start_recorded(workers: Vec<Worker>, adapter_root: Option<&Path>, state_dir: Option<&Path>) -> Self {
+        let mut args: Vec<String> =
+            ["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--worker-health-interval", "0.2"]
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+        let state_dir = state_dir.map_or_else(|| "none".to_owned(), |dir| dir.display().to_string());
+        args.extend(["--state-dir".to_owned(), state_dir]);
+        for worker in &workers {
+            args.extend(["--worker".to_owned(), worker.url()]);
         }
-        let root = adapter_root.map(|root| root.display().to_string());
-        if let Some(root) = &root {
-            args.extend(["--adapter-root", root.as_str()]);
+        if let Some(root) = adapter_root {
+            args.extend(["--adapter-root".to_owned(), root.display().to_string()]);
         }
-        let serve = Process::start(&args);
+        let (serve, channel) = Self::start_coordinator(&args).await;
         assert_eq!(serve.ready["adapters"], serde_json::json!(["meow", "woof"]), "{}", serve.ready);
+        Self { workers, serve, channel, args }
+    }
+
+    async fn start_coordinator(args: &[String]) -> (Process, Channel) {
+        let serve = Process::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
         let channel = channel(&format!("http://{}", serve.field("grpc_addr"))).await;
-        Self { workers, serve, channel }
+        (serve, channel)
+    }
+
+    /// Kills the coordinator with SIGKILL (the workers keep running and keep what they hold) and starts it again
+    /// with the same command line.
+    async fn restart_coordinator(&mut self) {
+        self.serve.kill();
+        (self.serve, self.channel) = Self::start_coordinator(&self.args).await;
     }
 
     fn control(&self) -> LoraControlClient<Channel> {
@@ -194,6 +275,15 @@ impl Fleet {
             held.extend(worker.loras().await);
         }
         held
+    }
+
+    /// The coordinator's adapters and their versions.
+    async fn adapters(&self) -> Vec<(String, u64)> {
+        let listed = self.control().list_lora_adapters(pb::ListLoraAdaptersRequest {}).await.expect("ListLoraAdapters");
+        let mut adapters: Vec<(String, u64)> =
+            listed.into_inner().adapters.into_iter().map(|adapter| (adapter.lora_name, adapter.version)).collect();
+        adapters.sort();
+        adapters
     }
 }
 
@@ -256,15 +346,11 @@ async fn read_to_end(mut stream: Streaming<pb::SampleStreamResponse>, mut receiv
     received
 }
 
-/// A copy of the demo's adapters (`meow`, `woof`, and unless `partial` `kitten`, a copy of meow) in a temp dir.
-fn adapter_root(partial: bool) -> tempfile::TempDir {
+/// A copy of the demo's adapters (`meow`, `woof`) in a temp dir.
+fn adapter_root() -> tempfile::TempDir {
     let files = loragate::ensure_demo_files(&cache_dir()).expect("demo files");
     let root = tempfile::tempdir().expect("temp dir");
-    let mut copies = vec![("meow", &files.meow_dir), ("woof", &files.woof_dir)];
-    if !partial {
-        copies.push(("kitten", &files.meow_dir));
-    }
-    for (name, from) in copies {
+    for (name, from) in [("meow", &files.meow_dir), ("woof", &files.woof_dir)] {
         std::fs::create_dir(root.path().join(name)).expect("mkdir");
         for entry in std::fs::read_dir(from).expect("read adapter dir") {
             let entry = entry.expect("entry");
@@ -286,25 +372,34 @@ fn cache_dir() -> PathBuf {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn versions_are_staged_everywhere_requests_spread_a_pause_aborts_on_every_worker_and_swaps_drain_and_roll_back() {
-    let (root, partial_root) = (adapter_root(false), adapter_root(true));
-    let workers = vec![
-        Worker::start(Some(root.path()), 0),
-        Worker::start(Some(root.path()), 0),
-        Worker::start(Some(partial_root.path()), 0),
-    ];
-    let fleet = Fleet::start(workers, Some(root.path())).await;
+async fn a_mixed_fleet_stages_and_drains_name_at_v_pauses_per_adapter_and_survives_a_killed_http_worker() {
+    let root = adapter_root();
+    let kinds = [Kind::Grpc, Kind::VllmHttp, Kind::SglangHttp];
+    let workers = kinds.iter().map(|&kind| Worker::start(kind, Some(root.path()), 0)).collect();
+    let mut fleet = Fleet::start(workers, Some(root.path())).await;
 
-    // Staged as NAME@V on every worker, in the fleet's account and the workers' own.
+    // Staged as NAME@V on every worker, by the fleet's account and the workers' own, from absolute paths.
     let listed = fleet.workers().await;
     assert!(listed.epoch >= 6, "three joins and three READY transitions: {}", listed.epoch);
+    let urls: Vec<String> = fleet.workers.iter().map(Worker::url).collect();
+    assert_eq!(listed.workers.iter().map(|w| w.address.clone()).collect::<Vec<_>>(), urls, "canonical addresses");
     for worker in &listed.workers {
         assert_eq!(worker.state(), pb::WorkerState::Ready, "{worker:?}");
         assert_eq!(worker.adapters, ["meow@1", "woof@1"], "{worker:?}");
+        assert_eq!((worker.consecutive_failures, worker.next_probe_unix_ms), (0, 0), "{worker:?}");
     }
     for worker in &fleet.workers {
-        assert_eq!(worker.loras().await, BTreeSet::from(["meow@1".to_owned(), "woof@1".to_owned()]));
+        assert_eq!(
+            worker.loras().await,
+            BTreeSet::from(["meow@1".to_owned(), "woof@1".to_owned()]),
+            "{:?}",
+            worker.kind
+        );
     }
+    let absolute = |name: &str| root.path().join(name).display().to_string();
+    let on_the_wire = fleet.workers[0].lora_paths().await;
+    let expected = BTreeSet::from([("meow@1".to_owned(), absolute("meow")), ("woof@1".to_owned(), absolute("woof"))]);
+    assert_eq!(on_the_wire, expected, "paths go to the workers absolute, as the coordinator resolved them");
 
     // Requests spread: six meow samples run two per worker (the least busy worker takes the next).
     let mut meows = Vec::new();
@@ -317,7 +412,7 @@ async fn versions_are_staged_everywhere_requests_spread_a_pause_aborts_on_every_
     let in_flight: Vec<u32> = fleet.workers().await.workers.iter().map(|w| w.in_flight).collect();
     assert_eq!(in_flight, [2, 2, 2]);
 
-    // Pausing meow aborts its requests on every worker, with their partial tokens; woof runs on.
+    // Pausing meow aborts its requests on every protocol, with their partial tokens; woof runs on.
     let woofs: Vec<_> = futures::future::join_all((0..3).map(|_| fleet.stream("woof", 200))).await;
     let woofs: Vec<_> =
         woofs.into_iter().map(|stream| tokio::spawn(read_to_end(stream, Received::default()))).collect();
@@ -339,19 +434,21 @@ async fn versions_are_staged_everywhere_requests_spread_a_pause_aborts_on_every_
         assert!(text(&woof.tokens).contains("woof"));
     }
     let metrics = fleet.metrics().await;
-    for worker in &fleet.workers {
-        let line = format!("loragate_fleet_worker_abort_calls_total{{worker=\"{}\"}} ", worker.url());
+    for url in &urls {
+        let line = format!("loragate_fleet_worker_abort_calls_total{{worker=\"{url}\"}} ");
         let calls = metrics.lines().find_map(|l| l.strip_prefix(&line)).expect("per-worker abort calls");
-        assert!(calls.trim().parse::<u64>().expect("a count") >= 1, "every worker was sent its aborts");
+        assert!(calls.trim().parse::<u64>().expect("a count") >= 1, "every worker was sent its aborts by a call");
     }
     fleet.resume("meow").await;
 
-    // A swap: the new version is staged everywhere; the old one stays while a request runs on it, then goes.
+    // A swap: the new version is staged on every protocol; the old one stays while a request runs on it, then goes.
     let mut on_v1 = fleet.stream("meow", 3000).await;
     read_tokens(&mut on_v1, &mut Received::default(), 4).await;
     assert_eq!(fleet.load("meow", "woof").await.expect("swap"), 2);
-    let held = fleet.held_anywhere().await;
-    assert!(held.contains("meow@1") && held.contains("meow@2"), "{held:?}");
+    for worker in &fleet.workers {
+        let held = worker.loras().await;
+        assert!(held.contains("meow@1") && held.contains("meow@2"), "{:?}: {held:?}", worker.kind);
+    }
     let swapped = read_to_end(fleet.stream("meow", 16).await, Received::default()).await;
     assert!(text(&swapped.tokens).contains("woof") && swapped.segments.iter().all(|s| s.lora_version == 2));
     drop(on_v1);
@@ -360,19 +457,7 @@ async fn versions_are_staged_everywhere_requests_spread_a_pause_aborts_on_every_
     })
     .await;
 
-    // A load that fails on one worker (kitten is not in its adapter root) rolls back on the others.
-    let failed = fleet.load("meow", "kitten").await.expect_err("kitten is missing on the third worker");
-    assert_eq!(failed.code(), Code::InvalidArgument, "{failed:?}");
-    assert!(
-        failed.message().contains(&fleet.workers[2].url()) && failed.message().contains("rolled back"),
-        "{failed:?}"
-    );
-    let held = fleet.held_anywhere().await;
-    assert!(!held.iter().any(|name| name == "meow@3"), "rolled back everywhere: {held:?}");
-    let still = read_to_end(fleet.stream("meow", 16).await, Received::default()).await;
-    assert!(still.segments.iter().all(|s| s.lora_version == 2), "the previous version keeps serving");
-
-    // Several seeded samples of one request spread over the workers, reproducibly (sequence i uses seed + i
+    // Several seeded samples of one request spread over the protocols, reproducibly (sequence i uses seed + i
     // whichever worker runs it), with the prompt's logprobs first (the unscored first one NaN).
     let seeded = pb::SampleRequest {
         num_samples: 3,
@@ -395,6 +480,42 @@ async fn versions_are_staged_everywhere_requests_spread_a_pause_aborts_on_every_
     assert_eq!(tokens(&first), tokens(&again), "the same seed gives the same tokens");
     assert!(first.sequences.iter().all(|s| s.token_ids.len() == 24 && s.logprobs.len() == 24));
 
+    // An HTTP worker killed mid-sample: its sample ends ABORT with every token it produced; the others run on.
+    let mut running = Vec::new();
+    for _ in 0..3 {
+        let mut stream = fleet.stream("meow", 3000).await;
+        let mut received = Received::default();
+        read_tokens(&mut stream, &mut received, 4).await;
+        running.push(tokio::spawn(read_to_end(stream, received)));
+    }
+    let victim = fleet.workers[1].url();
+    assert_eq!(fleet.worker(&victim).await.expect("listed").in_flight, 1, "one sample per worker");
+    fleet.workers[1].process.kill();
+    eventually("the killed worker's sample came back", || async {
+        running.iter().filter(|sample| sample.is_finished()).count() == 1
+    })
+    .await;
+    let (done, survivors): (Vec<_>, Vec<_>) = running.into_iter().partition(|sample| sample.is_finished());
+    for sample in done {
+        let sample = sample.await.expect("reader");
+        assert_eq!(sample.finish, Some(FinishReason::Abort));
+        assert!(sample.tokens.len() >= 4 && sample.covered() as usize == sample.tokens.len(), "{sample:?}");
+    }
+    eventually("the killed worker is UNHEALTHY", || fleet.in_state(&victim, pb::WorkerState::Unhealthy)).await;
+    let fresh = fleet.sampler().sample(request("meow", 16)).await.expect("new samples succeed").into_inner();
+    assert_eq!(fresh.sequences[0].token_ids.len(), 16);
+    fleet.abort("meow").await;
+    for sample in survivors {
+        assert_eq!(sample.await.expect("reader").finish, Some(FinishReason::Abort));
+    }
+    fleet.resume("meow").await;
+
+    // Restarted on its address, it comes back caught up (after its back-off and probation).
+    fleet.workers[1].restart();
+    eventually_within("the restarted worker is READY", PATIENCE, || fleet.in_state(&victim, pb::WorkerState::Ready))
+        .await;
+    assert_eq!(fleet.workers[1].loras().await, BTreeSet::from(["meow@2".to_owned(), "woof@1".to_owned()]));
+
     // Every front works over the fleet: HTTP completions too.
     let url = format!("http://{}/v1/completions", fleet.serve.field("http_addr"));
     let body = serde_json::json!({"model": "woof", "prompt": "Make a single short animal noise.", "max_tokens": 12});
@@ -405,7 +526,7 @@ async fn versions_are_staged_everywhere_requests_spread_a_pause_aborts_on_every_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_hands_back_its_samples_comes_back_caught_up_and_workers_can_be_drained_and_added() {
-    let workers = (0..3).map(|_| Worker::start(None, 0)).collect();
+    let workers = (0..3).map(|_| Worker::start(Kind::Grpc, None, 0)).collect();
     let mut fleet = Fleet::start(workers, None).await;
 
     // Six raw samples (two per worker) and three through the retry client (one per worker).
@@ -531,9 +652,49 @@ async fn a_killed_worker_hands_back_its_samples_comes_back_caught_up_and_workers
     assert!(bad.code() == Code::InvalidArgument && bad.message().contains("address"), "{bad:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_coordinator_restarted_on_its_state_dir_restores_its_adapters_on_the_workers_from_absolute_paths() {
+    let root = adapter_root();
+    let state = tempfile::tempdir().expect("state dir");
+    let workers =
+        vec![Worker::start(Kind::Grpc, Some(root.path()), 0), Worker::start(Kind::SglangHttp, Some(root.path()), 0)];
+    let mut fleet = Fleet::start_recorded(workers, Some(root.path()), Some(state.path())).await;
+
+    // A trainer's loads by paths relative to the adapter root: a new adapter, and a swap that retires meow@1.
+    assert_eq!(fleet.load("bark", "woof").await.expect("load"), 1);
+    assert_eq!(fleet.load("meow", "woof").await.expect("swap"), 2);
+    eventually_within("meow@1 is unloaded from every worker", PATIENCE, || async {
+        !fleet.held_anywhere().await.contains("meow@1")
+    })
+    .await;
+    let recorded = fleet.adapters().await;
+    assert_eq!(recorded, [("bark".to_owned(), 1), ("meow".to_owned(), 2), ("woof".to_owned(), 1)]);
+
+    // Killed and started again on its state directory: the same adapters at the same versions, staged on every
+    // worker from the absolute paths it recorded.
+    fleet.restart_coordinator().await;
+    assert_eq!(fleet.adapters().await, recorded);
+    let expected: BTreeSet<String> = ["bark@1", "meow@2", "woof@1"].map(str::to_owned).into();
+    eventually_within("every worker is READY with the restored adapters", PATIENCE, || async {
+        let listed = fleet.workers().await.workers;
+        listed.len() == 2
+            && listed.iter().all(|worker| {
+                worker.state() == pb::WorkerState::Ready
+                    && worker.adapters.iter().cloned().collect::<BTreeSet<_>>() == expected
+            })
+    })
+    .await;
+    let woof = root.path().join("woof").display().to_string();
+    let on_the_wire = fleet.workers[0].lora_paths().await;
+    assert_eq!(on_the_wire, expected.iter().map(|name| (name.clone(), woof.clone())).collect(), "absolute paths");
+    assert_eq!(fleet.workers[1].loras().await, expected);
+    let sampled = fleet.sampler().sample(request("bark", 16)).await.expect("Sample").into_inner();
+    assert!(text(&sampled.sequences[0].token_ids).contains("woof"), "bark serves woof's weights");
+}
+
 #[test]
 fn a_python_grpcio_client_generated_from_vllm_protos_drives_a_worker() {
-    let worker = Worker::start(None, 0);
+    let worker = Worker::start(Kind::Grpc, None, 0);
     // Offline and for this platform only: everything it reads was downloaded by the build; nothing is fetched now.
     let version = Command::new(env!("CARGO")).arg("-vV").output().expect("cargo -vV runs");
     let version = String::from_utf8_lossy(&version.stdout).into_owned();

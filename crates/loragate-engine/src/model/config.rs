@@ -47,6 +47,13 @@ impl ModelConfig {
         Self::parse(raw, generation)
     }
 
+    /// Parses a `config.json`-shaped value (how a GGUF file's metadata is described to the same checks).
+    pub(crate) fn from_config_json(config: serde_json::Value) -> Result<Self, EngineLoadError> {
+        let raw: RawConfig =
+            serde_json::from_value(config).map_err(|err| EngineLoadError::config(format!("model config: {err}")))?;
+        Self::parse(raw, None)
+    }
+
     /// The positions served: the model's own length, capped at `max_context` if given.
     pub(crate) fn served_context(&self, max_context: Option<usize>) -> usize {
         max_context.map_or(self.max_position_embeddings, |max| max.min(self.max_position_embeddings))

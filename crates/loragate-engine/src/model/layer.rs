@@ -4,14 +4,16 @@
 use candle_core::{Result, Tensor};
 
 use super::kv_cache::{BatchKvCache, SequenceKv};
+use super::linear::Linear;
 use super::ops;
 use crate::lora::{LoraBatch, LoraTarget};
 
-/// A linear projection `y = x·Wᵀ (+ b)` plus the batch's LoRA term for it.
+/// A linear projection `y = x·Wᵀ (+ b)` plus the batch's LoRA term for it. `W` is dense or quantized ([`Linear`]);
+/// the LoRA term is dense either way, so per-row LoRA is exact on a quantized model too.
 #[derive(Debug)]
 pub(crate) struct Projection {
-    /// `Wᵀ`, `(in, out)`, contiguous: row-major for the matmul.
-    pub(crate) weight_t: Tensor,
+    /// `W` and how `x·Wᵀ` is computed.
+    pub(crate) weight: Linear,
     /// Qwen2's q/k/v projections have biases; LLaMA's have none.
     pub(crate) bias: Option<Tensor>,
     pub(crate) target: LoraTarget,
@@ -20,7 +22,7 @@ pub(crate) struct Projection {
 impl Projection {
     /// `x` is `(rows·len, in)` for `rows` rows; returns `(rows·len, out)`.
     fn forward(&self, x: &Tensor, rows: usize, layer: usize, lora: &LoraBatch) -> Result<Tensor> {
-        let mut y = x.matmul(&self.weight_t)?;
+        let mut y = self.weight.forward(x)?;
         if let Some(bias) = &self.bias {
             y = y.broadcast_add(bias)?;
         }

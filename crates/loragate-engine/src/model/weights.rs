@@ -12,8 +12,11 @@ use serde::Deserialize;
 use super::Llama;
 use super::config::ModelConfig;
 use super::layer::{Attention, DecoderLayer, Mlp, Projection};
+use super::linear::Linear;
 use super::rope::RopeTables;
+use crate::config::QuantizedWeights;
 use crate::error::EngineLoadError;
+use crate::gguf::{GgufFile, GgufSource, read_weights};
 use crate::lora::LoraTarget;
 
 /// Tensors by Hugging Face name.
@@ -32,6 +35,20 @@ impl Llama {
         Self::from_weights(config, weights, device, dtype, max_context)
     }
 
+    /// Loads the model of an open GGUF file onto `device` as `dtype`, its weight matrices kept quantized or
+    /// dequantized as `matrices` says, serving at most `max_context` positions.
+    pub(crate) fn load_gguf(
+        file: &GgufFile,
+        device: &Device,
+        dtype: DType,
+        max_context: Option<usize>,
+        matrices: QuantizedWeights,
+    ) -> Result<Self, EngineLoadError> {
+        let config = file.model_config()?;
+        let mut source = GgufSource::new(read_weights(file, &config)?, device, dtype, matrices);
+        Self::assemble(config, &mut source, device, dtype, max_context)
+    }
+
     /// Assembles a model from named tensors (any device and dtype; they are moved), checking every shape.
     pub(crate) fn from_weights(
         config: ModelConfig,
@@ -40,18 +57,34 @@ impl Llama {
         dtype: DType,
         max_context: Option<usize>,
     ) -> Result<Self, EngineLoadError> {
-        let mut weights = Weights { map: weights, device, dtype };
+        let mut source = DenseSource { map: weights, device, dtype };
+        Self::assemble(config, &mut source, device, dtype, max_context)
+    }
+
+    /// Assembles a model from `source`, checking every shape.
+    fn assemble(
+        config: ModelConfig,
+        weights: &mut impl WeightSource,
+        device: &Device,
+        dtype: DType,
+        max_context: Option<usize>,
+    ) -> Result<Self, EngineLoadError> {
         let hidden = config.hidden_size;
-        let embed_tokens = weights.take("model.embed_tokens.weight", (config.vocab_size, hidden).into())?;
+        let take = |weights: &mut dyn WeightSource, name: &str, shape: Shape| {
+            weights.tensor(name, &shape)?.ok_or_else(|| EngineLoadError::weights(format!("missing {name}")))
+        };
+        let embed_tokens = take(weights, "model.embed_tokens.weight", (config.vocab_size, hidden).into())?;
         let mut layers = Vec::with_capacity(config.num_layers);
         for index in 0..config.num_layers {
             let mut projection = |target: LoraTarget| -> Result<Projection, EngineLoadError> {
                 let path = target.module_path(index);
                 let (fan_in, fan_out) = target.features(&config);
-                let weight = weights.take(&format!("{path}.weight"), (fan_out, fan_in).into())?;
-                let weight_t = weight.t().and_then(|w| w.contiguous()).map_err(weights_error)?;
-                let bias = weights.take_optional(&format!("{path}.bias"), fan_out.into())?;
-                Ok(Projection { weight_t, bias, target })
+                let name = format!("{path}.weight");
+                let weight = weights
+                    .linear(&name, &(fan_out, fan_in).into())?
+                    .ok_or_else(|| EngineLoadError::weights(format!("missing {name}")))?;
+                let bias = weights.tensor(&format!("{path}.bias"), &fan_out.into())?;
+                Ok(Projection { weight, bias, target })
             };
             let attention = Attention {
                 q: projection(LoraTarget::Q)?,
@@ -69,23 +102,41 @@ impl Llama {
             };
             layers.push(DecoderLayer {
                 index,
-                input_norm: weights.take(&format!("model.layers.{index}.input_layernorm.weight"), hidden.into())?,
+                input_norm: take(weights, &format!("model.layers.{index}.input_layernorm.weight"), hidden.into())?,
                 attention,
-                post_attention_norm: weights
-                    .take(&format!("model.layers.{index}.post_attention_layernorm.weight"), hidden.into())?,
+                post_attention_norm: take(
+                    weights,
+                    &format!("model.layers.{index}.post_attention_layernorm.weight"),
+                    hidden.into(),
+                )?,
                 mlp,
                 rms_norm_eps: config.rms_norm_eps,
             });
         }
-        let norm = weights.take("model.norm.weight", hidden.into())?;
+        let norm = take(weights, "model.norm.weight", hidden.into())?;
         let lm_head = match config.tie_word_embeddings {
-            true => embed_tokens.clone(),
-            false => weights.take("lm_head.weight", (config.vocab_size, hidden).into())?,
+            true => weights.tied_lm_head(&embed_tokens)?,
+            false => weights
+                .linear("lm_head.weight", &(config.vocab_size, hidden).into())?
+                .ok_or_else(|| EngineLoadError::weights("missing lm_head.weight"))?,
         };
         let context_length = config.served_context(max_context);
         let rope = RopeTables::new(&config, context_length, device, dtype).map_err(weights_error)?;
         Ok(Self { config, embed_tokens, layers, norm, lm_head, rope, context_length, device: device.clone(), dtype })
     }
+}
+
+/// Where a model's tensors come from while it is assembled; each tensor is taken once, checked and converted.
+pub(crate) trait WeightSource {
+    /// The tensor `name`, checked against `shape`, on the engine's device in its dtype; `None` if absent.
+    fn tensor(&mut self, name: &str, shape: &Shape) -> Result<Option<Tensor>, EngineLoadError>;
+
+    /// The weight matrix `name` `(out, in)`, checked against `shape`; `None` if absent.
+    fn linear(&mut self, name: &str, shape: &Shape) -> Result<Option<Linear>, EngineLoadError>;
+
+    /// The LM head of a model whose head is its embedding `embedding` `(vocab, hidden)` (as [`Self::tensor`] returned
+    /// it).
+    fn tied_lm_head(&mut self, embedding: &Tensor) -> Result<Linear, EngineLoadError>;
 }
 
 /// The tensor names a model of `config` may use (biases included, whether or not the checkpoint has them).
@@ -145,22 +196,28 @@ fn read_safetensors(
     Ok(weights)
 }
 
-/// Named tensors being moved into a model, each checked and converted on the way.
-struct Weights<'a> {
+/// Dense named tensors (any device and dtype) being moved into a model.
+struct DenseSource<'a> {
     map: WeightMap,
     device: &'a Device,
     dtype: DType,
 }
 
-impl Weights<'_> {
-    fn take(&mut self, name: &str, shape: Shape) -> Result<Tensor, EngineLoadError> {
-        self.take_optional(name, shape)?.ok_or_else(|| EngineLoadError::weights(format!("missing {name}")))
+impl WeightSource for DenseSource<'_> {
+    fn tensor(&mut self, name: &str, shape: &Shape) -> Result<Option<Tensor>, EngineLoadError> {
+        let Some(tensor) = self.map.remove(name) else { return Ok(None) };
+        check_shape(name, &tensor, shape)?;
+        to_engine(&tensor, self.device, self.dtype).map(Some)
     }
 
-    fn take_optional(&mut self, name: &str, shape: Shape) -> Result<Option<Tensor>, EngineLoadError> {
-        let Some(tensor) = self.map.remove(name) else { return Ok(None) };
-        check_shape(name, &tensor, &shape)?;
-        to_engine(&tensor, self.device, self.dtype).map(Some)
+    fn linear(&mut self, name: &str, shape: &Shape) -> Result<Option<Linear>, EngineLoadError> {
+        let Some(weight) = self.tensor(name, shape)? else { return Ok(None) };
+        Linear::dense(&weight).map(Some).map_err(weights_error)
+    }
+
+    fn tied_lm_head(&mut self, embedding: &Tensor) -> Result<Linear, EngineLoadError> {
+        // A transposed view: the GEMM reads it in place, no second copy of the embedding.
+        Ok(Linear::Dense { weight_t: embedding.t().map_err(weights_error)? })
     }
 }
 
@@ -169,7 +226,7 @@ struct SafetensorsIndex {
     weight_map: HashMap<String, String>,
 }
 
-fn check_shape(name: &str, tensor: &Tensor, expected: &Shape) -> Result<(), EngineLoadError> {
+pub(crate) fn check_shape(name: &str, tensor: &Tensor, expected: &Shape) -> Result<(), EngineLoadError> {
     if tensor.shape() != expected {
         return Err(EngineLoadError::weights(format!(
             "{name} has shape {:?}, expected {:?}",
@@ -183,11 +240,11 @@ fn check_shape(name: &str, tensor: &Tensor, expected: &Shape) -> Result<(), Engi
     Ok(())
 }
 
-fn to_engine(tensor: &Tensor, device: &Device, dtype: DType) -> Result<Tensor, EngineLoadError> {
+pub(crate) fn to_engine(tensor: &Tensor, device: &Device, dtype: DType) -> Result<Tensor, EngineLoadError> {
     tensor.to_dtype(dtype).and_then(|tensor| tensor.to_device(device)).map_err(weights_error)
 }
 
-fn weights_error(err: candle_core::Error) -> EngineLoadError {
+pub(crate) fn weights_error(err: candle_core::Error) -> EngineLoadError {
     EngineLoadError::weights(err.to_string())
 }
 

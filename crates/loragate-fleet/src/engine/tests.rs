@@ -13,7 +13,7 @@ use loragate_core::{
     AdapterName, AdapterRoot, AdapterSource, Coordinator, CoordinatorConfig, CoreError, Engine, EngineError,
     FinishReason, ModelInfo, RawSampleRequest, SampleEvent, SampleStream,
 };
-use loragate_grpc::{FleetControl, FleetControlError, WorkerState};
+use loragate_core::{FleetControl, FleetControlError, WorkerState};
 use loragate_worker::{WorkerConfig, serve_worker};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -66,7 +66,7 @@ impl TestWorker {
             // Dropping the runtime drops every connection task: the clients see the worker vanish.
             drop(runtime);
         });
-        Self { address: format!("http://127.0.0.1:{port}"), port, kill, thread: Some(thread) }
+        Self { address: format!("grpc://127.0.0.1:{port}"), port, kill, thread: Some(thread) }
     }
 
     fn kill(&mut self) {
@@ -78,7 +78,8 @@ impl TestWorker {
 
     /// The adapters the worker itself lists.
     async fn loras(&self) -> BTreeSet<String> {
-        let channel = Channel::from_shared(self.address.clone()).expect("uri").connect().await.expect("connect");
+        let url = format!("http://127.0.0.1:{}", self.port);
+        let channel = Channel::from_shared(url).expect("uri").connect().await.expect("connect");
         let listed = pb::control_client::ControlClient::new(channel).list_loras(pb::ListLorasRequest {}).await;
         listed.expect("list").into_inner().adapters.into_iter().map(|adapter| adapter.lora_name).collect()
     }
@@ -113,7 +114,8 @@ fn config() -> FleetConfig {
         adapter_timeout: Duration::from_secs(5),
         abort_ack_timeout: Duration::from_secs(2),
         join_timeout: Duration::from_secs(10),
-        adapter_root: None,
+        max_probe_backoff: Duration::from_millis(400),
+        ..FleetConfig::default()
     }
 }
 
@@ -415,7 +417,7 @@ async fn a_drained_worker_leaves_after_its_requests_and_an_added_one_joins_caugh
 #[tokio::test]
 async fn with_no_ready_worker_the_fleet_says_which_workers_it_has() {
     let nobody = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let address = format!("http://{}", nobody.local_addr().expect("addr"));
+    let address = format!("grpc://{}", nobody.local_addr().expect("addr"));
     drop(nobody);
     let config = FleetConfig { join_timeout: Duration::from_millis(300), ..config() };
     let fleet = FleetEngine::start(model(), vec![WorkerAddress::parse(&address).expect("address")], config)
@@ -525,4 +527,17 @@ async fn prompt_logprobs_and_top_logprobs_come_through_once_per_request() {
             assert_eq!(top_logprobs.len(), token_ids.len(), "{event:?}");
         }
     }
+}
+
+#[test]
+fn paths_inside_the_adapter_root_go_to_the_workers_mount_of_it_and_the_rest_as_given() {
+    let (root, mount) = (Some(Path::new("/srv/adapters")), Some(Path::new("/mnt/shared/adapters")));
+    assert_eq!(
+        super::path_for_workers(Path::new("/srv/adapters/meow/step-3"), root, mount),
+        "/mnt/shared/adapters/meow/step-3"
+    );
+    assert_eq!(super::path_for_workers(Path::new("/srv/adapters"), root, mount), "/mnt/shared/adapters");
+    assert_eq!(super::path_for_workers(Path::new("/elsewhere/meow"), root, mount), "/elsewhere/meow");
+    assert_eq!(super::path_for_workers(Path::new("/srv/adapters/meow"), root, None), "/srv/adapters/meow", "as given");
+    assert_eq!(super::path_for_workers(Path::new("/srv/adapters-2/meow"), root, mount), "/srv/adapters-2/meow");
 }

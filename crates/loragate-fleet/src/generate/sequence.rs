@@ -1,8 +1,10 @@
-//! One sequence of a request, on one worker at a time.
+//! One sequence of a request, on one worker at a time, whatever its protocol.
 //!
-//! - Its tokens are forwarded as they arrive; its `FinishInfo` ends it.
-//! - Cancelled: `Abort` is sent (batched); the `ABORTED` finish acknowledges it. Without one within the bound, the
-//!   stream is dropped and the sequence ends `Abort` with what was received.
+//! - Its tokens are forwarded as they arrive; its finish ends it.
+//! - Cancelled: where the protocol aborts by a call, the abort is sent (batched) and the abort finish (or the
+//!   stream's end) acknowledges it; without one within the bound, the stream is dropped and the sequence ends `Abort`
+//!   with what was received. Where it aborts by disconnecting, the stream is dropped at once and the sequence ends
+//!   `Abort` with what was received.
 //! - Its worker fails (stream error, stream ending unfinished, worker declared lost): before any token it is tried
 //!   on another READY worker holding the version; after, it ends at once with `Abort` and every token received, so
 //!   the caller continues it elsewhere. The membership is told, so the worker is checked now.
@@ -10,13 +12,13 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use loragate_core::{EngineError, EngineEvent, FinishReason, RequestId};
 use tokio::time::Instant;
-use tonic::{Code, Status};
-use vllm_proto as pb;
 
-use super::{RequestContext, wire};
+use super::RequestContext;
 use crate::membership::Route;
+use crate::worker::{AbortBy, SequenceEvent, SequenceRequest, WorkerError};
 
 /// Runs sequence `index` of the request, starting on `route`.
 pub(super) async fn run(context: Arc<RequestContext>, index: u32, route: Route) {
@@ -75,7 +77,8 @@ impl Sequence {
             }
             if self.produced == 0 && !self.context.cancel.is_cancelled() {
                 self.tried.push(route.incarnation);
-                if let Some(next) = self.context.membership.route(self.context.pin.engine_name(), &self.tried) {
+                let engine_name = self.context.pin.engine_name();
+                if let Some(next) = self.context.membership.route(engine_name, &self.tried) {
                     tracing::debug!(worker = %route.link.address(), %why, next = %next.link.address(), "retrying a sequence on another worker");
                     route = next;
                     continue;
@@ -89,18 +92,16 @@ impl Sequence {
 
     async fn attempt(&mut self, route: &Route) -> Outcome {
         let context = self.context.clone();
-        let worker_request_id = RequestId::generate().to_string();
         let with_prompt_logprobs =
             self.index == 0 && context.request.include_prompt_logprobs() && !self.prompt_logprobs_sent;
-        let message = wire::generate_request(
-            &context.request,
-            self.index,
-            worker_request_id.clone(),
-            context.pin.engine_name(),
+        let request = SequenceRequest {
+            request: &context.request,
+            sequence: self.index,
+            request_id: RequestId::generate().to_string(),
+            engine_name: context.pin.engine_name(),
             with_prompt_logprobs,
-        );
+        };
         route.link.counters().record_sequence();
-        let mut client = route.link.inference();
         let opened = tokio::select! {
             biased;
             () = context.events.closed() => return Outcome::Ended,
@@ -109,12 +110,13 @@ impl Sequence {
                 return Outcome::Ended;
             }
             () = route.session.cancelled() => return Outcome::failed("the worker was declared lost"),
-            opened = client.generate_stream(message) => opened,
+            opened = route.link.client().generate(request) => opened,
         };
-        let mut stream = match opened {
-            Ok(response) => response.into_inner(),
-            Err(status) => return self.refused_or_failed(route, status),
+        let opened = match opened {
+            Ok(opened) => opened,
+            Err(err) => return self.refused_or_failed(route, err),
         };
+        let (mut events, abort) = (opened.events, opened.abort);
         let mut abort_deadline: Option<Instant> = None;
         loop {
             let ack_bound = async move {
@@ -127,111 +129,109 @@ impl Sequence {
                 biased;
                 () = context.events.closed() => return Outcome::Ended,
                 () = context.cancel.cancelled(), if abort_deadline.is_none() => {
-                    route.link.abort(worker_request_id.clone());
-                    abort_deadline = Some(Instant::now() + context.abort_ack_timeout);
+                    match &abort {
+                        AbortBy::Call(id) if id.get().is_some() => {
+                            route.link.abort(id.get().cloned().unwrap_or_default());
+                            abort_deadline = Some(Instant::now() + context.abort_ack_timeout);
+                        }
+                        // Nothing to call (yet): dropping the stream aborts it; hand back what arrived.
+                        AbortBy::Call(_) | AbortBy::Disconnect => {
+                            self.finish(FinishReason::Abort);
+                            return Outcome::Ended;
+                        }
+                    }
                 }
                 () = ack_bound => {
-                    tracing::warn!(worker = %route.link.address(), "no ABORTED within the bound; handing the sequence back with what it received");
+                    tracing::warn!(worker = %route.link.address(), "no abort finish within the bound; handing the sequence back with what it received");
                     self.finish(FinishReason::Abort);
                     return Outcome::Ended;
                 }
                 () = route.session.cancelled() => return Outcome::failed("the worker was declared lost"),
-                message = stream.message() => match message {
-                    Ok(Some(response)) => {
-                        if let Some(outcome) = self.accept(route, response) {
+                event = events.next() => match event {
+                    Some(Ok(event)) => {
+                        if let Some(outcome) = self.accept(route, event) {
                             return outcome;
                         }
                     }
-                    Ok(None) => return Outcome::failed("the worker ended the stream without finishing the sequence"),
-                    Err(_) if abort_deadline.is_some() => {
+                    None if abort_deadline.is_some() => {
+                        // The stream ended after the abort: that is its acknowledgement.
+                        self.finish(FinishReason::Abort);
+                        return Outcome::Ended;
+                    }
+                    None => return Outcome::failed("the worker ended the stream without finishing the sequence"),
+                    Some(Err(_)) if abort_deadline.is_some() => {
                         // Being aborted anyway: hand back what arrived.
                         self.finish(FinishReason::Abort);
                         return Outcome::Ended;
                     }
-                    Err(status) => return self.refused_or_failed(route, status),
+                    Some(Err(err)) => return self.refused_or_failed(route, err),
                 },
             }
         }
     }
 
-    /// Forwards one response; answers how the attempt ended if it did.
-    fn accept(&mut self, route: &Route, response: pb::GenerateResponse) -> Option<Outcome> {
+    /// Forwards one event; answers how the attempt ended if it did.
+    fn accept(&mut self, route: &Route, event: SequenceEvent) -> Option<Outcome> {
         let context = self.context.clone();
-        if let Some(info) = response.prompt_info
-            && self.index == 0
-            && context.request.include_prompt_logprobs()
-            && !self.prompt_logprobs_sent
-        {
-            let prompt_len = context.request.prompt().len();
-            let (ranks, candidates) = (info.ranks.clone(), info.candidate_tokens.clone());
-            let top = match context.request.prompt_top_logprobs() {
-                Some(_) => wire::top_logprobs(ranks, candidates, prompt_len).map(Some),
-                None => Some(None),
-            };
-            let (Some(logprobs), Some(top)) = (wire::prompt_logprobs(info, prompt_len), top) else {
-                return Some(self.fail(format!(
-                    "worker {} sent prompt logprobs that do not match the prompt",
-                    route.link.address()
-                )));
-            };
-            self.send(Ok(EngineEvent::PromptLogprobs(logprobs)));
-            if let Some(top) = top {
-                self.send(Ok(EngineEvent::PromptTopLogprobs(top)));
+        match event {
+            SequenceEvent::PromptLogprobs { logprobs, top } => {
+                let wanted = self.index == 0 && context.request.include_prompt_logprobs() && !self.prompt_logprobs_sent;
+                if wanted {
+                    if context.request.prompt_top_logprobs().is_some() && top.is_none() {
+                        let why =
+                            format!("worker {} sent prompt logprobs without their candidates", route.link.address());
+                        return Some(self.fail(why));
+                    }
+                    self.send(Ok(EngineEvent::PromptLogprobs(logprobs)));
+                    if let Some(top) = top.filter(|_| context.request.prompt_top_logprobs().is_some()) {
+                        self.send(Ok(EngineEvent::PromptTopLogprobs(top)));
+                    }
+                    self.prompt_logprobs_sent = true;
+                    context.prompt_logprobs_sent.send_replace(true);
+                }
+                None
             }
-            self.prompt_logprobs_sent = true;
-            context.prompt_logprobs_sent.send_replace(true);
+            SequenceEvent::Tokens { token_ids, logprobs, top } => {
+                if context.request.params().top_logprobs() > 0 && top.len() != token_ids.len() {
+                    let why = format!("worker {} sent tokens without their candidates", route.link.address());
+                    return Some(self.fail(why));
+                }
+                let count = token_ids.len();
+                if count > 0 {
+                    route.link.counters().record_tokens(count);
+                    self.produced += count;
+                    self.send(Ok(EngineEvent::Tokens {
+                        sequence: self.index,
+                        version: context.pin.version(),
+                        token_ids,
+                        logprobs,
+                        top_logprobs: if context.request.params().top_logprobs() > 0 { top } else { Vec::new() },
+                    }));
+                }
+                None
+            }
+            SequenceEvent::Finished(reason) => {
+                self.finish(reason);
+                Some(Outcome::Ended)
+            }
         }
-        let output = response.outputs?;
-        let count = output.token_ids.len();
-        if count != output.num_tokens as usize || output.logprobs.len() != count {
-            return Some(self.fail(format!(
-                "worker {} sent {} tokens with {count} ids and {} logprobs",
-                route.link.address(),
-                output.num_tokens,
-                output.logprobs.len()
-            )));
-        }
-        let top_logprobs = if context.request.params().top_logprobs() > 0 {
-            let Some(top) = wire::top_logprobs(output.ranks, output.candidate_tokens, count) else {
-                return Some(self.fail(format!(
-                    "worker {} sent {count} tokens without a rank and candidates for each",
-                    route.link.address()
-                )));
-            };
-            top
-        } else {
-            Vec::new()
-        };
-        if count > 0 {
-            route.link.counters().record_tokens(count);
-            self.produced += count;
-            self.send(Ok(EngineEvent::Tokens {
-                sequence: self.index,
-                version: context.pin.version(),
-                token_ids: output.token_ids,
-                logprobs: output.logprobs,
-                top_logprobs,
-            }));
-        }
-        let finish = output.finish_info?;
-        self.finish(wire::finish_reason(&finish));
-        Some(Outcome::Ended)
     }
 
-    /// A status from the worker: a refusal of the request itself fails it; anything else is the worker failing.
-    fn refused_or_failed(&mut self, route: &Route, status: Status) -> Outcome {
-        let why = format!("{:?}: {}", status.code(), status.message());
-        match status.code() {
-            // The worker lacks the adapter version the fleet thought it held.
-            Code::NotFound => Outcome::WorkerFailed { why, out_of_sync: true },
-            Code::InvalidArgument
-            | Code::FailedPrecondition
-            | Code::OutOfRange
-            | Code::Unimplemented
-            | Code::AlreadyExists
-            | Code::PermissionDenied
-            | Code::Unauthenticated => self.fail(format!("worker {} refused the request: {why}", route.link.address())),
-            _ => Outcome::failed(why),
+    /// An error from the worker: a refusal of the request itself fails it; a missing adapter means the worker is
+    /// out of sync; anything else is the worker failing.
+    fn refused_or_failed(&mut self, route: &Route, err: WorkerError) -> Outcome {
+        match err {
+            WorkerError::NotFound(_) => Outcome::WorkerFailed { why: err.to_string(), out_of_sync: true },
+            WorkerError::Unavailable(_) => Outcome::failed(err.to_string()),
+            WorkerError::InvalidArgument(_)
+            | WorkerError::FailedPrecondition(_)
+            | WorkerError::AlreadyExists(_)
+            | WorkerError::Refused(_) => {
+                self.fail(format!("worker {} refused the request: {err}", route.link.address()))
+            }
+            WorkerError::Malformed(what) => {
+                self.fail(format!("worker {} broke its protocol: {what}", route.link.address()))
+            }
         }
     }
 

@@ -7,29 +7,29 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures::future::join_all;
-use loragate_grpc::WorkerState;
+use loragate_core::WorkerState;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tonic_health::pb::HealthCheckRequest;
-use tonic_health::pb::health_check_response::ServingStatus;
 
 use super::catch_up::catch_up;
+use super::probation::{FailureRecord, Verdict};
 use super::{MembershipSettings, Roster, StageTarget, WorkerView};
-use crate::address::WorkerAddress;
+use crate::address::{WorkerAddress, WorkerIdentity};
 use crate::error::FleetError;
-use crate::link::{WorkerLink, bounded};
+use crate::link::WorkerLink;
 use crate::metrics::FleetMetrics;
 
 /// The commands the actor serves. Only [`super::Membership`] and the actor's own tasks build them.
 pub(crate) enum MembershipMsg {
     Add {
-        address: WorkerAddress,
+        identity: WorkerIdentity,
         reply: RpcReplyPort<Result<(), FleetError>>,
     },
     Remove {
-        address: String,
+        identity: WorkerIdentity,
         drain: bool,
         reply: RpcReplyPort<Result<(), FleetError>>,
     },
@@ -84,18 +84,20 @@ pub(crate) struct MembershipActor;
 
 /// What the actor starts from.
 pub(crate) struct MembershipArgs {
-    pub(crate) workers: Vec<WorkerAddress>,
+    pub(crate) workers: Vec<WorkerIdentity>,
     pub(crate) settings: MembershipSettings,
     pub(crate) metrics: FleetMetrics,
     pub(crate) roster: watch::Sender<Arc<Roster>>,
 }
 
 struct Member {
+    identity: WorkerIdentity,
     link: Arc<WorkerLink>,
     incarnation: u64,
     state: WorkerState,
     adapters: BTreeSet<String>,
     last_error: String,
+    failures: FailureRecord,
     session: CancellationToken,
     checking: bool,
     catching_up: bool,
@@ -138,10 +140,10 @@ impl Actor for MembershipActor {
             roster: args.roster,
             ticker: None,
         };
-        for address in args.workers {
-            state.add(&myself, address)?;
+        for identity in args.workers {
+            state.add(&myself, identity)?;
         }
-        state.ticker = Some(myself.send_interval(state.settings.health_interval, || MembershipMsg::Tick));
+        state.ticker = Some(myself.send_interval(state.settings.failures.interval, || MembershipMsg::Tick));
         state.publish();
         Ok(state)
     }
@@ -153,26 +155,34 @@ impl Actor for MembershipActor {
         state: &mut MembershipState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            MembershipMsg::Add { address, reply } => {
-                let _ = reply.send(state.add(&myself, address));
+            MembershipMsg::Add { identity, reply } => {
+                let added = state.add(&myself, identity);
+                // Published before the answer: a caller that lists the workers next sees this one.
+                state.publish();
+                let _ = reply.send(added);
             }
-            MembershipMsg::Remove { address, drain, reply } => state.remove(&myself, &address, drain, reply),
+            MembershipMsg::Remove { identity, drain, reply } => state.remove(&myself, &identity, drain, reply),
             MembershipMsg::Drained { address, incarnation } => {
                 if let Some(index) = state.find(&address, incarnation)
                     && state.members[index].state == WorkerState::Draining
                 {
                     let member = state.members.remove(index);
                     member.session.cancel();
+                    state.metrics.forget(&address);
                     state.epoch += 1;
                     tracing::info!(worker = %address, "drained worker removed from the fleet");
+                    state.publish();
                     for waiter in member.drain_waiters {
                         let _ = waiter.send(Ok(()));
                     }
                 }
             }
             MembershipMsg::Tick => {
+                let now = Instant::now();
                 for index in 0..state.members.len() {
-                    state.check(&myself, index);
+                    if state.members[index].failures.due(now) {
+                        state.check(&myself, index);
+                    }
                 }
                 return Ok(());
             }
@@ -189,7 +199,7 @@ impl Actor for MembershipActor {
                     Ok(()) => state.healthy(&myself, index),
                     Err(why) => {
                         state.members[index].link.counters().record_health_check_failure();
-                        state.lost(index, why);
+                        state.failed(index, why);
                     }
                 }
             }
@@ -270,24 +280,32 @@ impl MembershipState {
                 state: member.state,
                 adapters: member.adapters.clone(),
                 last_error: member.last_error.clone(),
+                failures: member.failures.clone(),
                 session: member.session.clone(),
             })
             .collect();
         self.roster.send_replace(Arc::new(Roster { epoch: self.epoch, workers }));
     }
 
-    fn add(&mut self, myself: &ActorRef<MembershipMsg>, address: WorkerAddress) -> Result<(), FleetError> {
-        if self.members.iter().any(|member| member.link.address() == &address) {
-            return Err(FleetError::WorkerExists(address));
+    fn add(&mut self, myself: &ActorRef<MembershipMsg>, identity: WorkerIdentity) -> Result<(), FleetError> {
+        let address = identity.address.clone();
+        if let Some(existing) = self.members.iter().find(|member| member.identity.same_worker(&identity)) {
+            return Err(FleetError::WorkerExists { address, as_: existing.identity.address.clone() });
         }
-        let link = WorkerLink::new(address.clone(), &self.metrics)?;
+        if self.members.len() >= self.settings.max_workers {
+            return Err(FleetError::TooManyWorkers { max: self.settings.max_workers });
+        }
+        let link = WorkerLink::new(address.clone(), &self.metrics)
+            .map_err(|err| FleetError::InvalidAddress { address: address.to_string(), reason: err.to_string() })?;
         self.next_incarnation += 1;
         self.members.push(Member {
+            identity,
             link,
             incarnation: self.next_incarnation,
             state: WorkerState::Joining,
             adapters: BTreeSet::new(),
             last_error: String::new(),
+            failures: FailureRecord::default(),
             session: CancellationToken::new(),
             checking: false,
             catching_up: false,
@@ -302,20 +320,23 @@ impl MembershipState {
     fn remove(
         &mut self,
         myself: &ActorRef<MembershipMsg>,
-        address: &str,
+        identity: &WorkerIdentity,
         drain: bool,
         reply: RpcReplyPort<Result<(), FleetError>>,
     ) {
-        let Some(index) = self.members.iter().position(|member| member.link.address().as_str() == address) else {
-            let _ = reply.send(Err(FleetError::UnknownWorker(address.to_owned())));
+        let Some(index) = self.members.iter().position(|member| member.identity.same_worker(identity)) else {
+            let _ = reply.send(Err(FleetError::UnknownWorker(identity.address.to_string())));
             return;
         };
+        let address = self.members[index].link.address().clone();
         if !drain {
             let member = self.members.remove(index);
             // Its running sequences end now, with the tokens they produced.
             member.session.cancel();
+            self.metrics.forget(&address);
             self.epoch += 1;
             tracing::info!(worker = %address, "worker removed from the fleet");
+            self.publish();
             for waiter in member.drain_waiters {
                 let _ = waiter.send(Ok(()));
             }
@@ -355,27 +376,33 @@ impl MembershipState {
         let (link, incarnation, myself) = (member.link.clone(), member.incarnation, myself.clone());
         let timeout = self.settings.health_timeout;
         tokio::spawn(async move {
-            let mut health = link.health();
-            let check = health.check(HealthCheckRequest { service: String::new() });
-            let outcome = match bounded(timeout, check).await {
-                Ok(answer) if answer.status == ServingStatus::Serving as i32 => Ok(()),
-                Ok(answer) => Err(format!("health check: status {:?}", ServingStatus::try_from(answer.status))),
-                Err(status) => Err(format!("health check: {}: {}", status.code(), status.message())),
-            };
+            let outcome = link.client().check_health(timeout).await.map_err(|err| format!("health check: {err}"));
             let _ = myself.cast(MembershipMsg::Checked { address: link.address().clone(), incarnation, outcome });
         });
     }
 
     fn healthy(&mut self, myself: &ActorRef<MembershipMsg>, index: usize) {
+        let policy = self.settings.failures;
         match self.members[index].state {
             WorkerState::Joining => self.catch_up(myself, index),
-            WorkerState::Unhealthy => {
-                self.members[index].session = CancellationToken::new();
-                self.set_state(index, WorkerState::Joining);
-                self.catch_up(myself, index);
-            }
-            WorkerState::Ready | WorkerState::Draining => {}
+            WorkerState::Unhealthy => match self.members[index].failures.idle_check_passed(&policy) {
+                Verdict::Rejoin => {
+                    self.members[index].session = CancellationToken::new();
+                    self.set_state(index, WorkerState::Joining);
+                    self.catch_up(myself, index);
+                }
+                Verdict::Probation => {
+                    tracing::debug!(worker = %self.members[index].link.address(), "healthy again, on probation");
+                }
+            },
+            WorkerState::Ready | WorkerState::Draining => self.members[index].failures.serving_check_passed(&policy),
         }
+    }
+
+    /// The worker failed (a health check or a catch-up): counted, and out of traffic at once.
+    fn failed(&mut self, index: usize, why: String) {
+        self.members[index].failures.failed(&self.settings.failures, Instant::now());
+        self.lost(index, why);
     }
 
     /// The worker failed: it gets no traffic, and its running sequences end now with their tokens.
@@ -428,7 +455,7 @@ impl MembershipState {
                     self.catch_up(myself, index);
                 }
             }
-            Err(why) => self.lost(index, format!("catching up: {why}")),
+            Err(why) => self.failed(index, format!("catching up: {why}")),
         }
     }
 
@@ -443,7 +470,7 @@ impl MembershipState {
             let (engine_name, source_path) = (engine_name.to_owned(), source_path.to_owned());
             tokio::spawn(async move {
                 let address = link.address().clone();
-                match link.replace_lora(&engine_name, &source_path, timeout).await {
+                match link.replace_adapter(&engine_name, &source_path, timeout).await {
                     Ok(()) => {
                         let _ = myself.cast(MembershipMsg::AdapterChanged {
                             address,
@@ -452,8 +479,8 @@ impl MembershipState {
                             loaded: true,
                         });
                     }
-                    Err(status) => {
-                        tracing::warn!(worker = %address, adapter = %engine_name, %status, "topping up failed; catching the worker up again");
+                    Err(err) => {
+                        tracing::warn!(worker = %address, adapter = %engine_name, %err, "topping up failed; catching the worker up again");
                         let _ = myself.cast(MembershipMsg::Resync { address, incarnation });
                     }
                 }
@@ -478,14 +505,14 @@ impl MembershipState {
                 let engine_name = engine_name.clone();
                 let myself = myself.clone();
                 async move {
-                    match link.unload_lora(&engine_name, timeout).await {
+                    match link.unload_adapter(&engine_name, timeout).await {
                         Ok(()) => {
                             let address = link.address().clone();
                             let changed = MembershipMsg::AdapterChanged { address, incarnation, engine_name, loaded: false };
                             let _ = myself.cast(changed);
                         }
-                        Err(status) => {
-                            tracing::warn!(worker = %link.address(), adapter = %engine_name, %status, "unloading a retired version failed");
+                        Err(err) => {
+                            tracing::warn!(worker = %link.address(), adapter = %engine_name, %err, "unloading a retired version failed");
                         }
                     }
                 }

@@ -167,6 +167,23 @@ async fn health_and_reflection_answer_while_an_adapter_is_paused() {
 }
 
 #[tokio::test]
+async fn without_workers_the_fleet_service_answers_failed_precondition_saying_why() {
+    let harness = serve(&[]).await;
+    let mut fleet = loragate_proto::v1::fleet_client::FleetClient::new(harness.channel.clone());
+    let listed = fleet.list_workers(pb::ListWorkersRequest {}).await.expect_err("no fleet");
+    let added = fleet.add_worker(pb::AddWorkerRequest { address: "grpc://127.0.0.1:9001".into() }).await;
+    let removed = fleet.remove_worker(pb::RemoveWorkerRequest { address: "grpc://h:1".into(), drain: false }).await;
+    for status in [listed, added.expect_err("no fleet"), removed.expect_err("no fleet")] {
+        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        assert!(status.message().contains("--worker"), "it says why: {status:?}");
+    }
+    let mut health = tonic_health::pb::health_client::HealthClient::new(harness.channel.clone());
+    let check = tonic_health::pb::HealthCheckRequest { service: "loragate.v1.Fleet".into() };
+    let answer = health.check(check).await.expect("health").into_inner();
+    assert_eq!(answer.status(), tonic_health::pb::health_check_response::ServingStatus::NotServing);
+}
+
+#[tokio::test]
 async fn control_errors_carry_the_contracts_codes_and_the_server_keeps_serving() {
     let mut harness = serve(&["meow"]).await;
     let cases: Vec<(&str, tonic::Status)> = vec![

@@ -58,7 +58,7 @@ pub(crate) enum UpdateOutcome {
     Unloaded { record: LoraRecord, result: Result<(), EngineError> },
 }
 
-/// The actor's behaviour (its state is [`WorkerState`]).
+/// The actor's behaviour (its state is [`WorkerActorState`]).
 pub(crate) struct WorkerActor;
 
 /// What the actor starts from.
@@ -80,7 +80,7 @@ struct Running {
 }
 
 /// The actor's state.
-pub(crate) struct WorkerState {
+pub(crate) struct WorkerActorState {
     engine: Arc<dyn Engine>,
     loras: BTreeMap<String, LoraRecord>,
     next_lora_id: i64,
@@ -95,15 +95,15 @@ pub(crate) struct WorkerState {
 
 impl Actor for WorkerActor {
     type Msg = WorkerMsg;
-    type State = WorkerState;
+    type State = WorkerActorState;
     type Arguments = WorkerArgs;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<WorkerMsg>,
         args: WorkerArgs,
-    ) -> Result<WorkerState, ActorProcessingErr> {
-        Ok(WorkerState {
+    ) -> Result<WorkerActorState, ActorProcessingErr> {
+        Ok(WorkerActorState {
             engine: args.engine,
             loras: BTreeMap::new(),
             next_lora_id: 1,
@@ -121,7 +121,7 @@ impl Actor for WorkerActor {
         &self,
         myself: ActorRef<WorkerMsg>,
         message: WorkerMsg,
-        state: &mut WorkerState,
+        state: &mut WorkerActorState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
             WorkerMsg::Admit { request_id, lora_name, reply } => {
@@ -184,7 +184,7 @@ impl Actor for WorkerActor {
     }
 }
 
-impl WorkerState {
+impl WorkerActorState {
     fn admit(&mut self, myself: &ActorRef<WorkerMsg>, request_id: String, lora_name: Option<String>) -> AdmitReply {
         if let Some(lora_name) = lora_name
             && !self.loras.contains_key(&lora_name)

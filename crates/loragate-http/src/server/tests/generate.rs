@@ -114,3 +114,31 @@ async fn a_streamed_generate_sends_token_chunks_then_usage() {
     assert_eq!(finishes, vec![&json!("length")]);
     assert_eq!(chunks.last().map(|chunk| chunk["usage"]["completion_tokens"].clone()), Some(json!(3)));
 }
+
+#[tokio::test]
+async fn abort_requests_aborts_generate_requests_by_id_without_pausing_anything() {
+    let harness = serve(&["meow"]).await;
+    let body = |id: &str| json!({"model": "meow", "token_ids": PROMPT, "request_id": id, "sampling_params": {"max_tokens": 50, "logprobs": 0}});
+    let first = harness.spawn_post("/inference/v1/generate", body("fleet-1"), "x");
+    let other = harness.spawn_post("/inference/v1/generate", body("fleet-2"), "y");
+    eventually("both run", || async { harness.status_of("meow").await.in_flight == 2 }).await;
+    let (status, _) = harness.post_empty("/inference/v1/abort_requests", json!({"request_ids": ["fleet-1"]})).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, aborted) = first.await.expect("task");
+    assert_eq!(status, StatusCode::OK, "{aborted}");
+    assert_eq!(aborted["request_id"], "fleet-1", "the id the caller gave is the id to abort");
+    let choice = &aborted["choices"][0];
+    assert_eq!((&choice["finish_reason"], &choice["token_ids"]), (&json!("abort"), &json!([0, 1, 2])));
+    let meow = harness.status_of("meow").await;
+    assert_eq!((meow.paused, meow.in_flight), (false, 1), "nothing paused; the other request still runs");
+
+    let (status, _) = harness.post_empty("/inference/v1/abort_requests", json!({"request_ids": []})).await;
+    assert_eq!(status, StatusCode::OK, "an empty list aborts nothing");
+    assert_eq!(harness.status_of("meow").await.in_flight, 1);
+    let (status, _) = harness.post_empty("/inference/v1/abort_requests", json!({})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "request_ids is required");
+    let (status, _) = harness.post_empty("/inference/v1/abort_requests", json!({"request_ids": ["fleet-2"]})).await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, aborted) = other.await.expect("task");
+    assert_eq!(aborted["choices"][0]["finish_reason"], "abort");
+}

