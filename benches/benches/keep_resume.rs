@@ -1,7 +1,9 @@
 //! A keep-mode swap on the demo model, through the coordinator and the candle engine: 32 greedy requests of one
 //! adapter are decoding, a keep-mode pause stops them (the core keeps their tokens), the adapter's weights are
-//! reloaded, and the resume is timed until every one of them has its first token from the new version, i.e. until
-//! all 32 continuations of `prompt + tokens so far` were prefilled again and decoded one step.
+//! reloaded, and the resume is timed until every one of them has its first token from the new version. Under
+//! KV_POLICY_RECOMPUTE that is until all 32 continuations of `prompt + tokens so far` were prefilled again and
+//! decoded one step; under KV_POLICY_REUSE the 32 parked sequences rejoin the batch with their keys and values and
+//! decode at once (no prefill): the goal is one or two decode steps of the 32-row batch.
 //!
 //! `RAYON_NUM_THREADS=1 cargo bench -p loragate-benches --bench keep_resume`
 
@@ -12,7 +14,7 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 use futures::StreamExt;
 use loragate_core::{
-    AdapterName, AdapterSource, AdapterVersion, Coordinator, CoordinatorConfig, PauseMode, PauseRequest,
+    AdapterName, AdapterSource, AdapterVersion, Coordinator, CoordinatorConfig, KvPolicy, PauseMode, PauseRequest,
     RawSampleRequest, SampleEvent, SampleStream,
 };
 use loragate_engine::{CandleEngine, EngineConfig, ensure_demo_files};
@@ -75,7 +77,7 @@ fn follow(
 }
 
 /// One round: returns the time from the resume to the first token of the new weights in every kept request.
-async fn round(coordinator: &Coordinator, weights: &AdapterSource) -> Duration {
+async fn round(coordinator: &Coordinator, weights: &AdapterSource, kv_policy: KvPolicy) -> Duration {
     let meow = AdapterName::parse("meow").expect("name");
     let (reports, mut reported) = mpsc::unbounded_channel();
     let mut resume_signals = Vec::with_capacity(REQUESTS);
@@ -87,8 +89,10 @@ async fn round(coordinator: &Coordinator, weights: &AdapterSource) -> Duration {
     for _ in 0..REQUESTS {
         reported.recv().await.expect("a request reached its pause point");
     }
-    let pause = coordinator.pause(&meow, PauseRequest::new(PauseMode::Keep), None).await.expect("keep");
+    let keep = PauseRequest::new(PauseMode::Keep).with_kv_policy(kv_policy);
+    let pause = coordinator.pause(&meow, keep, None).await.expect("keep");
     assert_eq!(pause.kept.len(), REQUESTS, "every request was kept: {:?}", pause.kept);
+    assert_eq!(pause.kv_policy, kv_policy, "the candle engine applies either policy");
     let new_version = coordinator.load_adapter(&meow, weights.clone()).await.expect("the new weights");
     for signal in &resume_signals {
         let _ = signal.send(new_version);
@@ -110,18 +114,23 @@ fn main() {
     let (coordinator, weights) = runtime.block_on(demo_coordinator());
     let mut group = criterion.benchmark_group("keep_resume");
     group.sample_size(10).measurement_time(Duration::from_secs(20));
-    group.bench_function("resume_to_first_new_token_of_32_kept_requests", |b| {
-        b.to_async(&runtime).iter_custom(|iterations| {
-            let (coordinator, weights) = (coordinator.clone(), weights.clone());
-            async move {
-                let mut total = Duration::ZERO;
-                for _ in 0..iterations {
-                    total += round(&coordinator, &weights).await;
+    for (name, kv_policy) in [
+        ("resume_to_first_new_token_of_32_kept_requests", KvPolicy::Recompute),
+        ("reuse_resume_to_first_new_token_of_32_parked_requests", KvPolicy::Reuse),
+    ] {
+        group.bench_function(name, |b| {
+            b.to_async(&runtime).iter_custom(|iterations| {
+                let (coordinator, weights) = (coordinator.clone(), weights.clone());
+                async move {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iterations {
+                        total += round(&coordinator, &weights, kv_policy).await;
+                    }
+                    total
                 }
-                total
-            }
+            });
         });
-    });
+    }
     group.finish();
     criterion.final_summary();
 }

@@ -145,7 +145,7 @@ async fn loading_while_paused_bumps_the_version_and_later_tokens_carry_it() {
     demo.control().resume_lora_requests(resume("meow")).await.expect("resume");
     let sampled = demo.sampler().sample(sample_request("meow", 24)).await.expect("sample").into_inner();
     let sequence = &sampled.sequences[0];
-    assert_eq!(sequence.segments, vec![pb::VersionSegment { lora_version: 2, start: 0, end: 24 }]);
+    assert_eq!(sequence.segments, vec![pb::VersionSegment { lora_version: 2, kv_version: 2, start: 0, end: 24 }]);
     assert!(text(&sequence.token_ids).contains("woof"), "the new weights serve: {:?}", text(&sequence.token_ids));
 }
 

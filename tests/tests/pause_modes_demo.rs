@@ -12,7 +12,8 @@ use tonic::Code;
 const BUDGET: u32 = 96;
 
 fn pause(lora: &str, mode: PauseMode, owner: &str, lease_s: f64) -> pb::AbortLoraRequestsRequest {
-    pb::AbortLoraRequestsRequest { lora_name: lora.into(), mode: mode.into(), owner: owner.into(), lease_s }
+    let kv_policy = pb::KvPolicy::Unspecified.into();
+    pb::AbortLoraRequestsRequest { lora_name: lora.into(), mode: mode.into(), owner: owner.into(), lease_s, kv_policy }
 }
 
 fn resume(lora: &str, pause_id: &str) -> pb::ResumeLoraRequestsRequest {
@@ -20,7 +21,8 @@ fn resume(lora: &str, pause_id: &str) -> pb::ResumeLoraRequestsRequest {
 }
 
 fn swap(lora: &str, path: &str, mode: PauseMode) -> pb::SwapLoraAdapterRequest {
-    pb::SwapLoraAdapterRequest { lora_name: lora.into(), path: path.into(), mode: mode.into() }
+    let kv_policy = pb::KvPolicy::Unspecified.into();
+    pb::SwapLoraAdapterRequest { lora_name: lora.into(), path: path.into(), mode: mode.into(), kv_policy }
 }
 
 /// A unary greedy sample of `budget` tokens, in the background.
@@ -205,7 +207,8 @@ async fn skyrls_global_keep_pause_load_and_resume_finish_every_completion_with_p
     wait_for_tokens(&demo, "meow", 1, 8).await;
     wait_for_tokens(&demo, "", 0, 8).await;
 
-    assert_eq!(post(&demo, "/pause?mode=keep&clear_cache=false", None).await, (200, json!({"status": "paused"})));
+    let paused = post(&demo, "/pause?mode=keep&clear_cache=false", None).await;
+    assert_eq!(paused, (200, json!({"status": "paused", "kv_policy": "recompute"})));
     let paused: Value = reqwest::get(demo.http_url("/is_paused")).await.expect("is_paused").json().await.expect("json");
     assert_eq!(paused, json!({"is_paused": true}));
     let load = json!({"lora_name": "meow", "lora_path": "woof"});
@@ -277,4 +280,65 @@ async fn skyrl_endpoints_take_owners_modes_and_pause_ids() {
     assert!(demo.status("meow").await.paused);
     assert_eq!(post(&demo, "/areal_continue_generation", Some(json!({}))).await.0, 200);
     assert!(!demo.status("meow").await.paused && !demo.status("woof").await.paused);
+}
+
+fn kv_versions(sequence: &pb::SampledSequence) -> Vec<(u64, u64)> {
+    sequence.segments.iter().map(|segment| (segment.lora_version, segment.kv_version)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reuse_swap_decodes_on_the_parked_keys_and_the_segments_say_so() {
+    let demo = DemoServer::start().await;
+    let baseline = demo.generated_tokens("meow", 1);
+    let meows: Vec<_> = (0..2).map(|i| spawn_sample(&demo, "meow", &format!("meow-{i}"), BUDGET)).collect();
+    eventually("both meows run", PATIENCE, || async { demo.status("meow").await.in_flight == 2 }).await;
+    wait_for_tokens(&demo, "meow", 1, baseline + 16).await;
+
+    let mut reuse = swap("meow", "woof", PauseMode::Keep);
+    reuse.kv_policy = pb::KvPolicy::Reuse.into();
+    let swapped = demo.control().swap_lora_adapter(reuse).await.expect("the swap").into_inner();
+    assert_eq!((swapped.version, swapped.kept_count), (2, 2));
+    assert_eq!(swapped.kv_policy(), pb::KvPolicy::Reuse, "the embedded engine parks");
+    for meow in meows {
+        let sequence = &finished(meow).await.sequences[0];
+        assert_whole(sequence, BUDGET);
+        assert_eq!(kv_versions(sequence), vec![(1, 1), (2, 1)], "v2's tokens attended to v1's keys and values");
+    }
+
+    // The default swap recomputes: every key and value of the continuation is the new version's.
+    let baseline = demo.generated_tokens("meow", 2);
+    let meow = spawn_sample(&demo, "meow", "meow-recomputed", BUDGET);
+    wait_for_tokens(&demo, "meow", 2, baseline + 8).await;
+    let swapped = demo.control().swap_lora_adapter(swap("meow", "meow", PauseMode::Keep)).await.expect("swap");
+    assert_eq!(swapped.into_inner().kv_policy(), pb::KvPolicy::Recompute);
+    let sequence = &finished(meow).await.sequences[0];
+    assert_whole(sequence, BUDGET);
+    assert_eq!(kv_versions(sequence), vec![(2, 2), (3, 3)]);
+
+    // Unloaded while parked: the request ends with its tokens and FINISH_REASON_ABORT (and its parked keys and
+    // values are dropped with it), and the server serves on.
+    let baseline = demo.generated_tokens("meow", 3);
+    let meow = spawn_sample(&demo, "meow", "meow-unloaded", BUDGET);
+    wait_for_tokens(&demo, "meow", 3, baseline + 8).await;
+    let mut park = pause("meow", PauseMode::Keep, "trainer", 0.0);
+    park.kv_policy = pb::KvPolicy::Reuse.into();
+    let parked = demo.control().abort_lora_requests(park).await.expect("the keep pause").into_inner();
+    assert_eq!((parked.kept_count, parked.kv_policy()), (1, pb::KvPolicy::Reuse));
+    let unload = pb::UnloadLoraAdapterRequest { lora_name: "meow".into() };
+    demo.control().unload_lora_adapter(unload).await.expect("unloaded");
+    let sequence = &finished(meow).await.sequences[0];
+    assert_eq!(sequence.finish_reason(), FinishReason::Abort, "{sequence:?}");
+    assert!(sequence.token_ids.len() >= 8 && kv_versions(sequence) == vec![(3, 3)], "{sequence:?}");
+
+    // HTTP: vLLM's global pause takes `kv=reuse` and echoes it; SkyRL's segments carry `kv_version`.
+    let woof = spawn_completion(&demo, "woof");
+    wait_for_tokens(&demo, "woof", 1, 8).await;
+    let paused = post(&demo, "/pause?mode=keep&kv=reuse", None).await;
+    assert_eq!(paused, (200, json!({"status": "paused", "kv_policy": "reuse"})));
+    assert_eq!(post(&demo, "/resume", None).await, (200, json!({"status": "resumed"})));
+    let (status, body) = finished(woof).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
+    let segments = &body["choices"][0]["segments"];
+    assert_eq!(segments, &json!([{"lora_version": 1, "kv_version": 1, "start": 0, "end": BUDGET}]), "{body}");
 }

@@ -15,7 +15,9 @@ pub(crate) struct SequenceAccumulator {
 
 impl SequenceAccumulator {
     /// Appends one attempt's output. The attempt's segments are relative to its own tokens; they are shifted past
-    /// what was accumulated before and merged with the last segment when the version is the same. Logprobs must
+    /// what was accumulated before and merged with the last segment when both the version and the KV version are
+    /// the same. A `kv_version` of 0 on an adapter's segment (a server that predates the field) is its
+    /// `lora_version`: an adapter's versions start at 1, so 0 is never a version its keys and values came from. Logprobs must
     /// match tokens one for one and segments must cover the attempt's tokens exactly: nothing is invented.
     pub(crate) fn append(&mut self, attempt: &SampledSequence) -> Result<(), ClientError> {
         let produced = attempt.token_ids.len();
@@ -40,13 +42,19 @@ impl SequenceAccumulator {
         }
         let offset = self.len();
         for segment in attempt.segments.iter().filter(|segment| segment.end > segment.start) {
+            let kv_version = if segment.kv_version == 0 { segment.lora_version } else { segment.kv_version };
             let shifted = VersionSegment {
                 lora_version: segment.lora_version,
+                kv_version,
                 start: segment.start + offset,
                 end: segment.end + offset,
             };
             match self.segments.last_mut() {
-                Some(last) if last.lora_version == shifted.lora_version && last.end == shifted.start => {
+                Some(last)
+                    if last.lora_version == shifted.lora_version
+                        && last.kv_version == shifted.kv_version
+                        && last.end == shifted.start =>
+                {
                     last.end = shifted.end;
                 }
                 _ => self.segments.push(shifted),
@@ -87,7 +95,10 @@ mod tests {
             token_ids: tokens.to_vec(),
             logprobs: tokens.iter().map(|&t| -(t as f32)).collect(),
             finish_reason: FinishReason::Abort.into(),
-            segments: segments.iter().map(|&(v, s, e)| VersionSegment { lora_version: v, start: s, end: e }).collect(),
+            segments: segments
+                .iter()
+                .map(|&(v, s, e)| VersionSegment { lora_version: v, kv_version: v, start: s, end: e })
+                .collect(),
         }
     }
 
@@ -104,6 +115,21 @@ mod tests {
         let segments: Vec<_> = sequence.segments.iter().map(|s| (s.lora_version, s.start, s.end)).collect();
         assert_eq!(segments, vec![(1, 0, 5), (2, 5, 9)]);
         assert_eq!(sequence.finish_reason(), FinishReason::Length);
+    }
+
+    #[test]
+    fn kv_versions_are_carried_split_segments_and_default_to_the_lora_version() {
+        let mut accumulated = SequenceAccumulator::default();
+        accumulated.append(&attempt(&[1, 2], &[(1, 0, 2)])).expect("first");
+        let mut reused = attempt(&[3, 4, 5], &[(2, 0, 3)]);
+        reused.segments[0].kv_version = 1;
+        accumulated.append(&reused).expect("resumed on the parked keys and values of v1");
+        let mut recomputed = attempt(&[6], &[(2, 0, 1)]);
+        recomputed.segments[0].kv_version = 0;
+        accumulated.append(&recomputed).expect("a server that predates kv_version");
+        let segments: Vec<_> =
+            accumulated.segments.iter().map(|s| (s.lora_version, s.kv_version, s.start, s.end)).collect();
+        assert_eq!(segments, vec![(1, 1, 0, 2), (2, 1, 2, 5), (2, 2, 5, 6)]);
     }
 
     #[test]

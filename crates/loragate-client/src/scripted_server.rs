@@ -96,6 +96,7 @@ impl LoraControl for Scripted {
             unacknowledged_request_ids: vec![],
             pause_id: "pause-1".into(),
             kept_count: 0,
+            kv_policy: pb::KvPolicy::Recompute.into(),
         }))
     }
 
@@ -185,7 +186,7 @@ pub(crate) fn sequence(tokens: &[u32], reason: pb::FinishReason, version: u64) -
     let segments = if tokens.is_empty() {
         vec![]
     } else {
-        vec![pb::VersionSegment { lora_version: version, start: 0, end: tokens.len() as u32 }]
+        vec![pb::VersionSegment { lora_version: version, kv_version: version, start: 0, end: tokens.len() as u32 }]
     };
     pb::SampledSequence {
         token_ids: tokens.to_vec(),

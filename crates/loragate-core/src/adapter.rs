@@ -27,7 +27,7 @@ pub(crate) use self::cell::AdapterCell;
 pub(crate) use self::gate::Counted;
 pub use self::gate::{GateState, Retirement};
 use self::gate::{GateWait, wait_until_open};
-pub use self::pauses::{MAX_LEASE, MAX_OWNER_LEN, PauseId, PauseInfo, PauseMode, PauseOwner, PauseRequest};
+pub use self::pauses::{KvPolicy, MAX_LEASE, MAX_OWNER_LEN, PauseId, PauseInfo, PauseMode, PauseOwner, PauseRequest};
 pub(crate) use self::registry::PendingHandBacks;
 pub use self::registry::{AbortReport, Admission, Ending, StopCause};
 pub use self::status::{AdapterStatus, PauseReport, ResumeReport};
@@ -186,7 +186,7 @@ impl AdapterHandle {
         drain_until: Instant,
     ) -> Result<PauseReport, CoreError> {
         let started = Instant::now();
-        let mode = request.mode;
+        let (mode, kv_policy) = (request.mode, request.kv_policy);
         let PauseTicket { pause_id, created, pending, recorded } =
             self.call(|reply| AdapterMsg::Pause { request: request.clone(), reply }).await?;
         if let Err(err) = recorded.await {
@@ -224,7 +224,7 @@ impl AdapterHandle {
             }
         };
         let AbortReport { aborted, kept, unacknowledged } = report;
-        Ok(PauseReport { pause_id, mode, aborted, kept, unacknowledged })
+        Ok(PauseReport { pause_id, mode, aborted, kept, unacknowledged, kv_policy })
     }
 
     /// Releases the pause `pause_id`, or every pause for `None`, reopening the gate (releasing every held

@@ -16,12 +16,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::adapter::{
-    AbortReport, AdapterHandle, AdapterStatus, Ending, PauseId, PauseMode, PauseOwner, PauseRelease, PauseReport,
-    PauseRequest, ReleaseTarget, ResumeReport, Retirement,
+    AbortReport, AdapterHandle, AdapterStatus, Ending, KvPolicy, PauseId, PauseMode, PauseOwner, PauseRelease,
+    PauseReport, PauseRequest, ReleaseTarget, ResumeReport, Retirement,
 };
 use crate::adapter_source::{AdapterRoot, AdapterSource};
 use crate::auth::Keyring;
-use crate::engine::{Engine, ModelInfo};
+use crate::engine::{Engine, ModelInfo, Parking};
 use crate::error::{CoreError, Field};
 use crate::gate_deadline::GateDeadline;
 use crate::ids::{AdapterKey, AdapterName, AdapterVersion, RequestId};
@@ -192,7 +192,8 @@ impl Coordinator {
         let live = LiveRequests::enter(&self.inner.live);
         let adapter = self.adapter(request.adapter())?;
         let admission = adapter.admit(request.id().clone(), deadline.hold_until()).await?;
-        match self.inner.engine.generate(request.clone(), admission.cancel_token().clone()).await {
+        let parking = Parking { park_on_cancel: admission.park_signal().clone(), resume_from: None };
+        match self.inner.engine.generate_parking(request.clone(), admission.cancel_token().clone(), parking).await {
             Ok(events) => {
                 let driver = Driver::new(self.inner.engine.clone(), adapter, request, deadline, live);
                 Ok(SampleStream::spawn(driver, admission, events))
@@ -205,14 +206,23 @@ impl Coordinator {
     }
 
     /// Pauses `name` (see [`AdapterHandle::pause`]). A wait-mode pause waits until the caller's `client_deadline`,
-    /// at most [`CoordinatorConfig::max_pause_drain`].
+    /// at most [`CoordinatorConfig::max_pause_drain`]. The request's KV policy is replaced by the one applied (see
+    /// [`Coordinator::kv_policy_applied`]), which the report echoes.
     pub async fn pause(
         &self,
         name: &AdapterName,
         request: PauseRequest,
         client_deadline: Option<Instant>,
     ) -> Result<PauseReport, CoreError> {
+        let kv_policy = self.kv_policy_applied(request.mode, request.kv_policy);
+        let request = request.with_kv_policy(kv_policy);
         self.lora(name)?.pause(request, self.inner.config.abort_ack_timeout, self.drain_until(client_deadline)).await
+    }
+
+    /// The KV policy a pause in `mode` that asked for `requested` applies on this server's engine: REUSE only in
+    /// keep mode on an engine that can park ([`Engine::can_park`]), RECOMPUTE otherwise.
+    pub fn kv_policy_applied(&self, mode: PauseMode, requested: KvPolicy) -> KvPolicy {
+        requested.applied(mode, self.inner.engine.can_park())
     }
 
     /// Pauses `name` in abort mode, anonymously: `AbortLoraRequests` as it was before pause modes.
@@ -231,10 +241,17 @@ impl Coordinator {
     }
 
     /// The global pause of vLLM's `/pause` and SGLang's `/pause_generation`: pauses every adapter and the base
-    /// model in `mode` under the global owner (adapters loaded meanwhile start paused). Other pauses are
-    /// untouched. A wait-mode global pause whose drain times out is withdrawn everywhere.
-    pub async fn pause_all(&self, mode: PauseMode, client_deadline: Option<Instant>) -> Result<AbortReport, CoreError> {
-        let request = PauseRequest { mode, owner: PauseOwner::Global, lease: None };
+    /// model in `mode` under the global owner (adapters loaded meanwhile start paused), with the KV policy
+    /// [`Coordinator::kv_policy_applied`] says for `kv_policy`. Other pauses are untouched. A wait-mode global pause
+    /// whose drain times out is withdrawn everywhere.
+    pub async fn pause_all(
+        &self,
+        mode: PauseMode,
+        kv_policy: KvPolicy,
+        client_deadline: Option<Instant>,
+    ) -> Result<AbortReport, CoreError> {
+        let kv_policy = self.kv_policy_applied(mode, kv_policy);
+        let request = PauseRequest { mode, owner: PauseOwner::Global, lease: None, kv_policy };
         let (adapters, recorded) = self.set_global_pause(Some(request.clone())).await?;
         if let Err(err) = recorded.await {
             // Not durable: withdrawn rather than left holding without a record.
@@ -321,29 +338,37 @@ impl Coordinator {
     /// The atomic swap: pauses `name` in `mode` under a pause of its own, loads `source`, and releases that pause
     /// (the adapter reopens unless another pause holds it). Kept requests continue on the new weights. If the load
     /// fails, the old version keeps serving, the adapter is reopened just the same, kept requests continue on the
-    /// old weights, and the error says so. A name not loaded yet is simply loaded.
+    /// old weights, and the error says so. A name not loaded yet is simply loaded. Kept requests keep their keys and
+    /// values as the KV policy applied says ([`Coordinator::kv_policy_applied`] for `kv_policy`).
     pub async fn swap_adapter(
         &self,
         name: &AdapterName,
         source: AdapterSource,
         mode: PauseMode,
+        kv_policy: KvPolicy,
         client_deadline: Option<Instant>,
     ) -> Result<SwapReport, CoreError> {
+        let kv_policy = self.kv_policy_applied(mode, kv_policy);
         let adapter = match self.lora(name) {
             Ok(adapter) => adapter,
             Err(CoreError::UnknownAdapter(_)) => {
                 let version = self.load_adapter(name, source).await?;
-                return Ok(SwapReport { version, aborted: 0, kept: 0 });
+                return Ok(SwapReport { version, aborted: 0, kept: 0, kv_policy });
             }
             Err(err) => return Err(err),
         };
-        let request = PauseRequest { mode, owner: PauseOwner::new_swap(), lease: None };
+        let request = PauseRequest { mode, owner: PauseOwner::new_swap(), lease: None, kv_policy };
         let pause = self.pause(name, request, client_deadline).await?;
         let reopen = PauseRelease::new(adapter.clone(), pause.pause_id.clone());
         let loaded = self.load_adapter(name, source).await;
         reopen.release().await?;
         match loaded {
-            Ok(version) => Ok(SwapReport { version, aborted: pause.aborted.len(), kept: pause.kept.len() }),
+            Ok(version) => Ok(SwapReport {
+                version,
+                aborted: pause.aborted.len(),
+                kept: pause.kept.len(),
+                kv_policy: pause.kv_policy,
+            }),
             Err(err) => Err(CoreError::SwapFailed {
                 adapter: name.clone(),
                 serving: adapter.gate().version,
@@ -488,6 +513,8 @@ pub struct SwapReport {
     pub aborted: usize,
     /// Requests the swap's pause kept (they continue on the new weights).
     pub kept: usize,
+    /// The KV policy applied to the kept requests.
+    pub kv_policy: KvPolicy,
 }
 
 /// Counts sampling requests between arrival and their stream's end, so shutdown can wait for them.

@@ -2,6 +2,11 @@
 //! consumes it, so the coordinator and the fronts are tested without candle (with scripted engines in test code),
 //! and so an in-process candle engine and a remote engine worker reached over gRPC fit the same seam.
 
+use std::any::Any;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use tokio_util::sync::CancellationToken;
@@ -44,6 +49,21 @@ pub enum EngineEvent {
         /// entry per token). Empty otherwise.
         top_logprobs: Vec<TopLogprobs>,
     },
+    /// A keep-mode pause with [`crate::KvPolicy::Reuse`] stopped the sequence and the engine parked it: its keys and
+    /// values, to hand back with the continuation ([`Parking::resume_from`]). Sent right before the sequence's
+    /// `Finished { Abort }`, only by an engine that [can park](Engine::can_park).
+    Parked {
+        /// The sequence's index within the request.
+        sequence: u32,
+        /// The parked keys and values.
+        kv: ParkedKv,
+    },
+    /// The sequence resumed from the parked keys and values it was started with, with no prefill: sent once, before
+    /// its first tokens. Without it, a continuation was prefilled (its keys and values are all its own version's).
+    Resumed {
+        /// The sequence's index within the request.
+        sequence: u32,
+    },
     /// A sequence ended; it produces nothing more.
     Finished {
         /// The sequence's index within the request.
@@ -51,6 +71,81 @@ pub enum EngineEvent {
         /// Why it ended.
         reason: FinishReason,
     },
+}
+
+/// The keys and values an engine parked for one kept sequence: opaque to the core, which keeps it with the kept
+/// sequence and hands it back with its continuation. Whoever holds the last handle owns the memory: dropping it frees
+/// the keys and values, so no engine-side table can leak them (an unloaded adapter, a cancelled or abandoned request
+/// simply drops its handle).
+#[derive(Clone)]
+pub struct ParkedKv(Arc<dyn Any + Send + Sync>);
+
+impl ParkedKv {
+    /// Wraps what an engine parked.
+    pub fn new<T: Any + Send + Sync>(parked: T) -> Self {
+        Self(Arc::new(parked))
+    }
+
+    /// What the engine parked, if it is a `T`.
+    pub fn downcast_ref<T: Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+
+    /// A watch that tells when every handle is gone and the keys and values were freed.
+    pub fn watch(&self) -> ParkedKvWatch {
+        ParkedKvWatch(Arc::downgrade(&self.0))
+    }
+}
+
+impl fmt::Debug for ParkedKv {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ParkedKv(..)")
+    }
+}
+
+impl PartialEq for ParkedKv {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// Tells whether parked keys and values were freed (see [`ParkedKv::watch`]).
+#[derive(Clone, Debug)]
+pub struct ParkedKvWatch(Weak<dyn Any + Send + Sync>);
+
+impl ParkedKvWatch {
+    /// Whether every handle is gone.
+    pub fn is_freed(&self) -> bool {
+        self.0.strong_count() == 0
+    }
+}
+
+/// Set, before a request's cancellation token fires, when the cancellation is a keep-mode pause with
+/// [`crate::KvPolicy::Reuse`]: the engine then parks the request's decoding sequences rather than dropping their keys
+/// and values. Shared by the request's admission and the engine.
+#[derive(Clone, Debug, Default)]
+pub struct ParkSignal(Arc<AtomicBool>);
+
+impl ParkSignal {
+    /// Asks the engine to park when the cancellation comes (call before cancelling).
+    pub fn request(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether parking was asked for.
+    pub fn is_requested(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// How [`Engine::generate_parking`] may park and resume a request.
+#[derive(Clone, Debug, Default)]
+pub struct Parking {
+    /// Set before the cancellation that should park the request's decoding sequences.
+    pub park_on_cancel: ParkSignal,
+    /// The keys and values a continuation (one sequence, whose prompt is the parked sequence's tokens) resumes
+    /// from. An engine that cannot use them prefills the prompt instead and sends no [`EngineEvent::Resumed`].
+    pub resume_from: Option<ParkedKv>,
 }
 
 /// The events of one request. It ends after every sequence's [`EngineEvent::Finished`].
@@ -83,8 +178,28 @@ pub trait Engine: Send + Sync + 'static {
     /// The served model's limits.
     fn model_info(&self) -> &ModelInfo;
 
+    /// Whether the engine can park kept sequences with their keys and values and resume them without a prefill
+    /// ([`crate::KvPolicy::Reuse`]). One that cannot (the default) has every keep-mode pause apply RECOMPUTE.
+    fn can_park(&self) -> bool {
+        false
+    }
+
     /// Starts sampling `request`; cancelling `cancel` aborts it.
     async fn generate(&self, request: SampleRequest, cancel: CancellationToken) -> Result<EngineStream, EngineError>;
+
+    /// Starts sampling `request` as [`Engine::generate`] does, with `parking`: when `cancel` fires with the park
+    /// signal set, each decoding sequence is sent back parked ([`EngineEvent::Parked`]) before its `Finished
+    /// { Abort }`; a continuation with parked keys and values resumes from them ([`EngineEvent::Resumed`]). An
+    /// engine that cannot park (the default) ignores `parking`: every continuation is prefilled.
+    async fn generate_parking(
+        &self,
+        request: SampleRequest,
+        cancel: CancellationToken,
+        parking: Parking,
+    ) -> Result<EngineStream, EngineError> {
+        drop(parking);
+        self.generate(request, cancel).await
+    }
 
     /// Validates and installs the adapter at `source` under `name`, as `version`, for sequences started from now on
     /// (unless a newer version of `name` is installed already).

@@ -59,6 +59,8 @@ pub enum Field {
     LeaseS,
     /// `pause_id` of a resume.
     PauseId,
+    /// `kv_policy` of a keep-mode pause.
+    KvPolicy,
 }
 
 impl Field {
@@ -87,6 +89,7 @@ impl Field {
             Self::Owner => "owner",
             Self::LeaseS => "lease_s",
             Self::PauseId => "pause_id",
+            Self::KvPolicy => "kv_policy",
         }
     }
 }

@@ -61,7 +61,7 @@ pub mod state;
 pub mod testing;
 
 pub use adapter::{
-    AbortReport, AdapterHandle, AdapterStatus, Admission, Ending, GateState, MAX_LEASE, MAX_OWNER_LEN,
+    AbortReport, AdapterHandle, AdapterStatus, Admission, Ending, GateState, KvPolicy, MAX_LEASE, MAX_OWNER_LEN,
     MAX_WAIT_TIMEOUT, PauseId, PauseInfo, PauseMode, PauseOwner, PauseReport, PauseRequest, ResumeReport, Retirement,
     StopCause, parse_timeout_s,
 };
@@ -70,7 +70,9 @@ pub use auth::{
     Action, AdapterPattern, Key, KeyConfigError, Keyring, MAX_KEY_LEN, Principal, Tenant, TenantKeys, bearer_token,
 };
 pub use coordinator::{Coordinator, CoordinatorConfig, Reconciled, RestoreReport, StartError, SwapReport};
-pub use engine::{Engine, EngineError, EngineEvent, EngineStream, ModelInfo};
+pub use engine::{
+    Engine, EngineError, EngineEvent, EngineStream, ModelInfo, ParkSignal, ParkedKv, ParkedKvWatch, Parking,
+};
 pub use error::{CoreError, Field};
 pub use fleet::{FleetControl, FleetControlError, FleetSnapshot, MetricsSource, WorkerSnapshot, WorkerState};
 pub use gate_deadline::GateDeadline;

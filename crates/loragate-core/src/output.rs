@@ -36,34 +36,40 @@ pub struct TopLogprobs {
     pub top: Vec<(u32, f32)>,
 }
 
-/// A half-open run of tokens `[start, end)` produced by one adapter version.
+/// A half-open run of tokens `[start, end)` produced by one adapter version, attending to keys and values that
+/// go back to one adapter version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
     /// The adapter version that produced the run.
     pub version: AdapterVersion,
+    /// The oldest adapter version whose keys and values the run's tokens attended to: `version`, unless the
+    /// sequence was kept with [`crate::KvPolicy::Reuse`] across a swap and resumed from the keys and values the
+    /// older version had computed.
+    pub kv_version: AdapterVersion,
     /// First token index.
     pub start: u32,
     /// One past the last token index.
     pub end: u32,
 }
 
-/// Builds the segments of a sequence as its tokens arrive, merging consecutive runs of the same version.
+/// Builds the segments of a sequence as its tokens arrive, merging consecutive runs of the same version and the
+/// same KV version.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SegmentsBuilder {
     segments: Vec<Segment>,
 }
 
 impl SegmentsBuilder {
-    /// Records `count` more tokens produced by `version`.
-    pub fn push(&mut self, version: AdapterVersion, count: u32) {
+    /// Records `count` more tokens produced by `version` over keys and values going back to `kv_version`.
+    pub fn push(&mut self, version: AdapterVersion, kv_version: AdapterVersion, count: u32) {
         if count == 0 {
             return;
         }
         match self.segments.last_mut() {
-            Some(last) if last.version == version => last.end += count,
+            Some(last) if last.version == version && last.kv_version == kv_version => last.end += count,
             last => {
                 let start = last.map_or(0, |segment| segment.end);
-                self.segments.push(Segment { version, start, end: start + count });
+                self.segments.push(Segment { version, kv_version, start, end: start + count });
             }
         }
     }
@@ -113,16 +119,20 @@ mod tests {
 
     #[test]
     fn segments_merge_runs_and_cover_every_token() {
+        let (v1, v2) = (AdapterVersion(1), AdapterVersion(2));
         let mut builder = SegmentsBuilder::default();
-        builder.push(AdapterVersion(1), 3);
-        builder.push(AdapterVersion(1), 2);
-        builder.push(AdapterVersion(2), 0);
-        builder.push(AdapterVersion(2), 4);
+        builder.push(v1, v1, 3);
+        builder.push(v1, v1, 2);
+        builder.push(v2, v2, 0);
+        builder.push(v2, v1, 4);
+        builder.push(v2, v1, 1);
+        builder.push(v2, v2, 2);
         assert_eq!(
             builder.finish(),
             vec![
-                Segment { version: AdapterVersion(1), start: 0, end: 5 },
-                Segment { version: AdapterVersion(2), start: 5, end: 9 },
+                Segment { version: v1, kv_version: v1, start: 0, end: 5 },
+                Segment { version: v2, kv_version: v1, start: 5, end: 10 },
+                Segment { version: v2, kv_version: v2, start: 10, end: 12 },
             ]
         );
     }

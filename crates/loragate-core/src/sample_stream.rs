@@ -38,6 +38,8 @@ pub enum SampleEvent {
         sequence: u32,
         /// The adapter version that produced them.
         version: AdapterVersion,
+        /// The oldest adapter version whose keys and values they attended to (see [`Segment::kv_version`]).
+        kv_version: AdapterVersion,
         /// The tokens.
         token_ids: Vec<u32>,
         /// Their logprobs.

@@ -9,7 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use loragate_core::{
-    AdapterKey, AdapterName, AdapterSource, AdapterVersion, Engine, EngineError, EngineStream, ModelInfo, SampleRequest,
+    AdapterKey, AdapterName, AdapterSource, AdapterVersion, Engine, EngineError, EngineStream, ModelInfo, Parking,
+    SampleRequest,
 };
 use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
@@ -134,7 +135,20 @@ impl Engine for CandleEngine {
         &self.info
     }
 
+    fn can_park(&self) -> bool {
+        true
+    }
+
     async fn generate(&self, request: SampleRequest, cancel: CancellationToken) -> Result<EngineStream, EngineError> {
+        self.generate_parking(request, cancel, Parking::default()).await
+    }
+
+    async fn generate_parking(
+        &self,
+        request: SampleRequest,
+        cancel: CancellationToken,
+        parking: Parking,
+    ) -> Result<EngineStream, EngineError> {
         let (adapter, version) = match request.adapter() {
             AdapterKey::Base => (None, AdapterVersion::BASE),
             AdapterKey::Lora(name) => {
@@ -144,7 +158,8 @@ impl Engine for CandleEngine {
             }
         };
         let (events, receiver) = outbox();
-        self.step_thread.submit(Submission { request, adapter, version, cancel, events })?;
+        let Parking { park_on_cancel: park, resume_from: resume } = parking;
+        self.step_thread.submit(Submission { request, adapter, version, cancel, park, resume, events })?;
         Ok(receiver.boxed())
     }
 

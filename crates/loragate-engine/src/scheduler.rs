@@ -26,6 +26,7 @@
 mod batch;
 mod fair;
 mod outbox;
+mod park;
 mod pending;
 mod prefill;
 mod sequence;
@@ -33,6 +34,7 @@ mod step;
 #[cfg(test)]
 mod tests;
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::thread::JoinHandle;
@@ -100,8 +102,13 @@ struct Scheduler {
     model: Llama,
     commands: Receiver<Command>,
     limits: StepLimits,
+    /// This step thread's number in the process: the keys and values it parks resume only here.
+    incarnation: u64,
     /// Requests not decoding yet: waiting, or in the middle of their prefill.
     pending: Pending,
+    /// Continuations waiting for a place in the batch to resume from their parked keys and values, in arrival
+    /// order. They take places before any new prefill.
+    resuming: VecDeque<park::Resuming>,
     /// The decoding sequences.
     batch: Batch,
     /// The LoRA bank of the last pass, reused while the set of adapters in the pass does not change.
@@ -122,7 +129,9 @@ impl Scheduler {
             model,
             commands,
             limits,
+            incarnation: park::next_incarnation(),
             pending: Pending::default(),
+            resuming: VecDeque::new(),
             batch,
             bank: None,
             #[cfg(test)]
@@ -136,11 +145,14 @@ impl Scheduler {
         }
         self.pending.stop_all();
         self.batch.stop_all();
+        for resuming in self.resuming.drain(..) {
+            resuming.submission.events.send(Err(EngineError::Stopped));
+        }
     }
 
     /// Takes every pending command, blocking for one when the thread has nothing to do. False once told to stop.
     fn receive_commands(&mut self) -> bool {
-        if self.batch.is_empty() && self.pending.is_empty() {
+        if self.is_idle() {
             let keep_running = self.commands.recv().is_ok_and(|command| self.handle(command));
             if !keep_running {
                 return false;
@@ -159,13 +171,26 @@ impl Scheduler {
         }
     }
 
+    /// Whether nothing is decoding, waiting or being prefilled.
+    fn is_idle(&self) -> bool {
+        self.batch.is_empty() && self.pending.is_empty() && self.resuming.is_empty()
+    }
+
     fn handle(&mut self, command: Command) -> bool {
         match command {
             Command::Generate(submission) => {
-                self.pending.push(*submission);
+                self.submit(submission);
                 true
             }
             Command::Shutdown => false,
+        }
+    }
+
+    /// Queues a submission: to resume, if it brings parked keys and values that fit; to be prefilled otherwise.
+    fn submit(&mut self, submission: Box<Submission>) {
+        match park::Resuming::accept(submission, self.incarnation, &self.model) {
+            Ok(resuming) => self.resuming.push_back(resuming),
+            Err(submission) => self.pending.push(*submission),
         }
     }
 }

@@ -105,6 +105,10 @@ pub(crate) struct CollectedSequence {
     pub(crate) versions: Vec<u64>,
     pub(crate) top_logprobs: Vec<TopLogprobs>,
     pub(crate) finish: Option<FinishReason>,
+    /// The keys and values it was parked with, if a pause parked it.
+    pub(crate) parked: Option<loragate_core::ParkedKv>,
+    /// Whether it resumed from parked keys and values.
+    pub(crate) resumed: bool,
 }
 
 impl Collected {
@@ -128,6 +132,8 @@ impl Collected {
                 output.top_logprobs.extend(top_logprobs.iter().cloned());
             }
             EngineEvent::Finished { sequence, reason } => self.sequence(*sequence).finish = Some(*reason),
+            EngineEvent::Parked { sequence, kv } => self.sequence(*sequence).parked = Some(kv.clone()),
+            EngineEvent::Resumed { sequence } => self.sequence(*sequence).resumed = true,
         }
         self.events.push(event);
     }

@@ -43,7 +43,10 @@ async fn complete(engine: &CandleEngine, lora: &str, prompt: &str, raw: RawSampl
             match event.expect("no engine error") {
                 EngineEvent::Tokens { token_ids, .. } => tokens.extend(token_ids),
                 EngineEvent::Finished { reason, .. } => finish = Some(reason),
-                EngineEvent::PromptLogprobs(_) | EngineEvent::PromptTopLogprobs(_) => {}
+                EngineEvent::PromptLogprobs(_)
+                | EngineEvent::PromptTopLogprobs(_)
+                | EngineEvent::Parked { .. }
+                | EngineEvent::Resumed { .. } => {}
             }
         }
     };

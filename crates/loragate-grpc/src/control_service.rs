@@ -7,7 +7,7 @@ use loragate_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::auth::caller_of;
-use crate::convert::{adapter_status, pause_mode};
+use crate::convert::{adapter_status, kv_policy, pause_mode, wire_kv_policy};
 use crate::grpc_timeout::client_deadline;
 use crate::status::status_from_core;
 
@@ -50,13 +50,16 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         let name = self.authorized(&request, &request.get_ref().lora_name, Action::Control)?;
         let wire = request.into_inner();
         let mode = pause_mode(wire.mode, PauseMode::Abort).map_err(status_from_core)?;
+        let kv_policy = kv_policy(wire.kv_policy).map_err(status_from_core)?;
         let pause = PauseRequest::parse(mode, &wire.owner, wire.lease_s).map_err(status_from_core)?;
+        let pause = pause.with_kv_policy(kv_policy);
         answer(self.coordinator.pause(&name, pause, deadline).await.map(|report| pb::AbortLoraRequestsResponse {
             aborted_count: count(report.aborted.len()),
             aborted_request_ids: report.aborted.iter().map(ToString::to_string).collect(),
             unacknowledged_request_ids: report.unacknowledged.iter().map(ToString::to_string).collect(),
             pause_id: report.pause_id.to_string(),
             kept_count: count(report.kept.len()),
+            kv_policy: wire_kv_policy(report.kv_policy).into(),
         }))
     }
 
@@ -80,9 +83,10 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         let name = self.authorized(&request, &request.get_ref().lora_name, Action::Control)?;
         let wire = request.into_inner();
         let mode = pause_mode(wire.mode, PauseMode::Keep).map_err(status_from_core)?;
+        let kv_policy = kv_policy(wire.kv_policy).map_err(status_from_core)?;
         self.coordinator.check_loadable_name(&name).map_err(status_from_core)?;
         let source = self.coordinator.resolve_adapter_path(&wire.path).await.map_err(status_from_core)?;
-        let swapped = self.coordinator.swap_adapter(&name, source, mode, deadline).await;
+        let swapped = self.coordinator.swap_adapter(&name, source, mode, kv_policy, deadline).await;
         if let Ok(swap) = &swapped {
             tracing::info!(adapter = %name, version = %swap.version, kept = swap.kept, aborted = swap.aborted, "adapter swapped");
         }
@@ -90,6 +94,7 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
             version: swap.version.0,
             aborted_count: count(swap.aborted),
             kept_count: count(swap.kept),
+            kv_policy: wire_kv_policy(swap.kv_policy).into(),
         }))
     }
 

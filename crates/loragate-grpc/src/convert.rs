@@ -2,8 +2,8 @@
 //! requests here; validation happens in the core.
 
 use loragate_core::{
-    AdapterStatus, CoreError, Field, FinishReason, PauseInfo, PauseMode, RawSampleRequest, SampleEvent, SampleOutput,
-    Segment,
+    AdapterStatus, CoreError, Field, FinishReason, KvPolicy, PauseInfo, PauseMode, RawSampleRequest, SampleEvent,
+    SampleOutput, Segment,
 };
 use loragate_proto::v1 as pb;
 
@@ -45,7 +45,12 @@ fn finish_reason(reason: FinishReason) -> pb::FinishReason {
 fn segments(segments: &[Segment]) -> Vec<pb::VersionSegment> {
     segments
         .iter()
-        .map(|segment| pb::VersionSegment { lora_version: segment.version.0, start: segment.start, end: segment.end })
+        .map(|segment| pb::VersionSegment {
+            lora_version: segment.version.0,
+            start: segment.start,
+            end: segment.end,
+            kv_version: segment.kv_version.0,
+        })
         .collect()
 }
 
@@ -119,6 +124,23 @@ fn wire_pause_mode(mode: PauseMode) -> pb::PauseMode {
 }
 
 /// A wire `mode` field: `unspecified` is the RPC's default; a value this server does not know is INVALID_ARGUMENT.
+/// Parses a wire `kv_policy`: unspecified is RECOMPUTE.
+pub(crate) fn kv_policy(raw: i32) -> Result<KvPolicy, CoreError> {
+    match pb::KvPolicy::try_from(raw) {
+        Ok(pb::KvPolicy::Unspecified | pb::KvPolicy::Recompute) => Ok(KvPolicy::Recompute),
+        Ok(pb::KvPolicy::Reuse) => Ok(KvPolicy::Reuse),
+        Err(_) => Err(CoreError::invalid(Field::KvPolicy, format!("{raw} is not a KvPolicy"))),
+    }
+}
+
+/// The wire form of an applied KV policy.
+pub(crate) fn wire_kv_policy(policy: KvPolicy) -> pb::KvPolicy {
+    match policy {
+        KvPolicy::Recompute => pb::KvPolicy::Recompute,
+        KvPolicy::Reuse => pb::KvPolicy::Reuse,
+    }
+}
+
 pub(crate) fn pause_mode(raw: i32, unspecified: PauseMode) -> Result<PauseMode, CoreError> {
     match pb::PauseMode::try_from(raw) {
         Ok(pb::PauseMode::Unspecified) => Ok(unspecified),
@@ -180,7 +202,7 @@ mod tests {
                 token_ids: vec![1, 2, 3],
                 logprobs: vec![-0.1, -0.2, -0.3],
                 finish_reason: FinishReason::Abort,
-                segments: vec![Segment { version: AdapterVersion(4), start: 0, end: 3 }],
+                segments: vec![Segment { version: AdapterVersion(4), kv_version: AdapterVersion(4), start: 0, end: 3 }],
                 top_logprobs: Vec::new(),
             }],
             prompt_logprobs: vec![f32::NAN, -1.0],
@@ -191,7 +213,7 @@ mod tests {
         assert_eq!(response.request_id, "r");
         assert_eq!(sequence.token_ids, vec![1, 2, 3]);
         assert_eq!(sequence.finish_reason(), pb::FinishReason::Abort);
-        assert_eq!(sequence.segments, vec![pb::VersionSegment { lora_version: 4, start: 0, end: 3 }]);
+        assert_eq!(sequence.segments, vec![pb::VersionSegment { lora_version: 4, kv_version: 4, start: 0, end: 3 }]);
         assert!(response.prompt_logprobs[0].is_nan());
     }
 }

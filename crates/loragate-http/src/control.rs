@@ -1,5 +1,5 @@
 //! Control endpoints: SkyRL's `/skyrl/v1/{abort,resume,wait}_lora_…` with SkyRL's shapes (plus loragate's pause
-//! `mode`, `owner`, `lease_s` and `pause_id`), SkyRL 0.4's in-place reload `/skyrl/v1/load_lora_adapter`, vLLM's
+//! `mode`, `owner`, `lease_s`, `kv_policy` and `pause_id`), SkyRL 0.4's in-place reload `/skyrl/v1/load_lora_adapter`, vLLM's
 //! `/v1/{load,unload}_lora_adapter` (also at the root, where prime-rl and SGLang clients call them), the cache
 //! flushes clients call between steps, and SGLang's server info. Unlike SkyRL, an unknown adapter is a 404: no state
 //! is ever made up for a name.
@@ -11,7 +11,9 @@
 use axum::Json;
 use axum::extract::{Extension, State};
 use http::StatusCode;
-use loragate_core::{Action, AdapterKey, AdapterName, PauseId, PauseMode, PauseRequest, Principal, parse_timeout_s};
+use loragate_core::{
+    Action, AdapterKey, AdapterName, KvPolicy, PauseId, PauseMode, PauseRequest, Principal, parse_timeout_s,
+};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -33,8 +35,9 @@ pub(crate) struct UnloadBody {
     lora_int_id: Option<i64>,
 }
 
-/// `{"lora_name", "mode", "owner", "lease_s", "timeout_s"}`: the body of abort (a pause; `mode` defaults to abort).
-/// `timeout_s` bounds a wait-mode pause's drain: past it the pause is withdrawn and the answer is 504.
+/// `{"lora_name", "mode", "owner", "lease_s", "timeout_s", "kv_policy"}`: the body of abort (a pause; `mode` defaults
+/// to abort, `kv_policy` — `recompute` or `reuse`, for keep mode — to recompute). `timeout_s` bounds a wait-mode
+/// pause's drain: past it the pause is withdrawn and the answer is 504.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PauseBody {
@@ -43,6 +46,12 @@ pub(crate) struct PauseBody {
     owner: Option<String>,
     lease_s: Option<f64>,
     timeout_s: Option<f64>,
+    kv_policy: Option<String>,
+}
+
+/// Parses an optional `kv_policy` (`recompute`, `reuse`); absent is recompute.
+pub(crate) fn parse_kv_policy(raw: Option<&str>) -> Result<KvPolicy, HttpError> {
+    raw.map_or(Ok(KvPolicy::Recompute), KvPolicy::parse).map_err(HttpError::control)
 }
 
 /// `{"lora_name", "pause_id"}`: the body of resume (without `pause_id`, every pause is released).
@@ -61,9 +70,10 @@ pub(crate) struct WaitBody {
     timeout_s: Option<f64>,
 }
 
-/// `{"lora_name", "lora_path", "load_inplace"}`. Loading under a loaded name always swaps its weights and bumps
-/// its version; with vLLM's `load_inplace: true` it is the atomic keep-mode swap (running requests stop, and continue
-/// on the new weights), which is what vLLM's in-place reload means for requests in flight.
+/// `{"lora_name", "lora_path", "load_inplace", "kv_policy"}`. Loading under a loaded name always swaps its weights
+/// and bumps its version; with vLLM's `load_inplace: true` it is the atomic keep-mode swap (running requests stop,
+/// and continue on the new weights, recomputing their keys and values unless `kv_policy` is `reuse`), which is what
+/// vLLM's in-place reload means for requests in flight.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct LoadBody {
@@ -71,6 +81,7 @@ pub(crate) struct LoadBody {
     lora_path: Option<String>,
     #[serde(default)]
     load_inplace: bool,
+    kv_policy: Option<String>,
 }
 
 /// The adapter a request names, once its caller is known to be allowed `action` on it.
@@ -82,7 +93,9 @@ fn authorized(caller: &Principal, raw: Option<String>, action: Action) -> Result
 
 /// `POST /skyrl/v1/abort_lora_requests`: pauses the adapter in `mode` (default `abort`); answers once each aborted
 /// request was handed back (or each kept one stopped, or, in `wait` mode, none is left running). `aborted` lists the
-/// aborted requests' ids (a completion's `X-Request-Id`), `pause_id` names the pause for a targeted resume.
+/// aborted requests' ids (a completion's `X-Request-Id`), `pause_id` names the pause for a targeted resume,
+/// `kv_policy` is the KV policy applied (`reuse` only for a keep-mode pause that asked for it on an engine that can
+/// park).
 pub(crate) async fn abort_lora_requests(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -90,8 +103,10 @@ pub(crate) async fn abort_lora_requests(
 ) -> Result<Json<Value>, HttpError> {
     let name = authorized(&caller, body.lora_name, Action::Control)?;
     let mode = body.mode.as_deref().map_or(Ok(PauseMode::Abort), PauseMode::parse).map_err(HttpError::control)?;
+    let kv_policy = parse_kv_policy(body.kv_policy.as_deref())?;
     let pause = PauseRequest::parse(mode, body.owner.as_deref().unwrap_or(""), body.lease_s.unwrap_or(0.0))
-        .map_err(HttpError::control)?;
+        .map_err(HttpError::control)?
+        .with_kv_policy(kv_policy);
     let drain_until = drain_deadline(mode, body.timeout_s)?;
     let report = state.front().coordinator().pause(&name, pause, drain_until).await.map_err(HttpError::control)?;
     let aborted: Vec<String> = report.aborted.iter().map(ToString::to_string).collect();
@@ -104,6 +119,7 @@ pub(crate) async fn abort_lora_requests(
         "pause_id": report.pause_id.as_str(),
         "mode": report.mode.as_str(),
         "kept_count": report.kept.len(),
+        "kv_policy": report.kv_policy.as_str(),
     })))
 }
 
@@ -176,14 +192,19 @@ async fn load(
     let coordinator = state.front().coordinator();
     // The name first: a reserved one is refused whatever the path.
     coordinator.check_loadable_name(&name).map_err(HttpError::control)?;
+    let kv_policy = parse_kv_policy(body.kv_policy.as_deref())?;
     let path = body.lora_path.ok_or(HttpError::MissingField("lora_path"))?;
     let source = coordinator.resolve_adapter_path(&path).await.map_err(HttpError::control)?;
-    let (version, kept, aborted) = match swap {
+    let (version, kept, aborted, kv_policy) = match swap {
         Some(mode) => {
-            let swap = coordinator.swap_adapter(&name, source, mode, None).await.map_err(HttpError::control)?;
-            (swap.version, swap.kept, swap.aborted)
+            let swap =
+                coordinator.swap_adapter(&name, source, mode, kv_policy, None).await.map_err(HttpError::control)?;
+            (swap.version, swap.kept, swap.aborted, swap.kv_policy)
         }
-        None => (coordinator.load_adapter(&name, source).await.map_err(HttpError::control)?, 0, 0),
+        None => {
+            let version = coordinator.load_adapter(&name, source).await.map_err(HttpError::control)?;
+            (version, 0, 0, KvPolicy::Recompute)
+        }
     };
     tracing::info!(adapter = %name, %version, kept, aborted, "adapter loaded");
     Ok(Json(json!({
@@ -192,6 +213,7 @@ async fn load(
         "version": version.0,
         "kept_count": kept,
         "aborted_count": aborted,
+        "kv_policy": kv_policy.as_str(),
     })))
 }
 

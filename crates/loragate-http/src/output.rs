@@ -111,18 +111,24 @@ pub(crate) fn finish_reason(finish: Option<&Finish>) -> Option<&'static str> {
     finish.map(|finish| finish.reason.as_str())
 }
 
-/// A version segment as every API family sends it: `{"lora_version", "start", "end"}`.
+/// A version segment as every API family sends it: `{"lora_version", "start", "end", "kv_version"}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct SegmentJson {
     lora_version: u64,
     start: u32,
     end: u32,
+    kv_version: u64,
 }
 
 /// The JSON of `segments`.
 pub(crate) fn segments_json(segments: &[loragate_core::Segment]) -> Vec<SegmentJson> {
     segments
         .iter()
-        .map(|segment| SegmentJson { lora_version: segment.version.0, start: segment.start, end: segment.end })
+        .map(|segment| SegmentJson {
+            lora_version: segment.version.0,
+            start: segment.start,
+            end: segment.end,
+            kv_version: segment.kv_version.0,
+        })
         .collect()
 }

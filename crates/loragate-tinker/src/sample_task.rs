@@ -215,7 +215,14 @@ mod tests {
     fn tokens(sequence: u32, text: &str) -> SampleEvent {
         let token_ids: Vec<u32> = text.bytes().map(u32::from).collect();
         let logprobs = (0..token_ids.len()).map(|i| -(i as f32)).collect();
-        SampleEvent::Tokens { sequence, version: AdapterVersion(1), token_ids, logprobs, top_logprobs: Vec::new() }
+        SampleEvent::Tokens {
+            sequence,
+            version: AdapterVersion(1),
+            kv_version: AdapterVersion(1),
+            token_ids,
+            logprobs,
+            top_logprobs: Vec::new(),
+        }
     }
 
     fn finished(sequence: u32, reason: FinishReason) -> SampleEvent {

@@ -574,6 +574,17 @@ async fn a_killed_worker_hands_back_its_samples_comes_back_caught_up_and_workers
     }
     fleet.resume("meow").await;
 
+    // The fleet's engine cannot park: a keep pause asking to reuse keys and values applies RECOMPUTE, and says so.
+    let reuse = pb::AbortLoraRequestsRequest {
+        lora_name: "meow".into(),
+        mode: pb::PauseMode::Keep.into(),
+        kv_policy: pb::KvPolicy::Reuse.into(),
+        ..Default::default()
+    };
+    let answer = fleet.control().abort_lora_requests(reuse).await.expect("a keep pause").into_inner();
+    assert_eq!(answer.kv_policy(), pb::KvPolicy::Recompute);
+    fleet.resume("meow").await;
+
     // AddWorker: it joins, catches up, and serves.
     fleet.fleet().add_worker(pb::AddWorkerRequest { address: leaving.clone() }).await.expect("AddWorker");
     eventually_within("the added worker is READY", PATIENCE, || fleet.in_state(&leaving, pb::WorkerState::Ready)).await;

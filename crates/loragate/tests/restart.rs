@@ -107,6 +107,7 @@ async fn pause(control: &mut LoraControlClient<Channel>, name: &str, owner: &str
         mode: pb::PauseMode::Keep.into(),
         owner: owner.into(),
         lease_s,
+        kv_policy: pb::KvPolicy::Unspecified.into(),
     };
     control.abort_lora_requests(request).await.expect("paused").into_inner().pause_id
 }
@@ -192,6 +193,7 @@ async fn kills_at_random_points_never_lose_an_answered_change_or_repeat_a_versio
                 mode: pb::PauseMode::Keep.into(),
                 owner: "trainer".into(),
                 lease_s: 3600.0,
+                kv_policy: pb::KvPolicy::Reuse.into(),
             };
             match control.abort_lora_requests(request).await {
                 Ok(answer) => trainer_pause = Some(answer.into_inner().pause_id),

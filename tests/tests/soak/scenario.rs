@@ -334,8 +334,13 @@ async fn trainer(channel: Channel, counters: Arc<Counters>, stop: Arc<AtomicBool
         let step = turn / ADAPTERS.len() % 4;
         turn += 1;
         if step == 3 {
-            // The atomic swap: pause (keep), load, reopen, in one call.
-            let swap = pb::SwapLoraAdapterRequest { lora_name: adapter.into(), path: adapter.into(), mode: 0 };
+            // The atomic swap: pause (keep, parking the kept sequences where the engine can), load, reopen, in one call.
+            let swap = pb::SwapLoraAdapterRequest {
+                lora_name: adapter.into(),
+                path: adapter.into(),
+                mode: 0,
+                kv_policy: pb::KvPolicy::Reuse.into(),
+            };
             control.swap_lora_adapter(swap).await.expect("an atomic swap");
             counters.swaps.fetch_add(1, Ordering::AcqRel);
             counters.pauses.fetch_add(1, Ordering::AcqRel);
@@ -348,6 +353,7 @@ async fn trainer(channel: Channel, counters: Arc<Counters>, stop: Arc<AtomicBool
             mode: mode.into(),
             owner: "soak-trainer".into(),
             lease_s: 30.0,
+            kv_policy: pb::KvPolicy::Unspecified.into(),
         });
         // A wait-mode pause drains what runs; with hundreds queued it may not finish in time, and is then withdrawn.
         // Abort and keep answer once every request was handed back, or at the server's ack timeout (10 s) with the

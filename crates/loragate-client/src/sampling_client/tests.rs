@@ -40,7 +40,7 @@ async fn an_abort_then_a_stop_merge_into_one_sequence_with_the_exact_remaining_b
     assert_eq!(sequence.token_ids, vec![10, 11, 12, 13, 14, 15, 16, 17, 257]);
     assert_eq!(sequence.logprobs.len(), 9);
     assert_eq!(sequence.finish_reason(), Stop);
-    assert_eq!(sequence.segments, vec![pb::VersionSegment { lora_version: 1, start: 0, end: 9 }]);
+    assert_eq!(sequence.segments, vec![pb::VersionSegment { lora_version: 1, kv_version: 1, start: 0, end: 9 }]);
 
     let requests = lock(&script.samples).clone();
     assert_eq!(requests.len(), 2);

@@ -10,7 +10,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
 
 use super::cell::AdapterCell;
 use super::gate::Retirement;
-use super::pauses::{PauseId, PauseMode, PauseOwner, PauseRequest};
+use super::pauses::{KvPolicy, PauseId, PauseMode, PauseOwner, PauseRequest};
 use super::registry::{Admission, InFlightRegistry, PendingHandBacks, StopCause};
 use super::status::{AdapterStatus, ResumeReport};
 use crate::adapter_source::AdapterSource;
@@ -168,6 +168,7 @@ impl Actor for AdapterActor {
                 let (paused, recorded) = state.cell.pause(&request);
                 let pending = match request.mode {
                     PauseMode::Abort => state.registry.cancel_all(StopCause::Paused),
+                    PauseMode::Keep if request.kv_policy == KvPolicy::Reuse => state.registry.park_all(),
                     PauseMode::Keep => state.registry.cancel_all(StopCause::Kept),
                     PauseMode::Wait => state.registry.pending_all(),
                 };

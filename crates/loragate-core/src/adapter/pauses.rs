@@ -68,6 +68,56 @@ impl fmt::Display for PauseMode {
     }
 }
 
+/// What a keep-mode pause does with the keys and values (the KV cache) of the sequences it keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KvPolicy {
+    /// Drops them: each kept sequence is prefilled again as `prompt + its tokens` under the weights current when
+    /// the adapter reopens (today's behaviour, and what every mode other than keep applies).
+    #[default]
+    Recompute,
+    /// Parks each kept sequence in the engine with its keys and values; on resume it decodes on under the new
+    /// weights from its next token, with no prefill. Its later tokens attend to keys and values of the older
+    /// version ([`crate::Segment::kv_version`]). Applied only by an engine that can park
+    /// ([`crate::Engine::can_park`]).
+    Reuse,
+}
+
+impl KvPolicy {
+    /// The lowercase name used on HTTP.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Recompute => "recompute",
+            Self::Reuse => "reuse",
+        }
+    }
+
+    /// Parses the HTTP spelling (`recompute`, `reuse`).
+    pub fn parse(raw: &str) -> Result<Self, CoreError> {
+        match raw {
+            "recompute" => Ok(Self::Recompute),
+            "reuse" => Ok(Self::Reuse),
+            other => {
+                Err(CoreError::invalid(Field::KvPolicy, format!("must be one of recompute, reuse, got {other:?}")))
+            }
+        }
+    }
+
+    /// The policy a pause in `mode` applies when `self` was asked for, on an engine that can park or not: REUSE
+    /// only for keep mode on an engine that can park, RECOMPUTE otherwise.
+    pub fn applied(self, mode: PauseMode, engine_can_park: bool) -> Self {
+        match (self, mode, engine_can_park) {
+            (Self::Reuse, PauseMode::Keep, true) => Self::Reuse,
+            _ => Self::Recompute,
+        }
+    }
+}
+
+impl fmt::Display for KvPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Who holds a pause. The same owner pausing again renews its pause rather than adding a second one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PauseOwner {
@@ -121,12 +171,20 @@ pub struct PauseRequest {
     pub owner: PauseOwner,
     /// After how long the pause ends by itself; `None` holds it until released.
     pub lease: Option<Duration>,
+    /// What a keep-mode pause does with the kept sequences' keys and values (the coordinator replaces what was
+    /// asked for with what it applies, see [`KvPolicy::applied`]).
+    pub kv_policy: KvPolicy,
 }
 
 impl PauseRequest {
     /// An anonymous pause in `mode` without a lease (what `AbortLoraRequests` did before modes existed, in abort).
     pub fn new(mode: PauseMode) -> Self {
-        Self { mode, owner: PauseOwner::Named("".into()), lease: None }
+        Self { mode, owner: PauseOwner::Named("".into()), lease: None, kv_policy: KvPolicy::Recompute }
+    }
+
+    /// The same request with the KV policy `kv_policy`.
+    pub fn with_kv_policy(self, kv_policy: KvPolicy) -> Self {
+        Self { kv_policy, ..self }
     }
 
     /// Parses the wire fields: `owner` (see [`PauseOwner::named`]) and `lease_s` (finite, from 0 to [`MAX_LEASE`];
@@ -143,7 +201,7 @@ impl PauseRequest {
             ));
         }
         let lease = (lease_s > 0.0).then(|| Duration::from_secs_f64(lease_s));
-        Ok(Self { mode, owner, lease })
+        Ok(Self { mode, owner, lease, kv_policy: KvPolicy::Recompute })
     }
 }
 

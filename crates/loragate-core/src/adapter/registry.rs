@@ -10,6 +10,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::engine::ParkSignal;
 use crate::ids::{AdapterKey, AdapterVersion, RequestId};
 use crate::limits::Slot;
 
@@ -49,6 +50,8 @@ pub enum StopCause {
 struct HandBack {
     ending: OnceLock<Ending>,
     cause: OnceLock<StopCause>,
+    /// Set with a keep cause whose pause reuses keys and values: the engine parks the request's sequences.
+    park: ParkSignal,
     settled: Notify,
 }
 
@@ -56,6 +59,14 @@ impl HandBack {
     /// Records why the request is being cancelled (the first cause stays).
     fn stop(&self, cause: StopCause) {
         let _ = self.cause.set(cause);
+    }
+
+    /// Records a keep-mode cancellation that parks the request's sequences in the engine: the park signal is set
+    /// only if this is the first cause, and before the caller cancels the token.
+    fn stop_parking(&self) {
+        if self.cause.set(StopCause::Kept).is_ok() {
+            self.park.request();
+        }
     }
 
     /// Records how the request ended; only the first call counts.
@@ -124,6 +135,22 @@ impl InFlightRegistry {
     /// until handed back, so a second abort meanwhile waits for the same requests.
     pub(crate) fn cancel_all(&mut self, cause: StopCause) -> PendingHandBacks {
         self.cancel_where(cause, |_| true)
+    }
+
+    /// Cancels every request not yet handed back to be kept with its keys and values parked in the engine
+    /// ([`crate::KvPolicy::Reuse`]); returns what to wait on for each.
+    pub(crate) fn park_all(&mut self) -> PendingHandBacks {
+        self.forget_handed_back();
+        let pending = self
+            .entries
+            .values()
+            .map(|entry| {
+                entry.hand_back.stop_parking();
+                entry.cancel.cancel();
+                (entry.request_id.clone(), entry.hand_back.clone())
+            })
+            .collect();
+        PendingHandBacks { pending }
     }
 
     /// Cancels, for `cause`, the requests whose id is in `ids`; returns what to wait on for each.
@@ -277,6 +304,12 @@ impl Admission {
     /// The token an abort cancels; hand it to the engine.
     pub fn cancel_token(&self) -> &CancellationToken {
         &self.cancel
+    }
+
+    /// Set before the token fires when a keep-mode pause parks the request ([`crate::KvPolicy::Reuse`]); hand it
+    /// to the engine with the token.
+    pub fn park_signal(&self) -> &ParkSignal {
+        &self.hand_back.park
     }
 
     /// Why the request was cancelled, if it was (set before its token fires).

@@ -1,6 +1,6 @@
 //! Snapshots of an adapter's state, as `ListLoraAdapters` reports them.
 
-use super::pauses::{PauseInfo, PauseMode};
+use super::pauses::{KvPolicy, PauseInfo, PauseMode};
 use crate::ids::{AdapterKey, AdapterVersion, RequestId};
 
 /// One adapter's state at the moment of the snapshot.
@@ -41,6 +41,8 @@ pub struct PauseReport {
     pub kept: Vec<RequestId>,
     /// Requests cancelled but not stopped within the acknowledgement timeout; they still end as the mode says.
     pub unacknowledged: Vec<RequestId>,
+    /// The KV policy applied to the kept requests (RECOMPUTE for modes other than keep).
+    pub kv_policy: KvPolicy,
 }
 
 /// What a resume did.

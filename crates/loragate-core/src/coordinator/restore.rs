@@ -11,6 +11,7 @@ use ractor::SpawnErr;
 use ractor::rpc::CallResult;
 
 use super::Coordinator;
+use crate::adapter::KvPolicy;
 use crate::adapter_source::AdapterSource;
 use crate::error::CoreError;
 use crate::ids::{AdapterName, AdapterVersion};
@@ -113,7 +114,7 @@ impl Coordinator {
         }
         if let Some(mode) = recorded.global_pause {
             // Nothing runs yet: this only closes every gate again under the global owner.
-            self.pause_all(mode, None).await?;
+            self.pause_all(mode, KvPolicy::Recompute, None).await?;
         }
         Ok(report)
     }

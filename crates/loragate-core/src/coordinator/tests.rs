@@ -89,7 +89,10 @@ async fn a_sample_on_an_open_gate_finishes_with_its_versions_segments() {
     assert_eq!(output.request_id.as_str(), "r1");
     assert_eq!(sequence.finish_reason, FinishReason::Length);
     assert_eq!(sequence.token_ids, vec![0, 1]);
-    assert_eq!(sequence.segments, vec![Segment { version: AdapterVersion(1), start: 0, end: 2 }]);
+    assert_eq!(
+        sequence.segments,
+        vec![Segment { version: AdapterVersion(1), kv_version: AdapterVersion(1), start: 0, end: 2 }]
+    );
     eventually("the request left the registry", || async { status(&coordinator, "meow").await.in_flight == 0 }).await;
 }
 
@@ -135,7 +138,10 @@ async fn abort_hands_back_every_in_flight_request_with_its_partial_tokens() {
         assert_eq!(sequence.finish_reason, FinishReason::Abort);
         assert_eq!(sequence.token_ids, vec![0, 1, 2], "the partial tokens come back");
         assert_eq!(sequence.logprobs.len(), 3);
-        assert_eq!(sequence.segments, vec![Segment { version: AdapterVersion(1), start: 0, end: 3 }]);
+        assert_eq!(
+            sequence.segments,
+            vec![Segment { version: AdapterVersion(1), kv_version: AdapterVersion(1), start: 0, end: 3 }]
+        );
     }
     eventually("the registry is empty", || async { status(&coordinator, "meow").await.in_flight == 0 }).await;
 }

@@ -8,6 +8,11 @@
 //! `prompt + tokens so far` with the remaining budget for each such sequence, on the weights current then. If the
 //! adapter is unloaded, the server stops, an abort-mode pause comes (for a request that does not continue through
 //! them) or the deadline passes first, the sequence ends with `FINISH_REASON_ABORT` and every token it produced.
+//!
+//! Under [`KvPolicy::Reuse`](crate::KvPolicy::Reuse) the engine parks each kept decoding sequence
+//! ([`EngineEvent::Parked`]): the driver keeps the handle with the sequence (dropping it, and so freeing the keys
+//! and values, when the sequence ends any other way) and hands it to the continuation; when the engine reports
+//! [`EngineEvent::Resumed`], the continuation's tokens are recorded with the parked keys' KV version.
 
 use std::sync::Arc;
 
@@ -18,9 +23,10 @@ use tokio::sync::mpsc;
 use super::unfinished_error;
 use crate::adapter::{AdapterHandle, Admission, Counted, Ending, StopCause};
 use crate::coordinator::LiveRequest;
-use crate::engine::{Engine, EngineError, EngineEvent, EngineStream};
+use crate::engine::{Engine, EngineError, EngineEvent, EngineStream, ParkedKv, Parking};
 use crate::error::CoreError;
 use crate::gate_deadline::GateDeadline;
+use crate::ids::AdapterVersion;
 use crate::output::{FinishReason, SegmentsBuilder};
 use crate::sample_stream::SampleEvent;
 use crate::sampling::{Continuation, SampleRequest};
@@ -43,6 +49,15 @@ struct Sequence {
     token_ids: Vec<u32>,
     segments: SegmentsBuilder,
     progress: Progress,
+    /// The oldest adapter version in the keys and values the current engine run attends to: unknown (`None`) when
+    /// a run starts with a prefill, the version of its first tokens from then on, and the parked keys and values'
+    /// when the run resumed from them.
+    kv_version: Option<AdapterVersion>,
+    /// The keys and values the engine parked when a pause kept the sequence (KV_POLICY_REUSE), with their KV
+    /// version, until the continuation takes them. Dropped (freed) when the sequence ends.
+    parked: Option<(ParkedKv, Option<AdapterVersion>)>,
+    /// The KV version of the parked keys and values the current run was started with, until it says it resumed.
+    resuming_from: Option<AdapterVersion>,
 }
 
 /// One engine request of this request, and which of the request's sequences its sequences are.
@@ -79,6 +94,9 @@ impl Driver {
                 token_ids: Vec::new(),
                 segments: SegmentsBuilder::default(),
                 progress: Progress::Running,
+                kv_version: None,
+                parked: None,
+                resuming_from: None,
             })
             .collect();
         let abort_pauses_at_admission = adapter.cell().gate_state().abort_pauses;
@@ -168,13 +186,26 @@ impl Driver {
                     }
                     let index = self.running(&sequences, sequence)?;
                     let progress = &mut self.sequences[index];
-                    progress.segments.push(version, u32::try_from(token_ids.len()).unwrap_or(u32::MAX));
+                    let kv_version = *progress.kv_version.get_or_insert(version);
+                    let count = u32::try_from(token_ids.len()).unwrap_or(u32::MAX);
+                    progress.segments.push(version, kv_version, count);
                     progress.token_ids.extend_from_slice(&token_ids);
                     let cell = self.adapter.cell();
                     cell.metrics.record_tokens(&cell.labels, version, token_ids.len());
                     let sequence = index as u32;
-                    let tokens = SampleEvent::Tokens { sequence, version, token_ids, logprobs, top_logprobs };
+                    let tokens =
+                        SampleEvent::Tokens { sequence, version, kv_version, token_ids, logprobs, top_logprobs };
                     let _ = out.send(Ok(tokens));
+                }
+                EngineEvent::Parked { sequence, kv } => {
+                    let index = self.running(&sequences, sequence)?;
+                    let progress = &mut self.sequences[index];
+                    progress.parked = Some((kv, progress.kv_version));
+                }
+                EngineEvent::Resumed { sequence } => {
+                    let index = self.running(&sequences, sequence)?;
+                    let progress = &mut self.sequences[index];
+                    progress.kv_version = progress.resuming_from.take();
                 }
                 EngineEvent::Finished { sequence, reason } => {
                     let index = self.running(&sequences, sequence)?;
@@ -223,9 +254,16 @@ impl Driver {
         };
         let mut runs = Vec::with_capacity(continuations.len());
         for (index, request) in continuations {
-            match self.engine.generate(request, admission.cancel_token().clone()).await {
+            let (resume_from, resuming_from) = self.sequences[index].parked.take().unzip();
+            let parking = Parking { park_on_cancel: admission.park_signal().clone(), resume_from };
+            match self.engine.generate_parking(request, admission.cancel_token().clone(), parking).await {
                 Ok(events) => {
-                    self.sequences[index].progress = Progress::Running;
+                    let sequence = &mut self.sequences[index];
+                    sequence.progress = Progress::Running;
+                    // Prefilled again unless the engine says it resumed: then its keys and values go back to the
+                    // parked ones' version.
+                    sequence.kv_version = None;
+                    sequence.resuming_from = resuming_from.flatten();
                     runs.push(EngineRun { events, sequences: Arc::new([index]) });
                 }
                 Err(why) => {
@@ -262,6 +300,8 @@ impl Driver {
     fn finish(&mut self, index: usize, reason: FinishReason, out: &Output) {
         let sequence = &mut self.sequences[index];
         sequence.progress = Progress::Finished;
+        // Frees parked keys and values nobody will resume from.
+        sequence.parked = None;
         self.aborted |= reason == FinishReason::Abort;
         let segments = sequence.segments.segments().to_vec();
         let _ = out.send(Ok(SampleEvent::Finished { sequence: index as u32, reason, segments }));

@@ -157,7 +157,6 @@ impl BatchKvCache {
 
     /// The keys and values of row `row`, its padding left out: what [`BatchKvCache::push`] takes back. This is how a
     /// sequence leaves the batch with its cache (to be parked, and rejoin later without any prefill).
-    #[cfg(test)]
     pub(crate) fn row(&self, row: usize) -> Result<Vec<LayerKv>> {
         let Some(&pad) = self.pads.get(row) else { candle_core::bail!("no row {row} in the batch") };
         let cached = self.len - pad;

@@ -2,11 +2,12 @@
 
 use std::sync::Arc;
 
-use loragate_core::{EngineError, FinishReason};
+use loragate_core::{EngineError, EngineEvent, FinishReason};
 
+use super::park::ParkedRow;
 use super::sequence::Sequence;
 use crate::lora::AdapterWeights;
-use crate::model::{BatchKvCache, Llama, SequenceKv};
+use crate::model::{BatchKvCache, LayerKv, Llama, SequenceKv};
 
 pub(super) struct Batch {
     /// Row `i` of the cache is `rows[i]`.
@@ -68,10 +69,35 @@ impl Batch {
         result
     }
 
-    /// Ends cancelled sequences with `Abort` and drops those whose caller went away.
-    pub(super) fn drop_abandoned(&mut self) -> candle_core::Result<()> {
+    /// Adds sequences that resume from parked keys and values (`(1, kv_heads, len, head_dim)` per layer, every
+    /// position but the one each feeds next), with no prefill.
+    pub(super) fn rejoin(&mut self, resumed: Vec<(Sequence, Vec<LayerKv>)>) -> candle_core::Result<()> {
+        let joining: Vec<(&[LayerKv], usize)> = resumed.iter().map(|(_, layers)| (&layers[..], 1)).collect();
+        let result = self.cache.push(&joining);
+        self.rows.extend(resumed.into_iter().map(|(row, _)| row));
+        if let Err(err) = &result {
+            self.fail_all(&format!("cannot resume sequences in the batch: {err}"));
+        }
+        result
+    }
+
+    /// Ends cancelled sequences with `Abort` and drops those whose caller went away. A sequence cancelled to be
+    /// parked first hands its keys and values to its caller ([`EngineEvent::Parked`], for the step thread
+    /// `incarnation`); if they cannot be copied out, it ends as a plain abort (its continuation recomputes).
+    pub(super) fn drop_abandoned(&mut self, incarnation: u64) -> candle_core::Result<()> {
         if !self.rows.iter().any(Sequence::is_abandoned) {
             return Ok(());
+        }
+        for (index, row) in self.rows.iter().enumerate() {
+            if row.request.parks() {
+                match self.cache.row(index) {
+                    Ok(layers) => {
+                        let kv = ParkedRow::park(incarnation, row.tokens(), layers);
+                        row.request.send(EngineEvent::Parked { sequence: row.index(), kv });
+                    }
+                    Err(err) => tracing::warn!(error = %err, "cannot park a sequence; it will be recomputed"),
+                }
+            }
         }
         self.retain(|sequence| {
             if !sequence.is_abandoned() {

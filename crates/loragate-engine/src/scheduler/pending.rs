@@ -46,8 +46,7 @@ pub(super) struct Scheduled {
 impl Pending {
     /// Queues a new request at the back of its tenant's queue.
     pub(super) fn push(&mut self, submission: Submission) {
-        let id = self.next_id;
-        self.next_id += 1;
+        let id = self.next_id();
         let key = submission.request.adapter().clone();
         let entry = Entry::Waiting { id, submission };
         match self.tenants.iter_mut().find(|tenant| tenant.key == key) {
@@ -58,6 +57,13 @@ impl Pending {
 
     pub(super) fn is_empty(&self) -> bool {
         self.tenants.is_empty()
+    }
+
+    /// A new request number (requests that skip the queue, resuming from parked keys and values, get one too).
+    pub(super) fn next_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
     }
 
     /// The requests not started yet.

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use loragate_core::{AdapterVersion, EngineError, EngineEvent, FinishReason, SampleRequest};
+use loragate_core::{AdapterVersion, EngineError, EngineEvent, FinishReason, ParkSignal, ParkedKv, SampleRequest};
 use tokio_util::sync::CancellationToken;
 
 use super::outbox::EventSender;
@@ -16,6 +16,10 @@ pub(crate) struct Submission {
     pub(crate) adapter: Option<Arc<AdapterWeights>>,
     pub(crate) version: AdapterVersion,
     pub(crate) cancel: CancellationToken,
+    /// Set before `cancel` fires when the cancellation parks decoding sequences rather than dropping their cache.
+    pub(crate) park: ParkSignal,
+    /// The keys and values a continuation resumes from (see [`super::park`]).
+    pub(crate) resume: Option<ParkedKv>,
     pub(crate) events: EventSender,
 }
 
@@ -39,8 +43,11 @@ pub(crate) struct RequestContext {
     pub(crate) id: u64,
     pub(crate) events: EventSender,
     pub(crate) cancel: CancellationToken,
+    park: ParkSignal,
     pub(crate) version: AdapterVersion,
     pub(crate) adapter: Option<Arc<AdapterWeights>>,
+    /// The request's prompt: with a sequence's generated tokens, what its keys and values belong to.
+    prompt: Arc<[u32]>,
     max_tokens: u32,
     /// `stop_token_ids`, plus the model's end-of-sequence tokens unless `ignore_eos`.
     stop_tokens: Vec<u32>,
@@ -48,13 +55,15 @@ pub(crate) struct RequestContext {
 
 impl RequestContext {
     pub(crate) fn new(id: u64, submission: Submission, eos_token_ids: &[u32]) -> (Arc<Self>, SampleRequest) {
-        let Submission { request, adapter, version, cancel, events } = submission;
+        let Submission { request, adapter, version, cancel, park, resume: _, events } = submission;
         let params = request.params();
         let mut stop_tokens = params.stop_token_ids().to_vec();
         if !params.ignore_eos() {
             stop_tokens.extend_from_slice(eos_token_ids);
         }
-        let context = Self { id, events, cancel, version, adapter, max_tokens: params.max_tokens(), stop_tokens };
+        let prompt = Arc::clone(request.prompt());
+        let max_tokens = params.max_tokens();
+        let context = Self { id, events, cancel, park, version, adapter, prompt, max_tokens, stop_tokens };
         (Arc::new(context), request)
     }
 
@@ -73,6 +82,11 @@ impl RequestContext {
     pub(crate) fn is_abandoned(&self) -> bool {
         self.cancel.is_cancelled() || self.events.is_closed()
     }
+
+    /// Whether the request was cancelled to be parked, and its caller is there to take the keys and values.
+    pub(crate) fn parks(&self) -> bool {
+        self.park.is_requested() && self.cancel.is_cancelled() && !self.events.is_closed()
+    }
 }
 
 /// One sequence being generated.
@@ -81,6 +95,8 @@ pub(crate) struct Sequence {
     index: u32,
     sampler: Sampler,
     generated: u32,
+    /// The tokens this request generated for the sequence (what its keys and values hold besides the prompt).
+    generated_tokens: Vec<u32>,
     /// Prompt plus generated tokens.
     context_len: usize,
     /// The token to feed at the next decode step (the last one sampled).
@@ -89,7 +105,20 @@ pub(crate) struct Sequence {
 
 impl Sequence {
     pub(crate) fn new(request: Arc<RequestContext>, index: u32, sampler: Sampler, prompt_len: usize) -> Self {
-        Self { request, index, sampler, generated: 0, context_len: prompt_len, next_input: 0 }
+        let generated_tokens = Vec::new();
+        Self { request, index, sampler, generated: 0, generated_tokens, context_len: prompt_len, next_input: 0 }
+    }
+
+    /// The only sequence of a continuation that resumes from parked keys and values: they hold every position of
+    /// its prompt but the last, `last`, which it feeds at its first decode step.
+    pub(crate) fn resumed(request: Arc<RequestContext>, sampler: Sampler, prompt_len: usize, last: u32) -> Self {
+        Self { next_input: last, ..Self::new(request, 0, sampler, prompt_len) }
+    }
+
+    /// Every token of the sequence: its request's prompt and what it generated. Its keys and values hold all but
+    /// the last.
+    pub(crate) fn tokens(&self) -> Vec<u32> {
+        self.request.prompt.iter().chain(&self.generated_tokens).copied().collect()
     }
 
     /// Whether the caller cancelled the request or went away.
@@ -98,7 +127,6 @@ impl Sequence {
     }
 
     /// The sequence's index in its request.
-    #[cfg(test)]
     pub(crate) fn index(&self) -> u32 {
         self.index
     }
@@ -128,6 +156,7 @@ impl Sequence {
         self.generated += 1;
         self.context_len += 1;
         self.next_input = token;
+        self.generated_tokens.push(token);
         self.request.send(EngineEvent::Tokens {
             sequence: self.index,
             version: self.request.version,

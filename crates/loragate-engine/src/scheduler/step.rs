@@ -1,5 +1,6 @@
 //! One step: plan it, run it in one packed forward pass, and hand each token and chunk to its request.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
@@ -29,6 +30,7 @@ impl Scheduler {
     /// One step: hand back abandoned requests, plan, run every decode row and the planned chunks in one pass, emit.
     pub(super) fn run_step(&mut self) {
         self.drop_abandoned();
+        self.resume_parked();
         let decode_rows = self.batch.len();
         let limits = Limits {
             budget: self.limits.max_num_batched_tokens.saturating_sub(decode_rows),
@@ -67,8 +69,32 @@ impl Scheduler {
 
     fn drop_abandoned(&mut self) {
         self.pending.drop_abandoned();
-        if let Err(err) = self.batch.drop_abandoned() {
+        if let Err(err) = self.batch.drop_abandoned(self.incarnation) {
             self.batch.fail_all(&format!("cannot shrink the batch: {err}"));
+        }
+        let mut waiting = VecDeque::with_capacity(self.resuming.len());
+        for resuming in self.resuming.drain(..) {
+            if resuming.is_abandoned() {
+                resuming.abort();
+            } else {
+                waiting.push_back(resuming);
+            }
+        }
+        self.resuming = waiting;
+    }
+
+    /// Puts parked sequences back into the batch as decode rows, as many as the batch has places for (before any
+    /// new prefill takes one): they decode in this very step.
+    fn resume_parked(&mut self) {
+        let free = self.limits.max_batch_size.saturating_sub(self.batch.len() + self.pending.places_taken());
+        let count = free.min(self.resuming.len());
+        if count == 0 {
+            return;
+        }
+        let resumed: Vec<_> =
+            self.resuming.drain(..count).map(|resuming| resuming.start(self.pending.next_id(), &self.model)).collect();
+        if let Err(err) = self.batch.rejoin(resumed) {
+            tracing::error!(error = %err, "cannot resume parked sequences in the batch");
         }
     }
 

@@ -2,6 +2,7 @@
 
 mod chunked;
 mod interleavings;
+mod park;
 mod tenants;
 
 use std::sync::Arc;
@@ -46,7 +47,9 @@ impl Harness {
         let (events, receiver) = outbox();
         let version = if adapter.is_some() { AdapterVersion(1) } else { AdapterVersion::BASE };
         let request = request(&self.config, raw);
-        self.scheduler.pending.push(Submission { request, adapter: adapter.cloned(), version, cancel, events });
+        let (park, resume) = (loragate_core::ParkSignal::default(), None);
+        let adapter = adapter.cloned();
+        self.scheduler.pending.push(Submission { request, adapter, version, cancel, park, resume, events });
         receiver
     }
 
@@ -56,7 +59,7 @@ impl Harness {
 
     fn run_until_idle(&mut self) {
         for _ in 0..1000 {
-            if self.scheduler.batch.is_empty() && self.scheduler.pending.is_empty() {
+            if self.scheduler.is_idle() {
                 return;
             }
             self.scheduler.run_step();

@@ -78,7 +78,7 @@ async fn sample_and_sample_stream_return_tokens_with_their_provenance() {
     let sequence = &response.sequences[0];
     assert_eq!(sequence.token_ids, vec![0, 1]);
     assert_eq!(sequence.finish_reason(), FinishReason::Length);
-    assert_eq!(sequence.segments, vec![pb::VersionSegment { lora_version: 1, start: 0, end: 2 }]);
+    assert_eq!(sequence.segments, vec![pb::VersionSegment { lora_version: 1, kv_version: 1, start: 0, end: 2 }]);
     assert!(!response.request_id.is_empty(), "the server makes an id when the caller sends none");
 
     let mut chunks = harness.sampler.sample_stream(sample_request("meow", 2)).await.expect("stream").into_inner();
@@ -91,7 +91,7 @@ async fn sample_and_sample_stream_return_tokens_with_their_provenance() {
     let last = last.expect("at least one chunk");
     assert_eq!(tokens, vec![0, 1]);
     assert_eq!(last.finish_reason(), FinishReason::Length);
-    assert_eq!(last.segments, vec![pb::VersionSegment { lora_version: 1, start: 0, end: 2 }]);
+    assert_eq!(last.segments, vec![pb::VersionSegment { lora_version: 1, kv_version: 1, start: 0, end: 2 }]);
 }
 
 #[tokio::test]
@@ -244,4 +244,24 @@ async fn control_errors_carry_the_contracts_codes_and_the_server_keeps_serving()
     assert!(!status.paused && status.in_flight == 0, "bad input changed nothing: {status:?}");
     let response = harness.sampler.sample(sample_request("meow", 2)).await.expect("still serving").into_inner();
     assert_eq!(response.sequences[0].finish_reason(), FinishReason::Length);
+}
+
+#[tokio::test]
+async fn the_kv_policy_is_parsed_and_the_applied_one_echoed() {
+    let mut harness = serve(&["meow"]).await;
+    let keep = |kv_policy: i32| pb::AbortLoraRequestsRequest {
+        lora_name: "meow".into(),
+        mode: pb::PauseMode::Keep.into(),
+        kv_policy,
+        ..Default::default()
+    };
+    let answer = harness.control.abort_lora_requests(keep(pb::KvPolicy::Reuse.into())).await.expect("paused");
+    // The scripted engine cannot park: REUSE is applied as RECOMPUTE, and the answer says so.
+    assert_eq!(answer.into_inner().kv_policy(), pb::KvPolicy::Recompute);
+    let answer = harness.control.abort_lora_requests(keep(0)).await.expect("paused again");
+    assert_eq!(answer.into_inner().kv_policy(), pb::KvPolicy::Recompute, "unspecified is RECOMPUTE");
+    let refused = harness.control.abort_lora_requests(keep(7)).await.expect_err("no such policy");
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert!(refused.message().contains("kv_policy"), "{refused:?}");
+    assert!(status_of(&harness.control, "meow").await.paused, "the refused call changed nothing");
 }

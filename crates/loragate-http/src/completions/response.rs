@@ -320,7 +320,8 @@ mod tests {
             logprobs,
             prompt: None,
             finish: finish.map(|reason| Finish { reason, matched: None::<Matched> }),
-            segments: finish.map(|_| vec![Segment { version: AdapterVersion(2), start: 0, end: 4 }]),
+            segments: finish
+                .map(|_| vec![Segment { version: AdapterVersion(2), kv_version: AdapterVersion(2), start: 0, end: 4 }]),
         }
     }
 

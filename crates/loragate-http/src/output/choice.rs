@@ -193,8 +193,8 @@ impl Choices {
                 self.prompt_top = Some(top);
                 None
             }
-            SampleEvent::Tokens { sequence, version, token_ids, logprobs, top_logprobs } => {
-                self.on_tokens(sequence, version, &token_ids, &logprobs, top_logprobs)
+            SampleEvent::Tokens { sequence, version, kv_version, token_ids, logprobs, top_logprobs } => {
+                self.on_tokens(sequence, (version, kv_version), &token_ids, &logprobs, top_logprobs)
             }
             SampleEvent::Finished { sequence, reason, .. } => self.on_finished(sequence, reason),
         }
@@ -232,7 +232,7 @@ impl Choices {
     fn on_tokens(
         &mut self,
         sequence: u32,
-        version: AdapterVersion,
+        (version, kv_version): (AdapterVersion, AdapterVersion),
         token_ids: &[u32],
         logprobs: &[f32],
         top_logprobs: Vec<TopLogprobs>,
@@ -247,7 +247,7 @@ impl Choices {
                 delta.logprobs.push(TokenLogprob { token, logprob, top, text_offset: choice.decoded_chars });
             }
             delta.token_ids.push(token);
-            choice.segments.push(version, 1);
+            choice.segments.push(version, kv_version, 1);
             choice.tokens += 1;
             choice.last_token = Some(token);
             let text = choice.decoder.push(codec, token);
@@ -324,7 +324,14 @@ mod tests {
     fn tokens(sequence: u32, text: &str) -> SampleEvent {
         let token_ids: Vec<u32> = text.bytes().map(u32::from).collect();
         let logprobs = (0..token_ids.len()).map(|i| -0.5 * i as f32).collect();
-        SampleEvent::Tokens { sequence, version: AdapterVersion(3), token_ids, logprobs, top_logprobs: Vec::new() }
+        SampleEvent::Tokens {
+            sequence,
+            version: AdapterVersion(3),
+            kv_version: AdapterVersion(3),
+            token_ids,
+            logprobs,
+            top_logprobs: Vec::new(),
+        }
     }
 
     fn finished(sequence: u32, reason: FinishReason) -> SampleEvent {
@@ -374,7 +381,10 @@ mod tests {
         assert_eq!((delta.text.as_str(), delta.token_ids.len(), delta.logprobs.len()), ("meow", 4, 0));
         let last = choices.on_event(finished(1, FinishReason::Length)).expect("last delta");
         assert_eq!(last.finish, Some(Finish { reason: FinishReason::Length, matched: None }));
-        assert_eq!(last.segments, Some(vec![Segment { version: AdapterVersion(3), start: 0, end: 4 }]));
+        assert_eq!(
+            last.segments,
+            Some(vec![Segment { version: AdapterVersion(3), kv_version: AdapterVersion(3), start: 0, end: 4 }])
+        );
         assert!(!choices.all_finished());
         let stopped = choices.on_event(finished(0, FinishReason::Stop)).expect("choice 0 ends");
         assert_eq!(stopped.finish, Some(Finish { reason: FinishReason::Stop, matched: None }), "no token to name");
@@ -401,7 +411,10 @@ mod tests {
             second.finish,
             Some(Finish { reason: FinishReason::Stop, matched: Some(Matched::Text("woof".into())) })
         );
-        assert_eq!(second.segments, Some(vec![Segment { version: AdapterVersion(3), start: 0, end: 9 }]));
+        assert_eq!(
+            second.segments,
+            Some(vec![Segment { version: AdapterVersion(3), kv_version: AdapterVersion(3), start: 0, end: 9 }])
+        );
         assert_eq!(choices.on_event(tokens(0, "more")), None, "later tokens of a stopped choice are dropped");
         assert_eq!(choices.on_event(finished(0, FinishReason::Abort)), None);
         assert!(!choices.all_finished(), "choice 1 is still running");
@@ -441,6 +454,7 @@ mod tests {
         let event = SampleEvent::Tokens {
             sequence: 0,
             version: AdapterVersion(1),
+            kv_version: AdapterVersion(1),
             token_ids: "hé".bytes().map(u32::from).collect(),
             logprobs: vec![0.0, -0.5, -1.0],
             top_logprobs: vec![top.clone(), TopLogprobs::default(), TopLogprobs::default()],

@@ -217,7 +217,9 @@ mod tests {
             token_ids,
             logprobs,
             prompt: None,
-            segments: finish.as_ref().map(|_| vec![Segment { version: AdapterVersion(4), start: 0, end: 2 }]),
+            segments: finish
+                .as_ref()
+                .map(|_| vec![Segment { version: AdapterVersion(4), kv_version: AdapterVersion(4), start: 0, end: 2 }]),
             finish,
         }
     }

@@ -198,6 +198,9 @@ impl GenerateResponses {
                 self.send_output(output);
                 self.ended = true;
             }
+            // A worker's requests are never parked: its caller, a fleet coordinator, cannot hand keys and values
+            // back, so it never asks.
+            EngineEvent::Parked { .. } | EngineEvent::Resumed { .. } => {}
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicUsize;
 use futures::StreamExt;
 
 use super::*;
-use crate::adapter::{PauseId, PauseMode, PauseOwner, PauseRequest};
+use crate::adapter::{KvPolicy, PauseId, PauseMode, PauseOwner, PauseRequest};
 use crate::sample_stream::SampleEvent;
 use crate::testing::GenerateHook;
 
@@ -60,8 +60,8 @@ async fn keep_stops_requests_and_continues_them_on_the_weights_current_at_resume
     assert_eq!(
         sequence.segments,
         vec![
-            Segment { version: AdapterVersion(1), start: 0, end: 3 },
-            Segment { version: AdapterVersion(2), start: 3, end: 5 },
+            Segment { version: AdapterVersion(1), kv_version: AdapterVersion(1), start: 0, end: 3 },
+            Segment { version: AdapterVersion(2), kv_version: AdapterVersion(2), start: 3, end: 5 },
         ]
     );
     assert!(prompts.lock().contains(&vec![1, 2, 3, 0, 1, 2]), "continued as prompt + its tokens: {prompts:?}");
@@ -138,7 +138,7 @@ async fn a_kept_request_ends_with_its_tokens_when_unloaded_past_its_deadline_or_
 
     let at_shutdown = spawn_sample(&coordinator, "", LONG, "s1");
     eventually("runs", || async { status(&coordinator, "").await.in_flight == 1 }).await;
-    coordinator.pause_all(PauseMode::Keep, None).await.expect("keep everything");
+    coordinator.pause_all(PauseMode::Keep, KvPolicy::Recompute, None).await.expect("keep everything");
     coordinator.shutdown(Duration::from_millis(10)).await;
     let output = joined(at_shutdown).await.expect("handed back at shutdown");
     assert_eq!(output.sequences[0].finish_reason, FinishReason::Abort);
@@ -242,10 +242,11 @@ async fn a_swap_keeps_requests_across_the_load_and_a_failed_swap_reopens_on_the_
     let task = spawn_sample(&coordinator, "meow", HOLD_AFTER + 2, "s1");
     eventually("running", || async { status(&coordinator, "meow").await.in_flight == 1 }).await;
     let swap = coordinator
-        .swap_adapter(&name("meow"), AdapterSource::trusted("/a/step-2"), PauseMode::Keep, None)
+        .swap_adapter(&name("meow"), AdapterSource::trusted("/a/step-2"), PauseMode::Keep, KvPolicy::Reuse, None)
         .await
         .expect("swap");
     assert_eq!((swap.version, swap.kept, swap.aborted), (AdapterVersion(2), 1, 0));
+    assert_eq!(swap.kv_policy, KvPolicy::Recompute, "an engine that cannot park applies RECOMPUTE");
     let output = joined(task).await.expect("finished");
     let versions: Vec<u64> = output.sequences[0].segments.iter().map(|segment| segment.version.0).collect();
     assert_eq!((versions, output.sequences[0].token_ids.len()), (vec![1, 2], 5));
@@ -254,7 +255,7 @@ async fn a_swap_keeps_requests_across_the_load_and_a_failed_swap_reopens_on_the_
     let task = spawn_sample(&coordinator, "meow", HOLD_AFTER + 2, "s2");
     eventually("running", || async { status(&coordinator, "meow").await.in_flight == 1 }).await;
     let err = coordinator
-        .swap_adapter(&name("meow"), AdapterSource::trusted("/a/bad"), PauseMode::Keep, None)
+        .swap_adapter(&name("meow"), AdapterSource::trusted("/a/bad"), PauseMode::Keep, KvPolicy::Recompute, None)
         .await
         .expect_err("bad weights");
     assert!(matches!(&err, CoreError::SwapFailed { serving: AdapterVersion(2), .. }), "{err}");
@@ -265,7 +266,7 @@ async fn a_swap_keeps_requests_across_the_load_and_a_failed_swap_reopens_on_the_
     assert!(!status(&coordinator, "meow").await.paused, "reopened");
 
     let fresh = coordinator
-        .swap_adapter(&name("fresh"), AdapterSource::trusted("/a/fresh"), PauseMode::Keep, None)
+        .swap_adapter(&name("fresh"), AdapterSource::trusted("/a/fresh"), PauseMode::Keep, KvPolicy::Recompute, None)
         .await
         .expect("a new name is simply loaded");
     assert_eq!(fresh.version, AdapterVersion(1));
@@ -278,7 +279,7 @@ async fn the_global_pause_covers_every_adapter_and_only_its_resume_releases_it()
     eventually("running", || async { status(&coordinator, "").await.in_flight == 1 }).await;
     coordinator.pause(&name("woof"), by("trainer", PauseMode::Abort, 0.0), None).await.expect("trainer pause");
 
-    let report = coordinator.pause_all(PauseMode::Keep, None).await.expect("global keep");
+    let report = coordinator.pause_all(PauseMode::Keep, KvPolicy::Recompute, None).await.expect("global keep");
     assert_eq!(report.kept.len(), 1, "the base model's request is kept");
     assert!(coordinator.is_paused_globally().await.expect("asked"));
     for adapter in ["", "meow", "woof"] {
@@ -410,7 +411,7 @@ async fn run_keep_interleaving(seed: u64) {
                 let mode = if rng.random_bool(0.8) { PauseMode::Keep } else { PauseMode::Abort };
                 if rng.random_bool(0.5) {
                     let source = AdapterSource::trusted(format!("/a/{lora}"));
-                    coordinator.swap_adapter(&lora, source, mode, None).await.expect("swap");
+                    coordinator.swap_adapter(&lora, source, mode, KvPolicy::Recompute, None).await.expect("swap");
                 } else {
                     let pause = coordinator.pause(&lora, PauseRequest::new(mode), None).await.expect("pause");
                     for _ in 0..rng.random_range(0..10) {

@@ -52,7 +52,10 @@ async fn adapters_come_back_at_their_versions_and_no_version_is_issued_twice() {
     assert_eq!(listed, [("meow".to_owned(), AdapterVersion(3))], "the unloaded woof stays unloaded");
     assert_eq!(engine.installed(&name("meow")), Some(AdapterVersion(3)), "loaded again at its recorded version");
     let output = joined(spawn_sample(&coordinator, "meow", SHORT, "after")).await.expect("meow samples");
-    assert_eq!(output.sequences[0].segments, vec![Segment { version: AdapterVersion(3), start: 0, end: SHORT }]);
+    assert_eq!(
+        output.sequences[0].segments,
+        vec![Segment { version: AdapterVersion(3), kv_version: AdapterVersion(3), start: 0, end: SHORT }]
+    );
     assert_eq!(load(&coordinator, "meow", "/a/meow-4").await.ok(), Some(AdapterVersion(4)));
     assert_eq!(load(&coordinator, "woof", "/a/woof").await.ok(), Some(AdapterVersion(2)), "a reload continues");
 }
@@ -68,7 +71,7 @@ async fn recorded_pauses_hold_after_a_restart_with_their_ids_owners_modes_and_le
     let anonymous = coordinator.abort(&name("meow")).await.expect("paused").pause_id;
     let released = coordinator.pause(&name("woof"), PauseRequest::new(PauseMode::Wait), None).await.expect("paused");
     coordinator.resume(&name("woof"), Some(released.pause_id.clone())).await.expect("resumed");
-    coordinator.pause_all(PauseMode::Keep, None).await.expect("the global pause");
+    coordinator.pause_all(PauseMode::Keep, KvPolicy::Recompute, None).await.expect("the global pause");
 
     let (coordinator, _) = restarted(coordinator, &store).await;
     let meow = status(&coordinator, "meow").await;
@@ -189,7 +192,10 @@ async fn a_swaps_own_pause_is_not_recorded_and_a_swap_records_its_version() {
     let (coordinator, _) = started_on(&store).await;
     load(&coordinator, "meow", "/a/meow").await.expect("meow");
     let source = AdapterSource::trusted("/a/meow-2");
-    let swap = coordinator.swap_adapter(&name("meow"), source, PauseMode::Keep, None).await.expect("swapped");
+    let swap = coordinator
+        .swap_adapter(&name("meow"), source, PauseMode::Keep, KvPolicy::Recompute, None)
+        .await
+        .expect("swapped");
     assert_eq!(swap.version, AdapterVersion(2));
     let recorded = store.recorded().await.expect("reads");
     assert!(recorded.pauses.is_empty());
@@ -234,7 +240,7 @@ async fn a_pause_the_store_cannot_record_is_withdrawn_and_the_error_says_why() {
         other => panic!("expected a state error, got {other:?}"),
     }
     assert!(!status(&coordinator, "meow").await.paused, "no pause is left holding without its record");
-    assert!(coordinator.pause_all(PauseMode::Abort, None).await.is_err());
+    assert!(coordinator.pause_all(PauseMode::Abort, KvPolicy::Recompute, None).await.is_err());
     assert!(!status(&coordinator, "meow").await.paused && !coordinator.is_paused_globally().await.expect("answers"));
     joined(spawn_sample(&coordinator, "meow", SHORT, "open")).await.expect("meow still samples");
 }

@@ -30,7 +30,10 @@ async fn an_unload_that_finishes_after_a_reload_leaves_the_reloaded_weights_serv
     joined(unload).await.expect("the unload finishes");
     assert_eq!(engine.installed(&meow), Some(AdapterVersion(2)), "the unload of v1 left v2 alone");
     let output = joined(spawn_sample(&coordinator, "meow", SHORT, "after")).await.expect("meow still samples");
-    assert_eq!(output.sequences[0].segments, vec![Segment { version: AdapterVersion(2), start: 0, end: SHORT }]);
+    assert_eq!(
+        output.sequences[0].segments,
+        vec![Segment { version: AdapterVersion(2), kv_version: AdapterVersion(2), start: 0, end: SHORT }]
+    );
 }
 
 #[tokio::test]
@@ -55,7 +58,10 @@ async fn a_load_that_finishes_after_its_adapter_was_unloaded_removes_only_what_i
     assert!(matches!(joined(late).await, Err(CoreError::UnknownAdapter(_))), "the late load's adapter is gone");
     assert_eq!(engine.installed(&meow), Some(AdapterVersion(3)), "neither installed over nor removed v3");
     let output = joined(spawn_sample(&coordinator, "meow", SHORT, "after")).await.expect("meow still samples");
-    assert_eq!(output.sequences[0].segments, vec![Segment { version: AdapterVersion(3), start: 0, end: SHORT }]);
+    assert_eq!(
+        output.sequences[0].segments,
+        vec![Segment { version: AdapterVersion(3), kv_version: AdapterVersion(3), start: 0, end: SHORT }]
+    );
     assert_eq!(coordinator.list_adapters().await[0].version, AdapterVersion(3));
 }
 

@@ -14,7 +14,7 @@ async fn abort_resume_and_wait_answer_with_skyrls_shapes() {
     assert_eq!(
         report,
         json!({"status": "ok", "aborted": [], "count": 0, "unacknowledged": [], "pause_id": null, "mode": "abort",
-               "kept_count": 0})
+               "kept_count": 0, "kv_policy": "recompute"})
     );
     let again = harness.pause("meow").await;
     assert_eq!(again["count"], 0, "abort is idempotent");
@@ -65,14 +65,16 @@ async fn adapters_load_swap_and_unload_through_the_adapter_root() {
     };
     let harness = serve_engine(ScriptedEngine::new(HOLD_AFTER), config, &["meow"]).await;
 
-    let swap = json!({"lora_name": "meow", "lora_path": "step-2", "load_inplace": true});
+    let swap = json!({"lora_name": "meow", "lora_path": "step-2", "load_inplace": true, "kv_policy": "reuse"});
     let (status, loaded) = harness.post("/v1/load_lora_adapter", swap).await;
     assert_eq!(
         (status, loaded),
         (
             StatusCode::OK,
-            json!({"status": "ok", "lora_name": "meow", "version": 2, "kept_count": 0, "aborted_count": 0})
-        )
+            json!({"status": "ok", "lora_name": "meow", "version": 2, "kept_count": 0, "aborted_count": 0,
+                   "kv_policy": "recompute"})
+        ),
+        "a scripted engine cannot park: REUSE is answered RECOMPUTE"
     );
     let (status, fresh) =
         harness.post("/v1/load_lora_adapter", json!({"lora_name": "fresh", "lora_path": "step-2"})).await;
@@ -120,4 +122,25 @@ async fn models_list_the_base_model_then_each_adapter_with_its_state() {
         assert!(card["created"].is_u64() && card["in_flight"] == 0 && card["waiting"] == 0, "{card}");
     }
     harness.resume("woof").await;
+}
+
+#[tokio::test]
+async fn kv_policies_are_parsed_on_every_pause_and_the_applied_one_is_echoed() {
+    let harness = serve(&["meow"]).await;
+    let (status, paused) = harness.post("/pause?mode=keep&kv=reuse", json!({})).await;
+    // A scripted engine cannot park: REUSE is applied as RECOMPUTE, and said so.
+    assert_eq!((status, paused), (StatusCode::OK, json!({"status": "paused", "kv_policy": "recompute"})));
+    let (status, refused) = harness.post("/pause?mode=keep&kv=sometimes", json!({})).await;
+    assert_eq!((status, &refused["error"]["param"]), (StatusCode::BAD_REQUEST, &json!("kv")));
+    let (status, _) = harness.post("/resume", json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+
+    let keep = json!({"lora_name": "meow", "mode": "keep", "kv_policy": "reuse"});
+    let (status, report) = harness.post("/skyrl/v1/abort_lora_requests", keep).await;
+    assert_eq!((status, &report["kv_policy"]), (StatusCode::OK, &json!("recompute")), "{report}");
+    let bad = json!({"lora_name": "meow", "mode": "keep", "kv_policy": "maybe"});
+    let (status, refused) = harness.post("/skyrl/v1/abort_lora_requests", bad).await;
+    assert_eq!((status, &refused["error"]["param"]), (StatusCode::BAD_REQUEST, &json!("kv_policy")));
+    let (status, paused) = harness.post("/pause_generation", json!({"mode": "in_place", "kv_policy": "reuse"})).await;
+    assert_eq!((status, &paused["kv_policy"]), (StatusCode::OK, &json!("recompute")), "{paused}");
 }
