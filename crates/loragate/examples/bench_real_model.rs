@@ -129,7 +129,7 @@ fn start_loragate(args: &Args, model: &Path, slots: usize, adapters: &Path) -> S
         .arg("--adapter-root")
         .arg(adapters)
         .args(["--adapter", &adapter])
-        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--state-dir", "none"])
         .args(&args.loragate_args)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())

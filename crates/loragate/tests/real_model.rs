@@ -41,7 +41,7 @@ impl Served {
         let mut child = Command::new(env!("CARGO_BIN_EXE_loragate"))
             .arg("serve")
             .args(args)
-            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--state-dir", "none"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -118,7 +118,9 @@ async fn the_gguf_file_chats_with_its_own_template_and_serves_two_adapters() {
         &served.url("/v1/chat/completions"),
         json!({
             "model": name,
-            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            // Not the bare question: on this Q4_1 file its first token is a near tie ("L" -1.85 vs "The" -2.01 in
+            // llama.cpp itself), which the quantized weights resolve as llama.cpp does, into a French detour.
+            "messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
             "temperature": 0.0,
             "max_tokens": 24,
         }),
