@@ -17,7 +17,7 @@
 //!
 //! ```no_run
 //! # async fn demo(engine: std::sync::Arc<dyn loragate_core::Engine>) -> Result<(), Box<dyn std::error::Error>> {
-//! use loragate_core::{AdapterName, Coordinator, CoordinatorConfig, PauseMode, RawSampleRequest};
+//! use loragate_core::{AdapterName, Coordinator, CoordinatorConfig, KvPolicy, PauseMode, RawSampleRequest};
 //!
 //! let coordinator = Coordinator::start(engine, CoordinatorConfig::default()).await?;
 //! let meow = AdapterName::parse("meow")?;
@@ -25,7 +25,7 @@
 //! // A trainer's swap: pause in keep mode (running requests stop and are kept by the core), load the new weights,
 //! // reopen: each kept request continues on them, and its tokens say which version produced them.
 //! # let new_weights = loragate_core::AdapterSource::trusted("/adapters/meow-step-2");
-//! let swap = coordinator.swap_adapter(&meow, new_weights, PauseMode::Keep, None).await?;
+//! let swap = coordinator.swap_adapter(&meow, new_weights, PauseMode::Keep, KvPolicy::Recompute, None).await?;
 //! println!("kept {} requests across the swap to {}", swap.kept, swap.version);
 //!
 //! // The same by hand, in abort mode: aborted requests are handed back with their partial tokens.

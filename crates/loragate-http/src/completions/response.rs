@@ -338,7 +338,7 @@ mod tests {
                 "choices": [{
                     "index": 0, "text": "meow", "logprobs": null, "finish_reason": "abort", "stop_reason": null,
                     "token_ids": [109, 101, 111, 119], "prompt_logprobs": null,
-                    "segments": [{"lora_version": 2, "start": 0, "end": 4}],
+                    "segments": [{"lora_version": 2, "kv_version": 2, "start": 0, "end": 4}],
                 }],
                 "usage": {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6,
                           "prompt_tokens_details": {"cached_tokens": 0}},

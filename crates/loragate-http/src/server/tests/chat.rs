@@ -35,7 +35,7 @@ async fn messages_are_rendered_with_the_template_and_encoded_without_special_tok
             (&choice["finish_reason"], &choice["token_ids"], &choice["logprobs"]),
             (&json!("length"), &json!([0, 1]), &json!(null))
         );
-        assert_eq!(choice["segments"], json!([{"lora_version": 1, "start": 0, "end": 2}]));
+        assert_eq!(choice["segments"], json!([{"lora_version": 1, "kv_version": 1, "start": 0, "end": 2}]));
     }
 }
 

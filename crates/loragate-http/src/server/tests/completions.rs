@@ -31,7 +31,7 @@ async fn a_completion_on_an_adapter_has_openai_shape_with_token_ids_and_segments
         body["choices"],
         json!([{
             "index": 0, "text": "\u{0}\u{1}", "logprobs": null, "finish_reason": "length", "stop_reason": null,
-            "token_ids": [0, 1], "prompt_logprobs": null, "segments": [{"lora_version": 1, "start": 0, "end": 2}],
+            "token_ids": [0, 1], "prompt_logprobs": null, "segments": [{"lora_version": 1, "kv_version": 1, "start": 0, "end": 2}],
         }])
     );
     assert_eq!(body["usage"], usage(3, 2), "BOS + Hi");
@@ -132,7 +132,7 @@ async fn a_stop_string_truncates_the_text_and_stops_the_engine() {
     assert_eq!(choice["text"], expected_text, "the text ends before the stop string");
     assert_eq!(choice["finish_reason"], "stop");
     assert_eq!(choice["token_ids"].as_array().map(Vec::len), Some(67), "tokens end with the one completing it");
-    assert_eq!(choice["segments"], json!([{"lora_version": 1, "start": 0, "end": 67}]));
+    assert_eq!(choice["segments"], json!([{"lora_version": 1, "kv_version": 1, "start": 0, "end": 67}]));
     eventually("the engine's request ends", || async { harness.status_of("meow").await.in_flight == 0 }).await;
 
     let mut streamed = body;
@@ -175,7 +175,7 @@ async fn a_stream_sends_token_chunks_then_the_finish_reason_then_done() {
     assert_eq!(token_ids, vec![json!(0), json!(1), json!(2)]);
     let last = &chunks[chunks.len() - 1]["choices"][0];
     assert_eq!(last["finish_reason"], "length");
-    assert_eq!(last["segments"], json!([{"lora_version": 1, "start": 0, "end": 3}]));
+    assert_eq!(last["segments"], json!([{"lora_version": 1, "kv_version": 1, "start": 0, "end": 3}]));
 }
 
 #[tokio::test]
@@ -210,7 +210,7 @@ async fn an_aborted_stream_ends_with_finish_reason_abort_then_done() {
     assert_eq!(finishes.len(), 2, "each choice ends once: {chunks:?}");
     for choice in finishes {
         assert_eq!(choice["finish_reason"], "abort");
-        assert_eq!(choice["segments"], json!([{"lora_version": 1, "start": 0, "end": 3}]));
+        assert_eq!(choice["segments"], json!([{"lora_version": 1, "kv_version": 1, "start": 0, "end": 3}]));
     }
     harness.resume("meow").await;
 }

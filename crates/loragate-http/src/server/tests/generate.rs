@@ -27,7 +27,7 @@ async fn skyrls_generate_body_answers_token_ids_logprobs_and_finish_reason() {
     assert_eq!((&content[1]["token"], &content[1]["bytes"]), (&json!("token_id:1"), &json!(null)));
     assert!((content[1]["logprob"].as_f64().expect("number") + 0.01).abs() < 1e-6);
     assert_eq!(content[1]["top_logprobs"], json!([{"token": "token_id:1", "logprob": -0.01, "bytes": null}]));
-    assert_eq!(choice["segments"], json!([{"lora_version": 1, "start": 0, "end": 2}]));
+    assert_eq!(choice["segments"], json!([{"lora_version": 1, "kv_version": 1, "start": 0, "end": 2}]));
     assert_eq!(body["usage"], usage(3, 2));
     assert!(body.get("prompt_logprobs").is_none(), "not asked for");
 }
