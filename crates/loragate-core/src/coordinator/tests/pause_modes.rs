@@ -443,11 +443,11 @@ async fn run_keep_interleaving(seed: u64) {
     // Every request holds in the scripted engine until aborted. A final abort hands back what is admitted or kept;
     // a request the reopening had not admitted yet is held again by it (held requests wait for a resume) and only
     // admitted by the resume after it, so abort and reopen until every sample was handed back.
-    let (coordinator, tasks) = (&coordinator, &samples);
+    let (reopener, tasks) = (&coordinator, &samples);
     eventually("every sample was handed back", || async move {
         for adapter in ["meow", "woof"] {
-            coordinator.abort(&name(adapter)).await.expect("final abort");
-            coordinator.resume(&name(adapter), None).await.expect("reopen after the final abort");
+            reopener.abort(&name(adapter)).await.expect("final abort");
+            reopener.resume(&name(adapter), None).await.expect("reopen after the final abort");
         }
         tasks.iter().all(|(_, task)| task.is_finished())
     })
