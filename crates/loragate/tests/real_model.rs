@@ -6,12 +6,14 @@
 //! `scripts/test.sh` installs the model into `.venv` (pinned) and points `$LORAGATE_PYTHON` at it; without it (plain
 //! `cargo test`) the test says so on stderr and checks nothing. `$LORAGATE_SMOLLM2_GGUF` names the file directly.
 
-use std::io::{BufRead, BufReader};
+#[path = "support/spawned.rs"]
+mod spawned;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use serde_json::{Value, json};
+use spawned::Spawned;
 
 const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -30,46 +32,9 @@ fn model_path() -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
-/// A `loragate serve` child process, killed when dropped.
-struct Served {
-    child: Child,
-    ready: Value,
-}
-
-impl Served {
-    fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_loragate"))
-            .arg("serve")
-            .args(args)
-            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--state-dir", "none"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("loragate starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let (sender, receiver) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = sender.send(line);
-        });
-        let line = receiver.recv_timeout(Duration::from_secs(300)).expect("the ready line in time");
-        let ready: Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line:?}"));
-        assert_eq!(ready["event"], "ready", "{ready}");
-        Self { child, ready }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.ready["http_addr"].as_str().expect("http_addr"))
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The URL of `path` on `served`'s HTTP front.
+fn url(served: &Spawned, path: &str) -> String {
+    format!("http://{}{path}", served.field("http_addr"))
 }
 
 fn random_adapter(model: &Path, out: &Path, seed: u64) {
@@ -108,14 +73,14 @@ async fn the_gguf_file_chats_with_its_own_template_and_serves_two_adapters() {
     let model_arg = model.to_string_lossy().into_owned();
     let alpha = format!("alpha={}", adapters.path().join("alpha").display());
     let beta = format!("beta={}", adapters.path().join("beta").display());
-    let served = Served::start(&["--model", &model_arg, "--adapter", &alpha, "--adapter", &beta]);
+    let served = Spawned::serve(&["--model", &model_arg, "--adapter", &alpha, "--adapter", &beta]);
     let name = "SmolLM2-135M-Instruct.Q4_1";
     assert_eq!(served.ready["model"], name, "the served name is the file's stem: {}", served.ready);
     let client = reqwest::Client::new();
 
     let chat = post(
         &client,
-        &served.url("/v1/chat/completions"),
+        &url(&served, "/v1/chat/completions"),
         json!({
             "model": name,
             // Not the bare question: on this Q4_1 file its first token is a near tie ("L" -1.85 vs "The" -2.01 in
@@ -131,7 +96,7 @@ async fn the_gguf_file_chats_with_its_own_template_and_serves_two_adapters() {
     assert_eq!(chat["choices"][0]["finish_reason"], "stop", "it ends its turn with <|im_end|>: {chat}");
 
     let complete = |model: &'static str| {
-        let (client, url) = (client.clone(), served.url("/v1/completions"));
+        let (client, url) = (client.clone(), url(&served, "/v1/completions"));
         async move {
             let body = json!({
                 "model": model, "prompt": "Once upon a time, in a small village,", "temperature": 0.0,
