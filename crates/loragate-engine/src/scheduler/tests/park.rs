@@ -231,3 +231,102 @@ fn resumed_rows_wait_for_a_place_in_a_full_batch_and_then_decode_every_step() {
         assert!(step.chunks.is_empty() && step.decode.len() == 1, "decoded every step: {step:?}");
     }
 }
+
+/// One request of a random scene, and what became of it.
+struct Tracked {
+    events: Events,
+    collected: Collected,
+    cancel: CancellationToken,
+    park: ParkSignal,
+    /// Tokens produced before this run (a continuation's history beyond the scene's prompt).
+    history: Vec<u32>,
+    /// The step at which the scene cancels it, parking it or not.
+    stop_at: Option<(usize, bool)>,
+    resumed_from_parked: bool,
+}
+
+#[test]
+fn random_interleavings_of_park_resume_cancel_and_unload_leave_nothing_behind() {
+    use rand::{Rng, SeedableRng};
+    let config = tiny_config(vec![]);
+    let (meow, meow_v2) = (tiny_adapter(&config, 1), tiny_adapter(&config, 2));
+    for seed in 0..48u64 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut harness = Harness::with_budget(config.clone(), rng.random_range(1..5), rng.random_range(4..40));
+        let mut tracked: Vec<Tracked> = Vec::new();
+        let mut watches = Vec::new();
+        let start =
+            |harness: &mut Harness, rng: &mut rand::rngs::StdRng, history: Vec<u32>, resume: Option<ParkedKv>| {
+                let (cancel, park) = (CancellationToken::new(), ParkSignal::default());
+                let budget = BUDGET - history.len() as u32;
+                let prompt: Vec<u32> = prompt().into_iter().chain(history.iter().copied()).collect();
+                let (adapter, version) = if resume.is_some() { (&meow_v2, 2) } else { (&meow, 1) };
+                let resumed_from_parked = resume.is_some();
+                let parking = Parking { park_on_cancel: park.clone(), resume_from: resume };
+                let raw = greedy("meow", &prompt, budget);
+                let events = harness.submit_parking(raw, adapter, AdapterVersion(version), cancel.clone(), parking);
+                let stop_at = rng.random_bool(0.6).then(|| (rng.random_range(0..6), rng.random_bool(0.7)));
+                Tracked { events, collected: Collected::default(), cancel, park, history, stop_at, resumed_from_parked }
+            };
+        for _ in 0..rng.random_range(1..4) {
+            let run = start(&mut harness, &mut rng, Vec::new(), None);
+            tracked.push(run);
+        }
+        let mut step = 0;
+        while !harness.scheduler.is_idle()
+            || tracked.iter().any(|run| run.collected.sequences.first().is_none_or(|s| s.finish.is_none()))
+        {
+            assert!(step < 500, "seed {seed}: the scene did not settle");
+            for run in &mut tracked {
+                if let Some((at, parks)) = run.stop_at
+                    && at == step
+                {
+                    if parks {
+                        run.park.request();
+                    }
+                    run.cancel.cancel();
+                }
+            }
+            harness.scheduler.run_step();
+            step += 1;
+            let mut continuations = Vec::new();
+            for run in &mut tracked {
+                while let Some(event) = run.events.try_recv() {
+                    run.collected.record(event);
+                }
+                let Some(sequence) = run.collected.sequences.first_mut() else { continue };
+                if sequence.finish.is_none() {
+                    continue;
+                }
+                let Some(parked) = sequence.parked.take() else { continue };
+                run.collected.events.clear();
+                watches.push((seed, parked.watch()));
+                let history: Vec<u32> = run.history.iter().chain(&sequence.token_ids).copied().collect();
+                // Resume it under v2 (a keep swap), or drop the handle (an unload while parked).
+                if history.len() < BUDGET as usize && rng.random_bool(0.75) {
+                    continuations.push((history, parked));
+                }
+            }
+            for (history, parked) in continuations {
+                let run = start(&mut harness, &mut rng, history, Some(parked));
+                tracked.push(run);
+            }
+        }
+        for run in &tracked {
+            let sequence = run.collected.single();
+            let finish = sequence.finish.expect("every sequence ended");
+            if run.resumed_from_parked && !sequence.token_ids.is_empty() {
+                assert!(sequence.resumed, "seed {seed}: a handle of this engine, with its tokens, always fits");
+                assert!(sequence.versions.iter().all(|&version| version == 2), "seed {seed}: resumed under v2");
+            }
+            if finish == FinishReason::Length {
+                assert_eq!(run.history.len() + sequence.token_ids.len(), BUDGET as usize, "seed {seed}: the budget");
+            }
+        }
+        drop(tracked);
+        assert!(harness.scheduler.is_idle() && harness.scheduler.batch.is_empty(), "seed {seed}");
+        for (seed, watch) in watches {
+            assert!(watch.is_freed(), "seed {seed}: parked keys and values outlived their requests");
+        }
+    }
+}
