@@ -146,6 +146,9 @@ impl QuantizedMatrix {
 /// Below this many block products a matmul runs on the calling thread: waking the pool costs more.
 const PARALLEL_FROM_BLOCKS: usize = 16 * 1024;
 
+/// Input rows the multi-row kernel reads together: one weight block is unpacked once for all of them.
+pub(crate) const INPUT_TILE: usize = 4;
+
 /// Input rows quantized llama.cpp's way (`quantize_row_q8_1`): per block of 32 values, the scale
 /// `d = max|x| / 127` (rounded to f16), the values `q = round(x / d)`, and `s = d·Σq` (rounded to f16).
 pub(crate) struct QuantizedInput {
@@ -154,6 +157,17 @@ pub(crate) struct QuantizedInput {
     scales: Vec<f32>,
     sums: Vec<f32>,
     values: Vec<i8>,
+    /// For [`INPUT_TILE`] rows or more, the same rows in tiles of [`INPUT_TILE`], block by block (the last tile
+    /// padded with zero rows): the layout the multi-row kernel reads as one stream.
+    tiles: Vec<TileBlock>,
+}
+
+/// One block of [`INPUT_TILE`] input rows.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct TileBlock {
+    values: [[i8; BLOCK]; INPUT_TILE],
+    scales: [f32; INPUT_TILE],
+    sums: [f32; INPUT_TILE],
 }
 
 impl QuantizedInput {
@@ -166,6 +180,7 @@ impl QuantizedInput {
             scales: Vec::with_capacity(blocks),
             sums: Vec::with_capacity(blocks),
             values: vec![0; blocks * BLOCK],
+            tiles: Vec::new(),
         };
         for (block, values) in x[..rows * cols].chunks_exact(BLOCK).zip(input.values.chunks_exact_mut(BLOCK)) {
             let max = block.iter().fold(0f32, |max, value| max.max(value.abs()));
@@ -178,6 +193,17 @@ impl QuantizedInput {
             }
             input.scales.push(f16::from_f32(d).to_f32());
             input.sums.push(f16::from_f32(sum as f32 * d).to_f32());
+        }
+        if rows >= INPUT_TILE {
+            input.tiles = vec![TileBlock::default(); rows.div_ceil(INPUT_TILE) * blocks_per_row];
+            for (block, values) in input.values.chunks_exact(BLOCK).enumerate() {
+                let (row, column) = (block / blocks_per_row, block % blocks_per_row);
+                let tile = &mut input.tiles[row / INPUT_TILE * blocks_per_row + column];
+                let lane = row % INPUT_TILE;
+                tile.values[lane].copy_from_slice(values);
+                tile.scales[lane] = input.scales[block];
+                tile.sums[lane] = input.sums[block];
+            }
         }
         input
     }

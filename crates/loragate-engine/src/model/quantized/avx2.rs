@@ -1,18 +1,20 @@
 //! The AVX2 kernel: per block, the 32 weight values as unsigned bytes (nibbles unpacked, or Q8_0's absolute values
 //! with their signs moved onto the inputs), `vpmaddubsw` against the 32 signed input bytes, `vpmaddwd` to eight
-//! 32-bit sums, converted and accumulated with the block's combined scale by FMA. Up to four input rows share each
-//! unpacked weight block. `pulp` checks the CPU at run time and compiles this code with AVX2 and FMA enabled; its
+//! 32-bit sums, converted and accumulated with the block's combined scale by FMA. One input row is computed against
+//! four weight rows at once (four independent accumulations); four input rows or more are read in tiles of
+//! [`INPUT_TILE`] rows that share each unpacked weight block, every weight row streamed once. `pulp` checks the CPU at run time and compiles this code with AVX2 and FMA enabled; its
 //! intrinsics are safe functions, and unaligned loads go through `bytemuck`.
 
 #[cfg(target_arch = "x86_64")]
-use std::arch::x86_64::{__m128i, __m256, __m256i};
+use std::arch::x86_64::{__m128, __m128i, __m256, __m256i};
 
-use super::{BLOCK, Packing, QuantizedInput, QuantizedMatrix};
-
-/// Input rows sharing one pass over the weights.
-const TILE: usize = 4;
+use super::{BLOCK, INPUT_TILE, Packing, QuantizedInput, QuantizedMatrix};
 
 /// Computes what [`super::dot_rows_scalar`] computes, if the CPU has AVX2 and FMA; `false` otherwise.
+/// Input tiles computed against each weight row before the next: their blocks (a few kilobytes) stay in the
+/// first-level cache while the weight rows stream past.
+const TILES_PER_PASS: usize = 4;
+
 #[cfg(target_arch = "x86_64")]
 pub(super) fn dot_rows(matrix: &QuantizedMatrix, input: &QuantizedInput, first_row: usize, out_t: &mut [f32]) -> bool {
     let Some(simd) = pulp::x86::V3::try_new() else { return false };
@@ -46,21 +48,20 @@ impl pulp::NullaryFnOnce for Kernel<'_> {
             }
             return;
         }
-        let mut first_input = 0;
-        while first_input < input.rows {
-            let tile = (input.rows - first_input).min(TILE);
-            let rows = Rows { matrix, input, first_row, first_input };
-            match (matrix.packing, tile) {
-                (Packing::Nibbles, 4) => rows.tile::<4, true>(simd, out_t),
-                (Packing::Nibbles, 3) => rows.tile::<3, true>(simd, out_t),
-                (Packing::Nibbles, 2) => rows.tile::<2, true>(simd, out_t),
-                (Packing::Nibbles, _) => rows.tile::<1, true>(simd, out_t),
-                (Packing::Bytes, 4) => rows.tile::<4, false>(simd, out_t),
-                (Packing::Bytes, 3) => rows.tile::<3, false>(simd, out_t),
-                (Packing::Bytes, 2) => rows.tile::<2, false>(simd, out_t),
-                (Packing::Bytes, _) => rows.tile::<1, false>(simd, out_t),
+        if input.rows < INPUT_TILE {
+            for first_input in 0..input.rows {
+                let rows = Rows { matrix, input, first_row, first_input };
+                match matrix.packing {
+                    Packing::Nibbles => rows.single::<true>(simd, out_t),
+                    Packing::Bytes => rows.single::<false>(simd, out_t),
+                }
             }
-            first_input += tile;
+            return;
+        }
+        let rows = Rows { matrix, input, first_row, first_input: 0 };
+        match matrix.packing {
+            Packing::Nibbles => rows.tiles::<true>(simd, out_t),
+            Packing::Bytes => rows.tiles::<false>(simd, out_t),
         }
     }
 }
@@ -77,15 +78,6 @@ struct Rows<'a> {
     input: &'a QuantizedInput,
     first_row: usize,
     first_input: usize,
-}
-
-/// One input row's blocks: values, scales, scaled sums.
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-struct InputRow<'a> {
-    values: &'a [u8],
-    scales: &'a [f32],
-    sums: &'a [f32],
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -157,65 +149,71 @@ impl Rows<'_> {
         }
     }
 
-    /// Input rows `first_input..first_input + T` against every weight row of `out_t` (`NIBBLES`: Q4_0/Q4_1 packing,
-    /// else Q8_0's).
+    /// Every input tile against every weight row of `out_t` (`NIBBLES`: Q4_0/Q4_1 packing, else Q8_0's), in passes
+    /// of [`TILES_PER_PASS`] tiles: each weight row's blocks are unpacked once per tile while the row stays in the
+    /// first-level cache, and the pass's tiles stay there too.
     #[inline(always)]
-    fn tile<const T: usize, const NIBBLES: bool>(&self, simd: pulp::x86::V3, out_t: &mut [f32]) {
+    fn tiles<const NIBBLES: bool>(&self, simd: pulp::x86::V3, out_t: &mut [f32]) {
         let (matrix, input) = (self.matrix, self.input);
         let blocks = matrix.blocks_per_row();
         let block_bytes = matrix.packing.block_bytes();
-        let all_values: &[u8] = bytemuck::cast_slice(&input.values);
-        let inputs: [InputRow<'_>; T] = std::array::from_fn(|tile_row| {
-            let row = self.first_input + tile_row;
-            InputRow {
-                values: &all_values[row * blocks * BLOCK..(row + 1) * blocks * BLOCK],
-                scales: &input.scales[row * blocks..(row + 1) * blocks],
-                sums: &input.sums[row * blocks..(row + 1) * blocks],
-            }
-        });
         let ones = simd.avx._mm256_set1_epi16(1);
         let low_nibbles = simd.avx._mm256_set1_epi8(0x0F);
         let rows = out_t.len() / input.rows;
         let first = self.first_row;
-        let weight_values = matrix.values[first * blocks * block_bytes..(first + rows) * blocks * block_bytes]
-            .chunks_exact(blocks * block_bytes);
-        let weight_scales = matrix.scales[first * blocks..(first + rows) * blocks].chunks_exact(blocks);
+        let weight_values = &matrix.values[first * blocks * block_bytes..(first + rows) * blocks * block_bytes];
+        let weight_scales = &matrix.scales[first * blocks..(first + rows) * blocks];
         let weight_offsets: &[f32] =
             if NIBBLES { &matrix.offsets[first * blocks..(first + rows) * blocks] } else { &[] };
-        for (row, ((out, packed_row), scales)) in
-            out_t.chunks_exact_mut(input.rows).zip(weight_values).zip(weight_scales).enumerate()
-        {
-            let mut accumulators: [__m256; T] = [simd.avx._mm256_setzero_ps(); T];
-            let mut offset_terms = [0f32; T];
-            for (block, (packed, scale)) in packed_row.chunks_exact(block_bytes).zip(scales).enumerate() {
-                let (unsigned, signs) = if NIBBLES {
-                    let bytes: __m128i = bytemuck::pod_read_unaligned(packed);
-                    let both = simd.avx._mm256_set_m128i(simd.sse2._mm_srli_epi16::<4>(bytes), bytes);
-                    (simd.avx2._mm256_and_si256(both, low_nibbles), both)
-                } else {
-                    let signed: __m256i = bytemuck::pod_read_unaligned(packed);
-                    (simd.avx2._mm256_sign_epi8(signed, signed), signed)
-                };
-                let offset = if NIBBLES { weight_offsets[row * blocks + block] } else { 0.0 };
-                for tile_row in 0..T {
-                    let x = &inputs[tile_row];
-                    let mut values: __m256i =
-                        bytemuck::pod_read_unaligned(&x.values[block * BLOCK..(block + 1) * BLOCK]);
-                    if !NIBBLES {
-                        values = simd.avx2._mm256_sign_epi8(values, signs);
+        for (pass, pass_tiles) in input.tiles.chunks(TILES_PER_PASS * blocks).enumerate() {
+            for (row, ((out, packed_row), scales)) in out_t
+                .chunks_exact_mut(input.rows)
+                .zip(weight_values.chunks_exact(blocks * block_bytes))
+                .zip(weight_scales.chunks_exact(blocks))
+                .enumerate()
+            {
+                let offsets = if NIBBLES { &weight_offsets[row * blocks..(row + 1) * blocks] } else { &[] };
+                for (pass_tile, tile_blocks) in pass_tiles.chunks_exact(blocks).enumerate() {
+                    let tile = pass * TILES_PER_PASS + pass_tile;
+                    let mut accumulators: [__m256; INPUT_TILE] = [simd.avx._mm256_setzero_ps(); INPUT_TILE];
+                    let mut offset_terms: __m128 = simd.sse._mm_setzero_ps();
+                    for (block, ((packed, &scale), x)) in
+                        packed_row.chunks_exact(block_bytes).zip(scales).zip(tile_blocks).enumerate()
+                    {
+                        let (unsigned, signs) = if NIBBLES {
+                            let bytes: __m128i = bytemuck::pod_read_unaligned(packed);
+                            let both = simd.avx._mm256_set_m128i(simd.sse2._mm_srli_epi16::<4>(bytes), bytes);
+                            (simd.avx2._mm256_and_si256(both, low_nibbles), both)
+                        } else {
+                            let signed: __m256i = bytemuck::pod_read_unaligned(packed);
+                            (simd.avx2._mm256_sign_epi8(signed, signed), signed)
+                        };
+                        let x_scales: __m128 = bytemuck::cast(x.scales);
+                        let combined: [f32; INPUT_TILE] =
+                            bytemuck::cast(simd.sse._mm_mul_ps(x_scales, simd.sse._mm_set1_ps(scale)));
+                        if NIBBLES {
+                            let x_sums: __m128 = bytemuck::cast(x.sums);
+                            offset_terms =
+                                simd.fma._mm_fmadd_ps(x_sums, simd.sse._mm_set1_ps(offsets[block]), offset_terms);
+                        }
+                        for lane in 0..INPUT_TILE {
+                            let mut values: __m256i = bytemuck::cast(x.values[lane]);
+                            if !NIBBLES {
+                                values = simd.avx2._mm256_sign_epi8(values, signs);
+                            }
+                            let pairs = simd.avx2._mm256_maddubs_epi16(unsigned, values);
+                            let sums = simd.avx._mm256_cvtepi32_ps(simd.avx2._mm256_madd_epi16(pairs, ones));
+                            let combined = simd.avx._mm256_set1_ps(combined[lane]);
+                            accumulators[lane] = simd.fma._mm256_fmadd_ps(sums, combined, accumulators[lane]);
+                        }
                     }
-                    let pairs = simd.avx2._mm256_maddubs_epi16(unsigned, values);
-                    let sums = simd.avx._mm256_cvtepi32_ps(simd.avx2._mm256_madd_epi16(pairs, ones));
-                    let combined = simd.avx._mm256_set1_ps(scale * x.scales[block]);
-                    accumulators[tile_row] = simd.fma._mm256_fmadd_ps(sums, combined, accumulators[tile_row]);
-                    if NIBBLES {
-                        offset_terms[tile_row] = offset.mul_add(x.sums[block], offset_terms[tile_row]);
+                    let offset_terms: [f32; INPUT_TILE] = bytemuck::cast(offset_terms);
+                    for lane in 0..INPUT_TILE {
+                        if let Some(out) = out.get_mut(tile * INPUT_TILE + lane) {
+                            *out = horizontal_sum(simd, accumulators[lane]) + offset_terms[lane];
+                        }
                     }
                 }
-            }
-            for tile_row in 0..T {
-                out[self.first_input + tile_row] =
-                    horizontal_sum(simd, accumulators[tile_row]) + offset_terms[tile_row];
             }
         }
     }

@@ -63,11 +63,17 @@ fn the_candle_op_checks_its_input_and_gives_rows_by_output_features() {
 fn large_products_split_over_threads_give_the_same_values() {
     let weights = QTensor::quantize(&random(1536, 576, 7), GgmlDType::Q4_1).expect("quantize");
     let matrix = QuantizedMatrix::from_qtensor(&weights).expect("read").expect("served");
-    let x = random(2, 576, 8);
-    let values: Vec<f32> = x.flatten_all().and_then(|x| x.to_vec1()).expect("values");
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
-    let parallel = pool.install(|| matrix.matmul(&values, 2));
-    let single =
-        rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("pool").install(|| matrix.matmul(&values, 2));
-    assert_eq!(parallel, single);
+    // 2 rows: one at a time; 6: a tile and a padded one.
+    for rows in [2, 6] {
+        let x = random(rows, 576, 8);
+        let values: Vec<f32> = x.flatten_all().and_then(|x| x.to_vec1()).expect("values");
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
+        let parallel = pool.install(|| matrix.matmul(&values, rows));
+        let single = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("pool")
+            .install(|| matrix.matmul(&values, rows));
+        assert_eq!(parallel, single, "{rows} rows");
+    }
 }
