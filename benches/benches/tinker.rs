@@ -13,30 +13,13 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use loragate_core::testing::{ScriptedEngine, coordinator_with_adapters};
 use loragate_core::{AdapterName, Coordinator, CoordinatorConfig};
-use loragate_http::TextCodec;
+use loragate_benches::ByteCodec;
 use loragate_tinker::{RetentionLimits, TinkerConfig, TinkerFront};
 use serde_json::{Value, json};
 use tokio::runtime::Runtime;
 
 /// Tokens per sample (the scripted engine emits them at once and ends with `length`).
 const TOKENS: u32 = 16;
-
-struct ByteCodec;
-
-impl TextCodec for ByteCodec {
-    fn encode(&self, text: &str, _add_special_tokens: bool) -> Result<Vec<u32>, String> {
-        Ok(text.bytes().map(u32::from).collect())
-    }
-
-    fn decode(&self, token_ids: &[u32]) -> String {
-        String::from_utf8_lossy(&token_ids.iter().filter_map(|&t| u8::try_from(t).ok()).collect::<Vec<u8>>())
-            .into_owned()
-    }
-
-    fn token_str(&self, token_id: u32) -> Option<String> {
-        u8::try_from(token_id).ok().map(|byte| char::from(byte).to_string())
-    }
-}
 
 struct Served {
     base: String,

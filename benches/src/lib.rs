@@ -116,7 +116,7 @@ impl Drop for ThreadHttpWorker {
 }
 
 /// Bytes as token ids (what the benchmarks' prompts are).
-struct ByteCodec;
+pub struct ByteCodec;
 
 impl loragate_http::TextCodec for ByteCodec {
     fn encode(&self, text: &str, _add_special_tokens: bool) -> Result<Vec<u32>, String> {

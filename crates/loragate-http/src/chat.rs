@@ -18,12 +18,9 @@ use crate::chat_template::normalize_messages;
 use crate::completions::caller_request_id;
 use crate::error::{Api, HttpError};
 use crate::front::HttpFront;
-use crate::json_body::{JsonObject, ParseBody, Parsed, field_names};
+use crate::json_body::Parsed;
 use crate::output::{ResponseHeader, StreamOptions, respond, unix_now};
-use crate::sampling::{
-    self, PromptSpec, SamplingPlan, VLLM_NEUTRAL_REQUEST_FIELDS, VLLM_NEUTRAL_SAMPLING_FIELDS, VllmSampling,
-    refuse_unless_neutral,
-};
+use crate::sampling::{self, PromptSpec, SamplingPlan, VllmRequest, refuse_unless_neutral};
 use crate::state::AppState;
 
 /// A conversation rendered with the model's chat template and encoded: the prompt's token ids.
@@ -49,25 +46,8 @@ pub(crate) fn chat_prompt(
     front.codec().encode(&text, add_special_tokens).map_err(|reason| HttpError::invalid("messages", reason))
 }
 
-/// A chat body as it arrives: this API's own fields and the sampling fields it shares with vLLM's other APIs. Any
-/// other key is refused, but for the fields the clients send that change nothing.
-pub(crate) struct ChatRequest {
-    body: ChatBody,
-    fields: VllmSampling,
-}
-
-impl ParseBody for ChatRequest {
-    fn parse_body(bytes: &[u8]) -> Result<Self, HttpError> {
-        let known = [
-            field_names::<ChatBody>(),
-            field_names::<VllmSampling>(),
-            VLLM_NEUTRAL_SAMPLING_FIELDS,
-            VLLM_NEUTRAL_REQUEST_FIELDS,
-        ];
-        let mut object = JsonObject::parse(bytes, &known)?;
-        Ok(Self { body: object.take()?, fields: object.take()? })
-    }
-}
+/// A chat body as it arrives (any other key is refused).
+pub(crate) type ChatRequest = VllmRequest<ChatBody>;
 
 /// A chat request, rendered, encoded and ready to start: nothing of its body is left.
 struct Plan {

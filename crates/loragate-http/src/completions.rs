@@ -2,7 +2,8 @@
 //! by the core's gate in `Coordinator::sample` (its body is gone by then).
 //!
 //! Data flow: the JSON body → [`CompletionBody`] (this API's own fields) and the shared
-//! [`VllmSampling`] → one [`PromptSpec`] per prompt (text encoded by the [`TextCodec`](crate::TextCodec)) →
+//! [`VllmSampling`](crate::sampling::VllmSampling) → one [`PromptSpec`] per prompt (text encoded by the
+//! [`TextCodec`](crate::TextCodec)) →
 //! [`sampling::start`] (the core validates and samples each, holding it at a paused adapter's gate) → the shared
 //! output deltas → [`CompletionRender`]: one JSON response, or server-sent events.
 //!
@@ -21,33 +22,13 @@ use self::request::{CompletionBody, Prompt};
 use self::response::{CompletionOptions, CompletionRender, EchoedPrompt};
 use crate::error::{Api, HttpError};
 use crate::front::HttpFront;
-use crate::json_body::{JsonObject, ParseBody, Parsed, field_names};
+use crate::json_body::Parsed;
 use crate::output::{REQUEST_ID_HEADER, ResponseHeader, StreamOptions, respond, unix_now};
-use crate::sampling::{
-    self, PromptSpec, SamplingPlan, VLLM_NEUTRAL_REQUEST_FIELDS, VLLM_NEUTRAL_SAMPLING_FIELDS, VllmSampling,
-    refuse_unless_neutral,
-};
+use crate::sampling::{self, PromptSpec, SamplingPlan, VllmRequest, refuse_unless_neutral};
 use crate::state::AppState;
 
-/// A completion body as it arrives: this API's own fields and the sampling fields it shares with vLLM's other APIs.
-/// Any other key is refused, but for the fields the clients send that change nothing.
-pub(crate) struct CompletionRequest {
-    body: CompletionBody,
-    fields: VllmSampling,
-}
-
-impl ParseBody for CompletionRequest {
-    fn parse_body(bytes: &[u8]) -> Result<Self, HttpError> {
-        let known = [
-            field_names::<CompletionBody>(),
-            field_names::<VllmSampling>(),
-            VLLM_NEUTRAL_SAMPLING_FIELDS,
-            VLLM_NEUTRAL_REQUEST_FIELDS,
-        ];
-        let mut object = JsonObject::parse(bytes, &known)?;
-        Ok(Self { body: object.take()?, fields: object.take()? })
-    }
-}
+/// A completion body as it arrives (any other key is refused).
+pub(crate) type CompletionRequest = VllmRequest<CompletionBody>;
 
 /// A completion request, parsed and ready to start.
 struct Plan {

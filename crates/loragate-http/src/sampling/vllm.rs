@@ -5,12 +5,36 @@ use std::num::NonZeroU32;
 
 use loragate_core::RawSampleRequest;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::StopStrings;
-use super::{DEFAULT_TEMPERATURE, SamplingPlan, is_empty_collection, refuse_unless_neutral};
+use super::{
+    DEFAULT_TEMPERATURE, SamplingPlan, VLLM_NEUTRAL_REQUEST_FIELDS, VLLM_NEUTRAL_SAMPLING_FIELDS, is_empty_collection,
+    refuse_unless_neutral,
+};
 use crate::error::HttpError;
+use crate::json_body::{JsonObject, ParseBody, field_names};
 use crate::output::TextOptions;
+
+/// A flat body of one of vLLM's OpenAI APIs as it arrives (`/v1/completions`, `/v1/chat/completions`): the API's own
+/// fields `B` and the sampling fields the APIs share. Any other key is refused, but for the fields the clients send
+/// that change nothing.
+pub(crate) struct VllmRequest<B> {
+    /// The API's own fields.
+    pub(crate) body: B,
+    /// The shared sampling fields.
+    pub(crate) fields: VllmSampling,
+}
+
+impl<B: DeserializeOwned> ParseBody for VllmRequest<B> {
+    fn parse_body(bytes: &[u8]) -> Result<Self, HttpError> {
+        let known =
+            [field_names::<B>(), field_names::<VllmSampling>(), VLLM_NEUTRAL_SAMPLING_FIELDS, VLLM_NEUTRAL_REQUEST_FIELDS];
+        let mut object = JsonObject::parse(bytes, &known)?;
+        Ok(Self { body: object.take()?, fields: object.take()? })
+    }
+}
 
 /// vLLM's sampling fields (unknown fields are refused by each endpoint, which knows which fields it accepts without
 /// effect); the fields that would change sampling in ways
