@@ -1,13 +1,14 @@
 //! What vLLM's and SGLang's HTTP servers share: a pooled HTTP/1.1 client bound to the worker's base URL, JSON
 //! calls bounded by a timeout, error answers in the fleet's terms (the message taken from vLLM's, SGLang's or
-//! FastAPI's error shape), `GET /v1/models` (the context and the adapters, which both servers list), and the
-//! parsing helpers their token streams share.
+//! FastAPI's error shape), `GET /v1/models` (the context and the adapters, which both servers list), the sampling
+//! fields both send, and the parsing helpers their token streams share.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use serde_json::Value;
+use loragate_core::SampleRequest;
+use serde_json::{Map, Value, json};
 
 use super::{ClientSettings, WorkerError, WorkerFacts};
 use crate::address::WorkerAddress;
@@ -149,6 +150,55 @@ pub(crate) fn error_message(body: &Value) -> Option<String> {
         Value::Null | Value::Object(_) => None,
         other => Some(other.to_string()),
     })
+}
+
+/// What one server calls the sampling fields whose names differ between vLLM and SGLang.
+pub(super) struct SamplingNames {
+    /// The budget: `max_tokens` / `max_new_tokens`.
+    pub(super) max_tokens: &'static str,
+    /// The seed: `seed` / `sampling_seed`.
+    pub(super) seed: &'static str,
+    /// The minimum length: `min_tokens` / `min_new_tokens`.
+    pub(super) min_tokens: &'static str,
+}
+
+/// The sampling fields of sequence `sequence` of `request` under `names`: the real budget, temperature and top-p
+/// always, the rest only where it differs from the servers' defaults (SGLang refuses fields it does not know, so a
+/// seed goes only with a seed). Sequence i of a seeded request uses seed + i, as the in-process engine does.
+pub(super) fn sampling_fields(request: &SampleRequest, sequence: u32, names: &SamplingNames) -> Map<String, Value> {
+    let params = request.params();
+    let mut fields = Map::new();
+    fields.insert(names.max_tokens.into(), json!(params.max_tokens()));
+    fields.insert("temperature".into(), json!(params.temperature()));
+    fields.insert("top_p".into(), json!(params.top_p()));
+    if let Some(top_k) = params.top_k() {
+        fields.insert("top_k".into(), json!(top_k));
+    }
+    if params.min_p() > 0.0 {
+        fields.insert("min_p".into(), json!(params.min_p()));
+    }
+    if let Some(seed) = params.seed() {
+        fields.insert(names.seed.into(), json!(seed.wrapping_add(u64::from(sequence))));
+    }
+    if !params.stop_token_ids().is_empty() {
+        fields.insert("stop_token_ids".into(), json!(params.stop_token_ids()));
+    }
+    if params.ignore_eos() {
+        fields.insert("ignore_eos".into(), json!(true));
+    }
+    if params.repetition_penalty() != 1.0 {
+        fields.insert("repetition_penalty".into(), json!(params.repetition_penalty()));
+    }
+    if params.presence_penalty() != 0.0 {
+        fields.insert("presence_penalty".into(), json!(params.presence_penalty()));
+    }
+    if params.frequency_penalty() != 0.0 {
+        fields.insert("frequency_penalty".into(), json!(params.frequency_penalty()));
+    }
+    if params.min_tokens() > 0 {
+        fields.insert(names.min_tokens.into(), json!(params.min_tokens()));
+    }
+    fields
 }
 
 /// A transport error (connection refused or reset, timeout) in the fleet's terms.

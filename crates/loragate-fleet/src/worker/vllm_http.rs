@@ -23,7 +23,9 @@ use futures::StreamExt;
 use loragate_core::{FinishReason, SampleRequest, TopLogprobs};
 use serde_json::{Map, Value, json};
 
-use super::http::{HttpEndpoint, Refusal, logprob, stream_error, token_id, token_ids};
+use super::http::{
+    HttpEndpoint, Refusal, SamplingNames, logprob, sampling_fields, stream_error, token_id, token_ids,
+};
 use super::sse::{self, SseEvent};
 use super::{
     AbortBy, ClientSettings, OpenedSequence, SequenceEvent, SequenceRequest, WorkerClient, WorkerError, WorkerFacts,
@@ -168,43 +170,11 @@ impl WorkerClient for VllmHttpWorker {
 }
 
 /// vLLM's sampling fields for sequence `sequence` of `request` (flat in `/v1/completions`, `sampling_params` in
-/// `/inference/v1/generate`): the real budget always, `logprobs` always (0: the sampled token's own), the rest only
-/// where it differs from vLLM's default.
+/// `/inference/v1/generate`), with `logprobs` always (0: the sampled token's own).
 fn sampling_params(request: &SampleRequest, sequence: u32) -> Map<String, Value> {
-    let params = request.params();
-    let mut fields = Map::new();
-    fields.insert("max_tokens".into(), json!(params.max_tokens()));
-    fields.insert("temperature".into(), json!(params.temperature()));
-    fields.insert("top_p".into(), json!(params.top_p()));
-    fields.insert("logprobs".into(), json!(params.top_logprobs()));
-    if let Some(top_k) = params.top_k() {
-        fields.insert("top_k".into(), json!(top_k));
-    }
-    if params.min_p() > 0.0 {
-        fields.insert("min_p".into(), json!(params.min_p()));
-    }
-    if let Some(seed) = params.seed() {
-        // Sequence i of a seeded request uses seed + i, as the in-process engine does.
-        fields.insert("seed".into(), json!(seed.wrapping_add(u64::from(sequence))));
-    }
-    if !params.stop_token_ids().is_empty() {
-        fields.insert("stop_token_ids".into(), json!(params.stop_token_ids()));
-    }
-    if params.ignore_eos() {
-        fields.insert("ignore_eos".into(), json!(true));
-    }
-    if params.repetition_penalty() != 1.0 {
-        fields.insert("repetition_penalty".into(), json!(params.repetition_penalty()));
-    }
-    if params.presence_penalty() != 0.0 {
-        fields.insert("presence_penalty".into(), json!(params.presence_penalty()));
-    }
-    if params.frequency_penalty() != 0.0 {
-        fields.insert("frequency_penalty".into(), json!(params.frequency_penalty()));
-    }
-    if params.min_tokens() > 0 {
-        fields.insert("min_tokens".into(), json!(params.min_tokens()));
-    }
+    let names = SamplingNames { max_tokens: "max_tokens", seed: "seed", min_tokens: "min_tokens" };
+    let mut fields = sampling_fields(request, sequence, &names);
+    fields.insert("logprobs".into(), json!(request.params().top_logprobs()));
     fields
 }
 
