@@ -139,8 +139,9 @@ pub enum QuantizedWeights {
 }
 
 impl QuantizedWeights {
-    /// The row count from which [`QuantizedWeights::Hybrid`] multiplies densely unless told otherwise: on the 2-core
-    /// machine of `docs/benchmarks.md` a dense GEMM overtakes the quantized kernel between 32 and 64 rows.
+    /// The row count from which [`QuantizedWeights::Hybrid`] multiplies densely unless told otherwise: prefill
+    /// chunks, not decode batches. (Before the tiled kernel a dense GEMM overtook it between 32 and 64 rows on the
+    /// 2-core machine of `docs/benchmarks.md`; now the quantized kernel is faster there too.)
     pub const DEFAULT_DENSE_FROM_ROWS: usize = 64;
 }
 
