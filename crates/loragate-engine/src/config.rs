@@ -75,8 +75,8 @@ pub enum DType {
 }
 
 impl DType {
-    /// The candle dtype, checked against the device: the CPU runs `f32` only (candle's CPU half-precision matmuls
-    /// are slow and some of its kernels lack them).
+    /// The candle dtype, checked against the device: the CPU runs `f32` only (on a CPU without AVX-512 BF16,
+    /// candle's half-precision matmuls are slower than f32: see `docs/benchmarks.md`; some of its kernels lack them).
     pub(crate) fn for_device(self, device: &candle_core::Device) -> Result<candle_core::DType, EngineLoadError> {
         let dtype = match self {
             Self::F32 => candle_core::DType::F32,
