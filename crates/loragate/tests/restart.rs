@@ -4,9 +4,8 @@
 //! error and refuses samples, and two servers never share a directory. Every server here has its own temporary
 //! state directory.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use loragate_core::testing::eventually_within;
@@ -16,11 +15,14 @@ use rand::Rng;
 use tonic::Code;
 use tonic::transport::Channel;
 
-const PATIENCE: Duration = Duration::from_secs(120);
+#[path = "support/spawned.rs"]
+mod spawned;
+
+use spawned::Spawned;
 
 /// A `loragate serve` on the demo model, on free ports, recording into `state_dir`; killed (SIGKILL) when dropped.
 struct Server {
-    child: Child,
+    spawned: Spawned,
     grpc_addr: String,
     http_addr: String,
 }
@@ -32,42 +34,12 @@ impl Server {
 
     /// Starts it; its stderr if it exits before its ready line.
     fn try_start(state_dir: &Path, extra: &[&str]) -> Result<Self, String> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_loragate"))
-            .args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--state-dir"])
-            .arg(state_dir)
-            .args(extra)
-            .env("LORAGATE_CACHE_DIR", cache_dir())
-            .env("RUST_LOG", "warn")
-            .env("RAYON_NUM_THREADS", "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("loragate starts");
-        let (stdout, stderr) = (child.stdout.take().expect("stdout"), child.stderr.take().expect("stderr"));
-        let (sender, receiver) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = sender.send(line);
-        });
-        let errors = std::thread::spawn(move || {
-            let mut all = String::new();
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("{line}");
-                all.push_str(&line);
-                all.push('\n');
-            }
-            all
-        });
-        let line = receiver.recv_timeout(PATIENCE).expect("the ready line (or the end of stdout) in time");
-        if line.is_empty() {
-            let _ = child.wait();
-            return Err(errors.join().unwrap_or_default());
-        }
-        let ready: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line:?}"));
-        assert_eq!(ready["state_dir"].as_str(), Some(state_dir.to_str().expect("utf-8")), "{ready}");
-        let address = |key: &str| ready[key].as_str().unwrap_or_else(|| panic!("{key} in {ready}")).to_owned();
-        Ok(Self { grpc_addr: address("grpc_addr"), http_addr: address("http_addr"), child })
+        let dir = state_dir.to_str().expect("a UTF-8 temporary path");
+        let mut args = vec!["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--state-dir", dir];
+        args.extend_from_slice(extra);
+        let spawned = Spawned::try_start(&args)?;
+        assert_eq!(spawned.ready["state_dir"].as_str(), Some(dir), "{}", spawned.ready);
+        Ok(Self { grpc_addr: spawned.field("grpc_addr"), http_addr: spawned.field("http_addr"), spawned })
     }
 
     async fn control(&self) -> LoraControlClient<Channel> {
@@ -77,23 +49,8 @@ impl Server {
 
     /// SIGKILL: nothing is flushed or shut down.
     fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.spawned.kill();
     }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn cache_dir() -> PathBuf {
-    std::env::var_os("LORAGATE_CACHE_DIR")
-        .filter(|dir| !dir.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/loragate-test-cache"))
 }
 
 async fn load(control: &mut LoraControlClient<Channel>, name: &str, path: &str) -> Result<u64, tonic::Status> {
@@ -141,7 +98,7 @@ async fn versions_pauses_and_leases_survive_a_kill() {
     assert_eq!((held.pause_id.as_str(), held.owner.as_str()), (trainer.as_str(), "trainer"));
     assert_eq!(held.mode, i32::from(pb::PauseMode::Keep));
     assert!(held.lease_left_s > 0.0 && held.lease_left_s <= 600.0, "{held:?}");
-    eventually_within("woof's 1 s lease has ended", PATIENCE, || {
+    eventually_within("woof's 1 s lease has ended", spawned::PATIENCE, || {
         let mut control = control.clone();
         async move { !adapter(&mut control, "woof").await.paused }
     })
@@ -169,7 +126,7 @@ async fn kills_at_random_points_never_lose_an_answered_change_or_repeat_a_versio
         }
         // Loads and pause renewals, one after the other, until a kill at a random point.
         let killer = {
-            let pid = server.child.id().to_string();
+            let pid = server.spawned.pid().to_string();
             let after = Duration::from_millis(rand::rng().random_range(50..600));
             std::thread::spawn(move || {
                 std::thread::sleep(after);
@@ -213,7 +170,7 @@ async fn kills_at_random_points_never_lose_an_answered_change_or_repeat_a_versio
 async fn an_adapter_whose_directory_vanished_is_listed_with_its_error_and_refuses_samples() {
     let state = tempfile::tempdir().expect("state dir");
     let root = tempfile::tempdir().expect("adapter root");
-    let demo = loragate::ensure_demo_files(&cache_dir()).expect("the demo files");
+    let demo = loragate::ensure_demo_files(&spawned::cache_dir()).expect("the demo files");
     let copy = |to: &str| {
         std::fs::create_dir_all(root.path().join(to)).expect("mkdir");
         for file in ["adapter_config.json", "adapter_model.safetensors"] {

@@ -25,26 +25,45 @@ impl Spawned {
     /// Starts `loragate ARGS` (with the test demo cache, `RUST_LOG=warn` and one compute thread) and waits for its
     /// ready line.
     pub fn start(args: &[&str]) -> Self {
+        Self::try_start(args).unwrap_or_else(|stderr| panic!("loragate {args:?} did not start: {stderr}"))
+    }
+
+    /// [`Spawned::start`], or what the child wrote to stderr if it exited before its ready line. Its stderr is
+    /// passed on line by line (captured with the test's output).
+    pub fn try_start(args: &[&str]) -> Result<Self, String> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_loragate"))
             .args(args)
             .env("LORAGATE_CACHE_DIR", cache_dir())
             .env("RUST_LOG", "warn")
             .env("RAYON_NUM_THREADS", "1")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("loragate starts");
-        let stdout = child.stdout.take().expect("stdout");
+        let (stdout, stderr) = (child.stdout.take().expect("stdout"), child.stderr.take().expect("stderr"));
         let (sender, receiver) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut line = String::new();
             let _ = BufReader::new(stdout).read_line(&mut line);
             let _ = sender.send(line);
         });
-        let line = receiver.recv_timeout(PATIENCE).expect("the ready line in time");
+        let errors = std::thread::spawn(move || {
+            let mut all = String::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("{line}");
+                all.push_str(&line);
+                all.push('\n');
+            }
+            all
+        });
+        let line = receiver.recv_timeout(PATIENCE).expect("the ready line (or the end of stdout) in time");
+        if line.is_empty() {
+            let _ = child.wait();
+            return Err(errors.join().unwrap_or_default());
+        }
         let ready: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line:?}"));
         assert_eq!(ready["event"], "ready", "{ready}");
-        Self { child, ready, _state_dir: None }
+        Ok(Self { child, ready, _state_dir: None })
     }
 
     /// `loragate serve ARGS` on free loopback ports, with its own temporary state directory.
