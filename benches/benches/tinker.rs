@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use loragate_benches::ByteCodec;
 use loragate_core::testing::{ScriptedEngine, coordinator_with_adapters};
 use loragate_core::{AdapterName, Coordinator, CoordinatorConfig};
-use loragate_benches::ByteCodec;
 use loragate_tinker::{RetentionLimits, TinkerConfig, TinkerFront};
 use serde_json::{Value, json};
 use tokio::runtime::Runtime;

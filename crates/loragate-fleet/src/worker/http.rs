@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use reqwest::StatusCode;
 use loragate_core::SampleRequest;
+use reqwest::StatusCode;
 use serde_json::{Map, Value, json};
 
 use super::{ClientSettings, WorkerError, WorkerFacts};

@@ -17,9 +17,7 @@ use futures::StreamExt;
 use loragate_core::{FinishReason, SampleRequest, TopLogprobs};
 use serde_json::{Map, Value, json};
 
-use super::http::{
-    HttpEndpoint, Refusal, SamplingNames, logprob, sampling_fields, stream_error, token_id, token_ids,
-};
+use super::http::{HttpEndpoint, Refusal, SamplingNames, logprob, sampling_fields, stream_error, token_id, token_ids};
 use super::sse::{self, SseEvent};
 use super::{
     AbortBy, ClientSettings, OpenedSequence, SequenceEvent, SequenceRequest, WorkerClient, WorkerError, WorkerFacts,

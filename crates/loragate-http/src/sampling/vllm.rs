@@ -29,8 +29,12 @@ pub(crate) struct VllmRequest<B> {
 
 impl<B: DeserializeOwned> ParseBody for VllmRequest<B> {
     fn parse_body(bytes: &[u8]) -> Result<Self, HttpError> {
-        let known =
-            [field_names::<B>(), field_names::<VllmSampling>(), VLLM_NEUTRAL_SAMPLING_FIELDS, VLLM_NEUTRAL_REQUEST_FIELDS];
+        let known = [
+            field_names::<B>(),
+            field_names::<VllmSampling>(),
+            VLLM_NEUTRAL_SAMPLING_FIELDS,
+            VLLM_NEUTRAL_REQUEST_FIELDS,
+        ];
         let mut object = JsonObject::parse(bytes, &known)?;
         Ok(Self { body: object.take()?, fields: object.take()? })
     }
