@@ -1,6 +1,6 @@
 //! Where logs go and how they look: on stderr (stdout carries only the ready line), filtered by `RUST_LOG` (default
-//! `info`), as human-readable lines or, with `--log-format json`, one JSON object per line in the shape of
-//! `tracing-subscriber`'s JSON format (`timestamp`, `level`, `fields` with `message`, `target`), for log pipelines.
+//! `info`), as human-readable lines or, with `--log-format json`, one JSON object per line with the keys of
+//! `tracing-subscriber`'s JSON format (`fields` with `message`, `level`, `target`, `timestamp`), for log pipelines.
 
 use std::fmt;
 use std::io::IsTerminal;
