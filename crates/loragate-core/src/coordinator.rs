@@ -189,13 +189,14 @@ impl Coordinator {
         if self.inner.shutting_down.is_cancelled() {
             return Err(CoreError::ShuttingDown);
         }
+        let arrived = std::time::Instant::now();
         let live = LiveRequests::enter(&self.inner.live);
         let adapter = self.adapter(request.adapter())?;
         let admission = adapter.admit(request.id().clone(), deadline.hold_until()).await?;
         let parking = Parking { park_on_cancel: admission.park_signal().clone(), resume_from: None };
         match self.inner.engine.generate_parking(request.clone(), admission.cancel_token().clone(), parking).await {
             Ok(events) => {
-                let driver = Driver::new(self.inner.engine.clone(), adapter, request, deadline, live);
+                let driver = Driver::new(self.inner.engine.clone(), adapter, request, deadline, live, arrived);
                 Ok(SampleStream::spawn(driver, admission, events))
             }
             Err(err) => {
@@ -216,7 +217,27 @@ impl Coordinator {
     ) -> Result<PauseReport, CoreError> {
         let kv_policy = self.kv_policy_applied(request.mode, request.kv_policy);
         let request = request.with_kv_policy(kv_policy);
-        self.lora(name)?.pause(request, self.inner.config.abort_ack_timeout, self.drain_until(client_deadline)).await
+        let (owner, lease) = (request.owner.clone(), request.lease);
+        let report = self
+            .lora(name)?
+            .pause(request, self.inner.config.abort_ack_timeout, self.drain_until(client_deadline))
+            .await?;
+        // A swap's own pause is part of the swap, logged as one.
+        if !matches!(owner, PauseOwner::Swap(_)) {
+            tracing::info!(
+                adapter = %name,
+                mode = report.mode.as_str(),
+                %owner,
+                lease_s = lease.map_or(0.0, |lease| lease.as_secs_f64()),
+                pause_id = %report.pause_id,
+                kv_policy = report.kv_policy.as_str(),
+                aborted = report.aborted.len(),
+                kept = report.kept.len(),
+                unacknowledged = report.unacknowledged.len(),
+                "adapter paused"
+            );
+        }
+        Ok(report)
     }
 
     /// The KV policy a pause in `mode` that asked for `requested` applies on this server's engine: REUSE only in
@@ -232,7 +253,15 @@ impl Coordinator {
 
     /// Releases the pause `pause_id` of `name`, or every pause of it for `None`.
     pub async fn resume(&self, name: &AdapterName, pause_id: Option<PauseId>) -> Result<ResumeReport, CoreError> {
-        self.lora(name)?.resume(pause_id).await
+        let released = pause_id.as_ref().map_or_else(|| "(every pause)".to_owned(), PauseId::to_string);
+        let report = self.lora(name)?.resume(pause_id).await?;
+        let ResumeReport { was_paused, still_paused } = report;
+        if was_paused {
+            tracing::info!(adapter = %name, released, still_paused, "adapter resumed");
+        } else {
+            tracing::debug!(adapter = %name, released, "resume of an open adapter: nothing to do");
+        }
+        Ok(report)
     }
 
     /// Long-polls until `name` is open; returns whether it is still paused after `timeout`.
@@ -280,6 +309,15 @@ impl Coordinator {
             }
             return Err(err);
         }
+        tracing::info!(
+            mode = mode.as_str(),
+            kv_policy = kv_policy.as_str(),
+            adapters = adapters.len(),
+            aborted = total.aborted.len(),
+            kept = total.kept.len(),
+            unacknowledged = total.unacknowledged.len(),
+            "every adapter paused (global pause)"
+        );
         Ok(total)
     }
 
@@ -289,6 +327,9 @@ impl Coordinator {
         let (adapters, recorded) = self.set_global_pause(None).await?;
         join_all(adapters.iter().map(|adapter| adapter.release(ReleaseTarget::Owner(PauseOwner::Global)))).await;
         recorded.await?;
+        if was_paused {
+            tracing::info!(adapters = adapters.len(), "global pause released");
+        }
         Ok(was_paused)
     }
 
@@ -360,15 +401,27 @@ impl Coordinator {
         let request = PauseRequest { mode, owner: PauseOwner::new_swap(), lease: None, kv_policy };
         let pause = self.pause(name, request, client_deadline).await?;
         let reopen = PauseRelease::new(adapter.clone(), pause.pause_id.clone());
-        let loaded = self.load_adapter(name, source).await;
+        let loaded = self.install(name, source).await;
         reopen.release().await?;
         match loaded {
-            Ok(version) => Ok(SwapReport {
-                version,
-                aborted: pause.aborted.len(),
-                kept: pause.kept.len(),
-                kv_policy: pause.kv_policy,
-            }),
+            Ok(version) => {
+                let report = SwapReport {
+                    version,
+                    aborted: pause.aborted.len(),
+                    kept: pause.kept.len(),
+                    kv_policy: pause.kv_policy,
+                };
+                tracing::info!(
+                    adapter = %name,
+                    %version,
+                    mode = mode.as_str(),
+                    kv_policy = report.kv_policy.as_str(),
+                    aborted = report.aborted,
+                    kept = report.kept,
+                    "adapter swapped"
+                );
+                Ok(report)
+            }
             Err(err) => Err(CoreError::SwapFailed {
                 adapter: name.clone(),
                 serving: adapter.gate().version,
@@ -395,6 +448,13 @@ impl Coordinator {
 
     /// Loads weights under `name` (new, or a swap); returns the new version. On error the old weights stay served.
     pub async fn load_adapter(&self, name: &AdapterName, source: AdapterSource) -> Result<AdapterVersion, CoreError> {
+        let version = self.install(name, source).await?;
+        tracing::info!(adapter = %name, %version, "adapter loaded");
+        Ok(version)
+    }
+
+    /// [`Coordinator::load_adapter`] without its log line (a swap logs itself).
+    async fn install(&self, name: &AdapterName, source: AdapterSource) -> Result<AdapterVersion, CoreError> {
         if self.inner.shutting_down.is_cancelled() {
             return Err(CoreError::ShuttingDown);
         }
@@ -457,6 +517,7 @@ impl Coordinator {
             if let Some(recorded) = recorded {
                 recorded.await?;
             }
+            tracing::info!(adapter = %name, "adapter unloaded");
             Ok::<(), CoreError>(())
         });
         match finish.await {

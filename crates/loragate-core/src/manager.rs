@@ -303,6 +303,7 @@ impl ManagerState {
     fn publish(&mut self, key: &AdapterKey) {
         if let Some(adapter) = self.supervised.get_mut(key) {
             adapter.published = true;
+            self.metrics.start_series(&adapter.cell.labels);
             self.published.insert(key.clone(), AdapterHandle::new(adapter.cell.clone()));
         }
     }

@@ -1,7 +1,12 @@
 //! The coordinator's Prometheus metrics, per adapter (label `adapter`; the base model is `adapter=""`, as on the
-//! wire). Events are recorded where they happen (the gate, aborts, the sample stream); the state gauges are set
-//! from a snapshot when metrics are scraped ([`CoreMetrics::set_adapter_gauges`]). Every coordinator owns its own
-//! metrics; nothing is global, so several servers can run in one process (tests do).
+//! wire): its own under the `loragate_` prefix ([`CoreMetrics::register`]) and the request metrics in vLLM's shape
+//! under vLLM's names ([`CoreMetrics::register_vllm`]). Events are recorded where they happen (the gate, aborts, the
+//! sample stream); the state gauges are set from a snapshot when metrics are scraped
+//! ([`CoreMetrics::set_adapter_gauges`]). Every series of an adapter exists, at zero, from the moment it is served
+//! (the base model's from the start) until it is unloaded. Every coordinator owns its own metrics; nothing is
+//! global, so several servers can run in one process (tests do).
+
+mod requests;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -14,6 +19,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
+use self::requests::RequestMetrics;
 use crate::adapter::AdapterStatus;
 use crate::ids::{AdapterKey, AdapterVersion};
 use crate::limits::Limit;
@@ -82,6 +88,8 @@ pub struct CoreMetrics {
     waiting: Family<AdapterLabels, Gauge>,
     kept: Family<AdapterLabels, Gauge>,
     version: Family<AdapterLabels, Gauge>,
+    /// The request metrics in vLLM's shape.
+    requests: RequestMetrics,
     /// The versions that have a `generated_tokens` series, per adapter, so that old versions and unloaded
     /// adapters can be removed (families cannot be listed).
     token_versions: Arc<Mutex<HashMap<String, BTreeSet<u64>>>>,
@@ -108,6 +116,7 @@ impl Default for CoreMetrics {
             waiting: Family::default(),
             kept: Family::default(),
             version: Family::default(),
+            requests: RequestMetrics::default(),
             token_versions: Arc::default(),
         }
     }
@@ -178,8 +187,38 @@ impl CoreMetrics {
         registry.register("version", "The adapter's current weights version", self.version.clone());
     }
 
+    /// Registers the request metrics in vLLM's shape under vLLM's names (`vllm:num_requests_running`, …) in
+    /// `registry`, which must have no prefix.
+    pub fn register_vllm(&self, registry: &mut Registry) {
+        self.requests.register(registry);
+    }
+
+    /// Prompt tokens of admitted requests and tokens generated, over every adapter, since the start.
+    pub fn token_totals(&self) -> (u64, u64) {
+        self.requests.token_totals()
+    }
+
+    /// Creates every per-adapter series of `labels` at zero (the adapter is now served).
+    pub(crate) fn start_series(&self, labels: &AdapterLabels) {
+        for counter in
+            [&self.pauses, &self.aborted_requests, &self.kept_requests, &self.lease_expiries, &self.gate_hold_expired]
+        {
+            drop(counter.get_or_create(labels));
+        }
+        for histogram in [&self.pause_duration, &self.abort_acknowledgement, &self.gate_hold] {
+            drop(histogram.get_or_create(labels));
+        }
+        self.requests.start_series(labels);
+    }
+
+    /// The request metrics in vLLM's shape.
+    pub(crate) fn requests(&self) -> &RequestMetrics {
+        &self.requests
+    }
+
     /// Sets the state gauges from a snapshot of every adapter (adapters no longer listed disappear).
     pub fn set_adapter_gauges(&self, statuses: &[AdapterStatus]) {
+        self.requests.set_gauges(statuses);
         for gauges in [&self.paused, &self.in_flight, &self.held, &self.waiting, &self.kept, &self.version] {
             gauges.clear();
         }
@@ -247,6 +286,7 @@ impl CoreMetrics {
     }
 
     pub(crate) fn record_tokens(&self, labels: &AdapterLabels, version: AdapterVersion, count: usize) {
+        self.requests.record_generated(labels, count);
         let labels = AdapterVersionLabels { adapter: labels.adapter.clone(), version: version.0 };
         if let Some(counter) = self.generated_tokens.get(&labels) {
             counter.inc_by(count as u64);
@@ -285,6 +325,7 @@ impl CoreMetrics {
         for gauge in [&self.paused, &self.in_flight, &self.held, &self.waiting, &self.kept, &self.version] {
             gauge.remove(&labels);
         }
+        self.requests.forget(&labels);
         let versions = self.token_versions.lock().remove(&labels.adapter).unwrap_or_default();
         for version in versions {
             self.generated_tokens.remove(&AdapterVersionLabels { adapter: labels.adapter.clone(), version });
@@ -298,8 +339,9 @@ mod tests {
     use crate::ids::AdapterName;
 
     fn exposition(metrics: &CoreMetrics) -> String {
-        let mut registry = Registry::with_prefix("loragate");
-        metrics.register(&mut registry);
+        let mut registry = Registry::default();
+        metrics.register(registry.sub_registry_with_prefix("loragate"));
+        metrics.register_vllm(&mut registry);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
         text
@@ -321,6 +363,7 @@ mod tests {
             version: AdapterVersion(1),
             paused: true,
             in_flight: 2,
+            running: 1,
             held: 1,
             waiting: 4,
             kept: 2,
@@ -339,10 +382,63 @@ mod tests {
             "loragate_kept{adapter=\"meow\"} 2",
             "loragate_kept_requests_total{adapter=\"meow\"} 2",
             "loragate_pause_lease_expiries_total{adapter=\"meow\"} 1",
+            "vllm:generation_tokens_total{adapter=\"meow\"} 5",
+            "vllm:num_requests_running{adapter=\"meow\"} 1",
+            // Held 1, kept 2, and 1 of the 2 admitted not producing yet.
+            "vllm:num_requests_waiting{adapter=\"meow\"} 4",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
         assert!(text.contains("loragate_abort_acknowledgement_seconds_count{adapter=\"meow\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn every_series_of_a_served_adapter_is_there_at_zero_before_its_first_request() {
+        let metrics = CoreMetrics::default();
+        metrics.start_series(&AdapterLabels::of(&AdapterKey::Base));
+        let text = exposition(&metrics);
+        for line in [
+            "vllm:num_requests_running{adapter=\"\"} 0",
+            "vllm:num_requests_waiting{adapter=\"\"} 0",
+            "vllm:prompt_tokens_total{adapter=\"\"} 0",
+            "vllm:generation_tokens_total{adapter=\"\"} 0",
+            "vllm:time_to_first_token_seconds_count{adapter=\"\"} 0",
+            "vllm:inter_token_latency_seconds_count{adapter=\"\"} 0",
+            "vllm:e2e_request_latency_seconds_count{adapter=\"\"} 0",
+            "loragate_pauses_total{adapter=\"\"} 0",
+            "loragate_aborted_requests_total{adapter=\"\"} 0",
+            "loragate_gate_hold_seconds_count{adapter=\"\"} 0",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn request_latencies_land_in_vllms_histograms() {
+        let metrics = CoreMetrics::default();
+        let meow = AdapterLabels { adapter: "meow".into() };
+        let requests = metrics.requests();
+        requests.record_prompt(&meow, 7);
+        requests.record_first_token(&meow, std::time::Duration::from_millis(30));
+        // Two tokens 8 ms after the previous ones: two gaps of 4 ms.
+        requests.record_inter_token(&meow, std::time::Duration::from_millis(8), 2);
+        requests.record_end(&meow, std::time::Duration::from_millis(700));
+        metrics.record_tokens(&meow, AdapterVersion(1), 3);
+        assert_eq!(metrics.token_totals(), (7, 3));
+        let text = exposition(&metrics);
+        for line in [
+            "vllm:prompt_tokens_total{adapter=\"meow\"} 7",
+            "vllm:generation_tokens_total{adapter=\"meow\"} 3",
+            "vllm:time_to_first_token_seconds_bucket{le=\"0.04\",adapter=\"meow\"} 1",
+            "vllm:time_to_first_token_seconds_bucket{le=\"0.02\",adapter=\"meow\"} 0",
+            "vllm:inter_token_latency_seconds_count{adapter=\"meow\"} 2",
+            "vllm:inter_token_latency_seconds_bucket{le=\"0.005\",adapter=\"meow\"} 2",
+            "vllm:inter_token_latency_seconds_bucket{le=\"0.0025\",adapter=\"meow\"} 0",
+            "vllm:e2e_request_latency_seconds_bucket{le=\"0.8\",adapter=\"meow\"} 1",
+            "vllm:e2e_request_latency_seconds_bucket{le=\"0.5\",adapter=\"meow\"} 0",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
     }
 
     #[test]

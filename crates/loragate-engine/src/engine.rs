@@ -189,7 +189,7 @@ impl Engine for CandleEngine {
             match adapters.get(name) {
                 Some(newer) if newer.version >= version => {
                     let installed = newer.version;
-                    tracing::info!(adapter = %name, %version, %installed, "adapter superseded before it was installed");
+                    tracing::debug!(adapter = %name, %version, %installed, "adapter superseded before it was installed");
                     return Ok(());
                 }
                 _ => adapters.insert(name.clone(), installed),
@@ -198,7 +198,8 @@ impl Engine for CandleEngine {
         // Old weights still used by running sequences live on in their `Arc`s; otherwise they are freed here,
         // outside the lock.
         drop(replaced);
-        tracing::info!(adapter = %name, %version, "adapter installed");
+        // The coordinator logs the load (once, at INFO); this says when the engine installed it.
+        tracing::debug!(adapter = %name, %version, "adapter installed");
         Ok(())
     }
 
@@ -211,7 +212,7 @@ impl Engine for CandleEngine {
             }
         };
         if let Some(removed) = removed {
-            tracing::info!(adapter = %name, version = %removed.version, "adapter unloaded");
+            tracing::debug!(adapter = %name, version = %removed.version, "adapter unloaded");
         }
         Ok(())
     }

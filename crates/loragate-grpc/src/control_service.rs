@@ -87,9 +87,6 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         self.coordinator.check_loadable_name(&name).map_err(status_from_core)?;
         let source = self.coordinator.resolve_adapter_path(&wire.path).await.map_err(status_from_core)?;
         let swapped = self.coordinator.swap_adapter(&name, source, mode, kv_policy, deadline).await;
-        if let Ok(swap) = &swapped {
-            tracing::info!(adapter = %name, version = %swap.version, kept = swap.kept, aborted = swap.aborted, "adapter swapped");
-        }
         answer(swapped.map(|swap| pb::SwapLoraAdapterResponse {
             version: swap.version.0,
             aborted_count: count(swap.aborted),
@@ -115,9 +112,6 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
     ) -> Result<Response<pb::LoadLoraAdapterResponse>, Status> {
         let name = self.authorized(&request, &request.get_ref().lora_name, Action::Control)?;
         let loaded = self.coordinator.load_adapter_at(&name, &request.get_ref().path).await;
-        if let Ok(version) = &loaded {
-            tracing::info!(adapter = %name, %version, "adapter loaded");
-        }
         answer(loaded.map(|version| pb::LoadLoraAdapterResponse { version: version.0 }))
     }
 

@@ -206,7 +206,6 @@ async fn load(
             (version, 0, 0, KvPolicy::Recompute)
         }
     };
-    tracing::info!(adapter = %name, %version, kept, aborted, "adapter loaded");
     Ok(Json(json!({
         "status": "ok",
         "lora_name": name.as_str(),
@@ -225,7 +224,6 @@ pub(crate) async fn unload_lora_adapter(
 ) -> Result<Json<Value>, HttpError> {
     let name = authorized(&caller, body.lora_name, Action::Control)?;
     state.front().coordinator().unload_adapter(&name).await.map_err(HttpError::control)?;
-    tracing::info!(adapter = %name, "adapter unloaded");
     Ok(Json(json!({"status": "ok", "lora_name": name.as_str()})))
 }
 

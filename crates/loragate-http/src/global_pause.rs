@@ -87,10 +87,8 @@ async fn pause_all(
     drain_until: Option<Instant>,
 ) -> Result<KvPolicy, HttpError> {
     let coordinator = state.front().coordinator();
-    let report = coordinator.pause_all(mode, kv_policy, drain_until).await.map_err(HttpError::control)?;
-    let kv_policy = coordinator.kv_policy_applied(mode, kv_policy);
-    tracing::info!(%mode, %kv_policy, aborted = report.aborted.len(), kept = report.kept.len(), "every adapter paused");
-    Ok(kv_policy)
+    coordinator.pause_all(mode, kv_policy, drain_until).await.map_err(HttpError::control)?;
+    Ok(coordinator.kv_policy_applied(mode, kv_policy))
 }
 
 async fn resume_all(state: &AppState) -> Result<(), HttpError> {

@@ -1,8 +1,9 @@
 //! `GET /health`, `GET /metrics`, and the middleware that counts and times every request.
 //!
-//! Metrics are OpenMetrics text under the `loragate_` prefix, from one registry per server (nothing global): the
-//! coordinator's [`CoreMetrics`](loragate_core::CoreMetrics), whose per-adapter state gauges are refreshed from a
-//! snapshot on every scrape, and this front's `loragate_http_requests_total` and
+//! Metrics are OpenMetrics text from one registry per server (nothing global): the coordinator's
+//! [`CoreMetrics`](loragate_core::CoreMetrics) under the `loragate_` prefix and, with vLLM's names and its
+//! `model_name` label, vLLM's request metrics (`vllm:num_requests_running`, …), whose per-adapter state gauges are
+//! refreshed from a snapshot on every scrape, and this front's `loragate_http_requests_total` and
 //! `loragate_http_request_duration_seconds`, labelled by `endpoint` (the route template, never the raw path) and
 //! `status`. Durations run until the response head is ready; for a stream that is when its first byte can go.
 

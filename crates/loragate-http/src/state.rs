@@ -22,13 +22,17 @@ struct Shared {
 
 impl AppState {
     pub(crate) fn new(front: HttpFront) -> Self {
-        let mut registry = Registry::with_prefix("loragate");
-        front.coordinator.metrics().register(&mut registry);
+        let mut registry = Registry::default();
+        let loragate = registry.sub_registry_with_prefix("loragate");
+        front.coordinator.metrics().register(loragate);
         for source in &front.metrics_sources {
-            source.register(&mut registry);
+            source.register(loragate);
         }
         let metrics = HttpMetrics::default();
-        metrics.register(registry.sub_registry_with_prefix("http"));
+        metrics.register(loragate.sub_registry_with_prefix("http"));
+        // vLLM's names, with vLLM's `model_name` label: the base model's served name.
+        let model_name = ("model_name".into(), front.served_model_name.to_string().into());
+        front.coordinator.metrics().register_vllm(registry.sub_registry_with_label(model_name));
         Self(Arc::new(Shared { front, metrics, registry, draining: CancellationToken::new() }))
     }
 

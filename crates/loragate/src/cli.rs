@@ -1,6 +1,6 @@
 //! The command line: `loragate serve`, `loragate worker` and `loragate demo-model`.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -11,6 +11,8 @@ use loragate_fleet::WorkerAddress;
 use loragate_tinker::{RetentionLimits, TinkerConfig};
 
 use crate::duration_arg::parse_duration;
+use crate::listen_addr::{parse_host, parse_listen_addr};
+use crate::logging::LogFormat;
 use crate::serve::{Authentication, InitialAdapter, ModelSource, ServeConfig};
 use crate::state_dir::StateLocation;
 use crate::worker::WorkerSettings;
@@ -22,6 +24,10 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+    /// How log lines (on stderr) look: `text`, or `json` (one object per line). `RUST_LOG` filters them (`info`
+    /// when unset).
+    #[arg(long, value_name = "FORMAT", global = true, default_value = "text")]
+    pub log_format: LogFormat,
 }
 
 /// The subcommands.
@@ -67,12 +73,24 @@ pub enum Command {
 /// `loragate serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Address of the gRPC server (LoraControl, Sampler, health, reflection).
-    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:50051")]
-    pub grpc_addr: SocketAddr,
-    /// Address of the HTTP server (OpenAI- and SkyRL-compatible endpoints, metrics).
-    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8000")]
-    pub http_addr: SocketAddr,
+    /// Address of the gRPC server (LoraControl, Sampler, health, reflection); HOST is an IP address or a host name
+    /// (default: 127.0.0.1:50051, or --host and --grpc-port).
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen_addr, conflicts_with_all = ["host", "grpc_port"])]
+    pub grpc_addr: Option<SocketAddr>,
+    /// Address of the HTTP server (OpenAI- and SkyRL-compatible endpoints, metrics); HOST is an IP address or a
+    /// host name (default: 127.0.0.1:8000, or --host and --port).
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen_addr, conflicts_with_all = ["host", "port"])]
+    pub http_addr: Option<SocketAddr>,
+    /// The host both servers listen on, an IP address or a host name (vLLM's spelling; 0.0.0.0 for every interface;
+    /// default: 127.0.0.1).
+    #[arg(long, value_name = "HOST", value_parser = parse_host)]
+    pub host: Option<IpAddr>,
+    /// The HTTP server's port (vLLM's spelling; default: 8000).
+    #[arg(long, value_name = "PORT")]
+    pub port: Option<u16>,
+    /// The gRPC server's port (default: 50051).
+    #[arg(long, value_name = "PORT")]
+    pub grpc_port: Option<u16>,
     /// The model: a Hugging Face model directory (config.json, safetensors, tokenizer.json, tokenizer_config.json)
     /// or a GGUF file (llama.cpp's format; its tokenizer and chat template come from its metadata). Without it, the
     /// built-in demo model is served with its adapters `meow` and `woof` loaded.
@@ -85,6 +103,10 @@ pub struct ServeArgs {
     /// An adapter to load at start: NAME=DIR with DIR a PEFT adapter directory. Repeatable.
     #[arg(long = "adapter", value_name = "NAME=DIR", value_parser = parse_initial_adapter)]
     pub adapters: Vec<InitialAdapter>,
+    /// vLLM's spelling of --adapter: one or more NAME=DIR (or vLLM's JSON form {"name": NAME, "path": DIR}) after
+    /// one flag. Loaded after the --adapter ones.
+    #[arg(long, value_name = "NAME=DIR", num_args = 1.., value_parser = parse_lora_module)]
+    pub lora_modules: Vec<InitialAdapter>,
     /// The only directory LoadLoraAdapter may read adapters from (paths outside it, `..` escapes and symlinks out
     /// of it are refused). Default for the demo: its adapters directory; otherwise loading by path is disabled.
     #[arg(long, value_name = "DIR")]
@@ -167,6 +189,10 @@ pub struct ServeArgs {
     /// keep them in memory only. Remove the directory to start fresh (see docs/state.md).
     #[arg(long, value_name = "DIR|none", value_parser = StateLocation::parse)]
     pub state_dir: Option<StateLocation>,
+    /// How often the stats line is logged (throughput, running, waiting, held and kept requests, paused adapters),
+    /// in seconds; 0 turns it off. At INFO while there is activity, at DEBUG when idle.
+    #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = parse_duration)]
+    pub log_stats_interval: Duration,
     /// Tinker API: the longest a sample waits for its paused adapter before its future fails (keep it below the
     /// SDK's 120-minute stuck detection).
     #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
@@ -187,8 +213,9 @@ pub struct ServeArgs {
 /// `loragate worker`.
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
-    /// Address of the gRPC server (vllm.Inference, vllm.Control, grpc.health.v1).
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Address of the gRPC server (vllm.Inference, vllm.Control, grpc.health.v1); HOST is an IP address or a host
+    /// name.
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen_addr)]
     pub grpc_addr: SocketAddr,
     /// A Hugging Face model directory or a GGUF file. Without it, the built-in demo model is served (no adapter
     /// loaded: the fleet loads them).
@@ -241,15 +268,16 @@ pub struct EngineArgs {
     /// CPU threads for the engine's tensor operations (default: $RAYON_NUM_THREADS, else half the cores, at least
     /// 1). Candle's small CPU ops lose more to cross-thread synchronisation than they gain, and the async runtime
     /// needs cores too (see docs/benchmarks.md).
-    #[arg(long, value_name = "N", default_value_t = crate::compute_threads::default_compute_threads())]
-    pub compute_threads: usize,
-    /// Serve at most this many tokens of context (default: the model's own length).
-    #[arg(long, value_name = "TOKENS")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub compute_threads: Option<u32>,
+    /// Serve at most this many tokens of context (default: the model's own length). `--max-model-len` is vLLM's
+    /// spelling.
+    #[arg(long, visible_alias = "max-model-len", value_name = "TOKENS")]
     pub max_context_length: Option<u32>,
     /// The largest LoRA rank (`r`) an adapter may have; loads of larger ones are refused.
     #[arg(long, value_name = "RANK", default_value_t = EngineConfig::DEFAULT_MAX_LORA_RANK)]
     pub max_lora_rank: usize,
-    /// The largest adapter weights file (adapter_model.safetensors) accepted, in bytes (default: 1 GiB).
+    /// The largest adapter weights file (adapter_model.safetensors) accepted, in bytes (1073741824 is 1 GiB).
     #[arg(long, value_name = "BYTES", default_value_t = EngineConfig::DEFAULT_MAX_ADAPTER_BYTES)]
     pub max_adapter_bytes: u64,
     /// How long reading and checking one adapter may take before its load fails (installing nothing).
@@ -257,7 +285,7 @@ pub struct EngineArgs {
     pub adapter_load_timeout: Duration,
     /// How a GGUF file's quantized weights are multiplied: `quantized` (kept in their block format: least memory,
     /// fastest decoding), `dequantized` (to --dtype at load: dense GEMMs everywhere), or `hybrid[:N]` (both:
-    /// quantized below N input rows, dense from N rows on — prefill —, default N = 64).
+    /// quantized below N input rows, dense from N rows on — prefill —; N is 64 when left out).
     #[arg(long, value_name = "MODE", default_value = "quantized")]
     pub quantized_weights: QuantizedWeights,
     /// Where the demo model is generated and cached (default: $LORAGATE_CACHE_DIR, $XDG_CACHE_HOME/loragate or
@@ -267,6 +295,12 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
+    /// The CPU threads for tensor operations: --compute-threads, else its default (see
+    /// [`default_compute_threads`](crate::default_compute_threads)).
+    pub fn compute_threads(&self) -> usize {
+        self.compute_threads.map_or_else(crate::compute_threads::default_compute_threads, |threads| threads as usize)
+    }
+
     /// The engine configuration.
     pub fn engine_config(&self) -> EngineConfig {
         EngineConfig {
@@ -297,12 +331,15 @@ impl ServeArgs {
     /// The server configuration these arguments describe.
     pub fn into_config(self) -> ServeConfig {
         let model = self.engine.model_source(self.model);
+        let host = self.host.unwrap_or(IpAddr::from([127, 0, 0, 1]));
+        let mut adapters = self.adapters;
+        adapters.extend(self.lora_modules);
         ServeConfig {
-            grpc_addr: self.grpc_addr,
-            http_addr: self.http_addr,
+            grpc_addr: self.grpc_addr.unwrap_or_else(|| SocketAddr::new(host, self.grpc_port.unwrap_or(50051))),
+            http_addr: self.http_addr.unwrap_or_else(|| SocketAddr::new(host, self.port.unwrap_or(8000))),
             model,
             served_model_name: self.served_model_name,
-            adapters: self.adapters,
+            adapters,
             adapter_root: self.adapter_root,
             gate_max_wait: self.gate_max_wait,
             limits: Limits {
@@ -330,6 +367,7 @@ impl ServeArgs {
             max_workers: usize::try_from(self.max_workers).unwrap_or(usize::MAX),
             worker_adapter_root: self.worker_adapter_root,
             state: self.state_dir.unwrap_or(StateLocation::UserDefault),
+            log_stats_interval: (!self.log_stats_interval.is_zero()).then_some(self.log_stats_interval),
             tinker: TinkerConfig {
                 max_pause_wait: self.tinker_max_pause_wait,
                 poll_hold: self.tinker_poll_hold,
@@ -364,6 +402,10 @@ impl clap::builder::TypedValueParser for WorkerUrlParser {
 
 fn parse_initial_adapter(raw: &str) -> Result<InitialAdapter, String> {
     let (name, dir) = raw.split_once('=').ok_or_else(|| format!("{raw:?} is not NAME=DIR"))?;
+    initial_adapter(raw, name, dir)
+}
+
+fn initial_adapter(raw: &str, name: &str, dir: &str) -> Result<InitialAdapter, String> {
     let name = AdapterName::parse(name).map_err(|err| err.to_string())?;
     if dir.is_empty() {
         return Err(format!("{raw:?} names no directory"));
@@ -371,233 +413,23 @@ fn parse_initial_adapter(raw: &str) -> Result<InitialAdapter, String> {
     Ok(InitialAdapter { name, dir: PathBuf::from(dir) })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn serve_defaults_match_the_contract() {
-        let Cli { command: Command::Serve(args) } = Cli::parse_from(["loragate", "serve"]) else {
-            panic!("serve parses");
-        };
-        assert_eq!(args.grpc_addr, "127.0.0.1:50051".parse().expect("address"));
-        assert_eq!(args.http_addr, "127.0.0.1:8000".parse().expect("address"));
-        assert!(args.model.is_none() && args.adapters.is_empty());
-        let config = args.into_config();
-        assert!(matches!(config.model, ModelSource::Demo { .. }));
-        assert_eq!((config.engine.max_lora_rank, config.engine.max_adapter_bytes), (64, 1 << 30));
-        assert_eq!(config.engine.adapter_load_timeout, Duration::from_secs(120));
-        assert_eq!(config.state, StateLocation::UserDefault, "durable by default");
-        assert_eq!(config.engine.max_num_batched_tokens, None, "sized to the device when the engine starts");
+/// Parses one `--lora-modules` value: NAME=DIR, or vLLM's JSON `{"name": NAME, "path": DIR}` (its
+/// `base_model_name` is accepted and must be the only other field).
+fn parse_lora_module(raw: &str) -> Result<InitialAdapter, String> {
+    if !raw.trim_start().starts_with('{') {
+        return parse_initial_adapter(raw);
     }
-
-    #[test]
-    fn state_dir_takes_a_directory_or_none() {
-        let state = |args: &[&str]| {
-            let Command::Serve(args) = Cli::try_parse_from(args).expect("parses").command else { panic!("serve") };
-            args.into_config().state
-        };
-        assert_eq!(state(&["loragate", "serve", "--state-dir", "none"]), StateLocation::Memory);
-        assert_eq!(
-            state(&["loragate", "serve", "--state-dir", "/srv/lg"]),
-            StateLocation::Directory(PathBuf::from("/srv/lg"))
-        );
-        let bad = Cli::try_parse_from(["loragate", "serve", "--state-dir", ""]).expect_err("empty");
-        assert!(bad.to_string().contains("--state-dir"), "{bad}");
+    let object: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(raw).map_err(|err| format!("{raw:?} is not NAME=DIR nor a JSON object: {err}"))?;
+    if let Some(unknown) = object.keys().find(|key| !["name", "path", "base_model_name"].contains(&key.as_str())) {
+        return Err(format!("{raw:?}: unknown field {unknown:?} (expected name, path, base_model_name)"));
     }
-
-    #[test]
-    fn adapters_are_name_equals_dir_and_repeatable() {
-        let cli = Cli::try_parse_from([
-            "loragate",
-            "serve",
-            "--model",
-            "/m",
-            "--adapter",
-            "meow=/a/meow",
-            "--adapter",
-            "woof=/a/woof",
-            "--adapter-root",
-            "/a",
-            "--gate-max-wait",
-            "5s",
-            "--device",
-            "cuda:1",
-            "--max-lora-rank",
-            "16",
-            "--max-adapter-bytes",
-            "1000000",
-            "--adapter-load-timeout",
-            "5s",
-        ])
-        .expect("parses");
-        let Command::Serve(args) = cli.command else { panic!("serve") };
-        let names: Vec<_> = args.adapters.iter().map(|a| a.name.to_string()).collect();
-        assert_eq!(names, vec!["meow", "woof"]);
-        assert_eq!(args.gate_max_wait, Duration::from_secs(5));
-        assert_eq!(args.engine.device, Device::Cuda(1));
-        let engine = args.into_config().engine;
-        assert_eq!((engine.max_lora_rank, engine.max_adapter_bytes), (16, 1_000_000));
-        assert_eq!(engine.adapter_load_timeout, Duration::from_secs(5));
-        for bad in ["meow", "=dir", "bad name=dir", "meow="] {
-            assert!(Cli::try_parse_from(["loragate", "serve", "--adapter", bad]).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn limits_connections_and_keys_have_the_issues_defaults_and_flags() {
-        let Command::Serve(args) = Cli::parse_from(["loragate", "serve"]).command else { panic!("serve") };
-        let config = args.into_config();
-        assert_eq!(config.limits, Limits::default());
-        assert_eq!((config.limits.max_in_flight, config.limits.max_held), (1024, 4096));
-        assert_eq!(config.max_connections, 4096);
-        assert_eq!(
-            (config.header_read_timeout, config.idle_timeout),
-            (Duration::from_secs(10), Duration::from_secs(60))
-        );
-        assert!(config.authentication.api_key.is_none() || std::env::var_os("LORAGATE_API_KEY").is_some());
-
-        let cli = Cli::try_parse_from([
-            "loragate",
-            "serve",
-            "--max-in-flight",
-            "8",
-            "--max-held",
-            "16",
-            "--max-in-flight-per-adapter",
-            "2",
-            "--max-held-per-adapter",
-            "4",
-            "--max-connections",
-            "32",
-            "--header-read-timeout",
-            "2s",
-            "--idle-timeout",
-            "5s",
-            "--api-key",
-            "k-api",
-            "--admin-key",
-            "k-admin",
-            "--tenant-keys",
-            "/etc/loragate/tenants.json",
-        ])
-        .expect("parses");
-        let Command::Serve(args) = cli.command else { panic!("serve") };
-        let config = args.into_config();
-        let expected = Limits {
-            max_in_flight: 8,
-            max_held: 16,
-            max_in_flight_per_adapter: Some(2),
-            max_held_per_adapter: Some(4),
-        };
-        assert_eq!(config.limits, expected);
-        assert_eq!((config.max_connections, config.idle_timeout), (32, Duration::from_secs(5)));
-        assert_eq!(config.authentication.api_key, Some(Key::parse("k-api").expect("key")));
-        assert!(!format!("{config:?}").contains("k-admin"), "keys are redacted from Debug output");
-        assert!(Cli::try_parse_from(["loragate", "serve", "--api-key", "has space"]).is_err());
-    }
-
-    #[test]
-    fn serve_fronts_repeated_workers_and_checks_them_every_interval() {
-        let Cli { command: Command::Serve(args) } = Cli::parse_from(["loragate", "serve"]) else { panic!("serve") };
-        assert!(args.workers.is_empty(), "no worker: the in-process engine");
-        assert_eq!(args.worker_health_interval, Duration::from_secs(2), "the default interval");
-        let cli = Cli::try_parse_from([
-            "loragate",
-            "serve",
-            "--worker",
-            "http://127.0.0.1:9001",
-            "--worker",
-            "vllm+http://127.0.0.1:9002",
-            "--worker",
-            "sglang+http://Worker-3:9003/",
-            "--worker-health-interval",
-            "0.5",
-            "--worker-failure-threshold",
-            "5",
-            "--worker-wait",
-            "10",
-            "--max-workers",
-            "8",
-            "--worker-adapter-root",
-            "/mnt/adapters",
-        ])
-        .expect("parses");
-        let Command::Serve(args) = cli.command else { panic!("serve") };
-        let config = args.into_config();
-        let workers: Vec<&str> = config.workers.iter().map(WorkerAddress::as_str).collect();
-        assert_eq!(workers, ["grpc://127.0.0.1:9001", "vllm+http://127.0.0.1:9002", "sglang+http://worker-3:9003"]);
-        assert_eq!(config.worker_health_interval, Duration::from_millis(500));
-        assert_eq!((config.worker_failure_threshold, config.worker_wait), (5, Duration::from_secs(10)));
-        assert_eq!(config.max_workers, 8);
-        assert_eq!(config.worker_adapter_root.as_deref(), Some(std::path::Path::new("/mnt/adapters")));
-        let bad = Cli::try_parse_from(["loragate", "serve", "--worker", "127.0.0.1:9001"]).expect_err("not a URL");
-        assert!(bad.to_string().contains("--worker"), "{bad}");
-        let secret = Cli::try_parse_from(["loragate", "serve", "--worker", "http://u:hunter2@h:1"]).expect_err("creds");
-        assert!(!secret.to_string().contains("hunter2"), "{secret}");
-        let defaults = Cli::parse_from(["loragate", "serve"]);
-        let Command::Serve(args) = defaults.command else { panic!("serve") };
-        let config = args.into_config();
-        assert_eq!(
-            (config.worker_wait, config.max_workers, config.worker_failure_threshold),
-            (Duration::from_secs(60), 256, 3)
-        );
-    }
-
-    #[test]
-    fn worker_needs_an_address_and_takes_the_engine_flags() {
-        assert!(Cli::try_parse_from(["loragate", "worker"]).is_err(), "--grpc-addr is required");
-        let cli = Cli::try_parse_from([
-            "loragate",
-            "worker",
-            "--grpc-addr",
-            "127.0.0.1:9001",
-            "--adapter-root",
-            "/a",
-            "--max-batch-size",
-            "8",
-            "--max-num-batched-tokens",
-            "96",
-            "--device",
-            "cpu",
-        ])
-        .expect("parses");
-        let Command::Worker(args) = cli.command else { panic!("worker") };
-        let settings = args.into_settings();
-        assert_eq!(settings.grpc_addr, "127.0.0.1:9001".parse().expect("address"));
-        assert_eq!(settings.engine.max_batch_size, 8);
-        assert_eq!(settings.engine.max_num_batched_tokens, Some(96));
-        assert_eq!(settings.adapter_root.as_deref(), Some(std::path::Path::new("/a")));
-        assert!(matches!(settings.model, ModelSource::Demo { .. }));
-    }
-
-    #[test]
-    fn tinker_flags_reach_the_tinker_front() {
-        let Cli { command: Command::Serve(defaults) } = Cli::parse_from(["loragate", "serve"]) else { panic!("serve") };
-        let defaults = defaults.into_config().tinker;
-        assert_eq!((defaults.max_pause_wait, defaults.poll_hold), (Duration::from_secs(1800), Duration::from_secs(25)));
-        let cli = Cli::try_parse_from([
-            "loragate",
-            "serve",
-            "--tinker-max-pause-wait",
-            "10m",
-            "--tinker-max-pending",
-            "7",
-            "--tinker-poll-hold",
-            "5s",
-        ])
-        .expect("parses");
-        let Command::Serve(args) = cli.command else { panic!("serve") };
-        let tinker = args.into_config().tinker;
-        assert_eq!(tinker.max_pause_wait, Duration::from_secs(600));
-        assert_eq!(tinker.retention.max_pending, 7);
-        assert_eq!(tinker.poll_hold, Duration::from_secs(5));
-    }
-
-    #[test]
-    fn demo_model_takes_an_output_directory() {
-        let cli = Cli::try_parse_from(["loragate", "demo-model", "--out", "/tmp/demo"]).expect("parses");
-        assert!(matches!(cli.command, Command::DemoModel { out } if out == std::path::Path::new("/tmp/demo")));
-        assert!(Cli::try_parse_from(["loragate", "demo-model"]).is_err(), "--out is required");
-    }
+    let text = |field: &str| match object.get(field) {
+        Some(serde_json::Value::String(value)) => Ok(value.as_str()),
+        _ => Err(format!("{raw:?}: {field:?} must be a string")),
+    };
+    initial_adapter(raw, text("name")?, text("path")?)
 }
+
+#[cfg(test)]
+mod tests;

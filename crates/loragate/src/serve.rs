@@ -98,6 +98,8 @@ pub struct ServeConfig {
     pub state: StateLocation,
     /// The Tinker API front's settings (its routes share the HTTP listener).
     pub tinker: TinkerConfig,
+    /// How often the stats line is logged (`--log-stats-interval`); `None` for never.
+    pub log_stats_interval: Option<Duration>,
 }
 
 /// The keys of `--api-key`, `--admin-key` and `--tenant-keys`; any one turns authentication on.
@@ -150,6 +152,7 @@ impl ServeConfig {
             worker_adapter_root: None,
             state: StateLocation::Memory,
             tinker: TinkerConfig::default(),
+            log_stats_interval: None,
         }
     }
 }
@@ -247,10 +250,14 @@ pub struct RunningServer {
 }
 
 impl RunningServer {
-    /// Loads the model (or starts the fleet of workers) and the start-up adapters, binds both addresses and starts
-    /// serving.
+    /// Binds both addresses (first, so that a port clash fails before the model loads), loads the model (or starts
+    /// the fleet of workers) and the start-up adapters, and starts serving.
     pub async fn start(config: ServeConfig) -> Result<Self, ServeError> {
         let signals = ShutdownSignals::listen();
+        let grpc_listener = bind(config.grpc_addr).await?;
+        let grpc_addr = local_addr(&grpc_listener, config.grpc_addr)?;
+        let http_listener = bind(config.http_addr).await?;
+        let http_addr = local_addr(&http_listener, config.http_addr)?;
         let model = ResolvedModel::of(&config.model).await?;
         let served_model_name = config.served_model_name.clone().unwrap_or_else(|| model.name.clone());
         let auth = config.authentication.keyring()?;
@@ -282,6 +289,13 @@ impl RunningServer {
         } else {
             Backend::in_process(&model, &config).await?
         };
+        crate::model_facts::log_model_facts(
+            &model.path,
+            &served_model_name,
+            backend.engine.model_info(),
+            (!in_fleet).then_some(&config.engine),
+            &chat_template,
+        );
         let demo: Vec<InitialAdapter> = model
             .demo_adapters
             .iter()
@@ -317,16 +331,12 @@ impl RunningServer {
         for InitialAdapter { name, dir } in adapters {
             let reconciled = coordinator.reconcile_adapter(&name, AdapterSource::trusted(&dir)).await;
             match reconciled.map_err(|source| ServeError::Adapter { name: name.clone(), dir, source })? {
-                Reconciled::Loaded(version) => tracing::info!(adapter = %name, %version, "adapter loaded"),
+                // The coordinator logs the load.
+                Reconciled::Loaded(_) => {}
                 Reconciled::Kept(version) => tracing::info!(adapter = %name, %version, "adapter kept as recorded"),
             }
         }
         let codec: Arc<dyn TextCodec> = Arc::new(TokenizerCodec::new(backend.tokenizer));
-
-        let grpc_listener = bind(config.grpc_addr).await?;
-        let grpc_addr = local_addr(&grpc_listener, config.grpc_addr)?;
-        let http_listener = bind(config.http_addr).await?;
-        let http_addr = local_addr(&http_listener, config.http_addr)?;
 
         // One cap over both fronts: it protects the process's file descriptors.
         let connections =
@@ -349,7 +359,7 @@ impl RunningServer {
             .with_routes(tinker.routes());
         match chat_template {
             Ok(Some(template)) => http_front = http_front.with_chat_template(template),
-            Ok(None) => tracing::info!("the model has no chat template; /v1/chat/completions answers 400"),
+            Ok(None) => {}
             Err(err) => tracing::warn!(%err, "the model's chat template is unusable; /v1/chat/completions answers 400"),
         }
         if let Some(fleet) = &backend.fleet {
@@ -365,6 +375,9 @@ impl RunningServer {
             tokio::spawn(async move { grpc.await.map_err(join_error)?.map_err(ServeError::from) }),
             tokio::spawn(async move { http.await.map_err(join_error)?.map_err(ServeError::from) }),
         ];
+        if let Some(interval) = config.log_stats_interval {
+            tokio::spawn(crate::stats_log::log_stats(coordinator.clone(), interval, draining.clone()));
+        }
         tracing::info!(%grpc_addr, %http_addr, model = %served_model_name, "serving");
         Ok(Self {
             grpc_addr,

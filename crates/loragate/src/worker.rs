@@ -38,9 +38,12 @@ pub struct RunningWorker {
 }
 
 impl RunningWorker {
-    /// Loads the model, binds the address and starts serving.
+    /// Binds the address (first, so that a port clash fails before the model loads), loads the model and starts
+    /// serving.
     pub async fn start(settings: WorkerSettings) -> Result<Self, ServeError> {
         let signals = ShutdownSignals::listen();
+        let listener = bind(settings.grpc_addr).await?;
+        let grpc_addr = local_addr(&listener, settings.grpc_addr)?;
         let model = ResolvedModel::of(&settings.model).await?;
         let served_model_name = settings.served_model_name.clone().unwrap_or_else(|| model.name.clone());
         let adapter_root = match settings.adapter_root.clone().or_else(|| model.adapter_root.clone()) {
@@ -49,8 +52,6 @@ impl RunningWorker {
         };
         let (path, engine_config) = (model.path.clone(), settings.engine.clone());
         let engine = blocking(move || CandleEngine::load(&path, engine_config)).await??;
-        let listener = bind(settings.grpc_addr).await?;
-        let grpc_addr = local_addr(&listener, settings.grpc_addr)?;
         let shutdown = CancellationToken::new();
         let config = WorkerConfig {
             served_model_name: served_model_name.clone(),

@@ -73,7 +73,9 @@ fn demo_model_files_serve_the_same_adapters_from_disk() {
         .arg(&out)
         .output()
         .expect("demo-model runs");
-    assert!(written.status.success(), "{}", String::from_utf8_lossy(&written.stderr));
+    let progress = String::from_utf8_lossy(&written.stderr);
+    assert!(written.status.success(), "{progress}");
+    assert!(progress.contains("writing the demo model and its adapters to"), "a progress line: {progress}");
     for file in ["model/config.json", "model/model.safetensors", "model/tokenizer.json"] {
         assert!(out.join(file).is_file(), "{file} written");
     }
@@ -109,4 +111,19 @@ fn a_bad_flag_fails_with_a_message_naming_it() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--grpc-addr"), "{stderr}");
+}
+
+#[test]
+fn a_port_in_use_fails_at_once_before_the_model_is_read() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port to take");
+    let port = taken.local_addr().expect("its address").port().to_string();
+    let output = Command::new(env!("CARGO_BIN_EXE_loragate"))
+        .args(["serve", "--host", "localhost", "--port", &port, "--grpc-port", "0", "--state-dir", "none"])
+        .args(["--model", "/nonexistent/loragate-model"])
+        .output()
+        .expect("loragate runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(&format!("binding 127.0.0.1:{port}")) && stderr.contains("in use"), "{stderr}");
+    assert!(!stderr.contains("loragate-model"), "the port is bound before the model is read: {stderr}");
 }

@@ -41,6 +41,9 @@ pub(crate) struct AdapterCell {
     /// Its requests in flight and held, counted against the limits.
     load: Arc<AdapterLoad>,
     pub(crate) waiting: AtomicU32,
+    /// Admitted requests that have produced a token in their current attempt (the rest are queued in the engine or
+    /// prefilling).
+    pub(crate) running: AtomicU32,
     /// Requests stopped by a keep-mode pause, waiting in the core to continue.
     pub(crate) kept: AtomicU32,
     /// The live pauses; the gate is closed while there is any.
@@ -80,6 +83,7 @@ impl AdapterCell {
             weights_released: AtomicBool::new(false),
             load: AdapterLoad::new(server_load),
             waiting: AtomicU32::new(0),
+            running: AtomicU32::new(0),
             kept: AtomicU32::new(0),
             pauses: Mutex::new(PauseBook::default()),
         }
@@ -352,6 +356,7 @@ impl AdapterCell {
             version: gate.version,
             paused: gate.paused,
             in_flight: u32::try_from(in_flight).unwrap_or(u32::MAX),
+            running: self.running.load(Ordering::Acquire),
             held: self.load.held(),
             waiting: self.waiting.load(Ordering::Acquire),
             kept: self.kept.load(Ordering::Acquire),

@@ -14,6 +14,8 @@ pub struct AdapterStatus {
     pub paused: bool,
     /// Admitted requests, queued or running.
     pub in_flight: u32,
+    /// Of those, the ones producing tokens (the rest are queued in the engine or prefilling their prompt).
+    pub running: u32,
     /// Sampling requests held at its gate.
     pub held: u32,
     /// `WaitLoraUnpaused` callers.

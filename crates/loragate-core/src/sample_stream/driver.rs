@@ -15,6 +15,7 @@
 //! [`EngineEvent::Resumed`], the continuation's tokens are recorded with the parked keys' KV version.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures::StreamExt;
 use futures::stream::select_all;
@@ -58,6 +59,8 @@ struct Sequence {
     parked: Option<(ParkedKv, Option<AdapterVersion>)>,
     /// The KV version of the parked keys and values the current run was started with, until it says it resumed.
     resuming_from: Option<AdapterVersion>,
+    /// When its latest tokens came (for the inter-token latency).
+    last_tokens_at: Option<Instant>,
 }
 
 /// One engine request of this request, and which of the request's sequences its sequences are.
@@ -78,6 +81,11 @@ pub(crate) struct Driver {
     /// The adapter's count of abort-mode pauses when the current attempt was admitted: one after it ends the
     /// request while kept (unless it continues through abort pauses).
     abort_pauses_at_admission: u64,
+    /// When the request reached the coordinator (before its gate): the start of its time to first token and its
+    /// end-to-end latency, as vLLM counts them from its arrival.
+    arrived: Instant,
+    /// Whether a token came yet (time to first token is recorded once per request).
+    produced: bool,
     _live: LiveRequest,
 }
 
@@ -88,6 +96,7 @@ impl Driver {
         request: SampleRequest,
         deadline: GateDeadline,
         live: LiveRequest,
+        arrived: Instant,
     ) -> Self {
         let sequences = (0..request.num_samples())
             .map(|_| Sequence {
@@ -97,9 +106,12 @@ impl Driver {
                 kv_version: None,
                 parked: None,
                 resuming_from: None,
+                last_tokens_at: None,
             })
             .collect();
         let abort_pauses_at_admission = adapter.cell().gate_state().abort_pauses;
+        let cell = adapter.cell();
+        cell.metrics.requests().record_prompt(&cell.labels, request.prompt().len());
         Self {
             engine,
             adapter,
@@ -109,6 +121,8 @@ impl Driver {
             attempts: 0,
             aborted: false,
             abort_pauses_at_admission,
+            arrived,
+            produced: false,
             _live: live,
         }
     }
@@ -131,6 +145,7 @@ impl Driver {
                 }
             };
             if stopped.is_empty() {
+                self.record_end();
                 admission.hand_back(if self.aborted { Ending::Aborted } else { Ending::Completed });
                 return;
             }
@@ -139,6 +154,7 @@ impl Driver {
             let kept = Counted::new(&adapter.cell().kept);
             admission.hand_back(Ending::Kept);
             let Some((next, next_runs)) = self.continue_stopped(&stopped, &out).await else {
+                self.record_end();
                 return;
             };
             drop(kept);
@@ -161,6 +177,9 @@ impl Driver {
             run.events.map(move |event| (sequences.clone(), event))
         }));
         let mut stopped = Vec::new();
+        // Counted as running from its first token until this attempt ends.
+        let adapter = self.adapter.clone();
+        let mut running = None;
         while self.sequences.iter().any(|sequence| sequence.progress == Progress::Running) {
             let Some((sequences, event)) = events.next().await else {
                 let unfinished = self.sequences.iter().filter(|s| s.progress == Progress::Running).count();
@@ -190,8 +209,16 @@ impl Driver {
                     let count = u32::try_from(token_ids.len()).unwrap_or(u32::MAX);
                     progress.segments.push(version, kv_version, count);
                     progress.token_ids.extend_from_slice(&token_ids);
-                    let cell = self.adapter.cell();
+                    let cell = adapter.cell();
                     cell.metrics.record_tokens(&cell.labels, version, token_ids.len());
+                    running.get_or_insert_with(|| Counted::new(&cell.running));
+                    let now = Instant::now();
+                    if let Some(previous) = progress.last_tokens_at.replace(now) {
+                        cell.metrics.requests().record_inter_token(&cell.labels, now - previous, token_ids.len());
+                    }
+                    if !std::mem::replace(&mut self.produced, true) {
+                        cell.metrics.requests().record_first_token(&cell.labels, now - self.arrived);
+                    }
                     let sequence = index as u32;
                     let tokens =
                         SampleEvent::Tokens { sequence, version, kv_version, token_ids, logprobs, top_logprobs };
@@ -277,6 +304,12 @@ impl Driver {
             return None;
         }
         Some((admission, runs))
+    }
+
+    /// Records the request's end-to-end latency (it ended, finished or aborted).
+    fn record_end(&self) {
+        let cell = self.adapter.cell();
+        cell.metrics.requests().record_end(&cell.labels, self.arrived.elapsed());
     }
 
     /// Whether a sequence the engine aborted is kept for continuing rather than handed back aborted.

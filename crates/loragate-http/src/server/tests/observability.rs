@@ -50,6 +50,59 @@ async fn metrics_show_adapter_gauges_and_request_counts_per_server() {
 }
 
 #[tokio::test]
+async fn vllm_shaped_metrics_are_there_at_zero_from_the_start_and_count_requests() {
+    let harness = serve(&["meow"]).await;
+    let fresh = scrape(&harness).await;
+    for adapter in ["", "meow"] {
+        for series in [
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:prompt_tokens_total",
+            "vllm:generation_tokens_total",
+            "vllm:time_to_first_token_seconds_count",
+            "vllm:inter_token_latency_seconds_count",
+            "vllm:e2e_request_latency_seconds_count",
+            "loragate_pauses_total",
+            "loragate_gate_hold_seconds_count",
+        ] {
+            // vLLM's series carry vLLM's `model_name` label (the served name).
+            let labels = if series.starts_with("vllm:") {
+                format!("model_name=\"{SERVED_NAME}\",adapter=\"{adapter}\"")
+            } else {
+                format!("adapter=\"{adapter}\"")
+            };
+            let line = format!("{series}{{{labels}}} 0");
+            assert!(fresh.contains(&line), "missing {line:?} before any request in\n{fresh}");
+        }
+    }
+
+    let completion = json!({"model": "meow", "prompt": [1, 2, 3, 4], "max_tokens": 3});
+    assert_eq!(harness.post("/v1/completions", completion).await.0, StatusCode::OK);
+    // The request's end is recorded by its driver right after it sent the last token, so possibly after the
+    // response went out.
+    let ended = "vllm:e2e_request_latency_seconds_count{model_name=\"demo\",adapter=\"meow\"} 1";
+    eventually("the request's end is recorded", || async { scrape(&harness).await.contains(ended) }).await;
+    let text = scrape(&harness).await;
+    for line in [
+        "vllm:prompt_tokens_total{model_name=\"demo\",adapter=\"meow\"} 4",
+        "vllm:generation_tokens_total{model_name=\"demo\",adapter=\"meow\"} 3",
+        "vllm:time_to_first_token_seconds_count{model_name=\"demo\",adapter=\"meow\"} 1",
+        "vllm:num_requests_running{model_name=\"demo\",adapter=\"meow\"} 0",
+        "vllm:prompt_tokens_total{model_name=\"demo\",adapter=\"\"} 0",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+
+    harness.pause("meow").await;
+    let held = harness.spawn_completion(json!({"model": "meow", "prompt": "x", "max_tokens": 2}), "held");
+    eventually("the request is held", || async { harness.status_of("meow").await.held == 1 }).await;
+    let text = scrape(&harness).await;
+    assert!(text.contains("vllm:num_requests_waiting{model_name=\"demo\",adapter=\"meow\"} 1"), "{text}");
+    harness.resume("meow").await;
+    assert_eq!(held.await.expect("task").0, StatusCode::OK);
+}
+
+#[tokio::test]
 async fn health_turns_503_once_draining_begins() {
     let mut harness = serve(&["meow"]).await;
     let (status, body) = harness.get("/health").await;
