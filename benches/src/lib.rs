@@ -23,10 +23,8 @@ impl ThreadWorker {
         let port = listener.local_addr().expect("address").port();
         let kill = tokio_util::sync::CancellationToken::new();
         let config = loragate_worker::WorkerConfig {
-            served_model_name: "bench".into(),
             adapter_root: Some(loragate_core::AdapterRoot::new(adapter_root).expect("adapter root")),
-            max_running_requests: 64,
-            shutdown: tokio_util::sync::CancellationToken::new(),
+            ..loragate_worker::WorkerConfig::new("bench")
         };
         let killed = kill.clone();
         let thread = std::thread::spawn(move || {

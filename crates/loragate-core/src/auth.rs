@@ -84,6 +84,11 @@ impl Key {
         }
         Ok(Self(raw.into()))
     }
+
+    /// The key itself, to present it to another server (a fleet coordinator's `--worker-key`). Never log it.
+    pub fn expose_secret(&self) -> &str {
+        &self.0
+    }
 }
 
 impl FromStr for Key {

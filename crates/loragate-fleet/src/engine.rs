@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use loragate_core::{
-    AdapterName, AdapterSource, AdapterVersion, Engine, EngineError, EngineStream, ModelInfo, SampleRequest,
+    AdapterName, AdapterSource, AdapterVersion, Engine, EngineError, EngineStream, Key, ModelInfo, SampleRequest,
     WorkerState,
 };
 use tokio_util::sync::CancellationToken;
@@ -45,6 +45,9 @@ pub struct FleetConfig {
     /// Where the workers mount the coordinator's adapter root (`--worker-adapter-root`): adapter paths inside the
     /// adapter root go to the workers under this directory instead. Without it, every path goes as given (absolute).
     pub worker_adapter_root: Option<PathBuf>,
+    /// The key presented to every worker as `authorization: Bearer KEY` (`--worker-key`): a `loragate worker`'s
+    /// admin key, or a vLLM or SGLang server's `--api-key`.
+    pub worker_key: Option<Key>,
 }
 
 impl Default for FleetConfig {
@@ -60,6 +63,7 @@ impl Default for FleetConfig {
             join_timeout: Duration::from_secs(60),
             adapter_root: None,
             worker_adapter_root: None,
+            worker_key: None,
         }
     }
 }
@@ -90,6 +94,7 @@ impl FleetEngine {
             health_timeout: config.health_timeout,
             adapter_timeout: config.adapter_timeout,
             context_length: model.context_length,
+            worker_key: config.worker_key.clone(),
         };
         let membership = Membership::start(workers, settings, metrics.clone()).await?;
         let unloads = membership.clone();

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use loragate_core::Key;
 use tokio::sync::{Notify, mpsc};
 
 use crate::address::WorkerAddress;
@@ -31,8 +32,12 @@ pub(crate) struct WorkerLink {
 impl WorkerLink {
     /// A link to `address` over its protocol (connected lazily, reconnected on demand), with its abort batcher
     /// running.
-    pub(crate) fn new(address: WorkerAddress, metrics: &FleetMetrics) -> Result<Arc<Self>, WorkerError> {
-        let client = worker::connect(&address, ClientSettings { connect_timeout: CONNECT_TIMEOUT })?;
+    pub(crate) fn new(
+        address: WorkerAddress,
+        key: Option<Key>,
+        metrics: &FleetMetrics,
+    ) -> Result<Arc<Self>, WorkerError> {
+        let client = worker::connect(&address, ClientSettings { connect_timeout: CONNECT_TIMEOUT, key })?;
         Ok(Self::over(address, client, metrics))
     }
 

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use loragate_core::WorkerState;
+use loragate_core::{Key, WorkerState};
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef, RpcReplyPort};
 use tokio::sync::watch;
@@ -49,6 +49,8 @@ pub(crate) struct MembershipSettings {
     pub(crate) adapter_timeout: Duration,
     /// The coordinator's context length: a worker serving less cannot join.
     pub(crate) context_length: u32,
+    /// The key presented to the workers.
+    pub(crate) worker_key: Option<Key>,
 }
 
 /// A snapshot of the membership.

@@ -19,7 +19,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::stream::BoxStream;
-use loragate_core::{FinishReason, SampleRequest, TopLogprobs};
+use loragate_core::{FinishReason, Key, SampleRequest, TopLogprobs};
 
 use crate::address::{Protocol, WorkerAddress};
 
@@ -129,11 +129,13 @@ pub(crate) trait WorkerClient: Send + Sync + 'static {
     async fn abort(&self, ids: Vec<String>, timeout: Duration) -> Result<(), WorkerError>;
 }
 
-/// Timeouts the clients need beyond each call's own.
-#[derive(Clone, Copy, Debug)]
+/// Timeouts and the credential the clients need beyond each call's own.
+#[derive(Clone, Debug)]
 pub(crate) struct ClientSettings {
     /// How long a connection attempt may take.
     pub(crate) connect_timeout: Duration,
+    /// The key every call presents as `authorization: Bearer KEY` (`--worker-key`).
+    pub(crate) key: Option<Key>,
 }
 
 /// The client for the worker at `address`, by its protocol (connected lazily).

@@ -1,41 +1,81 @@
-//! `vllm.Control`: discovery, `Abort`, the LoRA lifecycle and the engine-wide pause, with vLLM's semantics.
-//! Weight transfer, sleep and KV-event RPCs answer `UNIMPLEMENTED` (a loragate worker swaps adapters, not base
-//! weights, and keeps no KV cache between requests).
+//! `vllm.Control`: discovery, `Abort`, the LoRA lifecycle and the engine-wide pause, with vLLM's semantics, each a
+//! call on the coordinator: `Abort` aborts by request id, `PauseGeneration` is the coordinator's global pause in its
+//! mode, `LoadLora` a load (a loaded name is `ALREADY_EXISTS`, past `--max-loras` `RESOURCE_EXHAUSTED`), `UnloadLora`
+//! an unload (which frees the adapter's weights). `Shutdown` stops the worker only if it was started with
+//! `--enable-shutdown-rpc`. Weight transfer, sleep and KV-event RPCs answer `UNIMPLEMENTED` (a loragate worker swaps
+//! adapters, not base weights, and keeps no KV cache between requests).
 
 use std::sync::Arc;
 
-use loragate_core::Engine;
+use loragate_core::{AdapterName, Coordinator, CoreError, KvPolicy, PauseMode, RequestId};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use vllm_proto as pb;
 
 use crate::error::WorkerError;
-use crate::state::{LoraRecord, PauseMode, WorkerHandle};
+use crate::loras::{LoraRecord, LoraTable};
 
-/// What `GetServerInfo` and `GetModelInfo` report.
+/// What `GetServerInfo` and `GetModelInfo` report, and whether `Shutdown` is allowed.
 pub(crate) struct ServerFacts {
     pub(crate) served_model_name: Arc<str>,
     pub(crate) instance_id: String,
     pub(crate) max_running_requests: u64,
     pub(crate) supports_lora: bool,
+    pub(crate) shutdown_rpc: bool,
 }
 
 /// The `vllm.Control` service of a worker.
 pub(crate) struct ControlService {
-    engine: Arc<dyn Engine>,
-    state: WorkerHandle,
+    coordinator: Coordinator,
+    loras: LoraTable,
     facts: ServerFacts,
     shutdown: CancellationToken,
 }
 
 impl ControlService {
     pub(crate) fn new(
-        engine: Arc<dyn Engine>,
-        state: WorkerHandle,
+        coordinator: Coordinator,
+        loras: LoraTable,
         facts: ServerFacts,
         shutdown: CancellationToken,
     ) -> Self {
-        Self { engine, state, facts, shutdown }
+        Self { coordinator, loras, facts, shutdown }
+    }
+
+    /// Loads `request.lora_name` from `request.source_path`. The load and its record run on a task of their own, so
+    /// a caller that goes away midway leaves the table and the coordinator agreeing.
+    async fn load(&self, request: pb::LoadLoraRequest) -> Result<LoraRecord, WorkerError> {
+        let name = AdapterName::parse(&request.lora_name)?;
+        if !self.facts.supports_lora {
+            return Err(WorkerError::LoraDisabled);
+        }
+        if request.source_path.is_empty() {
+            return Err(WorkerError::invalid("source_path", "is required"));
+        }
+        let reservation = self.loras.reserve_load(name.as_str())?;
+        let coordinator = self.coordinator.clone();
+        let loaded = tokio::spawn(async move {
+            coordinator.load_adapter_at(&name, &request.source_path).await?;
+            tracing::info!(lora = %name, path = %request.source_path, "LoRA adapter loaded");
+            Ok::<_, WorkerError>(reservation.commit(request.source_path))
+        });
+        loaded.await.unwrap_or(Err(WorkerError::Core(CoreError::ShuttingDown)))
+    }
+
+    /// Unloads `lora_name` (its weights are freed), on a task of its own like [`ControlService::load`].
+    async fn unload(&self, lora_name: &str) -> Result<LoraRecord, WorkerError> {
+        if lora_name.trim().is_empty() {
+            return Err(WorkerError::invalid("lora_name", "is required"));
+        }
+        let reservation = self.loras.reserve_unload(lora_name)?;
+        let name = AdapterName::parse(lora_name)?;
+        let coordinator = self.coordinator.clone();
+        let unloaded = tokio::spawn(async move {
+            coordinator.unload_adapter(&name).await?;
+            tracing::info!(lora = %name, "LoRA adapter unloaded");
+            Ok::<_, WorkerError>(reservation.commit())
+        });
+        unloaded.await.unwrap_or(Err(WorkerError::Core(CoreError::ShuttingDown)))
     }
 }
 
@@ -66,7 +106,7 @@ impl pb::control_server::Control for ControlService {
                 data_parallel_size_local: 1,
                 ..Default::default()
             }),
-            max_model_len: self.engine.model_info().context_length,
+            max_model_len: self.coordinator.model_info().context_length,
             max_running_requests: self.facts.max_running_requests,
             rl_capabilities: Some(pb::RlCapabilities::default()),
             proto_version: vllm_proto::VERSION.into(),
@@ -89,6 +129,9 @@ impl pb::control_server::Control for ControlService {
     }
 
     async fn shutdown(&self, _request: Request<pb::ShutdownRequest>) -> Result<Response<pb::ShutdownResponse>, Status> {
+        if !self.facts.shutdown_rpc {
+            return Err(WorkerError::ShutdownDisabled.into());
+        }
         tracing::info!("shutdown requested over vllm.Control");
         self.shutdown.cancel();
         Ok(Response::new(pb::ShutdownResponse {}))
@@ -96,15 +139,20 @@ impl pb::control_server::Control for ControlService {
 
     async fn abort(&self, request: Request<pb::AbortRequest>) -> Result<Response<pb::AbortResponse>, Status> {
         let request_ids = request.into_inner().request_ids;
-        if !request_ids.is_empty() {
-            self.state.abort(request_ids).await?;
+        // Ids that cannot name a request name none running (vLLM ignores unknown ids).
+        let ids: Vec<RequestId> = request_ids
+            .iter()
+            .filter(|id| !id.is_empty())
+            .filter_map(|id| RequestId::parse_or_generate(id).ok())
+            .collect();
+        if !ids.is_empty() {
+            self.coordinator.abort_requests(&ids).await;
         }
         Ok(Response::new(pb::AbortResponse {}))
     }
 
     async fn load_lora(&self, request: Request<pb::LoadLoraRequest>) -> Result<Response<pb::LoadLoraResponse>, Status> {
-        let request = request.into_inner();
-        let record = self.state.load_lora(&request.lora_name, &request.source_path).await?;
+        let record = self.load(request.into_inner()).await?;
         Ok(Response::new(pb::LoadLoraResponse { adapter: Some(adapter(record)) }))
     }
 
@@ -112,7 +160,7 @@ impl pb::control_server::Control for ControlService {
         &self,
         request: Request<pb::UnloadLoraRequest>,
     ) -> Result<Response<pb::UnloadLoraResponse>, Status> {
-        let record = self.state.unload_lora(&request.into_inner().lora_name).await?;
+        let record = self.unload(&request.into_inner().lora_name).await?;
         Ok(Response::new(pb::UnloadLoraResponse { adapter: Some(adapter(record)) }))
     }
 
@@ -120,7 +168,7 @@ impl pb::control_server::Control for ControlService {
         &self,
         _request: Request<pb::ListLorasRequest>,
     ) -> Result<Response<pb::ListLorasResponse>, Status> {
-        let adapters = self.state.list_loras().await?.into_iter().map(adapter).collect();
+        let adapters = self.loras.loaded().into_iter().map(adapter).collect();
         Ok(Response::new(pb::ListLorasResponse { adapters }))
     }
 
@@ -138,10 +186,11 @@ impl pb::control_server::Control for ControlService {
         let mode = match pb::PauseMode::try_from(request.into_inner().mode) {
             Ok(pb::PauseMode::Unspecified | pb::PauseMode::Abort) => PauseMode::Abort,
             Ok(pb::PauseMode::Wait) => PauseMode::Wait,
+            // The contract fixes KEEP as unimplemented on the worker (a fleet coordinator never asks for it).
             Ok(pb::PauseMode::Keep) => return unimplemented("PAUSE_MODE_KEEP (freezing running sequences)"),
             Err(_) => return Err(WorkerError::invalid("mode", "is not a PauseMode").into()),
         };
-        self.state.pause(mode).await?;
+        self.coordinator.pause_all(mode, KvPolicy::Recompute, None).await.map_err(WorkerError::from)?;
         Ok(Response::new(pb::PauseGenerationResponse {}))
     }
 
@@ -149,7 +198,7 @@ impl pb::control_server::Control for ControlService {
         &self,
         _request: Request<pb::ResumeGenerationRequest>,
     ) -> Result<Response<pb::ResumeGenerationResponse>, Status> {
-        self.state.resume().await?;
+        self.coordinator.resume_all().await.map_err(WorkerError::from)?;
         Ok(Response::new(pb::ResumeGenerationResponse {}))
     }
 
@@ -157,7 +206,8 @@ impl pb::control_server::Control for ControlService {
         &self,
         _request: Request<pb::IsPausedRequest>,
     ) -> Result<Response<pb::IsPausedResponse>, Status> {
-        Ok(Response::new(pb::IsPausedResponse { paused: self.state.is_paused() }))
+        let paused = self.coordinator.is_paused_globally().await.map_err(WorkerError::from)?;
+        Ok(Response::new(pb::IsPausedResponse { paused }))
     }
 
     async fn sleep(&self, _request: Request<pb::SleepRequest>) -> Result<Response<pb::SleepResponse>, Status> {

@@ -1,6 +1,6 @@
 //! The worker's one error enum, and the one place it becomes a gRPC status (vLLM's codes for the same cases).
 
-use loragate_core::{CoreError, EngineError, Field};
+use loragate_core::{CoreError, EngineError, Field, StateError};
 use tonic::Status;
 
 /// Everything a worker request can fail with. None of these stops the worker.
@@ -20,26 +20,29 @@ pub enum WorkerError {
     #[error("model `{0}` not found")]
     ModelNotFound(String),
     /// `lora_name` names no loaded adapter.
-    #[error("LoRA adapter `{0}` is not loaded")]
+    #[error("lora_name: LoRA adapter `{0}` is not loaded")]
     LoraNotLoaded(String),
-    /// `LoadLora` under a name that is loaded (vLLM never reloads a name in place over gRPC).
-    #[error("LoRA adapter `{0}` is already loaded")]
+    /// `LoadLora` under a name that is loaded or loading (vLLM never reloads a name in place over gRPC).
+    #[error("lora_name: LoRA adapter `{0}` is already loaded")]
     LoraAlreadyLoaded(String),
-    /// A request with this `request_id` is running (ids must be unique to be abortable).
-    #[error("request_id: `{0}` is already running")]
-    RequestIdInUse(String),
+    /// `LoadLora` while `--max-loras` adapters are loaded or loading.
+    #[error("lora_name: {max_loras} LoRA adapters are loaded (--max-loras); unload one first")]
+    TooManyLoras {
+        /// The cap.
+        max_loras: usize,
+    },
     /// This worker loads no adapters by path (it has no adapter root).
     #[error("this worker loads no adapters (start it with --adapter-root DIR)")]
     LoraDisabled,
-    /// An RPC or mode this worker does not implement (weight transfer, sleep, KV events, `PAUSE_MODE_KEEP`).
+    /// `Shutdown` on a worker started without `--enable-shutdown-rpc`.
+    #[error("Shutdown is disabled on this worker (start it with --enable-shutdown-rpc to allow it)")]
+    ShutdownDisabled,
+    /// An RPC this worker does not implement (weight transfer, sleep, KV events).
     #[error("{0} is not implemented by loragate worker")]
     Unimplemented(&'static str),
-    /// The engine refused or failed the operation.
+    /// The coordinator refused or failed the request (limits, gate deadlines, keys, the engine, shutting down).
     #[error(transparent)]
-    Engine(#[from] EngineError),
-    /// The worker is stopping (its state actor is gone).
-    #[error("the worker is shutting down")]
-    ShuttingDown,
+    Core(CoreError),
 }
 
 impl WorkerError {
@@ -48,19 +51,24 @@ impl WorkerError {
         Self::InvalidArgument { field, reason: reason.into() }
     }
 
-    /// The core's validation error in this protocol's terms: the field is renamed to its path in vLLM's proto.
+    /// The core's error in this protocol's terms: a field is renamed to its path in vLLM's proto, an unknown adapter
+    /// is vLLM's unknown `lora_name`.
     pub(crate) fn from_core(err: CoreError) -> Self {
         match err {
             CoreError::InvalidArgument { field, reason } => Self::invalid(vllm_field(field), reason),
             CoreError::UnknownAdapter(key) => Self::LoraNotLoaded(key.as_wire_str().to_owned()),
-            CoreError::Engine(engine) => Self::Engine(engine),
-            CoreError::ShuttingDown => Self::ShuttingDown,
-            other => Self::Engine(EngineError::Internal(other.to_string())),
+            other => Self::Core(other),
         }
     }
 }
 
-/// A core request field's path in vLLM's `GenerateRequest`.
+impl From<CoreError> for WorkerError {
+    fn from(err: CoreError) -> Self {
+        Self::from_core(err)
+    }
+}
+
+/// A core request field's path in vLLM's `GenerateRequest` (or `vllm.Control` request).
 fn vllm_field(field: Field) -> &'static str {
     match field {
         Field::RequestId => "request_id",
@@ -70,73 +78,138 @@ fn vllm_field(field: Field) -> &'static str {
         Field::Temperature => "temperature",
         Field::TopP => "sampling.top_p",
         Field::TopK => "sampling.top_k",
+        Field::MinP => "sampling.min_p",
+        Field::RepetitionPenalty => "decoding.repetition_penalty",
+        Field::PresencePenalty => "decoding.presence_penalty",
+        Field::FrequencyPenalty => "decoding.frequency_penalty",
+        Field::MinTokens => "stopping.min_new_tokens",
+        Field::TopLogprobs => "response.output_candidates.top_n",
+        Field::PromptTopLogprobs => "response.prompt_candidates.top_n",
         Field::StopTokenIds => "stopping.stop_token_ids",
         Field::NumSamples => "sampling.num_sequences",
         Field::Path => "source_path",
-        _ => "request",
+        // Fields vLLM's requests do not have (pause owners, leases): the core's own name.
+        other => other.grpc_path(),
     }
 }
 
 impl From<WorkerError> for Status {
     fn from(err: WorkerError) -> Self {
         let message = err.to_string();
-        match &err {
+        match err {
             WorkerError::InvalidArgument { .. } => Status::invalid_argument(message),
             WorkerError::ModelNotFound(_) | WorkerError::LoraNotLoaded(_) => Status::not_found(message),
-            WorkerError::LoraAlreadyLoaded(_) | WorkerError::RequestIdInUse(_) => Status::already_exists(message),
-            WorkerError::LoraDisabled => Status::failed_precondition(message),
+            WorkerError::LoraAlreadyLoaded(_) => Status::already_exists(message),
+            WorkerError::TooManyLoras { .. } => Status::resource_exhausted(message),
+            WorkerError::LoraDisabled | WorkerError::ShutdownDisabled => Status::failed_precondition(message),
             WorkerError::Unimplemented(_) => Status::unimplemented(message),
-            WorkerError::ShuttingDown => Status::unavailable(message),
-            WorkerError::Engine(engine) => match engine {
-                EngineError::AdapterFiles(_) => Status::invalid_argument(message),
-                EngineError::AdapterIncompatible(_) => Status::failed_precondition(message),
-                EngineError::AdapterNotLoaded(_) => Status::not_found(message),
-                EngineError::Stopped => Status::unavailable(message),
-                _ => Status::internal(message),
-            },
+            WorkerError::Core(core) => core_status(core, message),
         }
+    }
+}
+
+/// The code of a core error (the contract's table, as `loragate serve`'s gRPC front answers it).
+fn core_status(err: CoreError, message: String) -> Status {
+    let code_of = match &err {
+        CoreError::SwapFailed { source, .. } => source.as_ref(),
+        other => other,
+    };
+    match code_of {
+        CoreError::InvalidArgument { .. } => Status::invalid_argument(message),
+        CoreError::UnknownAdapter(_) => Status::not_found(message),
+        CoreError::GateHoldExpired { .. } | CoreError::AdapterUnavailable(_) | CoreError::ShuttingDown => {
+            Status::unavailable(message)
+        }
+        CoreError::DrainTimedOut { .. } => Status::deadline_exceeded(message),
+        CoreError::AbortedWhileKept(_) => Status::aborted(message),
+        CoreError::Overloaded { .. } => Status::resource_exhausted(message),
+        CoreError::Unauthenticated(_) => Status::unauthenticated(message),
+        CoreError::PermissionDenied { .. } => Status::permission_denied(message),
+        CoreError::WeightsMissing { .. } => Status::failed_precondition(message),
+        CoreError::State(StateError::Unavailable(_)) => Status::unavailable(message),
+        CoreError::Engine(engine) => match engine {
+            EngineError::AdapterFiles(_) => Status::invalid_argument(message),
+            EngineError::AdapterIncompatible(_) => Status::failed_precondition(message),
+            EngineError::AdapterNotLoaded(_) => Status::not_found(message),
+            EngineError::Stopped | EngineError::Unavailable(_) => Status::unavailable(message),
+            _ => Status::internal(message),
+        },
+        _ => Status::internal(message),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use loragate_core::{AdapterKey, AdapterName};
+    use std::time::Duration;
+
+    use loragate_core::{Action, AdapterKey, AdapterName, Limit};
     use tonic::Code;
 
     use super::*;
 
     #[test]
     fn each_error_gets_vllms_code_and_names_its_subject() {
+        let woof = AdapterKey::Lora(AdapterName::parse("woof").expect("name"));
         let cases = [
-            (
-                WorkerError::from_core(CoreError::invalid(Field::MaxTokens, "too many")),
-                Code::InvalidArgument,
-                "stopping.max_new_tokens",
-            ),
+            (CoreError::invalid(Field::MaxTokens, "too many").into(), Code::InvalidArgument, "stopping.max_new_tokens"),
             (WorkerError::ModelNotFound("gpt".into()), Code::NotFound, "gpt"),
             (WorkerError::LoraNotLoaded("meow@2".into()), Code::NotFound, "meow@2"),
             (WorkerError::LoraAlreadyLoaded("meow@1".into()), Code::AlreadyExists, "meow@1"),
-            (WorkerError::RequestIdInUse("r1".into()), Code::AlreadyExists, "r1"),
+            (WorkerError::TooManyLoras { max_loras: 4 }, Code::ResourceExhausted, "--max-loras"),
             (WorkerError::LoraDisabled, Code::FailedPrecondition, "--adapter-root"),
+            (WorkerError::ShutdownDisabled, Code::FailedPrecondition, "--enable-shutdown-rpc"),
             (WorkerError::Unimplemented("Sleep"), Code::Unimplemented, "Sleep"),
             (
-                EngineError::AdapterFiles("no adapter_config.json".into()).into(),
+                CoreError::Engine(EngineError::AdapterFiles("no adapter_config.json".into())).into(),
                 Code::InvalidArgument,
                 "adapter_config",
             ),
-            (EngineError::AdapterIncompatible("q_proj".into()).into(), Code::FailedPrecondition, "q_proj"),
             (
-                WorkerError::from_core(CoreError::UnknownAdapter(AdapterKey::Lora(
-                    AdapterName::parse("woof").expect("name"),
-                ))),
-                Code::NotFound,
+                CoreError::Engine(EngineError::AdapterIncompatible("q_proj".into())).into(),
+                Code::FailedPrecondition,
+                "q_proj",
+            ),
+            (CoreError::UnknownAdapter(woof.clone()).into(), Code::NotFound, "woof"),
+            (
+                CoreError::GateHoldExpired { adapter: woof.clone(), held_for: Duration::from_secs(1) }.into(),
+                Code::Unavailable,
                 "woof",
             ),
+            (
+                CoreError::Overloaded { limit: Limit::Held, cap: 8, adapter: woof.clone() }.into(),
+                Code::ResourceExhausted,
+                "--max-held",
+            ),
+            (CoreError::Unauthenticated("no API key was presented").into(), Code::Unauthenticated, "no API key"),
+            (
+                CoreError::PermissionDenied { action: Action::Admin, adapter: None }.into(),
+                Code::PermissionDenied,
+                "administer",
+            ),
+            (CoreError::ShuttingDown.into(), Code::Unavailable, "shutting down"),
         ];
         for (err, code, mentions) in cases {
+            let err: WorkerError = err;
             let status = Status::from(err);
             assert_eq!(status.code(), code, "{}", status.message());
             assert!(status.message().contains(mentions), "{:?} should mention {mentions}", status.message());
+        }
+    }
+
+    #[test]
+    fn every_sampling_field_is_named_as_vllms_proto_names_it() {
+        let cases = [
+            (Field::MinP, "sampling.min_p"),
+            (Field::RepetitionPenalty, "decoding.repetition_penalty"),
+            (Field::PresencePenalty, "decoding.presence_penalty"),
+            (Field::FrequencyPenalty, "decoding.frequency_penalty"),
+            (Field::MinTokens, "stopping.min_new_tokens"),
+            (Field::TopLogprobs, "response.output_candidates.top_n"),
+            (Field::PromptTopLogprobs, "response.prompt_candidates.top_n"),
+        ];
+        for (field, path) in cases {
+            let status = Status::from(WorkerError::from_core(CoreError::invalid(field, "is out of range")));
+            assert!(status.message().starts_with(&format!("{path}: ")), "{field:?}: {:?}", status.message());
         }
     }
 }

@@ -1,44 +1,45 @@
-//! `vllm.Inference`: `Generate` and `GenerateStream` over the engine, with vLLM's semantics.
+//! `vllm.Inference`: `Generate` and `GenerateStream` over the coordinator, with vLLM's semantics.
 //!
 //! Data flow: the request is parsed into the core's validated request (vLLM's defaults, errors naming vLLM's
-//! fields) → registered in the worker's state under its `request_id` (held while generation is paused; `NOT_FOUND`
-//! for an unknown `lora_name`) → the engine samples with the registration's cancel token, which `Abort` fires → the
-//! events become `GenerateResponse`s.
+//! fields) → [`Coordinator::sample`] admits it (held while generation is paused, up to `--gate-max-wait` and within
+//! `--max-held`; `RESOURCE_EXHAUSTED` past `--max-in-flight`; `NOT_FOUND` for an unknown `lora_name`) and samples,
+//! registered under its `request_id` so that `Abort` reaches it → its events become `GenerateResponse`s. Dropping
+//! the response stream (the client went away) abandons the request.
 
 mod request;
 mod response;
 
 use std::sync::Arc;
 
-use loragate_core::Engine;
+use loragate_core::Coordinator;
 use tonic::{Request, Response, Status};
 use vllm_proto as pb;
 
 use self::request::parse_generate;
 use self::response::{GenerateResponses, ResponseBuilder};
 use crate::error::WorkerError;
-use crate::state::WorkerHandle;
 
 pub use self::request::DEFAULT_MAX_NEW_TOKENS;
 
 /// The `vllm.Inference` service of a worker.
 pub(crate) struct InferenceService {
-    engine: Arc<dyn Engine>,
-    state: WorkerHandle,
+    coordinator: Coordinator,
     served_model_name: Arc<str>,
 }
 
 impl InferenceService {
-    pub(crate) fn new(engine: Arc<dyn Engine>, state: WorkerHandle, served_model_name: Arc<str>) -> Self {
-        Self { engine, state, served_model_name }
+    pub(crate) fn new(coordinator: Coordinator, served_model_name: Arc<str>) -> Self {
+        Self { coordinator, served_model_name }
     }
 
     async fn start(&self, request: pb::GenerateRequest) -> Result<GenerateResponses, WorkerError> {
-        let call = parse_generate(request, self.engine.model_info(), &self.served_model_name)?;
-        let builder = ResponseBuilder::new(&call, self.engine.model_info());
-        let registration = self.state.admit(call.request.id(), call.lora_name.as_deref()).await?;
-        let events = self.engine.generate(call.request, registration.cancel_token().clone()).await?;
-        Ok(GenerateResponses::new(builder, events, registration))
+        let model = self.coordinator.model_info();
+        let call = parse_generate(request, model, &self.served_model_name)?;
+        let builder = ResponseBuilder::new(&call, model);
+        // The client's own deadline (`grpc-timeout`) is enforced by the transport, which drops this call.
+        let deadline = self.coordinator.gate_deadline(None);
+        let samples = self.coordinator.sample(call.request, deadline).await?;
+        Ok(GenerateResponses::new(builder, samples))
     }
 }
 

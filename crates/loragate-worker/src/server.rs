@@ -1,93 +1,166 @@
-//! Assembles the worker's gRPC server: `vllm.Inference`, `vllm.Control` and `grpc.health.v1`.
+//! Assembles the worker's gRPC server: the coordinator over the engine, and `vllm.Inference`, `vllm.Control` and
+//! `grpc.health.v1` in front of it, behind keys, on a listener with a connection cap and timeouts.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use loragate_core::{AdapterRoot, Engine};
+use loragate_core::{Action, AdapterRoot, Coordinator, CoordinatorConfig, Engine, Keyring, Limits, StartError};
+use loragate_net::{ActivityLayer, ConnectionLimits, GuardedListener};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic::server::NamedService;
 use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use vllm_proto::control_server::ControlServer;
 use vllm_proto::inference_server::InferenceServer;
 
+use crate::auth::RequireKey;
 use crate::control::{ControlService, ServerFacts};
 use crate::inference::InferenceService;
-use crate::state::{PauseMode, WorkerHandle};
-
-/// How long a stopping worker waits for its aborted requests to be handed back before it closes connections.
-const STOP_ABORT_WAIT: Duration = Duration::from_secs(10);
+use crate::loras::LoraTable;
 
 /// How a worker serves.
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
     /// The base model's name: what `GenerateRequest.model` may name (empty works too) and `GetModelInfo` reports.
+    /// No adapter may be loaded under it.
     pub served_model_name: String,
     /// The only directory `LoadLora` may read adapters from (relative paths are taken from it); `None` refuses
     /// every load with `FAILED_PRECONDITION`, as vLLM does when LoRA is disabled.
     pub adapter_root: Option<AdapterRoot>,
     /// What `GetServerInfo.max_running_requests` reports (the engine's batch size).
     pub max_running_requests: u64,
+    /// The longest a request waits while generation is paused before `UNAVAILABLE` (`--gate-max-wait`).
+    pub gate_max_wait: Duration,
+    /// Caps on admitted and held requests (`--max-in-flight`, `--max-held`): more are `RESOURCE_EXHAUSTED`.
+    pub limits: Limits,
+    /// The connection cap and timeouts (`--max-connections`, `--header-read-timeout`, `--idle-timeout`).
+    pub connections: ConnectionLimits,
+    /// Who may call what: the API key `vllm.Inference`, the admin key everything (off with [`Keyring::open`]).
+    pub keys: Keyring,
+    /// The most adapters loaded (or loading) at once (`--max-loras`); `None`: no cap.
+    pub max_loras: Option<usize>,
+    /// Whether the `Shutdown` RPC may stop the worker (`--enable-shutdown-rpc`); refused otherwise.
+    pub shutdown_rpc: bool,
     /// Cancelled to stop the worker: by its owner (a signal), or by the `Shutdown` RPC.
     pub shutdown: CancellationToken,
+}
+
+impl WorkerConfig {
+    /// A worker serving `served_model_name` with `serve`'s default limits, connection limits and timeouts, no keys,
+    /// no adapter root, no `--max-loras` and the `Shutdown` RPC disabled.
+    pub fn new(served_model_name: impl Into<String>) -> Self {
+        let defaults = CoordinatorConfig::default();
+        Self {
+            served_model_name: served_model_name.into(),
+            adapter_root: None,
+            max_running_requests: 64,
+            gate_max_wait: defaults.max_gate_hold,
+            limits: defaults.limits,
+            connections: ConnectionLimits::default(),
+            keys: Keyring::open(),
+            max_loras: None,
+            shutdown_rpc: false,
+            shutdown: CancellationToken::new(),
+        }
+    }
 }
 
 /// Why the worker could not serve.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WorkerServeError {
-    /// The state actor could not start.
-    #[error("starting the worker's state actor: {0}")]
-    Spawn(#[from] ractor::SpawnErr),
+    /// The coordinator could not start.
+    #[error("starting the worker's coordinator: {0}")]
+    Coordinator(#[from] StartError),
     /// The transport failed.
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
 }
 
 /// Serves `engine` over vLLM's gRPC protocol on `listener` until `config.shutdown` is cancelled. Stopping turns
-/// health to `NOT_SERVING`, aborts the running requests (each ends with `ABORTED` after its tokens), then closes.
+/// health to `NOT_SERVING`, admits nothing new, aborts the running requests (each ends with `ABORTED` after its
+/// tokens) and fails the held ones, then closes.
 pub async fn serve_worker(
     listener: TcpListener,
     engine: Arc<dyn Engine>,
     config: WorkerConfig,
 ) -> Result<(), WorkerServeError> {
-    let state = WorkerHandle::start(engine.clone(), config.adapter_root.clone()).await?;
+    if let Ok(address) = listener.local_addr()
+        && exposed_without_keys(address, &config.keys)
+    {
+        tracing::warn!(
+            %address,
+            "this worker listens beyond loopback without keys: anyone who reaches the port can sample, load and \
+             unload adapters and abort requests; start it with --api-key and --admin-key (see docs/security.md)"
+        );
+    }
+    let coordinator_config = CoordinatorConfig {
+        max_gate_hold: config.gate_max_wait,
+        adapter_root: config.adapter_root.clone(),
+        limits: config.limits,
+        auth: config.keys.clone(),
+        reserved_names: vec![config.served_model_name.clone()],
+        ..CoordinatorConfig::default()
+    };
+    let coordinator = Coordinator::start(engine, coordinator_config).await?;
     let served_model_name: Arc<str> = config.served_model_name.into();
     let facts = ServerFacts {
         served_model_name: served_model_name.clone(),
         instance_id: format!("loragate-{:016x}", rand_id()),
         max_running_requests: config.max_running_requests,
         supports_lora: config.adapter_root.is_some(),
+        shutdown_rpc: config.shutdown_rpc,
     };
-    let inference = InferenceServer::new(InferenceService::new(engine.clone(), state.clone(), served_model_name));
-    let control = ControlServer::new(ControlService::new(engine, state.clone(), facts, config.shutdown.clone()));
+    let loras = LoraTable::new(config.max_loras);
+    let inference = InferenceServer::with_interceptor(
+        InferenceService::new(coordinator.clone(), served_model_name),
+        RequireKey::new(config.keys.clone(), Action::Sample),
+    );
+    let control = ControlServer::with_interceptor(
+        ControlService::new(coordinator.clone(), loras, facts, config.shutdown.clone()),
+        RequireKey::new(config.keys, Action::Admin),
+    );
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<InferenceServer<InferenceService>>().await;
-    health.set_serving::<ControlServer<ControlService>>().await;
+    let services = [InferenceServer::<InferenceService>::NAME, ControlServer::<ControlService>::NAME, ""];
+    for service in services {
+        health.set_service_status(service, ServingStatus::Serving).await;
+    }
     let stop = {
-        let (shutdown, state) = (config.shutdown.clone(), state.clone());
+        let (shutdown, coordinator) = (config.shutdown.clone(), coordinator.clone());
         async move {
             shutdown.cancelled().await;
-            health.set_not_serving::<InferenceServer<InferenceService>>().await;
-            health.set_not_serving::<ControlServer<ControlService>>().await;
-            health.set_service_status("", ServingStatus::NotServing).await;
-            if tokio::time::timeout(STOP_ABORT_WAIT, state.pause(PauseMode::Abort)).await.is_err() {
-                tracing::warn!("stopping: some aborted requests were not handed back in time");
+            for service in services {
+                health.set_service_status(service, ServingStatus::NotServing).await;
             }
+            // No grace: running requests are aborted and handed back with their tokens, held ones fail.
+            coordinator.shutdown(Duration::ZERO).await;
         }
     };
-    let served = Server::builder()
-        .tcp_nodelay(true)
-        .max_concurrent_streams(None)
+    let keepalive = Some(config.connections.keepalive_interval);
+    let incoming =
+        futures::stream::unfold(GuardedListener::new(listener, config.connections), |mut listener| async move {
+            let (connection, _remote) = listener.accept().await;
+            Some((Ok::<_, std::io::Error>(connection), listener))
+        });
+    Server::builder()
+        .http2_keepalive_interval(keepalive)
+        .http2_keepalive_timeout(keepalive)
+        // Outermost: a call counts as in progress on its connection from the start, refused ones included.
+        .layer(ActivityLayer)
         .add_service(health_service)
         .add_service(inference)
         .add_service(control)
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener), stop)
-        .await;
-    state.stop();
-    Ok(served?)
+        .serve_with_incoming_shutdown(incoming, stop)
+        .await?;
+    Ok(())
+}
+
+/// Whether a worker on `address` with `keys` can be reached beyond this machine by anyone (no key configured).
+fn exposed_without_keys(address: SocketAddr, keys: &Keyring) -> bool {
+    !address.ip().is_loopback() && !keys.is_enabled()
 }
 
 fn rand_id() -> u64 {

@@ -5,17 +5,20 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use loragate_core::{AdapterName, DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Key, Limits};
-use loragate_engine::{DType, Device, EngineConfig, QuantizedWeights};
+use loragate_core::{AdapterName, Key, Limits};
 use loragate_fleet::WorkerAddress;
 use loragate_tinker::{RetentionLimits, TinkerConfig};
 
 use crate::duration_arg::parse_duration;
 use crate::listen_addr::{parse_host, parse_listen_addr};
 use crate::logging::LogFormat;
-use crate::serve::{Authentication, InitialAdapter, ModelSource, ServeConfig};
+use crate::serve::{Authentication, InitialAdapter, ServeConfig};
 use crate::state_dir::StateLocation;
 use crate::worker::WorkerSettings;
+
+mod shared;
+
+pub use self::shared::{EngineArgs, FrontLimitArgs, KeyArgs};
 
 /// loragate: swap LoRA adapter weights while rollouts keep sampling, safely and per adapter.
 #[derive(Debug, Parser)]
@@ -111,9 +114,6 @@ pub struct ServeArgs {
     /// of it are refused). Default for the demo: its adapters directory; otherwise loading by path is disabled.
     #[arg(long, value_name = "DIR")]
     pub adapter_root: Option<PathBuf>,
-    /// The longest a sampling request waits at a paused adapter's gate before UNAVAILABLE / 503.
-    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
-    pub gate_max_wait: Duration,
     /// How long an abort waits for its requests to be handed back before reporting the stragglers.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub abort_ack_timeout: Duration,
@@ -149,37 +149,22 @@ pub struct ServeArgs {
     /// this directory instead (default: the same path as here).
     #[arg(long, value_name = "DIR")]
     pub worker_adapter_root: Option<PathBuf>,
-    /// The most sampling requests admitted at once (queued or running), over every adapter and the base model;
-    /// more are refused with RESOURCE_EXHAUSTED / 429.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
-    pub max_in_flight: u32,
-    /// The most sampling requests held at paused adapters' gates at once; more are refused with
-    /// RESOURCE_EXHAUSTED / 429.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_HELD)]
-    pub max_held: u32,
+    /// The key presented to the workers (as `authorization: Bearer KEY`): a `loragate worker`'s --admin-key, or
+    /// the --api-key of a vLLM or SGLang server.
+    #[arg(long, value_name = "KEY", env = "LORAGATE_WORKER_KEY", hide_env_values = true)]
+    pub worker_key: Option<Key>,
+    /// Admission limits, the gate deadline and connection limits (shared with `worker`).
+    #[command(flatten)]
+    pub limits: FrontLimitArgs,
     /// The most sampling requests admitted at once for any one adapter (default: only --max-in-flight applies).
     #[arg(long, value_name = "N")]
     pub max_in_flight_per_adapter: Option<u32>,
     /// The most sampling requests held at any one adapter's gate (default: only --max-held applies).
     #[arg(long, value_name = "N")]
     pub max_held_per_adapter: Option<u32>,
-    /// The most connections open at once, gRPC and HTTP together; more wait to be accepted.
-    #[arg(long, value_name = "N", default_value_t = loragate_net::DEFAULT_MAX_CONNECTIONS)]
-    pub max_connections: usize,
-    /// How long a new connection may take to send its first complete request head before it is closed.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
-    pub header_read_timeout: Duration,
-    /// How long a connection may stay without a request in progress before it is closed (long-polls, held
-    /// requests and streams are in progress).
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
-    pub idle_timeout: Duration,
-    /// Turns authentication on: this key may sample (send it as `Authorization: Bearer KEY`, on gRPC as
-    /// `authorization` metadata). Health and metrics stay open.
-    #[arg(long, value_name = "KEY", env = "LORAGATE_API_KEY", hide_env_values = true)]
-    pub api_key: Option<Key>,
-    /// Turns authentication on: this key may do everything (pause, resume, load, unload, and sample).
-    #[arg(long, value_name = "KEY", env = "LORAGATE_ADMIN_KEY", hide_env_values = true)]
-    pub admin_key: Option<Key>,
+    /// The API and admin keys (shared with `worker`).
+    #[command(flatten)]
+    pub keys: KeyArgs,
     /// Turns authentication on with per-tenant keys: a JSON file mapping each key to
     /// {"adapters": [names or prefixes like "team-a/*"], "control": bool} (see docs/security.md).
     #[arg(long, value_name = "FILE")]
@@ -229,6 +214,19 @@ pub struct WorkerArgs {
     /// its adapters directory; otherwise loading is refused.
     #[arg(long, value_name = "DIR")]
     pub adapter_root: Option<PathBuf>,
+    /// The most LoRA adapters loaded at once (vLLM's name); more LoadLora calls are refused with
+    /// RESOURCE_EXHAUSTED until one is unloaded (default: no limit).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_loras: Option<u64>,
+    /// Let the Shutdown RPC stop the worker (with keys, it needs the admin key); without this flag it is refused.
+    #[arg(long)]
+    pub enable_shutdown_rpc: bool,
+    /// Admission limits, the gate deadline and connection limits, as `serve` takes them.
+    #[command(flatten)]
+    pub limits: FrontLimitArgs,
+    /// The keys: the API key may call vllm.Inference, the admin key everything (the coordinator's --worker-key).
+    #[command(flatten)]
+    pub keys: KeyArgs,
     /// How the model runs.
     #[command(flatten)]
     pub engine: EngineArgs,
@@ -242,87 +240,20 @@ impl WorkerArgs {
             model: self.engine.model_source(self.model),
             served_model_name: self.served_model_name,
             adapter_root: self.adapter_root,
-            engine: self.engine.engine_config(),
-        }
-    }
-}
-
-/// How the model runs: the flags `serve` and `worker` share.
-#[derive(Debug, Args)]
-pub struct EngineArgs {
-    /// Where the model runs: cpu, cuda or cuda:N (CUDA needs a build with the `cuda` feature).
-    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
-    pub device: Device,
-    /// The weights' type: f32, bf16 or f16 (half precision on CUDA only).
-    #[arg(long, value_name = "DTYPE", default_value = "f32")]
-    pub dtype: DType,
-    /// The most sequences decoded together in one engine step.
-    #[arg(long, value_name = "N", default_value_t = 64)]
-    pub max_batch_size: usize,
-    /// The most tokens one engine step runs: one for each decoding sequence, the rest chunks of prompts being
-    /// prefilled. It trades the other streams' inter-token latency while long prompts (or a swap's continuations)
-    /// arrive, which it bounds, against prefill throughput, which fewer larger passes raise. Must exceed
-    /// --max-batch-size (default: 128 on the CPU, 2048 on CUDA; see docs/engine.md).
-    #[arg(long, value_name = "N")]
-    pub max_num_batched_tokens: Option<usize>,
-    /// CPU threads for the engine's tensor operations (default: $RAYON_NUM_THREADS, else half the cores, at least
-    /// 1). Candle's small CPU ops lose more to cross-thread synchronisation than they gain, and the async runtime
-    /// needs cores too (see docs/benchmarks.md).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub compute_threads: Option<u32>,
-    /// Serve at most this many tokens of context (default: the model's own length). `--max-model-len` is vLLM's
-    /// spelling.
-    #[arg(long, visible_alias = "max-model-len", value_name = "TOKENS")]
-    pub max_context_length: Option<u32>,
-    /// The largest LoRA rank (`r`) an adapter may have; loads of larger ones are refused.
-    #[arg(long, value_name = "RANK", default_value_t = EngineConfig::DEFAULT_MAX_LORA_RANK)]
-    pub max_lora_rank: usize,
-    /// The largest adapter weights file (adapter_model.safetensors) accepted, in bytes (1073741824 is 1 GiB).
-    #[arg(long, value_name = "BYTES", default_value_t = EngineConfig::DEFAULT_MAX_ADAPTER_BYTES)]
-    pub max_adapter_bytes: u64,
-    /// How long reading and checking one adapter may take before its load fails (installing nothing).
-    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
-    pub adapter_load_timeout: Duration,
-    /// How a GGUF file's quantized weights are multiplied: `quantized` (kept in their block format: least memory,
-    /// fastest decoding), `dequantized` (to --dtype at load: dense GEMMs everywhere), or `hybrid[:N]` (both:
-    /// quantized below N input rows, dense from N rows on — prefill —; N is 64 when left out).
-    #[arg(long, value_name = "MODE", default_value = "quantized")]
-    pub quantized_weights: QuantizedWeights,
-    /// Where the demo model is generated and cached (default: $LORAGATE_CACHE_DIR, $XDG_CACHE_HOME/loragate or
-    /// ~/.cache/loragate).
-    #[arg(long, value_name = "DIR")]
-    pub cache_dir: Option<PathBuf>,
-}
-
-impl EngineArgs {
-    /// The CPU threads for tensor operations: --compute-threads, else its default (see
-    /// [`default_compute_threads`](crate::default_compute_threads)).
-    pub fn compute_threads(&self) -> usize {
-        self.compute_threads.map_or_else(crate::compute_threads::default_compute_threads, |threads| threads as usize)
-    }
-
-    /// The engine configuration.
-    pub fn engine_config(&self) -> EngineConfig {
-        EngineConfig {
-            device: self.device,
-            dtype: self.dtype,
-            max_batch_size: self.max_batch_size,
-            max_num_batched_tokens: self.max_num_batched_tokens,
-            max_context_length: self.max_context_length,
-            max_lora_rank: self.max_lora_rank,
-            max_adapter_bytes: self.max_adapter_bytes,
-            adapter_load_timeout: self.adapter_load_timeout,
-            quantized_weights: self.quantized_weights,
-        }
-    }
-
-    /// The model: `path`, or the demo model cached in --cache-dir.
-    fn model_source(&self, path: Option<PathBuf>) -> ModelSource {
-        match path {
-            Some(path) => ModelSource::Path(path),
-            None => ModelSource::Demo {
-                cache_dir: self.cache_dir.clone().unwrap_or_else(loragate_engine::default_cache_dir),
+            gate_max_wait: self.limits.gate_max_wait,
+            limits: Limits {
+                max_in_flight: self.limits.max_in_flight,
+                max_held: self.limits.max_held,
+                ..Limits::default()
             },
+            max_connections: self.limits.max_connections,
+            header_read_timeout: self.limits.header_read_timeout,
+            idle_timeout: self.limits.idle_timeout,
+            api_key: self.keys.api_key,
+            admin_key: self.keys.admin_key,
+            max_loras: self.max_loras.map(|max| usize::try_from(max).unwrap_or(usize::MAX)),
+            enable_shutdown_rpc: self.enable_shutdown_rpc,
+            engine: self.engine.engine_config(),
         }
     }
 }
@@ -341,19 +272,19 @@ impl ServeArgs {
             served_model_name: self.served_model_name,
             adapters,
             adapter_root: self.adapter_root,
-            gate_max_wait: self.gate_max_wait,
+            gate_max_wait: self.limits.gate_max_wait,
             limits: Limits {
-                max_in_flight: self.max_in_flight,
-                max_held: self.max_held,
+                max_in_flight: self.limits.max_in_flight,
+                max_held: self.limits.max_held,
                 max_in_flight_per_adapter: self.max_in_flight_per_adapter,
                 max_held_per_adapter: self.max_held_per_adapter,
             },
-            max_connections: self.max_connections,
-            header_read_timeout: self.header_read_timeout,
-            idle_timeout: self.idle_timeout,
+            max_connections: self.limits.max_connections,
+            header_read_timeout: self.limits.header_read_timeout,
+            idle_timeout: self.limits.idle_timeout,
             authentication: Authentication {
-                api_key: self.api_key,
-                admin_key: self.admin_key,
+                api_key: self.keys.api_key,
+                admin_key: self.keys.admin_key,
                 tenant_keys: self.tenant_keys,
             },
             abort_ack_timeout: self.abort_ack_timeout,
@@ -366,6 +297,7 @@ impl ServeArgs {
             worker_wait: self.worker_wait,
             max_workers: usize::try_from(self.max_workers).unwrap_or(usize::MAX),
             worker_adapter_root: self.worker_adapter_root,
+            worker_key: self.worker_key,
             state: self.state_dir.unwrap_or(StateLocation::UserDefault),
             log_stats_interval: (!self.log_stats_interval.is_zero()).then_some(self.log_stats_interval),
             tinker: TinkerConfig {

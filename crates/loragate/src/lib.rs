@@ -4,8 +4,8 @@
 //! ([`loragate_core`]), the gRPC front ([`loragate_grpc`]) and the HTTP front ([`loragate_http`]); `loragate serve`
 //! runs them, and [`RunningServer`] does the same in-process (the cross-crate tests start real servers on
 //! `127.0.0.1:0` with it). With `--worker URL`, `serve` fronts a fleet of workers ([`loragate_fleet`]) instead of
-//! the in-process engine; `loragate worker` ([`RunningWorker`]) is such a worker, the engine behind vLLM's own gRPC
-//! protocol ([`loragate_worker`]).
+//! the in-process engine; `loragate worker` ([`RunningWorker`]) is such a worker, the engine and a coordinator behind
+//! vLLM's own gRPC protocol ([`loragate_worker`]).
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), loragate::ServeError> {
@@ -32,7 +32,7 @@ mod stats_log;
 mod text_codec;
 mod worker;
 
-pub use cli::{Cli, Command, EngineArgs, ServeArgs, WorkerArgs};
+pub use cli::{Cli, Command, EngineArgs, FrontLimitArgs, KeyArgs, ServeArgs, WorkerArgs};
 pub use compute_threads::{default_compute_threads, set_compute_threads};
 pub use duration_arg::parse_duration;
 pub use large_frees::return_large_frees_to_the_os;

@@ -94,6 +94,8 @@ pub struct ServeConfig {
     pub max_workers: usize,
     /// Where the workers mount the adapter root (default: where the coordinator names it).
     pub worker_adapter_root: Option<PathBuf>,
+    /// The key presented to the workers (`--worker-key`).
+    pub worker_key: Option<Key>,
     /// Where adapters, versions and pauses are recorded to survive a restart (`--state-dir`).
     pub state: StateLocation,
     /// The Tinker API front's settings (its routes share the HTTP listener).
@@ -150,6 +152,7 @@ impl ServeConfig {
             worker_wait: Duration::from_secs(60),
             max_workers: 256,
             worker_adapter_root: None,
+            worker_key: None,
             state: StateLocation::Memory,
             tinker: TinkerConfig::default(),
             log_stats_interval: None,
@@ -527,6 +530,7 @@ impl Backend {
             join_timeout: config.worker_wait,
             adapter_root: adapter_root.map(|root| root.path().to_owned()),
             worker_adapter_root: config.worker_adapter_root.clone(),
+            worker_key: config.worker_key.clone(),
             ..FleetConfig::default()
         };
         let fleet = Arc::new(FleetEngine::start(info, config.workers.clone(), fleet_config).await?);

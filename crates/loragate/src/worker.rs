@@ -1,11 +1,13 @@
-//! `loragate worker`: the candle engine behind vLLM's own gRPC protocol, one worker of a fleet.
+//! `loragate worker`: the candle engine and a coordinator behind vLLM's own gRPC protocol, one worker of a fleet.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use loragate_core::AdapterRoot;
+use loragate_core::{AdapterRoot, Key, Keyring, Limits, TenantKeys};
 use loragate_engine::{CandleEngine, EngineConfig};
+use loragate_net::ConnectionLimits;
 use loragate_worker::{WorkerConfig, serve_worker};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -23,12 +25,30 @@ pub struct WorkerSettings {
     pub served_model_name: Option<String>,
     /// The only directory `LoadLora` may read from (default for the demo: its adapters directory).
     pub adapter_root: Option<PathBuf>,
+    /// The longest a request waits while generation is paused (`--gate-max-wait`).
+    pub gate_max_wait: Duration,
+    /// Caps on admitted and held requests (`--max-in-flight`, `--max-held`).
+    pub limits: Limits,
+    /// The most connections open at once.
+    pub max_connections: usize,
+    /// How long a new connection may take to send its first request head.
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay without a request in progress.
+    pub idle_timeout: Duration,
+    /// May call `vllm.Inference`.
+    pub api_key: Option<Key>,
+    /// May call everything (the fleet coordinator's `--worker-key`).
+    pub admin_key: Option<Key>,
+    /// The most adapters loaded at once (`--max-loras`; `None`: no cap).
+    pub max_loras: Option<usize>,
+    /// Whether the `Shutdown` RPC may stop the worker.
+    pub enable_shutdown_rpc: bool,
     /// How the engine runs.
     pub engine: EngineConfig,
 }
 
-/// A running worker. It stops on SIGINT/SIGTERM or the `Shutdown` RPC: running requests end with `ABORTED` and
-/// their tokens, then the server closes.
+/// A running worker. It stops on SIGINT/SIGTERM or (with `--enable-shutdown-rpc`) the `Shutdown` RPC: running
+/// requests end with `ABORTED` and their tokens, held ones fail, then the server closes.
 pub struct RunningWorker {
     grpc_addr: SocketAddr,
     served_model_name: String,
@@ -50,6 +70,7 @@ impl RunningWorker {
             Some(path) => Some(AdapterRoot::new(&path).map_err(|source| ServeError::AdapterRoot { path, source })?),
             None => None,
         };
+        let keys = Keyring::new(settings.api_key.clone(), settings.admin_key.clone(), TenantKeys::default())?;
         let (path, engine_config) = (model.path.clone(), settings.engine.clone());
         let engine = blocking(move || CandleEngine::load(&path, engine_config)).await??;
         let shutdown = CancellationToken::new();
@@ -57,6 +78,16 @@ impl RunningWorker {
             served_model_name: served_model_name.clone(),
             adapter_root,
             max_running_requests: settings.engine.max_batch_size as u64,
+            gate_max_wait: settings.gate_max_wait,
+            limits: settings.limits,
+            connections: ConnectionLimits::new(
+                settings.max_connections,
+                settings.header_read_timeout,
+                settings.idle_timeout,
+            ),
+            keys,
+            max_loras: settings.max_loras,
+            shutdown_rpc: settings.enable_shutdown_rpc,
             shutdown: shutdown.clone(),
         };
         let served = tokio::spawn(serve_worker(listener, Arc::new(engine), config));

@@ -10,7 +10,9 @@
 //! - gRPC workers: a worker killed with SIGKILL mid-sample and restarted on its address, `RemoveWorker` with drain,
 //!   `AddWorker`;
 //! - a coordinator on a state directory (a gRPC and an SGLang HTTP worker), killed and started again: it restores its
-//!   adapters at their versions and stages them on the workers from the absolute paths it recorded.
+//!   adapters at their versions and stages them on the workers from the absolute paths it recorded;
+//! - a `loragate worker` started with keys: it refuses calls without the admin key, and serves a coordinator that
+//!   presents it with `--worker-key`.
 //!
 //! The protocols' edge cases (aborts by disconnect, `rid` aborts, explicit budgets, rollback when one protocol's load
 //! fails, `--worker-adapter-root`, canonical addresses, back-off) are pinned against fakes in
@@ -62,6 +64,11 @@ impl Worker {
     /// A worker of `kind` on a free port (`port` 0) or on `port`, with `root` as its adapter root (default: the
     /// demo's).
     fn start(kind: Kind, root: Option<&Path>, port: u16) -> Self {
+        Self::start_with(kind, root, port, &[])
+    }
+
+    /// [`Worker::start`] with `extra` flags.
+    fn start_with(kind: Kind, root: Option<&Path>, port: u16, extra: &[&str]) -> Self {
         let address = format!("127.0.0.1:{port}");
         let mut args: Vec<String> = match kind {
             Kind::Grpc => vec!["worker".into(), "--grpc-addr".into(), address],
@@ -76,6 +83,7 @@ impl Worker {
         if let Some(root) = root {
             args.extend(["--adapter-root".to_owned(), root.display().to_string()]);
         }
+        args.extend(extra.iter().map(|&arg| arg.to_owned()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let process = Spawned::start(&args);
         let field = if kind == Kind::Grpc { "grpc_addr" } else { "http_addr" };
@@ -633,6 +641,29 @@ async fn a_fleet_coordinator_restarted_on_its_state_dir_restores_its_adapters_on
     assert_eq!(fleet.workers[1].loras().await, expected);
     let sampled = fleet.sampler().sample(request("bark", 16)).await.expect("Sample").into_inner();
     assert!(text(&sampled.sequences[0].token_ids).contains("woof"), "bark serves woof's weights");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_keys_serves_a_coordinator_presenting_its_admin_key_and_refuses_anyone_else() {
+    let keys = ["--api-key", "k-api", "--admin-key", "k-admin"];
+    let worker = Worker::start_with(Kind::Grpc, None, 0, &keys);
+    let mut control =
+        vllm_proto::control_client::ControlClient::new(channel(&format!("http://127.0.0.1:{}", worker.port)).await);
+    let load = vllm_proto::LoadLoraRequest { lora_name: "meow@9".into(), source_path: "meow".into() };
+    let refused = control.load_lora(load).await.expect_err("no key");
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    let refused = control.shutdown(vllm_proto::ShutdownRequest {}).await.expect_err("no key");
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+
+    // The coordinator presents --worker-key on every call: the worker joins, the adapters are staged, samples run.
+    let url = worker.url();
+    let args = ["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--state-dir", "none"];
+    let args: Vec<&str> = args.into_iter().chain(["--worker", &url, "--worker-key", "k-admin"]).collect();
+    let serve = Spawned::start(&args);
+    assert_eq!(serve.ready["adapters"], serde_json::json!(["meow", "woof"]), "{}", serve.ready);
+    let coordinator = channel(&format!("http://{}", serve.field("grpc_addr"))).await;
+    let sampled = SamplerClient::new(coordinator).sample(request("meow", 16)).await.expect("Sample").into_inner();
+    assert!(text(&sampled.sequences[0].token_ids).contains("meow"), "{:?}", text(&sampled.sequences[0].token_ids));
 }
 
 #[test]

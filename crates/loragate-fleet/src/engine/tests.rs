@@ -47,12 +47,8 @@ impl TestWorker {
         listener.set_nonblocking(true).expect("non-blocking");
         let port = listener.local_addr().expect("addr").port();
         let kill = CancellationToken::new();
-        let config = WorkerConfig {
-            served_model_name: "scripted".into(),
-            adapter_root: Some(AdapterRoot::new(root).expect("root")),
-            max_running_requests: 64,
-            shutdown: CancellationToken::new(),
-        };
+        let config =
+            WorkerConfig { adapter_root: Some(AdapterRoot::new(root).expect("root")), ..WorkerConfig::new("scripted") };
         let killed = kill.clone();
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");

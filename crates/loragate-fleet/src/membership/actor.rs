@@ -295,7 +295,7 @@ impl MembershipState {
         if self.members.len() >= self.settings.max_workers {
             return Err(FleetError::TooManyWorkers { max: self.settings.max_workers });
         }
-        let link = WorkerLink::new(address.clone(), &self.metrics)
+        let link = WorkerLink::new(address.clone(), self.settings.worker_key.clone(), &self.metrics)
             .map_err(|err| FleetError::InvalidAddress { address: address.to_string(), reason: err.to_string() })?;
         self.next_incarnation += 1;
         self.members.push(Member {

@@ -7,6 +7,7 @@ mod wire;
 use std::time::Duration;
 
 use futures::StreamExt;
+use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 use tonic_health::pb::HealthCheckRequest;
@@ -19,9 +20,11 @@ use vllm_proto::inference_client::InferenceClient;
 use super::{AbortBy, ClientSettings, OpenedSequence, SequenceRequest, WorkerClient, WorkerError, WorkerFacts};
 use crate::address::WorkerAddress;
 
-/// A gRPC worker: one HTTP/2 channel (connected lazily, reconnected on demand) shared by every call.
+/// A gRPC worker: one HTTP/2 channel (connected lazily, reconnected on demand) shared by every call, each of which
+/// presents the worker key if there is one.
 pub(crate) struct GrpcWorker {
     channel: Channel,
+    authorization: Option<MetadataValue<Ascii>>,
 }
 
 impl GrpcWorker {
@@ -34,11 +37,30 @@ impl GrpcWorker {
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5))
             .keep_alive_while_idle(true);
-        Ok(Self { channel: endpoint.connect_lazy() })
+        let authorization = match &settings.key {
+            Some(key) => {
+                let mut value: MetadataValue<Ascii> = format!("Bearer {}", key.expose_secret())
+                    .parse()
+                    .map_err(|_| WorkerError::InvalidArgument("--worker-key is not a valid header value".into()))?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            None => None,
+        };
+        Ok(Self { channel: endpoint.connect_lazy(), authorization })
     }
 
     fn control(&self) -> ControlClient<Channel> {
         ControlClient::new(self.channel.clone())
+    }
+
+    /// `message` as a call presenting the worker key.
+    fn call<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(authorization) = &self.authorization {
+            request.metadata_mut().insert("authorization", authorization.clone());
+        }
+        request
     }
 }
 
@@ -46,7 +68,7 @@ impl GrpcWorker {
 impl WorkerClient for GrpcWorker {
     async fn check_health(&self, timeout: Duration) -> Result<(), WorkerError> {
         let mut health = HealthClient::new(self.channel.clone());
-        let answer = bounded(timeout, health.check(HealthCheckRequest { service: String::new() })).await?;
+        let answer = bounded(timeout, health.check(self.call(HealthCheckRequest { service: String::new() }))).await?;
         match ServingStatus::try_from(answer.status) {
             Ok(ServingStatus::Serving) => Ok(()),
             status => Err(WorkerError::Unavailable(format!("health check: status {status:?}"))),
@@ -54,8 +76,8 @@ impl WorkerClient for GrpcWorker {
     }
 
     async fn describe(&self, timeout: Duration) -> Result<WorkerFacts, WorkerError> {
-        let info = bounded(timeout, self.control().get_server_info(pb::GetServerInfoRequest {})).await?;
-        let listed = bounded(timeout, self.control().list_loras(pb::ListLorasRequest {})).await?;
+        let info = bounded(timeout, self.control().get_server_info(self.call(pb::GetServerInfoRequest {}))).await?;
+        let listed = bounded(timeout, self.control().list_loras(self.call(pb::ListLorasRequest {}))).await?;
         Ok(WorkerFacts {
             context_length: (info.max_model_len != 0).then_some(info.max_model_len),
             adapters: listed
@@ -68,12 +90,12 @@ impl WorkerClient for GrpcWorker {
 
     async fn load_adapter(&self, engine_name: &str, path: &str, timeout: Duration) -> Result<(), WorkerError> {
         let request = pb::LoadLoraRequest { lora_name: engine_name.to_owned(), source_path: path.to_owned() };
-        bounded(timeout, self.control().load_lora(request)).await.map(drop)
+        bounded(timeout, self.control().load_lora(self.call(request))).await.map(drop)
     }
 
     async fn unload_adapter(&self, engine_name: &str, timeout: Duration) -> Result<(), WorkerError> {
         let request = pb::UnloadLoraRequest { lora_name: engine_name.to_owned() };
-        bounded(timeout, self.control().unload_lora(request)).await.map(drop)
+        bounded(timeout, self.control().unload_lora(self.call(request))).await.map(drop)
     }
 
     async fn generate(&self, sequence: SequenceRequest<'_>) -> Result<OpenedSequence, WorkerError> {
@@ -92,7 +114,7 @@ impl WorkerClient for GrpcWorker {
             sequence.with_prompt_logprobs,
         );
         let mut inference = InferenceClient::new(self.channel.clone());
-        let stream = inference.generate_stream(message).await.map_err(from_status)?.into_inner();
+        let stream = inference.generate_stream(self.call(message)).await.map_err(from_status)?.into_inner();
         let events = stream
             .map(move |message| match message {
                 Ok(response) => futures::stream::iter(wire::events(response, expected)),
@@ -104,7 +126,7 @@ impl WorkerClient for GrpcWorker {
     }
 
     async fn abort(&self, ids: Vec<String>, timeout: Duration) -> Result<(), WorkerError> {
-        bounded(timeout, self.control().abort(pb::AbortRequest { request_ids: ids })).await.map(drop)
+        bounded(timeout, self.control().abort(self.call(pb::AbortRequest { request_ids: ids }))).await.map(drop)
     }
 }
 

@@ -52,7 +52,15 @@ impl Refusal {
 impl HttpEndpoint {
     /// An endpoint for `address`.
     pub(crate) fn new(address: &WorkerAddress, settings: ClientSettings) -> Result<Self, WorkerError> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(key) = &settings.key {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", key.expose_secret()))
+                .map_err(|_| WorkerError::InvalidArgument("--worker-key is not a valid header value".into()))?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
         let client = reqwest::Client::builder()
+            .default_headers(headers)
             .connect_timeout(settings.connect_timeout)
             .tcp_nodelay(true)
             .pool_idle_timeout(Duration::from_secs(30))

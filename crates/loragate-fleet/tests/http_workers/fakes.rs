@@ -85,6 +85,20 @@ impl FakeState {
     }
 }
 
+/// `router` behind vLLM's and SGLang's `--api-key KEY`: a request without `Authorization: Bearer KEY` is 401.
+pub(crate) fn with_api_key(router: Router, key: &'static str) -> Router {
+    router.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| async move {
+            let presented = request.headers().get(header::AUTHORIZATION).and_then(|value| value.to_str().ok());
+            if presented == Some(format!("Bearer {key}").as_str()) {
+                next.run(request).await
+            } else {
+                (StatusCode::UNAUTHORIZED, axum::Json(serde_json::json!({"error": "Unauthorized"}))).into_response()
+            }
+        },
+    ))
+}
+
 /// A fake on 127.0.0.1, on its own thread and runtime.
 pub(crate) struct FakeServer {
     /// Its port.

@@ -17,7 +17,8 @@ use futures::StreamExt;
 use loragate_core::testing::{ScriptedEngine, eventually};
 use loragate_core::{
     AdapterName, AdapterRoot, AdapterSource, Coordinator, CoordinatorConfig, CoreError, EngineError, FinishReason,
-    FleetControl, FleetControlError, RawSampleRequest, SampleEvent, SampleStream, WorkerState,
+    FleetControl, FleetControlError, Key, Keyring, RawSampleRequest, SampleEvent, SampleStream, TenantKeys,
+    WorkerState,
 };
 use loragate_fleet::{FleetConfig, FleetEngine, FleetError, WorkerAddress};
 use serde_json::Value;
@@ -37,14 +38,18 @@ struct GrpcWorker {
 
 impl GrpcWorker {
     fn start(root: &Path) -> Self {
+        Self::start_with_keys(root, Keyring::open())
+    }
+
+    /// A worker that only answers callers presenting `keys`.
+    fn start_with_keys(root: &Path, keys: Keyring) -> Self {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.set_nonblocking(true).expect("non-blocking");
         let port = listener.local_addr().expect("address").port();
         let config = loragate_worker::WorkerConfig {
-            served_model_name: "scripted".into(),
             adapter_root: Some(AdapterRoot::new(root).expect("root")),
-            max_running_requests: 64,
-            shutdown: CancellationToken::new(),
+            keys,
+            ..loragate_worker::WorkerConfig::new("scripted")
         };
         let kill = CancellationToken::new();
         let killed = kill.clone();
@@ -102,6 +107,23 @@ impl Fake {
     fn sglang() -> Self {
         let state = FakeState::new(HOLD_AFTER);
         Self { server: FakeServer::start(fake_sglang::router(state.clone()), 0), state, scheme: "sglang+http" }
+    }
+
+    /// Fakes of vLLM (with the token API) and SGLang started with `--api-key key`.
+    fn keyed(key: &'static str) -> [Self; 2] {
+        let (vllm, sglang) = (FakeState::new(HOLD_AFTER), FakeState::new(HOLD_AFTER));
+        [
+            Self {
+                server: FakeServer::start(fakes::with_api_key(fake_vllm::router(vllm.clone(), true), key), 0),
+                state: vllm,
+                scheme: "vllm+http",
+            },
+            Self {
+                server: FakeServer::start(fakes::with_api_key(fake_sglang::router(sglang.clone()), key), 0),
+                state: sglang,
+                scheme: "sglang+http",
+            },
+        ]
     }
 
     fn url(&self) -> String {
@@ -520,5 +542,33 @@ async fn prompt_logprobs_and_per_sequence_seeds_come_through_both_http_protocols
             .collect();
         seeds.sort_unstable();
         assert_eq!(seeds, [11, 12], "sequence i uses seed + i: {}", fake.url());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_key_is_presented_to_every_protocol_and_a_fleet_without_it_never_gets_ready() {
+    let (_dir, root) = adapter_root();
+    let keys = Keyring::new(None, Some(Key::parse("k-worker").expect("key")), TenantKeys::default()).expect("keys");
+    let grpc = GrpcWorker::start_with_keys(&root, keys);
+    let [vllm, sglang] = Fake::keyed("k-worker");
+    let urls = [grpc.url(), vllm.url(), sglang.url()];
+
+    let without = FleetConfig { join_timeout: Duration::from_millis(500), ..config() };
+    let addresses = urls.iter().map(|url| WorkerAddress::parse(url).expect("address")).collect();
+    let info = loragate_core::Engine::model_info(&ScriptedEngine::new(HOLD_AFTER)).clone();
+    let keyless = FleetEngine::start(info, addresses, without).await.expect("fleet");
+    assert!(keyless.wait_ready().await.is_err(), "no worker answers a coordinator without the key");
+    drop(keyless);
+
+    let with = FleetConfig { worker_key: Some(Key::parse("k-worker").expect("key")), ..config() };
+    let (_fleet, coordinator) = fleet_with(&urls, with).await;
+    // Staging succeeds only if every worker accepted the load.
+    assert_eq!(load(&coordinator, "meow", &root.join("meow")).await.expect("staged on every worker"), 1);
+    for fake in [&vllm, &sglang] {
+        assert_eq!(fake.loaded().len(), 1, "{}", fake.url());
+    }
+    for _ in 0..3 {
+        let output = sample(&coordinator, raw("meow", 2)).await.collect_output().await.expect("output");
+        assert_eq!(output.sequences[0].finish_reason, FinishReason::Length);
     }
 }

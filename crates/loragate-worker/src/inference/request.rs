@@ -31,8 +31,6 @@ pub(crate) struct ResponseOptions {
 pub(crate) struct GenerateCall {
     /// The validated request (one sequence).
     pub(crate) request: SampleRequest,
-    /// The adapter, or `None` for the base model.
-    pub(crate) lora_name: Option<String>,
     /// What to put in the responses.
     pub(crate) options: ResponseOptions,
 }
@@ -117,8 +115,7 @@ pub(crate) fn parse_generate(
         output_top_n,
         prompt_top_n,
     };
-    let lora_name = request.adapter().adapter_name().map(ToString::to_string);
-    Ok(GenerateCall { request, lora_name, options })
+    Ok(GenerateCall { request, options })
 }
 
 /// vLLM's `truncate_prompt_tokens`: 0 keeps the prompt, N keeps its last N tokens.
@@ -184,7 +181,7 @@ fn top_n(candidates: &Option<pb::CandidateTokens>, field: &'static str) -> Resul
 
 #[cfg(test)]
 mod tests {
-    use loragate_core::AdapterKey;
+    use loragate_core::{AdapterKey, AdapterName};
 
     use super::*;
 
@@ -212,7 +209,6 @@ mod tests {
         assert_eq!(call.request.params().top_k(), None);
         assert_eq!(call.request.params().top_p(), 1.0);
         assert_eq!(call.request.adapter(), &AdapterKey::Base, "empty lora_name is the base model");
-        assert_eq!(call.lora_name, None);
         assert_eq!(call.options, ResponseOptions::default(), "token ids and logprobs default to off");
         assert_eq!(call.request.id().as_str(), "r1");
         let unnamed = parse(pb::GenerateRequest { request_id: String::new(), ..request(&[1]) }).expect("valid");
@@ -260,7 +256,7 @@ mod tests {
         })
         .expect("valid");
         let params = call.request.params();
-        assert_eq!(call.lora_name.as_deref(), Some("meow@3"));
+        assert_eq!(call.request.adapter().adapter_name().map(AdapterName::as_str), Some("meow@3"));
         assert_eq!((params.temperature(), params.top_k(), params.top_p()), (0.7, Some(5), 0.9));
         assert_eq!(params.seed(), Some(u64::MAX), "int64 -1 keeps its bits");
         assert_eq!((params.max_tokens(), params.stop_token_ids(), params.ignore_eos()), (9, &[10, 11][..], true));
@@ -351,6 +347,66 @@ mod tests {
                 "stopping.max_new_tokens",
             ),
             (pb::GenerateRequest { lora_name: "two words".into(), ..request(&[1]) }, "lora_name"),
+            // The probe's findings: these were named `request`.
+            (
+                pb::GenerateRequest {
+                    sampling: Some(pb::RandomSampling { min_p: Some(1.5), ..Default::default() }),
+                    ..request(&[1])
+                },
+                "sampling.min_p",
+            ),
+            (
+                pb::GenerateRequest {
+                    decoding: Some(pb::DecodingParameters { repetition_penalty: -1.0, ..Default::default() }),
+                    ..request(&[1])
+                },
+                "decoding.repetition_penalty",
+            ),
+            (
+                pb::GenerateRequest {
+                    decoding: Some(pb::DecodingParameters { presence_penalty: 2.5, ..Default::default() }),
+                    ..request(&[1])
+                },
+                "decoding.presence_penalty",
+            ),
+            (
+                pb::GenerateRequest {
+                    decoding: Some(pb::DecodingParameters { frequency_penalty: -3.0, ..Default::default() }),
+                    ..request(&[1])
+                },
+                "decoding.frequency_penalty",
+            ),
+            (
+                pb::GenerateRequest {
+                    stopping: Some(pb::StoppingCriteria { max_new_tokens: 4, min_new_tokens: 5, ..Default::default() }),
+                    ..request(&[1])
+                },
+                "stopping.min_new_tokens",
+            ),
+            (
+                pb::GenerateRequest {
+                    response: Some(pb::ResponseOptions {
+                        output_candidates: Some(pb::CandidateTokens {
+                            select: Some(pb::candidate_tokens::Select::TopN(21)),
+                        }),
+                        ..Default::default()
+                    }),
+                    ..request(&[1])
+                },
+                "response.output_candidates.top_n",
+            ),
+            (
+                pb::GenerateRequest {
+                    response: Some(pb::ResponseOptions {
+                        prompt_candidates: Some(pb::CandidateTokens {
+                            select: Some(pb::candidate_tokens::Select::TopN(21)),
+                        }),
+                        ..Default::default()
+                    }),
+                    ..request(&[1])
+                },
+                "response.prompt_candidates.top_n",
+            ),
         ];
         for (request, field) in cases {
             match parse(request) {

@@ -2,8 +2,8 @@
 //! the first prompt position has no score and is reported as 0, as vLLM does), then one `SequenceOutput` per token
 //! chunk (token ids and logprobs only when asked; with `top_n` candidates, each token's rank and the N most likely
 //! tokens at its position, ranked from 1), and a last one with `FinishInfo` (`ABORTED` for an abort, after
-//! every token produced; a stop names the EOS or stop token). The stream holds the request's [`Registration`], so
-//! the request leaves the worker's registry when the stream ends or its client goes away.
+//! every token produced; a stop names the EOS or stop token). The stream holds the request's [`SampleStream`]:
+//! dropping it (the client went away) abandons the request in the coordinator.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -11,13 +11,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt};
-use loragate_core::{EngineEvent, EngineStream, FinishReason, ModelInfo, TopLogprobs};
+use loragate_core::{FinishReason, ModelInfo, SampleEvent, SampleStream, TopLogprobs};
 use tonic::Status;
 use vllm_proto as pb;
 
 use super::request::{GenerateCall, ResponseOptions};
 use crate::error::WorkerError;
-use crate::state::Registration;
 
 /// Turns one sequence's events into response messages.
 pub(crate) struct ResponseBuilder {
@@ -119,25 +118,23 @@ fn candidates(top: Vec<TopLogprobs>) -> (Vec<u32>, Vec<pb::CandidateTokenInfo>) 
 /// The response stream of one `GenerateStream` call.
 pub(crate) struct GenerateResponses {
     builder: ResponseBuilder,
-    events: EngineStream,
+    samples: SampleStream,
     ready: VecDeque<Result<pb::GenerateResponse, Status>>,
     prompt_info_sent: bool,
     /// Prompt logprobs waiting for the prompt's candidates (they come right after, when asked for).
     prompt_logprobs: Option<Vec<f32>>,
     ended: bool,
-    _registration: Registration,
 }
 
 impl GenerateResponses {
-    pub(crate) fn new(builder: ResponseBuilder, events: EngineStream, registration: Registration) -> Self {
+    pub(crate) fn new(builder: ResponseBuilder, samples: SampleStream) -> Self {
         let mut responses = Self {
             builder,
-            events,
+            samples,
             ready: VecDeque::new(),
             prompt_info_sent: false,
             prompt_logprobs: None,
             ended: false,
-            _registration: registration,
         };
         // Prompt logprobs come from the engine first; without them the prompt info goes out at once.
         if !responses.builder.options.prompt_logprobs && responses.builder.options.prompt_top_n.is_none() {
@@ -179,28 +176,25 @@ impl GenerateResponses {
         self.ready.push_back(Ok(pb::GenerateResponse { prompt_info: None, outputs: Some(output) }));
     }
 
-    fn accept(&mut self, event: EngineEvent) {
+    fn accept(&mut self, event: SampleEvent) {
         match event {
-            EngineEvent::PromptLogprobs(logprobs) if self.builder.options.prompt_top_n.is_some() => {
+            SampleEvent::PromptLogprobs(logprobs) if self.builder.options.prompt_top_n.is_some() => {
                 self.prompt_logprobs = Some(logprobs);
             }
-            EngineEvent::PromptLogprobs(logprobs) => self.send_prompt_info(Some(logprobs), Vec::new()),
-            EngineEvent::PromptTopLogprobs(top) => {
+            SampleEvent::PromptLogprobs(logprobs) => self.send_prompt_info(Some(logprobs), Vec::new()),
+            SampleEvent::PromptTopLogprobs(top) => {
                 let logprobs = self.prompt_logprobs.take();
                 self.send_prompt_info(logprobs, top);
             }
-            EngineEvent::Tokens { token_ids, logprobs, top_logprobs, .. } => {
+            SampleEvent::Tokens { token_ids, logprobs, top_logprobs, .. } => {
                 let output = self.builder.tokens(token_ids, logprobs, top_logprobs);
                 self.send_output(output);
             }
-            EngineEvent::Finished { reason, .. } => {
+            SampleEvent::Finished { reason, .. } => {
                 let output = self.builder.finish(reason);
                 self.send_output(output);
                 self.ended = true;
             }
-            // A worker's requests are never parked: its caller, a fleet coordinator, cannot hand keys and values
-            // back, so it never asks.
-            EngineEvent::Parked { .. } | EngineEvent::Resumed { .. } => {}
         }
     }
 }
@@ -217,15 +211,16 @@ impl Stream for GenerateResponses {
             if this.ended {
                 return Poll::Ready(None);
             }
-            match this.events.poll_next_unpin(cx) {
+            match this.samples.poll_next_unpin(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Ok(event))) => this.accept(event),
                 Poll::Ready(Some(Err(err))) => {
-                    this.ready.push_back(Err(WorkerError::from(err).into()));
+                    this.ready.push_back(Err(WorkerError::from_core(err).into()));
                     this.ended = true;
                 }
+                // The stream ends after the (one) sequence's `Finished`, which ended this stream first.
                 Poll::Ready(None) => {
-                    this.ready.push_back(Err(Status::internal("the engine ended the request without finishing it")));
+                    this.ready.push_back(Err(Status::internal("the request ended without finishing")));
                     this.ended = true;
                 }
             }
@@ -243,8 +238,7 @@ mod tests {
     fn builder(ignore_eos: bool, options: ResponseOptions) -> ResponseBuilder {
         let model = ModelInfo { vocab_size: 260, context_length: 64, eos_token_ids: vec![257] };
         let raw = RawSampleRequest { prompt_token_ids: vec![1, 2], ignore_eos, ..Default::default() };
-        let call =
-            GenerateCall { request: SampleRequest::parse(raw, &model).expect("valid"), lora_name: None, options };
+        let call = GenerateCall { request: SampleRequest::parse(raw, &model).expect("valid"), options };
         ResponseBuilder::new(&call, &model)
     }
 

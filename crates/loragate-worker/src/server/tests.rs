@@ -3,8 +3,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use loragate_core::AdapterRoot;
 use loragate_core::testing::{ScriptedEngine, eventually};
+use loragate_core::{AdapterRoot, Limits};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -15,10 +15,13 @@ use vllm_proto::control_client::ControlClient;
 use vllm_proto::finish_info::FinishReason;
 use vllm_proto::inference_client::InferenceClient;
 
-use super::{WorkerConfig, serve_worker};
+use super::{WorkerConfig, exposed_without_keys, serve_worker};
 use crate::inference::DEFAULT_MAX_NEW_TOKENS;
 
+mod hardening;
+
 struct TestWorker {
+    address: SocketAddr,
     channel: Channel,
     shutdown: CancellationToken,
     served: JoinHandle<Result<(), super::WorkerServeError>>,
@@ -29,22 +32,25 @@ impl TestWorker {
     /// A worker over a scripted engine whose requests emit `hold_after` tokens and then wait to be cancelled if
     /// their budget allows more. Its adapter root holds `meow/` and `bad/` (which the engine refuses to load).
     async fn start(hold_after: u32) -> Self {
+        Self::start_with(hold_after, |config| config).await
+    }
+
+    /// [`TestWorker::start`] with the configuration `configure` makes of the default one.
+    async fn start_with(hold_after: u32, configure: impl FnOnce(WorkerConfig) -> WorkerConfig) -> Self {
         let root = tempfile::tempdir().expect("temp dir");
         for adapter in ["meow", "bad"] {
             std::fs::create_dir(root.path().join(adapter)).expect("adapter dir");
         }
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr: SocketAddr = listener.local_addr().expect("addr");
-        let shutdown = CancellationToken::new();
-        let config = WorkerConfig {
-            served_model_name: "scripted".into(),
+        let address: SocketAddr = listener.local_addr().expect("addr");
+        let config = configure(WorkerConfig {
             adapter_root: Some(AdapterRoot::new(root.path()).expect("root")),
             max_running_requests: 8,
-            shutdown: shutdown.clone(),
-        };
+            ..WorkerConfig::new("scripted")
+        });
+        let shutdown = config.shutdown.clone();
         let served = tokio::spawn(serve_worker(listener, Arc::new(ScriptedEngine::new(hold_after)), config));
-        let channel = Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy();
-        Self { channel, shutdown, served, _root: root }
+        Self { address, channel: channel_to(address), shutdown, served, _root: root }
     }
 
     fn inference(&self) -> InferenceClient<Channel> {
@@ -63,6 +69,11 @@ impl TestWorker {
     async fn stream(&self, request: pb::GenerateRequest) -> Result<Streaming<pb::GenerateResponse>, tonic::Status> {
         Ok(self.inference().generate_stream(request).await?.into_inner())
     }
+}
+
+/// A channel of its own (one HTTP/2 connection) to `address`.
+fn channel_to(address: SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{address}")).expect("uri").connect_lazy()
 }
 
 fn request(id: &str, lora_name: &str, max_new_tokens: u32) -> pb::GenerateRequest {
@@ -196,9 +207,6 @@ async fn abort_ends_requests_with_aborted_after_their_tokens_and_ids_are_reusabl
     let mut stream = worker.stream(request("long", "", 100)).await.expect("stream");
     let mut received = Received::default();
     read_until_tokens(&mut stream, &mut received, 3).await;
-    let duplicate = worker.stream(request("long", "", 100)).await.expect_err("the id is running");
-    assert_eq!(duplicate.code(), Code::AlreadyExists, "{duplicate:?}");
-
     let abort = pb::AbortRequest { request_ids: vec!["long".into(), "unknown-id".into()] };
     worker.control().abort(abort).await.expect("abort");
     while let Some(message) = stream.message().await.expect("no error") {
@@ -208,7 +216,7 @@ async fn abort_ends_requests_with_aborted_after_their_tokens_and_ids_are_reusabl
     assert_eq!(received.token_ids, vec![0, 1, 2], "every token produced before the abort");
     assert_eq!(received.finish.map(|f| f.num_output_tokens), Some(3));
 
-    // The finished request left the registry: its id is free again.
+    // The id can be used again.
     let mut reused = Received::default();
     let mut stream = worker.stream(request("long", "", 2)).await.expect("the id is free");
     read_until_tokens(&mut stream, &mut reused, 2).await;
@@ -216,15 +224,22 @@ async fn abort_ends_requests_with_aborted_after_their_tokens_and_ids_are_reusabl
 
 #[tokio::test]
 async fn a_client_that_leaves_leaves_nothing_behind() {
-    let worker = TestWorker::start(3).await;
+    let worker = TestWorker::start_with(3, |config| WorkerConfig {
+        limits: Limits { max_in_flight: 1, ..Limits::default() },
+        ..config
+    })
+    .await;
     let mut stream = worker.stream(request("leaver", "", 100)).await.expect("stream");
     read_until_tokens(&mut stream, &mut Received::default(), 3).await;
+    let refused = worker.stream(request("second", "", 2)).await.expect_err("over --max-in-flight");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("--max-in-flight"), "{refused:?}");
     drop(stream);
-    eventually("the request's id is free again", || async {
-        match worker.stream(request("leaver", "", 2)).await {
+    eventually("the request's place is free again", || async {
+        match worker.stream(request("second", "", 2)).await {
             Ok(stream) => read_to_end(stream).await.reason() == FinishReason::Length,
             Err(status) => {
-                assert_eq!(status.code(), Code::AlreadyExists, "{status:?}");
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
                 false
             }
         }
@@ -262,10 +277,6 @@ async fn pause_aborts_running_requests_and_holds_new_ones_until_resume() {
     worker.control().resume_generation(pb::ResumeGenerationRequest {}).await.expect("resume");
     let released = held.await.expect("the held request");
     assert_eq!((released.reason(), released.num_tokens), (FinishReason::Length, 2));
-
-    let keep = pb::PauseGenerationRequest { mode: pb::PauseMode::Keep.into(), clear_cache: None };
-    let refused = worker.control().pause_generation(keep).await.expect_err("keep cannot freeze sequences");
-    assert_eq!(refused.code(), Code::Unimplemented, "{refused:?}");
 }
 
 #[tokio::test]
@@ -295,10 +306,38 @@ async fn weight_transfer_sleep_and_kv_rpcs_are_unimplemented_and_discovery_answe
 }
 
 #[tokio::test]
-async fn the_shutdown_rpc_stops_the_worker() {
+async fn the_shutdown_rpc_is_refused_unless_enabled() {
     let worker = TestWorker::start(100).await;
+    let refused = worker.control().shutdown(pb::ShutdownRequest {}).await.expect_err("disabled by default");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("--enable-shutdown-rpc"), "{refused:?}");
+    assert!(!worker.shutdown.is_cancelled());
+    let received = read_to_end(worker.stream(request("after", "", 2)).await.expect("still serving")).await;
+    assert_eq!(received.reason(), FinishReason::Length);
+}
+
+#[tokio::test]
+async fn the_shutdown_rpc_stops_the_worker_when_enabled() {
+    let worker = TestWorker::start_with(100, |config| WorkerConfig { shutdown_rpc: true, ..config }).await;
     worker.control().shutdown(pb::ShutdownRequest {}).await.expect("shutdown accepted");
     let served = tokio::time::timeout(std::time::Duration::from_secs(10), worker.served).await;
     assert!(matches!(served, Ok(Ok(Ok(())))), "the worker stops cleanly: {served:?}");
     assert!(worker.shutdown.is_cancelled());
+}
+
+#[test]
+fn a_worker_beyond_loopback_without_keys_is_exposed() {
+    let keys = loragate_core::Keyring::new(
+        None,
+        Some(loragate_core::Key::parse("k-admin").expect("key")),
+        loragate_core::TenantKeys::default(),
+    )
+    .expect("keys");
+    let open = loragate_core::Keyring::open();
+    let (everywhere, loopback): (SocketAddr, SocketAddr) =
+        ("0.0.0.0:9001".parse().expect("address"), "127.0.0.1:9001".parse().expect("address"));
+    assert!(exposed_without_keys(everywhere, &open), "warned at start");
+    assert!(!exposed_without_keys(everywhere, &keys));
+    assert!(!exposed_without_keys(loopback, &open));
+    assert!(!exposed_without_keys("[::1]:9001".parse().expect("address"), &open));
 }

@@ -1,6 +1,9 @@
 //! The command line's parsing: defaults, flags, and what reaches the configurations.
 
+use loragate_engine::Device;
+
 use super::*;
+use crate::serve::ModelSource;
 
 #[test]
 fn serve_defaults_match_the_contract() {
@@ -61,7 +64,7 @@ fn adapters_are_name_equals_dir_and_repeatable() {
     let Command::Serve(args) = cli.command else { panic!("serve") };
     let names: Vec<_> = args.adapters.iter().map(|a| a.name.to_string()).collect();
     assert_eq!(names, vec!["meow", "woof"]);
-    assert_eq!(args.gate_max_wait, Duration::from_secs(5));
+    assert_eq!(args.limits.gate_max_wait, Duration::from_secs(5));
     assert_eq!(args.engine.device, Device::Cuda(1));
     let engine = args.into_config().engine;
     assert_eq!((engine.max_lora_rank, engine.max_adapter_bytes), (16, 1_000_000));
@@ -189,6 +192,52 @@ fn worker_needs_an_address_and_takes_the_engine_flags() {
     assert_eq!(settings.engine.max_num_batched_tokens, Some(96));
     assert_eq!(settings.adapter_root.as_deref(), Some(std::path::Path::new("/a")));
     assert!(matches!(settings.model, ModelSource::Demo { .. }));
+    assert_eq!((settings.max_loras, settings.enable_shutdown_rpc), (None, false), "no cap, no Shutdown RPC");
+    assert_eq!((settings.limits, settings.max_connections), (Limits::default(), 4096), "serve's defaults");
+}
+
+#[test]
+fn worker_takes_serves_limit_connection_and_key_flags() {
+    let cli = Cli::try_parse_from([
+        "loragate",
+        "worker",
+        "--grpc-addr",
+        "0.0.0.0:9001",
+        "--gate-max-wait",
+        "3s",
+        "--max-in-flight",
+        "8",
+        "--max-held",
+        "16",
+        "--max-connections",
+        "32",
+        "--header-read-timeout",
+        "2s",
+        "--idle-timeout",
+        "5s",
+        "--api-key",
+        "k-api",
+        "--admin-key",
+        "k-admin",
+        "--max-loras",
+        "4",
+        "--enable-shutdown-rpc",
+    ])
+    .expect("parses");
+    let Command::Worker(args) = cli.command else { panic!("worker") };
+    let settings = args.into_settings();
+    assert_eq!(settings.gate_max_wait, Duration::from_secs(3));
+    assert_eq!((settings.limits.max_in_flight, settings.limits.max_held), (8, 16));
+    assert_eq!(settings.max_connections, 32);
+    assert_eq!((settings.header_read_timeout, settings.idle_timeout), (Duration::from_secs(2), Duration::from_secs(5)));
+    assert_eq!(settings.admin_key, Some(Key::parse("k-admin").expect("key")));
+    assert_eq!(settings.api_key, Some(Key::parse("k-api").expect("key")));
+    assert_eq!((settings.max_loras, settings.enable_shutdown_rpc), (Some(4), true));
+    assert!(Cli::try_parse_from(["loragate", "worker", "--grpc-addr", "127.0.0.1:1", "--max-loras", "0"]).is_err());
+
+    let cli = Cli::try_parse_from(["loragate", "serve", "--worker", "grpc://h:1", "--worker-key", "k-admin"]);
+    let Command::Serve(args) = cli.expect("parses").command else { panic!("serve") };
+    assert_eq!(args.into_config().worker_key, Some(Key::parse("k-admin").expect("key")));
 }
 
 #[test]

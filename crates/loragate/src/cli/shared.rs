@@ -1,0 +1,130 @@
+//! The flag groups `serve` and `worker` share: how the model runs, admission and connection limits, and keys.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use loragate_core::{DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Key};
+use loragate_engine::{DType, Device, EngineConfig, QuantizedWeights};
+
+use crate::duration_arg::parse_duration;
+use crate::serve::ModelSource;
+
+/// Admission limits, the gate deadline and connection limits: `serve`'s flags, which `worker` takes too.
+#[derive(Debug, Args)]
+pub struct FrontLimitArgs {
+    /// The longest a sampling request waits at a paused adapter's gate (or a paused worker) before UNAVAILABLE /
+    /// 503.
+    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
+    pub gate_max_wait: Duration,
+    /// The most sampling requests admitted at once (queued or running), over every adapter and the base model;
+    /// more are refused with RESOURCE_EXHAUSTED / 429.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
+    pub max_in_flight: u32,
+    /// The most sampling requests held at paused adapters' gates at once; more are refused with
+    /// RESOURCE_EXHAUSTED / 429.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_HELD)]
+    pub max_held: u32,
+    /// The most connections open at once (over every listener); more wait to be accepted.
+    #[arg(long, value_name = "N", default_value_t = loragate_net::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// How long a new connection may take to send its first complete request head before it is closed.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay without a request in progress before it is closed (long-polls, held
+    /// requests and streams are in progress).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+}
+
+/// The API and admin keys: any one turns authentication on.
+#[derive(Debug, Args)]
+pub struct KeyArgs {
+    /// Turns authentication on: this key may sample (send it as `Authorization: Bearer KEY`, on gRPC as
+    /// `authorization` metadata). Health and metrics stay open.
+    #[arg(long, value_name = "KEY", env = "LORAGATE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<Key>,
+    /// Turns authentication on: this key may do everything (pause, resume, load, unload, and sample).
+    #[arg(long, value_name = "KEY", env = "LORAGATE_ADMIN_KEY", hide_env_values = true)]
+    pub admin_key: Option<Key>,
+}
+
+/// How the model runs: the flags `serve` and `worker` share.
+#[derive(Debug, Args)]
+pub struct EngineArgs {
+    /// Where the model runs: cpu, cuda or cuda:N (CUDA needs a build with the `cuda` feature).
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: Device,
+    /// The weights' type: f32, bf16 or f16 (half precision on CUDA only).
+    #[arg(long, value_name = "DTYPE", default_value = "f32")]
+    pub dtype: DType,
+    /// The most sequences decoded together in one engine step.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_batch_size: usize,
+    /// The most tokens one engine step runs: one for each decoding sequence, the rest chunks of prompts being
+    /// prefilled. It trades the other streams' inter-token latency while long prompts (or a swap's continuations)
+    /// arrive, which it bounds, against prefill throughput, which fewer larger passes raise. Must exceed
+    /// --max-batch-size (default: 128 on the CPU, 2048 on CUDA; see docs/engine.md).
+    #[arg(long, value_name = "N")]
+    pub max_num_batched_tokens: Option<usize>,
+    /// CPU threads for the engine's tensor operations (default: $RAYON_NUM_THREADS, else half the cores, at least
+    /// 1). Candle's small CPU ops lose more to cross-thread synchronisation than they gain, and the async runtime
+    /// needs cores too (see docs/benchmarks.md).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub compute_threads: Option<u32>,
+    /// Serve at most this many tokens of context (default: the model's own length). `--max-model-len` is vLLM's
+    /// spelling.
+    #[arg(long, visible_alias = "max-model-len", value_name = "TOKENS")]
+    pub max_context_length: Option<u32>,
+    /// The largest LoRA rank (`r`) an adapter may have; loads of larger ones are refused.
+    #[arg(long, value_name = "RANK", default_value_t = EngineConfig::DEFAULT_MAX_LORA_RANK)]
+    pub max_lora_rank: usize,
+    /// The largest adapter weights file (adapter_model.safetensors) accepted, in bytes (1073741824 is 1 GiB).
+    #[arg(long, value_name = "BYTES", default_value_t = EngineConfig::DEFAULT_MAX_ADAPTER_BYTES)]
+    pub max_adapter_bytes: u64,
+    /// How long reading and checking one adapter may take before its load fails (installing nothing).
+    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
+    pub adapter_load_timeout: Duration,
+    /// How a GGUF file's quantized weights are multiplied: `quantized` (kept in their block format: least memory,
+    /// fastest decoding), `dequantized` (to --dtype at load: dense GEMMs everywhere), or `hybrid[:N]` (both:
+    /// quantized below N input rows, dense from N rows on — prefill —; N is 64 when left out).
+    #[arg(long, value_name = "MODE", default_value = "quantized")]
+    pub quantized_weights: QuantizedWeights,
+    /// Where the demo model is generated and cached (default: $LORAGATE_CACHE_DIR, $XDG_CACHE_HOME/loragate or
+    /// ~/.cache/loragate).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl EngineArgs {
+    /// The CPU threads for tensor operations: --compute-threads, else its default (see
+    /// [`default_compute_threads`](crate::default_compute_threads)).
+    pub fn compute_threads(&self) -> usize {
+        self.compute_threads.map_or_else(crate::compute_threads::default_compute_threads, |threads| threads as usize)
+    }
+
+    /// The engine configuration.
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            device: self.device,
+            dtype: self.dtype,
+            max_batch_size: self.max_batch_size,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            max_context_length: self.max_context_length,
+            max_lora_rank: self.max_lora_rank,
+            max_adapter_bytes: self.max_adapter_bytes,
+            adapter_load_timeout: self.adapter_load_timeout,
+            quantized_weights: self.quantized_weights,
+        }
+    }
+
+    /// The model: `path`, or the demo model cached in --cache-dir.
+    pub(crate) fn model_source(&self, path: Option<PathBuf>) -> ModelSource {
+        match path {
+            Some(path) => ModelSource::Path(path),
+            None => ModelSource::Demo {
+                cache_dir: self.cache_dir.clone().unwrap_or_else(loragate_engine::default_cache_dir),
+            },
+        }
+    }
+}
