@@ -167,6 +167,11 @@ pub struct ServeArgs {
     /// keep them in memory only. Remove the directory to start fresh (see docs/state.md).
     #[arg(long, value_name = "DIR|none", value_parser = StateLocation::parse)]
     pub state_dir: Option<StateLocation>,
+    /// Shares adapters, versions and pauses with every other coordinator started with the same URL, through etcd: a
+    /// pause, resume, load or unload on any of them holds on all (see docs/state.md). Nothing is kept in a state
+    /// directory then.
+    #[arg(long, value_name = "etcd://HOST:PORT[,HOST:PORT…]/PREFIX", value_parser = parse_shared_state, conflicts_with = "state_dir")]
+    pub state: Option<StateLocation>,
     /// Tinker API: the longest a sample waits for its paused adapter before its future fails (keep it below the
     /// SDK's 120-minute stuck detection).
     #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
@@ -329,7 +334,7 @@ impl ServeArgs {
             worker_wait: self.worker_wait,
             max_workers: usize::try_from(self.max_workers).unwrap_or(usize::MAX),
             worker_adapter_root: self.worker_adapter_root,
-            state: self.state_dir.unwrap_or(StateLocation::UserDefault),
+            state: self.state.or(self.state_dir).unwrap_or(StateLocation::UserDefault),
             tinker: TinkerConfig {
                 max_pause_wait: self.tinker_max_pause_wait,
                 poll_hold: self.tinker_poll_hold,
@@ -338,6 +343,11 @@ impl ServeArgs {
             },
         }
     }
+}
+
+/// Parses `--state`.
+fn parse_shared_state(raw: &str) -> Result<StateLocation, String> {
+    loragate_etcd::EtcdUrl::parse(raw).map(StateLocation::Shared).map_err(|err| err.to_string())
 }
 
 /// Parses `--worker`. Its errors never quote the value as given (clap's own errors would): an address may carry a
@@ -404,6 +414,15 @@ mod tests {
         );
         let bad = Cli::try_parse_from(["loragate", "serve", "--state-dir", ""]).expect_err("empty");
         assert!(bad.to_string().contains("--state-dir"), "{bad}");
+        let url = "etcd://127.0.0.1:2379,etcd-b:2379/lg";
+        assert_eq!(
+            state(&["loragate", "serve", "--state", url]),
+            StateLocation::Shared(loragate_etcd::EtcdUrl::parse(url).expect("valid"))
+        );
+        let both = Cli::try_parse_from(["loragate", "serve", "--state", url, "--state-dir", "/srv/lg"]);
+        assert!(both.expect_err("both").to_string().contains("--state-dir"), "one or the other");
+        let bad = Cli::try_parse_from(["loragate", "serve", "--state", "etcd://h/lg"]).expect_err("no port");
+        assert!(bad.to_string().contains("no :PORT"), "{bad}");
     }
 
     #[test]
