@@ -151,7 +151,7 @@ impl StoredAdapter {
 
     /// The record, unless the adapter is unloaded.
     pub(crate) fn record(self, name: AdapterName, declared_path: Option<PathBuf>) -> Option<AdapterRecord> {
-        (!self.unloaded).then(|| AdapterRecord {
+        (!self.unloaded).then_some(AdapterRecord {
             name,
             source: RecordedSource { path: self.path, confined: self.confined },
             version: AdapterVersion(self.version),

@@ -116,6 +116,11 @@ async fn a_resync_squares_pauses_versions_and_adapters_with_the_record() {
     let (coordinator, _store, _engine, feed) = replica().await;
     feed.send(installed("meow", 1)).expect("fed");
     feed.send(installed("woof", 1)).expect("fed");
+    // A pause for an adapter this replica does not serve yet is left to the install (which reads the record).
+    eventually("both served", || async {
+        coordinator.lora(&name("meow")).is_ok() && coordinator.lora(&name("woof")).is_ok()
+    })
+    .await;
     let (acknowledge, _) = oneshot::channel();
     feed.send(RemoteChange::Paused { record: remote_pause("meow", "pause-gone", PauseMode::Keep), acknowledge })
         .expect("fed");
