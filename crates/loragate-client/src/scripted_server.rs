@@ -158,6 +158,13 @@ impl LoraControl for Scripted {
     ) -> Result<Response<pb::ListLoraAdaptersResponse>, Status> {
         Err(Status::unimplemented("not scripted"))
     }
+
+    async fn list_replicas(
+        &self,
+        _request: Request<pb::ListReplicasRequest>,
+    ) -> Result<Response<pb::ListReplicasResponse>, Status> {
+        Err(Status::unimplemented("not scripted"))
+    }
 }
 
 /// Serves `script` on 127.0.0.1:0 for the rest of the test; returns a channel to it.

@@ -32,8 +32,9 @@ pub(crate) use self::registry::PendingHandBacks;
 pub use self::registry::{AbortReport, Admission, Ending, StopCause};
 pub use self::status::{AdapterStatus, PauseReport, ResumeReport};
 use crate::error::{CoreError, Field};
-use crate::ids::{AdapterKey, RequestId};
+use crate::ids::{AdapterKey, AdapterVersion, RequestId};
 use crate::limits::Occupancy;
+use crate::state::PauseRecord;
 
 /// The longest `WaitLoraUnpaused` timeout honoured; longer ones are shortened to it.
 pub const MAX_WAIT_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
@@ -189,13 +190,17 @@ impl AdapterHandle {
         let (mode, kv_policy) = (request.mode, request.kv_policy);
         let PauseTicket { pause_id, created, pending, recorded } =
             self.call(|reply| AdapterMsg::Pause { request: request.clone(), reply }).await?;
-        if let Err(err) = recorded.await {
-            // Not durable: a pause this call made is withdrawn rather than left holding without a record.
-            if created {
-                PauseRelease::new(self.clone(), pause_id).release().await?;
+        let remote = match recorded.await {
+            Ok(remote) => remote,
+            Err(err) => {
+                // Not durable (or not applied on every replica): a pause this call made is withdrawn rather than left
+                // holding without a record.
+                if created {
+                    PauseRelease::new(self.clone(), pause_id).release().await?;
+                }
+                return Err(err.into());
             }
-            return Err(err.into());
-        }
+        };
         let report = match mode {
             PauseMode::Abort | PauseMode::Keep => {
                 let report = pending.wait(ack_timeout).await;
@@ -223,8 +228,23 @@ impl AdapterHandle {
                 report
             }
         };
-        let AbortReport { aborted, kept, unacknowledged } = report;
+        // Other replicas' hand-backs (a shared state store) count in the answer.
+        let AbortReport { mut aborted, mut kept, mut unacknowledged } = report;
+        aborted.extend(remote.aborted);
+        kept.extend(remote.kept);
+        unacknowledged.extend(remote.unacknowledged);
         Ok(PauseReport { pause_id, mode, aborted, kept, unacknowledged, kv_policy })
+    }
+
+    /// Applies a pause another replica made (see [`crate::state::RemoteChange::Paused`]): closes the gate under the
+    /// pause's own id and acts on the admitted requests as its mode says; returns what to wait on.
+    pub(crate) async fn adopt_remote(&self, record: PauseRecord) -> Result<PendingHandBacks, CoreError> {
+        self.call(|reply| AdapterMsg::AdoptRemote { record: record.clone(), reply }).await
+    }
+
+    /// Serves `version`, which another replica installed and this replica's engine has loaded.
+    pub(crate) async fn install_remote(&self, version: AdapterVersion) -> Result<(), CoreError> {
+        self.call(|reply| AdapterMsg::InstallRemote { version, reply }).await
     }
 
     /// Releases the pause `pause_id`, or every pause for `None`, reopening the gate (releasing every held
@@ -297,7 +317,7 @@ impl AdapterHandle {
     /// Stops the adapter serving: marks it retired (held submissions and waiters fail with the reason) and cancels
     /// its admitted requests. Returns what to wait on for their hand-backs.
     pub(crate) async fn retire(&self, why: Retirement) -> Result<PendingHandBacks, CoreError> {
-        let retired = self.call(|reply| AdapterMsg::Retire { why, reply }).await??;
+        let retired = self.call(|reply| AdapterMsg::Retire { why, record: true, reply }).await??;
         retired.recorded.await?;
         Ok(retired.pending)
     }

@@ -32,6 +32,7 @@ use crate::sample_stream::{Driver, SampleStream};
 use crate::sampling::{RawSampleRequest, SampleRequest};
 use crate::state::{MemoryStore, Recording, StateStore};
 
+mod follow;
 mod restore;
 
 pub use self::restore::{Reconciled, RestoreReport, StartError};
@@ -89,6 +90,8 @@ struct Inner {
     live: Arc<LiveRequests>,
     metrics: Arc<CoreMetrics>,
     load: Arc<ServerLoad>,
+    /// This server's addresses, once its fronts are bound ([`Coordinator::announce`]).
+    addresses: std::sync::OnceLock<(std::net::SocketAddr, std::net::SocketAddr)>,
 }
 
 impl Drop for Inner {
@@ -122,9 +125,15 @@ impl Coordinator {
             live: Arc::default(),
             metrics,
             load,
+            addresses: std::sync::OnceLock::new(),
         };
         let coordinator = Self { inner: Arc::new(inner) };
+        // Before the restore reads the record: a change another replica makes meanwhile is applied after it.
+        let remote_changes = coordinator.inner.config.state.remote_changes();
         let restored = coordinator.restore().await?;
+        if let Some(changes) = remote_changes {
+            coordinator.follow(changes);
+        }
         if restored != RestoreReport::default() {
             tracing::info!(
                 adapters = restored.adapters,
@@ -218,10 +227,10 @@ impl Coordinator {
         let kv_policy = self.kv_policy_applied(request.mode, request.kv_policy);
         let request = request.with_kv_policy(kv_policy);
         let (owner, lease) = (request.owner.clone(), request.lease);
-        let report = self
-            .lora(name)?
-            .pause(request, self.inner.config.abort_ack_timeout, self.drain_until(client_deadline))
-            .await?;
+        let adapter = self.lora(name)?;
+        self.inner.config.state.check_available()?;
+        let report =
+            adapter.pause(request, self.inner.config.abort_ack_timeout, self.drain_until(client_deadline)).await?;
         // A swap's own pause is part of the swap, logged as one.
         if !matches!(owner, PauseOwner::Swap(_)) {
             tracing::info!(
@@ -254,7 +263,9 @@ impl Coordinator {
     /// Releases the pause `pause_id` of `name`, or every pause of it for `None`.
     pub async fn resume(&self, name: &AdapterName, pause_id: Option<PauseId>) -> Result<ResumeReport, CoreError> {
         let released = pause_id.as_ref().map_or_else(|| "(every pause)".to_owned(), PauseId::to_string);
-        let report = self.lora(name)?.resume(pause_id).await?;
+        let adapter = self.lora(name)?;
+        self.inner.config.state.check_available()?;
+        let report = adapter.resume(pause_id).await?;
         let ResumeReport { was_paused, still_paused } = report;
         if was_paused {
             tracing::info!(adapter = %name, released, still_paused, "adapter resumed");
@@ -459,6 +470,7 @@ impl Coordinator {
             return Err(CoreError::ShuttingDown);
         }
         self.check_loadable_name(name)?;
+        self.inner.config.state.check_available()?;
         let key = AdapterKey::Lora(name.clone());
         let name = name.clone();
         match self.inner.manager.call(|reply| ManagerMsg::Load { name, source, reply }, None).await {
@@ -490,10 +502,16 @@ impl Coordinator {
     /// Unloads `name`: aborts its admitted requests (waiting for their hand-back), fails its held submissions and
     /// waiters, and frees its weights.
     pub async fn unload_adapter(&self, name: &AdapterName) -> Result<(), CoreError> {
+        self.inner.config.state.check_available()?;
+        self.unload(name, true).await
+    }
+
+    /// [`Coordinator::unload_adapter`], recording the unload unless another replica did (`record` false).
+    async fn unload(&self, name: &AdapterName, record: bool) -> Result<(), CoreError> {
         let key = AdapterKey::Lora(name.clone());
         let unload = {
             let name = name.clone();
-            self.inner.manager.call(|reply| ManagerMsg::Unload { name, reply }, None).await
+            self.inner.manager.call(|reply| ManagerMsg::Unload { name, record, reply }, None).await
         };
         let unloading = match unload {
             Ok(CallResult::Success(result)) => result?,
@@ -562,6 +580,9 @@ impl Coordinator {
         }))
         .await;
         let _ = self.inner.manager.stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(5))).await;
+        if let Err(err) = self.inner.config.state.leave().await {
+            tracing::warn!(%err, "could not leave the replicas sharing the state; they stop counting this one later");
+        }
     }
 }
 

@@ -84,4 +84,4 @@ pub use sample_stream::{SampleEvent, SampleStream};
 pub use sampling::{
     MAX_NUM_SAMPLES, MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, RawSampleRequest, SampleRequest, SamplingParams,
 };
-pub use state::{MemoryStore, StateError, StateStore};
+pub use state::{MemoryStore, RemoteChange, ReplicaRecord, StateError, StateStore};

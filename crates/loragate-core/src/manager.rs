@@ -36,8 +36,9 @@ pub(crate) enum ManagerMsg {
         recorded: Result<(), StateError>,
         reply: RpcReplyPort<Result<AdapterVersion, CoreError>>,
     },
-    /// Creates and publishes `name` as recorded before a restart: at `version` (its weights already loaded in the
-    /// engine, or, with `weights_error`, not), with its recorded pauses put back before it is published.
+    /// Creates and publishes `name` as recorded before a restart, or as another replica installed it: at `version`
+    /// (its weights already loaded in the engine, or, with `weights_error`, not), with its recorded pauses put back
+    /// before it is published. An adapter that exists already only moves to `version` if that is newer.
     Restore {
         name: AdapterName,
         version: AdapterVersion,
@@ -47,7 +48,8 @@ pub(crate) enum ManagerMsg {
     },
     /// Unpublishes `name`, seals its versions, marks it removed and cancels its admitted requests; the actor stops
     /// once it has answered.
-    Unload { name: AdapterName, reply: RpcReplyPort<Result<Unloading, CoreError>> },
+    /// The unload's record is queued unless another replica unloaded it (`record` false).
+    Unload { name: AdapterName, record: bool, reply: RpcReplyPort<Result<Unloading, CoreError>> },
     /// Sets (or clears, for `None`) the global pause that every adapter created from now on starts with, and
     /// answers with every adapter that exists now (published or still loading, and the base model), for the caller
     /// to pause or release, and the global pause's record. Done in the manager so no adapter escapes between the two.
@@ -167,7 +169,11 @@ impl Actor for AdapterManager {
             }
             ManagerMsg::Restore { name, version, weights_error, pauses, reply } => {
                 let key = AdapterKey::Lora(name);
-                if state.supervised.contains_key(&key) {
+                if let Some(adapter) = state.supervised.get(&key) {
+                    // Created here meanwhile (another replica's install racing this replica's first load): it serves
+                    // the version if it is newer than what it has.
+                    let (installed, _) = oneshot::channel();
+                    let _ = adapter.actor.cast(AdapterMsg::InstallRemote { version, reply: installed.into() });
                     let _ = reply.send(Ok(()));
                     return Ok(());
                 }
@@ -197,7 +203,7 @@ impl Actor for AdapterManager {
             ManagerMsg::IsGloballyPaused { reply } => {
                 let _ = reply.send(state.global_pause.is_some());
             }
-            ManagerMsg::Unload { name, reply } => {
+            ManagerMsg::Unload { name, record, reply } => {
                 let key = AdapterKey::Lora(name.clone());
                 match state.supervised.get(&key) {
                     Some(adapter) if adapter.published => {
@@ -208,10 +214,15 @@ impl Actor for AdapterManager {
                         // load's record included, so the unload's record comes after it) and stops. If it is
                         // already gone, nothing runs to wait on and the record's removal is queued here.
                         let (retire_reply, retired) = oneshot::channel();
-                        let retire = AdapterMsg::Retire { why: Retirement::Unloaded, reply: retire_reply.into() };
+                        let retire =
+                            AdapterMsg::Retire { why: Retirement::Unloaded, record, reply: retire_reply.into() };
                         if let Err(ractor::MessagingErr::SendErr(AdapterMsg::Retire { reply, .. })) = actor.cast(retire)
                         {
-                            let recorded = state.state.record(vec![StateChange::Unloaded { name: name.clone() }]);
+                            let recorded = if record {
+                                state.state.record(vec![StateChange::Unloaded { name: name.clone() }])
+                            } else {
+                                crate::state::nothing_to_record()
+                            };
                             let _ = reply.send(Ok(Retired { pending: Default::default(), recorded }));
                         }
                         let _ = actor.drain();

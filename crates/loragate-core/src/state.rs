@@ -21,21 +21,25 @@
 //! global pause. Not recorded: a swap's own pause (it belongs to one call, which dies with the process), requests in
 //! flight, held or kept (they die with their connections).
 //!
-//! For several coordinators sharing one store (a later backend over etcd), a pause another replica made is applied
-//! to this replica's gate through the path that puts a recorded pause back at start (`AdapterCell::adopt`, reached by
-//! the actor's `Adopt` message): under its own id, owner, mode and remaining lease, without recording it again.
+//! Several coordinators may share one store (`loragate-etcd`): the store then hands each one the changes the others
+//! made ([`StateStore::remote_changes`]), and the coordinator applies them to its own engine and gates without
+//! recording them again: a pause another replica made goes through the path that puts a recorded pause back at start
+//! (`AdapterCell::adopt`), then acts on this replica's admitted requests as its mode says and acknowledges what they
+//! handed back; the pausing replica's [`StateStore::record_pause`] resolves once every live replica acknowledged.
 
 mod memory;
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
+use tokio::sync::{mpsc, oneshot};
 
 pub use self::memory::MemoryStore;
-use crate::adapter::{PauseId, PauseMode};
+use crate::adapter::{AbortReport, PauseId, PauseMode};
 use crate::ids::{AdapterName, AdapterVersion};
 
 /// A change queued in a [`StateStore`]: resolves once it is durable (or failed). Dropping it does not cancel the
@@ -156,6 +160,58 @@ pub enum StateError {
     Unavailable(String),
 }
 
+/// A change another replica made to a shared store, for this replica to apply to its own engine and gates (without
+/// recording it again).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RemoteChange {
+    /// Another replica installed `version` of `name`: load it into this engine and serve it.
+    Installed {
+        /// The adapter.
+        name: AdapterName,
+        /// Its new version.
+        version: AdapterVersion,
+        /// Where the weights came from.
+        source: RecordedSource,
+    },
+    /// Another replica unloaded `name`.
+    Unloaded {
+        /// The adapter.
+        name: AdapterName,
+    },
+    /// Another replica made or renewed this pause: close the gate, act on the admitted requests as its mode says,
+    /// and send what they handed back on `acknowledge` (the pausing replica's answer sums them).
+    Paused {
+        /// The pause.
+        record: PauseRecord,
+        /// Where the hand-backs go once every admitted request was handed back (or the acknowledgement timed out).
+        acknowledge: oneshot::Sender<AbortReport>,
+    },
+    /// A pause ended on another replica (released, withdrawn, or its lease ran out).
+    PauseEnded {
+        /// The adapter.
+        adapter: AdapterName,
+        /// The pause.
+        pause_id: PauseId,
+    },
+    /// The store could not follow the others' changes for a while (it was unreachable) and read everything again:
+    /// make this replica match it (pauses adopted or released, newer versions loaded, unloaded adapters removed).
+    Resynced(RecordedState),
+}
+
+/// One coordinator sharing a store, as `ListReplicas` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaRecord {
+    /// Its id, unique among the replicas.
+    pub id: String,
+    /// Its gRPC address.
+    pub grpc_addr: String,
+    /// Its HTTP address.
+    pub http_addr: String,
+    /// Whether it is the coordinator answering.
+    pub this_replica: bool,
+}
+
 /// Where the coordinator keeps what must survive a restart. Implementations apply the changes queued by
 /// [`StateStore::record`] and [`StateStore::issue_version`] in the order of the calls, each call atomically.
 #[async_trait]
@@ -171,6 +227,44 @@ pub trait StateStore: Send + Sync + fmt::Debug + 'static {
     /// unloaded ones). Resolves once the issue is durable. Ordered like [`StateStore::record`].
     fn issue_version(&self, name: &AdapterName) -> Recording<AdapterVersion>;
 
-    /// A pause id never given out before by this store (across restarts for a durable store).
+    /// A pause id never given out before by this store (across restarts for a durable store, and across replicas
+    /// for a shared one).
     fn new_pause_id(&self) -> PauseId;
+
+    /// Queues a pause's record, like [`StateStore::record`] with [`StateChange::Paused`]. A shared store resolves it
+    /// once every other live replica applied the pause (closed its gate and handed back its requests), with what they
+    /// handed back, and fails it if some live replica did not; a store only this process uses hands back nothing.
+    fn record_pause(&self, record: PauseRecord) -> Recording<AbortReport> {
+        let recorded = self.record(vec![StateChange::Paused(record)]);
+        Box::pin(async move { recorded.await.map(|()| AbortReport::default()) })
+    }
+
+    /// Whether state changes can be recorded now: a shared store that lost its servers answers
+    /// [`StateError::Unavailable`], so that a change is refused before it takes effect here. A hint (the servers may
+    /// go away right after), never a wait.
+    fn check_available(&self) -> Result<(), StateError> {
+        Ok(())
+    }
+
+    /// The changes other replicas make, for this replica to apply; given once (later calls answer `None`). `None`
+    /// for a store only this process writes.
+    fn remote_changes(&self) -> Option<mpsc::UnboundedReceiver<RemoteChange>> {
+        None
+    }
+
+    /// Announces this replica's addresses to the other replicas (a shared store); nothing for the others.
+    fn announce(&self, _grpc_addr: SocketAddr, _http_addr: SocketAddr) -> Recording {
+        nothing_to_record()
+    }
+
+    /// Leaves the replicas sharing this store (at shutdown): the others stop counting this one at once rather than
+    /// when its registration runs out. Nothing for a store only this process uses.
+    fn leave(&self) -> Recording {
+        nothing_to_record()
+    }
+
+    /// The live replicas sharing this store, this one included; empty for a store only this process uses.
+    async fn replicas(&self) -> Result<Vec<ReplicaRecord>, StateError> {
+        Ok(Vec::new())
+    }
 }

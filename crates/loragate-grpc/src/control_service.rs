@@ -1,4 +1,5 @@
-//! `loragate.v1.LoraControl`: pause/abort, resume, wait, load, unload and list, each on one adapter.
+//! `loragate.v1.LoraControl`: pause/abort, resume, wait, load, unload and list, each on one adapter, and the list of
+//! replicas sharing the state.
 
 use loragate_core::{
     Action, AdapterKey, AdapterName, Coordinator, CoreError, PauseId, PauseMode, PauseRequest, parse_timeout_s,
@@ -132,5 +133,25 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         // A tenant sees the adapters it may sample, not other tenants'.
         let adapters = listed.filter(|status| principal.may_see(&status.key)).map(adapter_status).collect();
         Ok(Response::new(pb::ListLoraAdaptersResponse { adapters }))
+    }
+
+    async fn list_replicas(
+        &self,
+        request: Request<pb::ListReplicasRequest>,
+    ) -> Result<Response<pb::ListReplicasResponse>, Status> {
+        caller_of(&request, self.coordinator.auth())?.may(Action::Control).map_err(status_from_core)?;
+        answer(self.coordinator.replicas().await.map(|replicas| {
+            pb::ListReplicasResponse {
+                replicas: replicas
+                    .into_iter()
+                    .map(|replica| pb::Replica {
+                        id: replica.id,
+                        grpc_addr: replica.grpc_addr,
+                        http_addr: replica.http_addr,
+                        self_: replica.this_replica,
+                    })
+                    .collect(),
+            }
+        }))
     }
 }

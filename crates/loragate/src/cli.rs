@@ -178,6 +178,11 @@ pub struct ServeArgs {
     /// in seconds; 0 turns it off. At INFO while there is activity, at DEBUG when idle.
     #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = parse_duration)]
     pub log_stats_interval: Duration,
+    /// Shares adapters, versions and pauses with every other coordinator started with the same URL, through etcd: a
+    /// pause, resume, load or unload on any of them holds on all (see docs/state.md). Nothing is kept in a state
+    /// directory then.
+    #[arg(long, value_name = "etcd://HOST:PORT[,HOST:PORT…]/PREFIX", value_parser = parse_shared_state, conflicts_with = "state_dir")]
+    pub state: Option<StateLocation>,
     /// Tinker API: the longest a sample waits for its paused adapter before its future fails (keep it below the
     /// SDK's 120-minute stuck detection).
     #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
@@ -298,7 +303,7 @@ impl ServeArgs {
             max_workers: usize::try_from(self.max_workers).unwrap_or(usize::MAX),
             worker_adapter_root: self.worker_adapter_root,
             worker_key: self.worker_key,
-            state: self.state_dir.unwrap_or(StateLocation::UserDefault),
+            state: self.state.or(self.state_dir).unwrap_or(StateLocation::UserDefault),
             log_stats_interval: (!self.log_stats_interval.is_zero()).then_some(self.log_stats_interval),
             tinker: TinkerConfig {
                 max_pause_wait: self.tinker_max_pause_wait,
@@ -308,6 +313,11 @@ impl ServeArgs {
             },
         }
     }
+}
+
+/// Parses `--state`.
+fn parse_shared_state(raw: &str) -> Result<StateLocation, String> {
+    loragate_etcd::EtcdUrl::parse(raw).map(StateLocation::Shared).map_err(|err| err.to_string())
 }
 
 /// Parses `--worker`. Its errors never quote the value as given (clap's own errors would): an address may carry a

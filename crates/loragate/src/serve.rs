@@ -96,7 +96,8 @@ pub struct ServeConfig {
     pub worker_adapter_root: Option<PathBuf>,
     /// The key presented to the workers (`--worker-key`).
     pub worker_key: Option<Key>,
-    /// Where adapters, versions and pauses are recorded to survive a restart (`--state-dir`).
+    /// Where adapters, versions and pauses are recorded to survive a restart (`--state-dir`), or shared with other
+    /// replicas (`--state etcd://…`).
     pub state: StateLocation,
     /// The Tinker API front's settings (its routes share the HTTP listener).
     pub tinker: TinkerConfig,
@@ -196,9 +197,12 @@ pub enum ServeError {
     /// The coordinator could not start (its actors, or the recorded state it puts back).
     #[error(transparent)]
     Coordinator(#[from] StartError),
-    /// The state directory cannot be used.
-    #[error("--state-dir: {0}")]
+    /// The state directory (or the shared state) cannot be used.
+    #[error("--state-dir / --state: {0}")]
     State(#[from] StateError),
+    /// This replica's addresses could not be announced to the others sharing the state.
+    #[error("--state: announcing this replica: {0}")]
+    Announce(String),
     /// The Tinker front's futures store could not start.
     #[error("starting the Tinker front: {0}")]
     Tinker(#[source] ractor::SpawnErr),
@@ -270,7 +274,9 @@ impl RunningServer {
         let template_path = model.path.clone();
         let chat_template = blocking(move || chat_template(&template_path)).await?;
         let in_fleet = !config.workers.is_empty();
-        let (state, state_dir) = config.state.open(&served_model_name)?;
+        // A pause waits for the other replicas as long as for its own requests, plus a dead replica's lease.
+        let replica_ack_timeout = config.abort_ack_timeout + Duration::from_secs(5);
+        let (state, state_dir) = config.state.open(&served_model_name, replica_ack_timeout).await?;
         if let Some(dir) = &state_dir {
             tracing::info!(state_dir = %dir.display(), "recording adapters, versions and pauses");
         }
@@ -340,6 +346,9 @@ impl RunningServer {
             }
         }
         let codec: Arc<dyn TextCodec> = Arc::new(TokenizerCodec::new(backend.tokenizer));
+
+        // What `ListReplicas` shows the other replicas sharing the state.
+        coordinator.announce(grpc_addr, http_addr).await.map_err(|err| ServeError::Announce(err.to_string()))?;
 
         // One cap over both fronts: it protects the process's file descriptors.
         let connections =

@@ -1,11 +1,15 @@
 //! Where `loragate serve` keeps its control-plane state (`--state-dir`): by default a directory per served model
 //! under the user's state directory, `$XDG_STATE_HOME/loragate/<served-name>` or
-//! `~/.local/state/loragate/<served-name>`; `--state-dir none` keeps it in memory only.
+//! `~/.local/state/loragate/<served-name>`; `--state-dir none` keeps it in memory only; `--state etcd://…` shares
+//! it with the other replicas through etcd.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use loragate_core::{MemoryStore, StateError, StateStore};
+use loragate_etcd::{EtcdConfig, EtcdStore, EtcdUrl};
 use loragate_state::EmbeddedStore;
 
 /// Where the state lives.
@@ -17,6 +21,8 @@ pub enum StateLocation {
     UserDefault,
     /// This directory.
     Directory(PathBuf),
+    /// Shared with the other replicas through etcd (`--state etcd://…`).
+    Shared(EtcdUrl),
 }
 
 impl StateLocation {
@@ -32,7 +38,7 @@ impl StateLocation {
     /// The directory this names for a server whose base model is served as `served_name` (`None`: memory only).
     pub fn dir(&self, served_name: &str) -> Result<Option<PathBuf>, StateError> {
         match self {
-            Self::Memory => Ok(None),
+            Self::Memory | Self::Shared(_) => Ok(None),
             Self::Directory(dir) => Ok(Some(dir.clone())),
             Self::UserDefault => user_state_dir(
                 std::env::var_os("XDG_STATE_HOME").map(PathBuf::from),
@@ -47,8 +53,16 @@ impl StateLocation {
         }
     }
 
-    /// Opens the store this names.
-    pub fn open(&self, served_name: &str) -> Result<(Arc<dyn StateStore>, Option<PathBuf>), StateError> {
+    /// Opens the store this names. A shared one waits at most `ack_timeout` for the other replicas to apply a pause.
+    pub async fn open(
+        &self,
+        served_name: &str,
+        ack_timeout: Duration,
+    ) -> Result<(Arc<dyn StateStore>, Option<PathBuf>), StateError> {
+        if let Self::Shared(url) = self {
+            let config = EtcdConfig { ack_timeout, ..EtcdConfig::new(url.clone()) };
+            return Ok((Arc::new(EtcdStore::connect(config).await?), None));
+        }
         match self.dir(served_name)? {
             None => Ok((Arc::new(MemoryStore::new()), None)),
             Some(dir) => {

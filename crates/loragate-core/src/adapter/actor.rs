@@ -11,7 +11,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
 use super::cell::AdapterCell;
 use super::gate::Retirement;
 use super::pauses::{KvPolicy, PauseId, PauseMode, PauseOwner, PauseRequest};
-use super::registry::{Admission, InFlightRegistry, PendingHandBacks, StopCause};
+use super::registry::{AbortReport, Admission, InFlightRegistry, PendingHandBacks, StopCause};
 use super::status::{AdapterStatus, ResumeReport};
 use crate::adapter_source::AdapterSource;
 use crate::engine::Engine;
@@ -32,6 +32,11 @@ pub(crate) enum AdapterMsg {
     /// Puts back pauses recorded earlier (see [`AdapterCell::adopt`]), closing the gate without acting on admitted
     /// requests.
     Adopt { pauses: Vec<PauseRecord> },
+    /// Applies a pause another replica made (adopted as recorded, not recorded again), then acts on the admitted
+    /// requests as its mode says (a keep-mode one recomputes); answers with what to wait on.
+    AdoptRemote { record: PauseRecord, reply: RpcReplyPort<PendingHandBacks> },
+    /// Serves `version`, which another replica installed and this replica's engine has loaded.
+    InstallRemote { version: AdapterVersion, reply: RpcReplyPort<()> },
     /// A lease timer fired for the lease of `pause_id` that expires at `expires_at`.
     LeaseEnded { pause_id: PauseId, expires_at: tokio::time::Instant },
     /// Cancels admitted requests without pausing: those with these ids, or every one for `None`.
@@ -45,9 +50,9 @@ pub(crate) enum AdapterMsg {
         reply: RpcReplyPort<Result<AdapterVersion, CoreError>>,
     },
     /// Marks the adapter retired and cancels every admitted request (before the actor is drained); an unloaded
-    /// adapter's record goes. The reply is always `Ok` from the actor; the manager answers on the same port with an
-    /// error for an unknown adapter.
-    Retire { why: Retirement, reply: RpcReplyPort<Result<Retired, CoreError>> },
+    /// adapter's record goes if `record` (not when another replica unloaded it and recorded that). The reply is
+    /// always `Ok` from the actor; the manager answers on the same port with an error for an unknown adapter.
+    Retire { why: Retirement, record: bool, reply: RpcReplyPort<Result<Retired, CoreError>> },
     /// A snapshot of the adapter's state.
     Status { reply: RpcReplyPort<AdapterStatus> },
     /// Makes the handler fail, so tests can watch the supervisor restart the actor.
@@ -64,6 +69,8 @@ pub(crate) enum ReleaseTarget {
     Pause(PauseId),
     /// The pause of one owner (a global resume releases the global pause only).
     Owner(PauseOwner),
+    /// One pause another replica ended (and recorded the end of).
+    Remote(PauseId),
 }
 
 /// The answer to [`AdapterMsg::Pause`].
@@ -74,8 +81,9 @@ pub(crate) struct PauseTicket {
     pub(crate) created: bool,
     /// The admitted requests the pause acted on, to wait for.
     pub(crate) pending: PendingHandBacks,
-    /// The pause's record, queued in the state store.
-    pub(crate) recorded: Recording,
+    /// The pause's record, queued in the state store; resolves with what other replicas handed back (a shared
+    /// store).
+    pub(crate) recorded: Recording<AbortReport>,
 }
 
 /// The answer to [`AdapterMsg::Retire`].
@@ -166,12 +174,7 @@ impl Actor for AdapterActor {
             }
             AdapterMsg::Pause { request, reply } => {
                 let (paused, recorded) = state.cell.pause(&request);
-                let pending = match request.mode {
-                    PauseMode::Abort => state.registry.cancel_all(StopCause::Paused),
-                    PauseMode::Keep if request.kv_policy == KvPolicy::Reuse => state.registry.park_all(),
-                    PauseMode::Keep => state.registry.cancel_all(StopCause::Kept),
-                    PauseMode::Wait => state.registry.pending_all(),
-                };
+                let pending = state.act_on_admitted(request.mode, request.kv_policy);
                 let ticket = PauseTicket { pause_id: paused.pause_id, created: paused.created, pending, recorded };
                 let _ = reply.send(ticket);
             }
@@ -181,11 +184,23 @@ impl Actor for AdapterActor {
                     drop(state.cell.adopt(pause));
                 }
             }
+            AdapterMsg::AdoptRemote { record, reply } => {
+                drop(state.cell.adopt(&record));
+                let _ = reply.send(state.act_on_admitted(record.mode, KvPolicy::Recompute));
+            }
+            AdapterMsg::InstallRemote { version, reply } => {
+                // A sealed (unloaded) adapter takes no version; an older one than it serves changes nothing.
+                if state.cell.reserve_version(version) {
+                    state.cell.install_version(version);
+                }
+                let _ = reply.send(());
+            }
             AdapterMsg::Release { target, reply } => {
                 let report = match target {
                     ReleaseTarget::All => state.cell.release(None),
                     ReleaseTarget::Pause(pause_id) => state.cell.release(Some(&pause_id)),
                     ReleaseTarget::Owner(owner) => state.cell.release_owner(&owner),
+                    ReleaseTarget::Remote(pause_id) => (state.cell.release_unrecorded(&pause_id), nothing_to_record()),
                 };
                 let _ = reply.send(report);
             }
@@ -209,11 +224,11 @@ impl Actor for AdapterActor {
                 state.start_next_load();
             }
             AdapterMsg::LoadFinished { outcome, source, reply } => state.finish_load(outcome, &source, reply),
-            AdapterMsg::Retire { why, reply } => {
+            AdapterMsg::Retire { why, record, reply } => {
                 state.cell.retire(why);
                 let recorded = match (why, state.cell.key()) {
                     // Recorded here, after any install this actor recorded: an unloaded adapter never comes back.
-                    (Retirement::Unloaded, AdapterKey::Lora(name)) => {
+                    (Retirement::Unloaded, AdapterKey::Lora(name)) if record => {
                         state.cell.state().record(vec![StateChange::Unloaded { name: name.clone() }])
                     }
                     _ => nothing_to_record(),
@@ -231,6 +246,17 @@ impl Actor for AdapterActor {
 }
 
 impl AdapterState {
+    /// Acts on every admitted request as a pause in `mode` says: cancels them (abort), stops them to be kept (keep:
+    /// parked with the REUSE policy), or only watches them (wait).
+    fn act_on_admitted(&mut self, mode: PauseMode, kv_policy: KvPolicy) -> PendingHandBacks {
+        match mode {
+            PauseMode::Abort => self.registry.cancel_all(StopCause::Paused),
+            PauseMode::Keep if kv_policy == KvPolicy::Reuse => self.registry.park_all(),
+            PauseMode::Keep => self.registry.cancel_all(StopCause::Kept),
+            PauseMode::Wait => self.registry.pending_all(),
+        }
+    }
+
     /// Starts the oldest queued load unless one is running. The load itself runs on a task (the state store issues
     /// its version, then the engine loads); it reports back to whichever incarnation of this actor is current when it
     /// finishes.

@@ -15,6 +15,7 @@ use tokio_util::task::AbortOnDropHandle;
 use super::actor::AdapterMsg;
 use super::gate::{GateState, Retirement};
 use super::pauses::{PauseBook, PauseId, PauseMode, PauseOwner, PauseRequest, Paused};
+use super::registry::AbortReport;
 use super::status::{AdapterStatus, ResumeReport};
 use crate::error::CoreError;
 use crate::ids::{AdapterKey, AdapterVersion};
@@ -117,7 +118,7 @@ impl AdapterCell {
     }
 
     /// Adds `request`'s pause (or renews its owner's) and closes the gate; queues its record if it is recorded.
-    pub(crate) fn pause(&self, request: &PauseRequest) -> (Paused, Recording) {
+    pub(crate) fn pause(&self, request: &PauseRequest) -> (Paused, Recording<AbortReport>) {
         let paused = self.pauses.lock().pause(request, || self.state.new_pause_id(), |id, at| self.lease_timer(id, at));
         let wall_expiry = request.lease.map(|lease| SystemTime::now() + lease);
         let recording = self.record_pause(&request.owner, &paused.pause_id, request.mode, wall_expiry);
@@ -181,9 +182,9 @@ impl AdapterCell {
         pause_id: &PauseId,
         mode: PauseMode,
         lease_expires_at: Option<SystemTime>,
-    ) -> Recording {
+    ) -> Recording<AbortReport> {
         let (AdapterKey::Lora(adapter), PauseOwner::Named(owner)) = (&self.key, owner) else {
-            return nothing_to_record();
+            return Box::pin(std::future::ready(Ok(AbortReport::default())));
         };
         let record = PauseRecord {
             adapter: adapter.clone(),
@@ -192,7 +193,7 @@ impl AdapterCell {
             mode,
             lease_expires_at,
         };
-        self.state.record(vec![StateChange::Paused(record)])
+        self.state.record_pause(record)
     }
 
     /// Queues the end of the recorded ones among `ended`.
@@ -212,6 +213,14 @@ impl AdapterCell {
         let ended = self.pauses.lock().release(id);
         let recording = self.record_ended(ended);
         (ResumeReport { was_paused, still_paused: self.sync_gate() }, recording)
+    }
+
+    /// Releases the pause `id` without recording its end (another replica ended it, and recorded that), reopening
+    /// the gate if it was the last.
+    pub(crate) fn release_unrecorded(&self, id: &PauseId) -> ResumeReport {
+        let was_paused = self.gate_state().paused;
+        drop(self.pauses.lock().release(Some(id)));
+        ResumeReport { was_paused, still_paused: self.sync_gate() }
     }
 
     /// Releases the pause `owner` holds, reopening the gate if it was the last.

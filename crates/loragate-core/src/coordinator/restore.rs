@@ -122,12 +122,7 @@ impl Coordinator {
     /// Loads a recorded adapter's weights into the engine at its recorded version. A path that came from a request
     /// must still lie inside the adapter root.
     async fn load_recorded_weights(&self, record: &AdapterRecord) -> Result<(), CoreError> {
-        let source = if record.source.confined {
-            let path = record.source.path.to_string_lossy();
-            self.resolve_adapter_path(&path).await?
-        } else {
-            AdapterSource::trusted(&record.source.path)
-        };
+        let source = self.recorded_source(&record.source).await?;
         self.inner.engine.load_adapter(&record.name, record.version, &source).await?;
         Ok(())
     }

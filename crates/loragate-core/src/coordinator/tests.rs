@@ -22,6 +22,7 @@ use crate::testing::{ScriptedEngine, coordinator_with_adapters, eventually};
 
 mod interleavings;
 mod pause_modes;
+mod remote;
 mod restart;
 mod unload_races;
 

@@ -34,6 +34,15 @@ fn state_dir_takes_a_directory_or_none() {
     );
     let bad = Cli::try_parse_from(["loragate", "serve", "--state-dir", ""]).expect_err("empty");
     assert!(bad.to_string().contains("--state-dir"), "{bad}");
+    let url = "etcd://127.0.0.1:2379,etcd-b:2379/lg";
+    assert_eq!(
+        state(&["loragate", "serve", "--state", url]),
+        StateLocation::Shared(loragate_etcd::EtcdUrl::parse(url).expect("valid"))
+    );
+    let both = Cli::try_parse_from(["loragate", "serve", "--state", url, "--state-dir", "/srv/lg"]);
+    assert!(both.expect_err("both").to_string().contains("--state-dir"), "one or the other");
+    let bad = Cli::try_parse_from(["loragate", "serve", "--state", "etcd://h/lg"]).expect_err("no port");
+    assert!(bad.to_string().contains("no :PORT"), "{bad}");
 }
 
 #[test]

@@ -1,0 +1,217 @@
+//! Following the other replicas of a shared state store: the changes they make ([`RemoteChange`]) are applied to
+//! this replica's engine and gates without being recorded again, in the order the store delivers them. Gate changes
+//! (pauses made and ended) are applied in order before the next change is read; engine work (loading another
+//! replica's new version) and waiting for hand-backs run on their own tasks, so a slow load never delays a pause.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Weak};
+
+use futures::future::BoxFuture;
+use ractor::rpc::CallResult;
+use tokio::sync::mpsc;
+
+use super::{Coordinator, Inner};
+use crate::adapter::{AbortReport, PauseId, PauseOwner, ReleaseTarget};
+use crate::adapter_source::AdapterSource;
+use crate::error::CoreError;
+use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
+use crate::manager::ManagerMsg;
+use crate::state::{PauseRecord, RecordedSource, RecordedState, RemoteChange, ReplicaRecord};
+
+impl Coordinator {
+    /// Applies the other replicas' changes until the store's stream ends or the coordinator is dropped.
+    pub(super) fn follow(&self, mut changes: mpsc::UnboundedReceiver<RemoteChange>) {
+        let inner: Weak<Inner> = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            while let Some(change) = changes.recv().await {
+                let Some(inner) = inner.upgrade() else { return };
+                Coordinator { inner }.apply_remote(change).await;
+            }
+        });
+    }
+
+    async fn apply_remote(&self, change: RemoteChange) {
+        match change {
+            RemoteChange::Paused { record, acknowledge } => {
+                let handed_back = self.adopt_remote_pause(record).await;
+                tokio::spawn(async move {
+                    let _ = acknowledge.send(handed_back.await);
+                });
+            }
+            RemoteChange::PauseEnded { adapter, pause_id } => self.end_remote_pause(&adapter, pause_id).await,
+            RemoteChange::Installed { name, version, source } => {
+                let coordinator = self.clone();
+                tokio::spawn(async move { coordinator.install_remote(name, version, source).await });
+            }
+            RemoteChange::Unloaded { name } => {
+                let coordinator = self.clone();
+                tokio::spawn(async move {
+                    match coordinator.unload(&name, false).await {
+                        Ok(()) | Err(CoreError::UnknownAdapter(_)) => {}
+                        Err(err) => tracing::warn!(adapter = %name, %err, "applying another replica's unload failed"),
+                    }
+                });
+            }
+            RemoteChange::Resynced(recorded) => self.resync(recorded).await,
+        }
+    }
+
+    /// Closes `record.adapter`'s gate under the remote pause and acts on its admitted requests; the returned future
+    /// resolves with what they handed back (nothing for an adapter this replica does not serve).
+    async fn adopt_remote_pause(&self, record: PauseRecord) -> BoxFuture<'static, AbortReport> {
+        let ack_timeout = self.inner.config.abort_ack_timeout;
+        let adapter = record.adapter.clone();
+        let pending = match self.lora(&adapter) {
+            Ok(handle) => handle.adopt_remote(record).await.ok(),
+            // Not served here (yet): a later install finds the pause in the record.
+            Err(_) => None,
+        };
+        Box::pin(async move {
+            match pending {
+                Some(pending) => {
+                    let report = pending.wait(ack_timeout).await;
+                    report.warn_if_unacknowledged(&AdapterKey::Lora(adapter), "another replica's pause");
+                    report
+                }
+                None => AbortReport::default(),
+            }
+        })
+    }
+
+    async fn end_remote_pause(&self, adapter: &AdapterName, pause_id: PauseId) {
+        if let Ok(handle) = self.lora(adapter)
+            && let Err(err) = handle.release(ReleaseTarget::Remote(pause_id)).await
+        {
+            tracing::warn!(%adapter, %err, "applying the end of another replica's pause failed");
+        }
+    }
+
+    /// Loads `version` of `name` into this engine, then serves it: publishes a new adapter (with the pauses the
+    /// record holds for it), or moves a served one to it (an older version than it serves changes nothing).
+    async fn install_remote(&self, name: AdapterName, version: AdapterVersion, source: RecordedSource) {
+        if let Ok(handle) = self.lora(&name)
+            && handle.gate().version >= version
+        {
+            return;
+        }
+        let loaded = match self.recorded_source(&source).await {
+            Ok(source) => self.inner.engine.load_adapter(&name, version, &source).await.map_err(CoreError::from),
+            Err(err) => Err(err),
+        };
+        if let Err(err) = &loaded {
+            tracing::error!(adapter = %name, %version, %err, "could not load another replica's new version");
+        }
+        match self.lora(&name) {
+            Ok(handle) => {
+                if loaded.is_ok()
+                    && let Err(err) = handle.install_remote(version).await
+                {
+                    tracing::warn!(adapter = %name, %err, "serving another replica's new version failed");
+                }
+            }
+            Err(_) => {
+                let pauses = match self.inner.config.state.recorded().await {
+                    Ok(recorded) => recorded.pauses.into_iter().filter(|pause| pause.adapter == name).collect(),
+                    Err(err) => {
+                        tracing::warn!(adapter = %name, %err, "could not read the new adapter's pauses");
+                        Vec::new()
+                    }
+                };
+                let weights_error = loaded.err().map(|err| {
+                    format!(
+                        "another replica loaded {version} from {}; this one could not: {err}",
+                        source.path.display()
+                    )
+                });
+                let restored = self
+                    .inner
+                    .manager
+                    .call(
+                        |reply| ManagerMsg::Restore {
+                            name: name.clone(),
+                            version,
+                            weights_error: weights_error.clone(),
+                            pauses: pauses.clone(),
+                            reply,
+                        },
+                        None,
+                    )
+                    .await;
+                if !matches!(restored, Ok(CallResult::Success(Ok(())))) {
+                    tracing::warn!(adapter = %name, "could not publish another replica's new adapter");
+                }
+            }
+        }
+    }
+
+    /// Where a recorded source's weights are, for this replica (a path from a request is confined to this replica's
+    /// adapter root again).
+    pub(super) async fn recorded_source(&self, source: &RecordedSource) -> Result<AdapterSource, CoreError> {
+        if source.confined {
+            self.resolve_adapter_path(&source.path.to_string_lossy()).await
+        } else {
+            Ok(AdapterSource::trusted(&source.path))
+        }
+    }
+
+    /// Makes this replica match the record after the store could not follow the others for a while: newer versions
+    /// are loaded, adapters no longer recorded are unloaded, recorded pauses are adopted (acting on admitted requests)
+    /// and named pauses no longer recorded are released.
+    async fn resync(&self, recorded: RecordedState) {
+        let mut pauses: HashMap<AdapterName, Vec<PauseRecord>> = HashMap::new();
+        for pause in recorded.pauses {
+            pauses.entry(pause.adapter.clone()).or_default().push(pause);
+        }
+        let recorded_names: HashSet<AdapterName> = recorded.adapters.iter().map(|record| record.name.clone()).collect();
+        for status in self.list_adapters().await {
+            let AdapterKey::Lora(name) = &status.key else { continue };
+            if !recorded_names.contains(name) {
+                let coordinator = self.clone();
+                let name = name.clone();
+                tokio::spawn(async move { coordinator.unload(&name, false).await });
+                continue;
+            }
+            let recorded_ids: HashSet<&PauseId> =
+                pauses.get(name).into_iter().flatten().map(|pause| &pause.pause_id).collect();
+            for pause in &status.pauses {
+                if matches!(pause.owner, PauseOwner::Named(_)) && !recorded_ids.contains(&pause.pause_id) {
+                    self.end_remote_pause(name, pause.pause_id.clone()).await;
+                }
+            }
+            let local_ids: HashSet<&PauseId> = status.pauses.iter().map(|pause| &pause.pause_id).collect();
+            for pause in pauses.get(name).into_iter().flatten() {
+                if !local_ids.contains(&pause.pause_id) {
+                    drop(self.adopt_remote_pause(pause.clone()).await);
+                }
+            }
+        }
+        for record in recorded.adapters {
+            let (coordinator, name) = (self.clone(), record.name.clone());
+            tokio::spawn(async move { coordinator.install_remote(name, record.version, record.source).await });
+        }
+    }
+
+    /// Tells the state store (and so the other replicas) where this server's fronts listen; `ListReplicas` shows
+    /// them. Called once the fronts are bound.
+    pub async fn announce(
+        &self,
+        grpc_addr: std::net::SocketAddr,
+        http_addr: std::net::SocketAddr,
+    ) -> Result<(), CoreError> {
+        let _ = self.inner.addresses.set((grpc_addr, http_addr));
+        self.inner.config.state.announce(grpc_addr, http_addr).await?;
+        Ok(())
+    }
+
+    /// The live replicas sharing this server's state store, this one included (marked); just this one for a store
+    /// only it uses.
+    pub async fn replicas(&self) -> Result<Vec<ReplicaRecord>, CoreError> {
+        let replicas = self.inner.config.state.replicas().await?;
+        if !replicas.is_empty() {
+            return Ok(replicas);
+        }
+        let (grpc_addr, http_addr) =
+            self.inner.addresses.get().map(|(grpc, http)| (grpc.to_string(), http.to_string())).unwrap_or_default();
+        Ok(vec![ReplicaRecord { id: "standalone".into(), grpc_addr, http_addr, this_replica: true }])
+    }
+}

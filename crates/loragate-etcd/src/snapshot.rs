@@ -1,0 +1,52 @@
+//! Reading the whole state (at start, and again after a compaction) from the keys under the prefix.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use loragate_core::AdapterName;
+use loragate_core::state::{PauseRecord, RecordedState, StateError};
+
+use crate::client::KeyValue;
+use crate::keys::{Key, Keys, StoredAdapter, StoredPause};
+
+/// The state as read, with the revision each pause was last written at.
+pub(crate) struct Snapshot {
+    pub(crate) state: RecordedState,
+    /// Each pause and the revision it was last written at (what an acknowledgement names).
+    pub(crate) pause_revisions: Vec<(PauseRecord, i64)>,
+}
+
+/// The recorded state the keys hold: adapters not unloaded (with their declared paths) and their pauses. The global
+/// pause is not shared (it belongs to the replica it was sent to).
+pub(crate) fn read_state(keys: &Keys, kvs: Vec<KeyValue>) -> Result<Snapshot, StateError> {
+    let mut adapters = BTreeMap::new();
+    let mut declared: BTreeMap<AdapterName, PathBuf> = BTreeMap::new();
+    let mut pauses = Vec::new();
+    for kv in kvs {
+        match keys.parse(&kv.key) {
+            Key::Adapter(name) => {
+                adapters.insert(name, StoredAdapter::decode(&kv.value)?);
+            }
+            Key::Declared(name) => {
+                let path = serde_json::from_slice(&kv.value)
+                    .map_err(|err| StateError::Failed(format!("etcd holds an unreadable declared path: {err}")))?;
+                declared.insert(name, path);
+            }
+            Key::Pause(adapter, pause_id) => {
+                pauses.push((StoredPause::decode(&kv.value)?.record(adapter, pause_id)?, kv.mod_revision));
+            }
+            Key::Other => {}
+        }
+    }
+    let adapters: Vec<_> = adapters
+        .into_iter()
+        .filter_map(|(name, stored)| {
+            let declared_path = declared.remove(&name);
+            stored.record(name, declared_path)
+        })
+        .collect();
+    pauses.retain(|(pause, _): &(PauseRecord, i64)| adapters.iter().any(|adapter| adapter.name == pause.adapter));
+    let state =
+        RecordedState { adapters, pauses: pauses.iter().map(|(pause, _)| pause.clone()).collect(), global_pause: None };
+    Ok(Snapshot { state, pause_revisions: pauses })
+}
