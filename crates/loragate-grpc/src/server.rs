@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use loragate_core::{Coordinator, FleetControl};
-use loragate_net::{ActivityLayer, ConnectionLimits, GuardedListener};
+use loragate_net::{AccessLogLayer, ActivityLayer, ConnectionLimits, GuardedListener};
 use loragate_proto::FILE_DESCRIPTOR_SET;
 use loragate_proto::v1::fleet_server::FleetServer;
 use loragate_proto::v1::lora_control_server::LoraControlServer;
@@ -100,6 +100,7 @@ pub async fn serve_grpc_with(
         .http2_keepalive_timeout(keepalive)
         // Outermost: a call counts as in progress on its connection from the start, refused ones included.
         .layer(ActivityLayer)
+        .layer(AccessLogLayer)
         .layer(auth)
         .add_service(health_service)
         .add_service(reflection_v1)

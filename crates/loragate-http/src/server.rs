@@ -14,7 +14,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
-use loragate_net::{ActiveBody, Connection, GuardedListener};
+use loragate_net::{AccessLogLayer, ActiveBody, Connection, GuardedListener};
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
@@ -166,7 +166,8 @@ fn router(state: AppState) -> Router {
         Some(routes) => own.merge(routes),
         None => own,
     };
-    all.layer(from_fn(guard))
+    // Outermost: refusals of the guard are logged too.
+    all.layer(from_fn(guard)).layer(AccessLogLayer)
 }
 
 #[cfg(test)]

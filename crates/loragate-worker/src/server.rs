@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loragate_core::{Action, AdapterRoot, Coordinator, CoordinatorConfig, Engine, Keyring, Limits, StartError};
-use loragate_net::{ActivityLayer, ConnectionLimits, GuardedListener};
+use loragate_net::{AccessLogLayer, ActivityLayer, ConnectionLimits, GuardedListener};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
@@ -150,6 +150,7 @@ pub async fn serve_worker(
         .http2_keepalive_timeout(keepalive)
         // Outermost: a call counts as in progress on its connection from the start, refused ones included.
         .layer(ActivityLayer)
+        .layer(AccessLogLayer)
         .add_service(health_service)
         .add_service(inference)
         .add_service(control)

@@ -31,6 +31,10 @@ pub struct Cli {
     /// when unset).
     #[arg(long, value_name = "FORMAT", global = true, default_value = "text")]
     pub log_format: LogFormat,
+    /// Logs one line per HTTP request and gRPC call (target `loragate_access`): method, path or RPC, status, gRPC
+    /// status when the answer's head carries one, and the time until the response head (a stream's first byte).
+    #[arg(long, global = true)]
+    pub access_log: bool,
 }
 
 /// The subcommands.

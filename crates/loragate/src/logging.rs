@@ -24,16 +24,27 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the process's logger, writing to stderr. Call once, before anything logs.
-pub fn init_logging(format: LogFormat) {
-    install(format, std::io::stderr, std::io::stderr().is_terminal());
+/// Installs the process's logger, writing to stderr; `access_log` turns the access-log lines on (`--access-log`).
+/// Call once, before anything logs.
+pub fn init_logging(format: LogFormat, access_log: bool) {
+    install(format, access_log, std::io::stderr, std::io::stderr().is_terminal());
 }
 
-fn install<W>(format: LogFormat, writer: W, ansi: bool)
+/// The filter: `RUST_LOG` (`info` when unset), with the access log on or off whatever `RUST_LOG` says of it.
+fn filter(access_log: bool) -> EnvFilter {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let level = if access_log { "info" } else { "off" };
+    match format!("{}={level}", loragate_net::ACCESS_LOG_TARGET).parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    }
+}
+
+fn install<W>(format: LogFormat, access_log: bool, writer: W, ansi: bool)
 where
     W: for<'writer> MakeWriter<'writer> + Send + Sync + 'static,
 {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = filter(access_log);
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
     match format {
         LogFormat::Text => builder.with_ansi(ansi).init(),
@@ -146,5 +157,20 @@ mod tests {
         assert_eq!((fields["lease_s"].as_f64(), fields["still_paused"].as_bool()), (Some(2.5), Some(false)));
         assert!(lines[0]["timestamp"].as_str().is_some_and(|at| at.contains('T')), "{text}");
         assert_eq!(lines[1]["fields"]["message"], "second \"line\"\nwith a newline");
+    }
+
+    #[test]
+    fn access_log_lines_are_written_only_with_the_flag() {
+        for access_log in [false, true] {
+            let captured = Captured::default();
+            let sink = captured.clone();
+            let layer = tracing_subscriber::fmt::layer().with_writer(move || sink.clone()).with_ansi(false);
+            let subscriber = tracing_subscriber::registry().with(filter(access_log)).with(layer);
+            tracing::subscriber::with_default(subscriber, || {
+                tracing::info!(target: loragate_net::ACCESS_LOG_TARGET, path = "/v1/models", status = 200, "request");
+            });
+            let text = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf-8");
+            assert_eq!(text.contains("/v1/models"), access_log, "--access-log {access_log}: {text:?}");
+        }
     }
 }

@@ -7,7 +7,7 @@ use loragate::{Cli, Command, RunningServer, RunningWorker};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    loragate::init_logging(cli.log_format);
+    loragate::init_logging(cli.log_format, cli.access_log);
     loragate::return_large_frees_to_the_os();
     let compute_threads = match &cli.command {
         Command::Serve(args) => Some(args.engine.compute_threads()),

@@ -347,10 +347,12 @@ fn vllms_spellings_of_the_context_length_and_the_adapters_are_accepted() {
 
 #[test]
 fn defaults_are_stated_once_and_the_version_is_printed() {
-    let Cli { command: Command::Serve(args), log_format } = Cli::parse_from(["loragate", "serve"]) else {
+    let Cli { command: Command::Serve(args), log_format, access_log } = Cli::parse_from(["loragate", "serve"]) else {
         panic!("serve")
     };
-    assert_eq!(log_format, LogFormat::Text);
+    assert_eq!((log_format, access_log), (LogFormat::Text, false));
+    let logged = Cli::try_parse_from(["loragate", "serve", "--access-log"]).expect("--access-log parses");
+    assert!(logged.access_log);
     assert_eq!(args.engine.compute_threads, None, "the default is computed at start, not shown as a number");
     assert!(args.engine.compute_threads() >= 1);
     assert_eq!(args.into_config().log_stats_interval, Some(Duration::from_secs(10)));
