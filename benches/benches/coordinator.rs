@@ -24,29 +24,14 @@ fn runtime() -> Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
 }
 
-/// Registers a request on an open gate and hands it back (which deregisters it), from a task on the runtime's
-/// workers as a request handler would (criterion's own `block_on` thread would add a cross-thread wake-up per
-/// iteration that no request pays).
+/// Registers a request on an open gate and hands it back (which deregisters it): see
+/// [`loragate_benches::time_admit_and_release`].
 fn admit_and_release(c: &mut Criterion) {
     let runtime = runtime();
     let (coordinator, name) = runtime.block_on(coordinator_with_one_adapter());
     let adapter = coordinator.lora(&name).expect("loaded");
-    let request_id = RequestId::parse_or_generate("bench").expect("id");
     c.bench_function("admit_and_release_open_gate", |b| {
-        b.iter_custom(|iterations| {
-            let (adapter, request_id) = (adapter.clone(), request_id.clone());
-            runtime
-                .block_on(runtime.spawn(async move {
-                    let start = Instant::now();
-                    for _ in 0..iterations {
-                        let admission =
-                            adapter.admit(request_id.clone(), tokio::time::Instant::now()).await.expect("admitted");
-                        admission.hand_back(Ending::Completed);
-                    }
-                    start.elapsed()
-                }))
-                .expect("the benchmark task")
-        });
+        b.iter_custom(|iterations| loragate_benches::time_admit_and_release(&runtime, &adapter, iterations));
     });
 }
 

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use loragate_core::testing::ScriptedEngine;
 use loragate_core::{
-    AdapterName, AdapterSource, Coordinator, CoordinatorConfig, Ending, MemoryStore, PauseMode, PauseRequest,
-    RawSampleRequest, RequestId, StateStore,
+    AdapterName, AdapterSource, Coordinator, CoordinatorConfig, MemoryStore, PauseMode, PauseRequest, RawSampleRequest,
+    StateStore,
 };
 use loragate_etcd::{EtcdConfig, EtcdStore, EtcdUrl};
 use tokio::runtime::Runtime;
@@ -148,22 +148,8 @@ fn admit_and_release(c: &mut Criterion) {
             coordinator
         });
         let adapter = coordinator.lora(&bench_name()).expect("loaded");
-        let request_id = RequestId::parse_or_generate("bench").expect("id");
         group.bench_function(label, |b| {
-            b.iter_custom(|iterations| {
-                let (adapter, request_id) = (adapter.clone(), request_id.clone());
-                runtime
-                    .block_on(runtime.spawn(async move {
-                        let start = Instant::now();
-                        for _ in 0..iterations {
-                            let admission =
-                                adapter.admit(request_id.clone(), tokio::time::Instant::now()).await.expect("admitted");
-                            admission.hand_back(Ending::Completed);
-                        }
-                        start.elapsed()
-                    }))
-                    .expect("the benchmark task")
-            });
+            b.iter_custom(|iterations| loragate_benches::time_admit_and_release(&runtime, &adapter, iterations));
         });
     }
     group.finish();

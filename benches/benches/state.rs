@@ -15,8 +15,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use loragate::{RunningServer, ServeConfig, StateLocation};
 use loragate_core::testing::ScriptedEngine;
 use loragate_core::{
-    AdapterName, AdapterSource, Coordinator, CoordinatorConfig, Ending, MemoryStore, PauseMode, PauseRequest,
-    RequestId, StateStore,
+    AdapterName, AdapterSource, Coordinator, CoordinatorConfig, MemoryStore, PauseMode, PauseRequest, StateStore,
 };
 use loragate_state::EmbeddedStore;
 use tokio::runtime::Runtime;
@@ -49,22 +48,8 @@ fn admit_and_release(c: &mut Criterion) {
     for (label, state) in stores {
         let coordinator = runtime.block_on(coordinator_on(state, &["bench"]));
         let adapter = coordinator.lora(&AdapterName::parse("bench").expect("name")).expect("loaded");
-        let request_id = RequestId::parse_or_generate("bench").expect("id");
         group.bench_function(label, |b| {
-            b.iter_custom(|iterations| {
-                let (adapter, request_id) = (adapter.clone(), request_id.clone());
-                runtime
-                    .block_on(runtime.spawn(async move {
-                        let start = Instant::now();
-                        for _ in 0..iterations {
-                            let admission =
-                                adapter.admit(request_id.clone(), tokio::time::Instant::now()).await.expect("admitted");
-                            admission.hand_back(Ending::Completed);
-                        }
-                        start.elapsed()
-                    }))
-                    .expect("the benchmark task")
-            });
+            b.iter_custom(|iterations| loragate_benches::time_admit_and_release(&runtime, &adapter, iterations));
         });
     }
     group.finish();

@@ -2,7 +2,9 @@
 //! threads. (Benchmarks over the scripted engine of `loragate-core`'s `testing` feature build it themselves: that
 //! feature is a dev-dependency only.)
 
-use loragate_core::{Coordinator, CoordinatorConfig};
+use std::time::{Duration, Instant};
+
+use loragate_core::{AdapterHandle, Coordinator, CoordinatorConfig, Ending, RequestId};
 
 /// A `loragate worker` server on its own thread and runtime, as a separate process would be: killing it drops every
 /// connection it had at once (its runtime goes, and with it every connection task).
@@ -129,4 +131,23 @@ impl loragate_http::TextCodec for ByteCodec {
     fn token_str(&self, token_id: u32) -> Option<String> {
         u8::try_from(token_id).ok().map(|byte| char::from(byte).to_string())
     }
+}
+
+/// The timed loop of every `admit_and_release_open_gate` benchmark: `iterations` times, one request admitted on
+/// `adapter`'s open gate and handed back (which deregisters it), from a task on `runtime`'s workers as a request
+/// handler would (criterion's own `block_on` thread would add a cross-thread wake-up per iteration that no request
+/// pays).
+pub fn time_admit_and_release(runtime: &tokio::runtime::Runtime, adapter: &AdapterHandle, iterations: u64) -> Duration {
+    let adapter = adapter.clone();
+    let request_id = RequestId::parse_or_generate("bench").expect("id");
+    runtime
+        .block_on(runtime.spawn(async move {
+            let start = Instant::now();
+            for _ in 0..iterations {
+                let admission = adapter.admit(request_id.clone(), tokio::time::Instant::now()).await.expect("admitted");
+                admission.hand_back(Ending::Completed);
+            }
+            start.elapsed()
+        }))
+        .expect("the benchmark task")
 }

@@ -1,6 +1,6 @@
 //! The worker's one error enum, and the one place it becomes a gRPC status (vLLM's codes for the same cases).
 
-use loragate_core::{CoreError, EngineError, Field, StateError};
+use loragate_core::{CoreError, Field};
 use tonic::Status;
 
 /// Everything a worker request can fail with. None of these stops the worker.
@@ -103,38 +103,9 @@ impl From<WorkerError> for Status {
             WorkerError::TooManyLoras { .. } => Status::resource_exhausted(message),
             WorkerError::LoraDisabled | WorkerError::ShutdownDisabled => Status::failed_precondition(message),
             WorkerError::Unimplemented(_) => Status::unimplemented(message),
-            WorkerError::Core(core) => core_status(core, message),
+            // The contract's table, as `loragate serve`'s gRPC front answers it.
+            WorkerError::Core(core) => loragate_grpc::status_from_core(core),
         }
-    }
-}
-
-/// The code of a core error (the contract's table, as `loragate serve`'s gRPC front answers it).
-fn core_status(err: CoreError, message: String) -> Status {
-    let code_of = match &err {
-        CoreError::SwapFailed { source, .. } => source.as_ref(),
-        other => other,
-    };
-    match code_of {
-        CoreError::InvalidArgument { .. } => Status::invalid_argument(message),
-        CoreError::UnknownAdapter(_) => Status::not_found(message),
-        CoreError::GateHoldExpired { .. } | CoreError::AdapterUnavailable(_) | CoreError::ShuttingDown => {
-            Status::unavailable(message)
-        }
-        CoreError::DrainTimedOut { .. } => Status::deadline_exceeded(message),
-        CoreError::AbortedWhileKept(_) => Status::aborted(message),
-        CoreError::Overloaded { .. } => Status::resource_exhausted(message),
-        CoreError::Unauthenticated(_) => Status::unauthenticated(message),
-        CoreError::PermissionDenied { .. } => Status::permission_denied(message),
-        CoreError::WeightsMissing { .. } => Status::failed_precondition(message),
-        CoreError::State(StateError::Unavailable(_)) => Status::unavailable(message),
-        CoreError::Engine(engine) => match engine {
-            EngineError::AdapterFiles(_) => Status::invalid_argument(message),
-            EngineError::AdapterIncompatible(_) => Status::failed_precondition(message),
-            EngineError::AdapterNotLoaded(_) => Status::not_found(message),
-            EngineError::Stopped | EngineError::Unavailable(_) => Status::unavailable(message),
-            _ => Status::internal(message),
-        },
-        _ => Status::internal(message),
     }
 }
 
@@ -142,7 +113,7 @@ fn core_status(err: CoreError, message: String) -> Status {
 mod tests {
     use std::time::Duration;
 
-    use loragate_core::{Action, AdapterKey, AdapterName, Limit};
+    use loragate_core::{Action, AdapterKey, AdapterName, EngineError, Limit};
     use tonic::Code;
 
     use super::*;
