@@ -68,7 +68,23 @@ impl StepThread {
     pub(crate) fn spawn(model: Llama, limits: StepLimits) -> std::io::Result<Self> {
         let (commands, receiver) = mpsc::channel();
         let scheduler = Scheduler::new(model, receiver, limits);
-        let handle = std::thread::Builder::new().name("loragate-engine-step".into()).spawn(move || scheduler.run())?;
+        let threads = rayon::current_num_threads();
+        let handle = std::thread::Builder::new().name("loragate-engine-step".into()).spawn(move || {
+            // The steps run on a worker of the engine's own compute pool: a forward pass's parallel products then
+            // split among the pool's threads by work stealing, instead of each of the ~200 products of a token
+            // being handed from a thread outside the pool to it and back (two wake-ups each).
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|index| format!("loragate-compute-{index}"))
+                .build();
+            match pool {
+                Ok(pool) => pool.install(|| scheduler.run()),
+                Err(err) => {
+                    tracing::warn!(%err, "no compute pool of its own: the engine steps on rayon's global pool");
+                    scheduler.run();
+                }
+            }
+        })?;
         Ok(Self { commands, handle: Some(handle) })
     }
 

@@ -5,9 +5,11 @@
 //! bandwidth, so reading 4.5–8.5 bits per weight instead of 32 is what makes it fast.
 //!
 //! candle's own Q4_1 kernel is scalar; this one uses AVX2 (through `pulp`'s safe intrinsics, chosen at run time,
-//! [`avx2`]) and falls back to the scalar reference ([`dot_rows_scalar`]) on other CPUs. Weights are stored planar:
-//! the f32 scales (and offsets) of every block, then the packed values, so the kernel never converts f16 in its
-//! inner loop. Q4_0 is stored as Q4_1 with the offset `m = −8·d` (its values are `d·(q − 8)`).
+//! [`avx2`]) and falls back to the scalar reference ([`dot_rows_scalar`]) on other CPUs. Weights are stored in
+//! groups of [`ROW_GROUP`] rows, block by block ([`NibbleGroup`], [`ByteGroup`]): the four rows' f32 scales (and
+//! offsets), then their packed values, so that a kernel reads one contiguous stream, loads the four rows' scales as
+//! one vector, never converts f16 in its inner loop, and sums the four rows' integer products with one horizontal
+//! reduction per block. Q4_0 is stored as Q4_1 with the offset `m = −8·d` (its values are `d·(q − 8)`).
 //!
 //! Work is split over the output features on rayon's pool when a product is large enough to pay for it.
 
@@ -23,93 +25,123 @@ use rayon::prelude::*;
 /// Values per block, in every format served here.
 pub(crate) const BLOCK: usize = 32;
 
-/// How a block's values are packed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Packing {
-    /// 16 bytes per block: value `i` in the low nibble of byte `i`, value `16 + i` in its high nibble, each `0..=15`
-    /// (Q4_0, Q4_1).
-    Nibbles,
-    /// 32 signed bytes per block (Q8_0).
-    Bytes,
+/// Weight rows stored together, block by block: the kernels read one group's blocks as one stream and sum four
+/// rows' products with one horizontal reduction.
+pub(crate) const ROW_GROUP: usize = 4;
+
+/// Block `b` of [`ROW_GROUP`] consecutive rows in a nibble format (Q4_0, Q4_1): their scales, offsets and values,
+/// 24 bytes per row and block, contiguous.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub(crate) struct NibbleGroup {
+    /// Each row's block scale `d`.
+    pub(crate) scales: [f32; ROW_GROUP],
+    /// Each row's block offset `m`.
+    pub(crate) offsets: [f32; ROW_GROUP],
+    /// Each row's 32 values: value `i` in the low nibble of byte `i`, value `16 + i` in its high nibble, `0..=15`.
+    pub(crate) values: [[u8; BLOCK / 2]; ROW_GROUP],
 }
 
-impl Packing {
-    fn block_bytes(self) -> usize {
-        match self {
-            Self::Nibbles => BLOCK / 2,
-            Self::Bytes => BLOCK,
-        }
-    }
+/// Block `b` of [`ROW_GROUP`] consecutive rows in Q8_0: their scales and signed values.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub(crate) struct ByteGroup {
+    /// Each row's block scale `d`.
+    pub(crate) scales: [f32; ROW_GROUP],
+    /// Each row's 32 signed values.
+    pub(crate) values: [[i8; BLOCK]; ROW_GROUP],
+}
+
+/// A matrix's row groups, group by group and within a group block by block (`group · blocks_per_row + block`);
+/// the rows past the last are zero.
+#[derive(Debug)]
+pub(crate) enum RowGroups {
+    /// Q4_0 and Q4_1 (Q4_0 with the offset `m = −8·d`).
+    Nibbles(Vec<NibbleGroup>),
+    /// Q8_0.
+    Bytes(Vec<ByteGroup>),
 }
 
 /// A weight matrix `W` `(rows, cols)` = `(out, in)` in a block format.
 #[derive(Debug)]
 pub(crate) struct QuantizedMatrix {
-    packing: Packing,
     rows: usize,
     cols: usize,
-    /// Each block's scale `d`, row by row.
-    scales: Vec<f32>,
-    /// Each block's offset `m` (`Nibbles` only).
-    offsets: Vec<f32>,
-    /// The packed values, block by block.
-    values: Vec<u8>,
+    groups: RowGroups,
 }
 
 impl QuantizedMatrix {
     /// The matrix of a 2-D `Q4_0`, `Q4_1` or `Q8_0` tensor; `None` for other formats (candle multiplies those).
     pub(crate) fn from_qtensor(tensor: &QTensor) -> Result<Option<Self>> {
         let (rows, cols) = tensor.shape().dims2()?;
-        let (packing, header) = match tensor.dtype() {
-            GgmlDType::Q4_0 => (Packing::Nibbles, 2),
-            GgmlDType::Q4_1 => (Packing::Nibbles, 4),
-            GgmlDType::Q8_0 => (Packing::Bytes, 2),
+        let header = match tensor.dtype() {
+            GgmlDType::Q4_0 | GgmlDType::Q8_0 => 2,
+            GgmlDType::Q4_1 => 4,
             _ => return Ok(None),
         };
         if cols % BLOCK != 0 {
             return Ok(None);
         }
         let data = tensor.data()?;
-        let block_bytes = header + packing.block_bytes();
-        let blocks = rows * cols / BLOCK;
-        if data.len() != blocks * block_bytes {
-            candle_core::bail!("{} bytes for {blocks} blocks of {block_bytes}", data.len());
+        let packed_bytes = if tensor.dtype() == GgmlDType::Q8_0 { BLOCK } else { BLOCK / 2 };
+        let block_bytes = header + packed_bytes;
+        let blocks_per_row = cols / BLOCK;
+        if data.len() != rows * blocks_per_row * block_bytes {
+            candle_core::bail!("{} bytes for {} blocks of {block_bytes}", data.len(), rows * blocks_per_row);
         }
-        let mut matrix = Self {
-            packing,
-            rows,
-            cols,
-            scales: Vec::with_capacity(blocks),
-            offsets: Vec::with_capacity(if packing == Packing::Nibbles { blocks } else { 0 }),
-            values: Vec::with_capacity(blocks * packing.block_bytes()),
-        };
         let half_at = |block: &[u8], at: usize| f16::from_le_bytes([block[at], block[at + 1]]).to_f32();
-        for block in data.chunks_exact(block_bytes) {
-            let d = half_at(block, 0);
-            matrix.scales.push(d);
-            match tensor.dtype() {
-                GgmlDType::Q4_0 => matrix.offsets.push(-8.0 * d),
-                GgmlDType::Q4_1 => matrix.offsets.push(half_at(block, 2)),
-                _ => {}
+        // GGUF's block `column` of row `row`, and where it goes: group `row / ROW_GROUP`, lane `row % ROW_GROUP`.
+        let blocks = data.chunks_exact(block_bytes).enumerate().map(|(index, block)| {
+            let (row, column) = (index / blocks_per_row, index % blocks_per_row);
+            (row / ROW_GROUP * blocks_per_row + column, row % ROW_GROUP, block)
+        });
+        let group_count = rows.div_ceil(ROW_GROUP) * blocks_per_row;
+        let groups = match tensor.dtype() {
+            GgmlDType::Q8_0 => {
+                let mut groups = vec![ByteGroup::default(); group_count];
+                for (group, lane, block) in blocks {
+                    let group = &mut groups[group];
+                    group.scales[lane] = half_at(block, 0);
+                    for (value, byte) in group.values[lane].iter_mut().zip(&block[header..]) {
+                        *value = *byte as i8;
+                    }
+                }
+                RowGroups::Bytes(groups)
             }
-            matrix.values.extend_from_slice(&block[header..]);
-        }
-        Ok(Some(matrix))
+            format => {
+                let mut groups = vec![NibbleGroup::default(); group_count];
+                for (group, lane, block) in blocks {
+                    let group = &mut groups[group];
+                    let d = half_at(block, 0);
+                    group.scales[lane] = d;
+                    group.offsets[lane] = if format == GgmlDType::Q4_1 { half_at(block, 2) } else { -8.0 * d };
+                    group.values[lane].copy_from_slice(&block[header..]);
+                }
+                RowGroups::Nibbles(groups)
+            }
+        };
+        Ok(Some(Self { rows, cols, groups }))
     }
 
     fn blocks_per_row(&self) -> usize {
         self.cols / BLOCK
     }
 
+    /// The rows the groups hold: `rows` rounded up to whole groups.
+    fn padded_rows(&self) -> usize {
+        self.rows.next_multiple_of(ROW_GROUP)
+    }
+
     /// `x·Wᵀ` for `x` `(m, cols)`, row-major: `(m, rows)`, row-major.
     pub(crate) fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         let input = QuantizedInput::new(x, m, self.cols);
-        // Computed transposed, `(rows, m)`, so that threads own contiguous slices of output features.
-        let mut out_t = vec![0f32; self.rows * m];
-        let blocks = self.rows * self.blocks_per_row() * m;
+        // Computed transposed, `(padded rows, m)`, so that threads own contiguous slices of output features.
+        let padded_rows = self.padded_rows();
+        let mut out_t = vec![0f32; padded_rows * m];
+        let blocks = padded_rows * self.blocks_per_row() * m;
         let threads = rayon::current_num_threads();
         if threads > 1 && blocks >= PARALLEL_FROM_BLOCKS {
-            let rows_per_chunk = self.rows.div_ceil(threads * 4).max(16);
+            let rows_per_chunk = padded_rows.div_ceil(threads * 4).max(16).next_multiple_of(ROW_GROUP);
             out_t.par_chunks_mut(rows_per_chunk * m).enumerate().for_each(|(chunk, out)| {
                 self.dot_rows(&input, chunk * rows_per_chunk, out);
             });
@@ -117,10 +149,11 @@ impl QuantizedMatrix {
             self.dot_rows(&input, 0, &mut out_t);
         }
         if m == 1 {
+            out_t.truncate(self.rows);
             return out_t;
         }
         let mut out = vec![0f32; m * self.rows];
-        for (row, values) in out_t.chunks_exact(m).enumerate() {
+        for (row, values) in out_t.chunks_exact(m).take(self.rows).enumerate() {
             for (input_row, value) in values.iter().enumerate() {
                 out[input_row * self.rows + row] = *value;
             }
@@ -128,8 +161,8 @@ impl QuantizedMatrix {
         out
     }
 
-    /// Fills `out_t` (`(rows, m)` from weight row `first_row` on) with the dot products of those rows with every
-    /// input row.
+    /// Fills `out_t` (`(rows, m)` from weight row `first_row` on, both whole groups) with the dot products of those
+    /// rows with every input row.
     fn dot_rows(&self, input: &QuantizedInput, first_row: usize, out_t: &mut [f32]) {
         if avx2::dot_rows(self, input, first_row, out_t) {
             return;
@@ -212,29 +245,34 @@ impl QuantizedInput {
 /// The scalar reference of the kernel (and the kernel on CPUs without AVX2).
 pub(crate) fn dot_rows_scalar(matrix: &QuantizedMatrix, input: &QuantizedInput, first_row: usize, out_t: &mut [f32]) {
     let blocks = matrix.blocks_per_row();
-    let block_bytes = matrix.packing.block_bytes();
     for (offset, out) in out_t.chunks_exact_mut(input.rows).enumerate() {
         let row = first_row + offset;
+        let (group, lane) = (row / ROW_GROUP, row % ROW_GROUP);
         for (input_row, out) in out.iter_mut().enumerate() {
             let mut total = 0f32;
             for block in 0..blocks {
-                let w = row * blocks + block;
+                let w = group * blocks + block;
                 let x = input_row * input.blocks_per_row + block;
-                let packed = &matrix.values[w * block_bytes..(w + 1) * block_bytes];
                 let q = &input.values[x * BLOCK..(x + 1) * BLOCK];
-                let integer: i32 = match matrix.packing {
-                    Packing::Nibbles => (0..BLOCK / 2)
-                        .map(|i| {
-                            i32::from(packed[i] & 0x0F) * i32::from(q[i])
-                                + i32::from(packed[i] >> 4) * i32::from(q[i + BLOCK / 2])
-                        })
-                        .sum(),
-                    Packing::Bytes => (0..BLOCK).map(|i| i32::from(packed[i] as i8) * i32::from(q[i])).sum(),
+                let (scale, offset, integer): (f32, f32, i32) = match &matrix.groups {
+                    RowGroups::Nibbles(groups) => {
+                        let group = &groups[w];
+                        let packed = &group.values[lane];
+                        let integer = (0..BLOCK / 2)
+                            .map(|i| {
+                                i32::from(packed[i] & 0x0F) * i32::from(q[i])
+                                    + i32::from(packed[i] >> 4) * i32::from(q[i + BLOCK / 2])
+                            })
+                            .sum();
+                        (group.scales[lane], group.offsets[lane], integer)
+                    }
+                    RowGroups::Bytes(groups) => {
+                        let group = &groups[w];
+                        let integer = (0..BLOCK).map(|i| i32::from(group.values[lane][i]) * i32::from(q[i])).sum();
+                        (group.scales[lane], 0.0, integer)
+                    }
                 };
-                total += matrix.scales[w] * input.scales[x] * integer as f32;
-                if matrix.packing == Packing::Nibbles {
-                    total += matrix.offsets[w] * input.sums[x];
-                }
+                total += scale * input.scales[x] * integer as f32 + offset * input.sums[x];
             }
             *out = total;
         }

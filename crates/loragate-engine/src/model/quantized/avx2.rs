@@ -1,69 +1,33 @@
-//! The AVX2 kernel: per block, the 32 weight values as unsigned bytes (nibbles unpacked, or Q8_0's absolute values
-//! with their signs moved onto the inputs), `vpmaddubsw` against the 32 signed input bytes, `vpmaddwd` to eight
-//! 32-bit sums, converted and accumulated with the block's combined scale by FMA. One input row is computed against
-//! four weight rows at once (four independent accumulations); four input rows or more are read in tiles of
-//! [`INPUT_TILE`] rows that share each unpacked weight block, every weight row streamed once. `pulp` checks the CPU at run time and compiles this code with AVX2 and FMA enabled; its
+//! The AVX2 kernel. Per block of a row group ([`ROW_GROUP`] weight rows): each row's 32 values as unsigned bytes
+//! (nibbles unpacked, or Q8_0's absolute values with their signs moved onto the inputs), `vpmaddubsw` against the
+//! 32 signed input bytes and `vpmaddwd` to eight 32-bit sums; three `vphaddd` and one add fold the four rows' sums
+//! into one vector of four exact block products, converted and accumulated with the four rows' combined scales by
+//! one FMA (and the offsets' `m·s` by another). One input row reads each group once; four input rows or more are
+//! read in tiles of [`INPUT_TILE`] rows that share each unpacked group, every weight row streamed once per pass of
+//! [`TILES_PER_PASS`] tiles. `pulp` checks the CPU at run time and compiles this code with AVX2 and FMA enabled; its
 //! intrinsics are safe functions, and unaligned loads go through `bytemuck`.
 
 #[cfg(target_arch = "x86_64")]
-use std::arch::x86_64::{__m128, __m128i, __m256, __m256i};
+use std::arch::x86_64::{__m128, __m256i};
 
-use super::{BLOCK, INPUT_TILE, Packing, QuantizedInput, QuantizedMatrix};
+#[cfg(target_arch = "x86_64")]
+use super::{BLOCK, ByteGroup, INPUT_TILE, NibbleGroup, ROW_GROUP, RowGroups};
+use super::{QuantizedInput, QuantizedMatrix};
 
-/// Computes what [`super::dot_rows_scalar`] computes, if the CPU has AVX2 and FMA; `false` otherwise.
-/// Input tiles computed against each weight row before the next: their blocks (a few kilobytes) stay in the
-/// first-level cache while the weight rows stream past.
+/// Input tiles computed against each row group before the next: their blocks (a few kilobytes) stay in the
+/// first-level cache while the groups stream past.
+#[cfg(target_arch = "x86_64")]
 const TILES_PER_PASS: usize = 4;
 
+/// Computes what [`super::dot_rows_scalar`] computes, if the CPU has AVX2 and FMA; `false` otherwise.
 #[cfg(target_arch = "x86_64")]
 pub(super) fn dot_rows(matrix: &QuantizedMatrix, input: &QuantizedInput, first_row: usize, out_t: &mut [f32]) -> bool {
     let Some(simd) = pulp::x86::V3::try_new() else { return false };
-    simd.vectorize(Kernel { simd, matrix, input, first_row, out_t });
-    true
-}
-
-/// The kernel's body, a struct rather than a closure so that it is inlined into the function `pulp` compiles with
-/// AVX2 enabled (`#[inline(always)]` on [`pulp::NullaryFnOnce::call`]).
-#[cfg(target_arch = "x86_64")]
-struct Kernel<'a> {
-    simd: pulp::x86::V3,
-    matrix: &'a QuantizedMatrix,
-    input: &'a QuantizedInput,
-    first_row: usize,
-    out_t: &'a mut [f32],
-}
-
-#[cfg(target_arch = "x86_64")]
-impl pulp::NullaryFnOnce for Kernel<'_> {
-    type Output = ();
-
-    #[inline(always)]
-    fn call(self) {
-        let Self { simd, matrix, input, first_row, out_t } = self;
-        if input.rows == 1 {
-            let rows = Rows { matrix, input, first_row, first_input: 0 };
-            match matrix.packing {
-                Packing::Nibbles => rows.single::<true>(simd, out_t),
-                Packing::Bytes => rows.single::<false>(simd, out_t),
-            }
-            return;
-        }
-        if input.rows < INPUT_TILE {
-            for first_input in 0..input.rows {
-                let rows = Rows { matrix, input, first_row, first_input };
-                match matrix.packing {
-                    Packing::Nibbles => rows.single::<true>(simd, out_t),
-                    Packing::Bytes => rows.single::<false>(simd, out_t),
-                }
-            }
-            return;
-        }
-        let rows = Rows { matrix, input, first_row, first_input: 0 };
-        match matrix.packing {
-            Packing::Nibbles => rows.tiles::<true>(simd, out_t),
-            Packing::Bytes => rows.tiles::<false>(simd, out_t),
-        }
+    match &matrix.groups {
+        RowGroups::Nibbles(groups) => simd.vectorize(Kernel { simd, matrix, groups, input, first_row, out_t }),
+        RowGroups::Bytes(groups) => simd.vectorize(Kernel { simd, matrix, groups, input, first_row, out_t }),
     }
+    true
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -71,159 +35,188 @@ pub(super) fn dot_rows(_: &QuantizedMatrix, _: &QuantizedInput, _: usize, _: &mu
     false
 }
 
-/// Weight rows from `first_row` against input rows from `first_input`.
+/// A row group's block as the kernel reads it.
 #[cfg(target_arch = "x86_64")]
-struct Rows<'a> {
-    matrix: &'a QuantizedMatrix,
-    input: &'a QuantizedInput,
-    first_row: usize,
-    first_input: usize,
+trait Group: Copy {
+    /// Whether the format has block offsets (`m·s` terms).
+    const OFFSETS: bool;
+    /// One row's values, ready for [`Group::products`].
+    type Unpacked: Copy;
+
+    fn unpack(&self, simd: pulp::x86::V3, row: usize) -> Self::Unpacked;
+    /// Eight 32-bit partial sums of one row's products with 32 input values.
+    fn products(simd: pulp::x86::V3, weights: Self::Unpacked, x: __m256i) -> __m256i;
+    fn scales(&self) -> __m128;
+    fn offsets(&self, simd: pulp::x86::V3) -> __m128;
 }
 
 #[cfg(target_arch = "x86_64")]
-impl Rows<'_> {
-    /// The input row `first_input` alone against every weight row of `out_t`, four weight rows at a time: each input
-    /// block is loaded once for four independent accumulations (a decode step of one sequence).
+impl Group for NibbleGroup {
+    const OFFSETS: bool = true;
+    type Unpacked = __m256i;
+
     #[inline(always)]
-    fn single<const NIBBLES: bool>(&self, simd: pulp::x86::V3, out_t: &mut [f32]) {
-        let rows = out_t.len() / self.input.rows;
-        let mut row = 0;
-        while row + 4 <= rows {
-            self.single_group::<4, NIBBLES>(simd, row, out_t);
-            row += 4;
-        }
-        while row < rows {
-            self.single_group::<1, NIBBLES>(simd, row, out_t);
-            row += 1;
-        }
+    fn unpack(&self, simd: pulp::x86::V3, row: usize) -> __m256i {
+        let bytes = bytemuck::cast(self.values[row]);
+        let both = simd.avx._mm256_set_m128i(simd.sse2._mm_srli_epi16::<4>(bytes), bytes);
+        simd.avx2._mm256_and_si256(both, simd.avx._mm256_set1_epi8(0x0F))
     }
 
-    /// Weight rows `first_row + offset..first_row + offset + R` against the input row `first_input`.
     #[inline(always)]
-    fn single_group<const R: usize, const NIBBLES: bool>(&self, simd: pulp::x86::V3, offset: usize, out_t: &mut [f32]) {
-        let (matrix, input) = (self.matrix, self.input);
-        let blocks = matrix.blocks_per_row();
-        let block_bytes = matrix.packing.block_bytes();
-        let first = self.first_row + offset;
-        let all_values: &[u8] = bytemuck::cast_slice(&input.values);
-        let x_values = &all_values[self.first_input * blocks * BLOCK..(self.first_input + 1) * blocks * BLOCK];
-        let x_scales = &input.scales[self.first_input * blocks..(self.first_input + 1) * blocks];
-        let x_sums = &input.sums[self.first_input * blocks..(self.first_input + 1) * blocks];
-        let packed: [&[u8]; R] = std::array::from_fn(|r| {
-            &matrix.values[(first + r) * blocks * block_bytes..(first + r + 1) * blocks * block_bytes]
-        });
-        let scales: [&[f32]; R] =
-            std::array::from_fn(|r| &matrix.scales[(first + r) * blocks..(first + r + 1) * blocks]);
-        let offsets: [&[f32]; R] = std::array::from_fn(|r| {
-            if NIBBLES { &matrix.offsets[(first + r) * blocks..(first + r + 1) * blocks] } else { &[] }
-        });
-        let ones = simd.avx._mm256_set1_epi16(1);
-        let low_nibbles = simd.avx._mm256_set1_epi8(0x0F);
-        let mut accumulators: [__m256; R] = [simd.avx._mm256_setzero_ps(); R];
-        let mut offset_terms = [0f32; R];
-        for block in 0..blocks {
-            let x: __m256i = bytemuck::pod_read_unaligned(&x_values[block * BLOCK..(block + 1) * BLOCK]);
-            let (x_scale, x_sum) = (x_scales[block], x_sums[block]);
-            for r in 0..R {
-                let weights = &packed[r][block * block_bytes..(block + 1) * block_bytes];
-                let (unsigned, signed) = if NIBBLES {
-                    let bytes: __m128i = bytemuck::pod_read_unaligned(weights);
-                    let both = simd.avx._mm256_set_m128i(simd.sse2._mm_srli_epi16::<4>(bytes), bytes);
-                    (simd.avx2._mm256_and_si256(both, low_nibbles), x)
-                } else {
-                    let signs: __m256i = bytemuck::pod_read_unaligned(weights);
-                    (simd.avx2._mm256_sign_epi8(signs, signs), simd.avx2._mm256_sign_epi8(x, signs))
-                };
-                let pairs = simd.avx2._mm256_maddubs_epi16(unsigned, signed);
-                let sums = simd.avx._mm256_cvtepi32_ps(simd.avx2._mm256_madd_epi16(pairs, ones));
-                let combined = simd.avx._mm256_set1_ps(scales[r][block] * x_scale);
-                accumulators[r] = simd.fma._mm256_fmadd_ps(sums, combined, accumulators[r]);
-                if NIBBLES {
-                    offset_terms[r] = offsets[r][block].mul_add(x_sum, offset_terms[r]);
-                }
-            }
-        }
-        for r in 0..R {
-            out_t[(offset + r) * input.rows + self.first_input] =
-                horizontal_sum(simd, accumulators[r]) + offset_terms[r];
-        }
+    fn products(simd: pulp::x86::V3, weights: __m256i, x: __m256i) -> __m256i {
+        let pairs = simd.avx2._mm256_maddubs_epi16(weights, x);
+        simd.avx2._mm256_madd_epi16(pairs, simd.avx._mm256_set1_epi16(1))
     }
 
-    /// Every input tile against every weight row of `out_t` (`NIBBLES`: Q4_0/Q4_1 packing, else Q8_0's), in passes
-    /// of [`TILES_PER_PASS`] tiles: each weight row's blocks are unpacked once per tile while the row stays in the
-    /// first-level cache, and the pass's tiles stay there too.
     #[inline(always)]
-    fn tiles<const NIBBLES: bool>(&self, simd: pulp::x86::V3, out_t: &mut [f32]) {
-        let (matrix, input) = (self.matrix, self.input);
-        let blocks = matrix.blocks_per_row();
-        let block_bytes = matrix.packing.block_bytes();
-        let ones = simd.avx._mm256_set1_epi16(1);
-        let low_nibbles = simd.avx._mm256_set1_epi8(0x0F);
-        let rows = out_t.len() / input.rows;
-        let first = self.first_row;
-        let weight_values = &matrix.values[first * blocks * block_bytes..(first + rows) * blocks * block_bytes];
-        let weight_scales = &matrix.scales[first * blocks..(first + rows) * blocks];
-        let weight_offsets: &[f32] =
-            if NIBBLES { &matrix.offsets[first * blocks..(first + rows) * blocks] } else { &[] };
-        for (pass, pass_tiles) in input.tiles.chunks(TILES_PER_PASS * blocks).enumerate() {
-            for (row, ((out, packed_row), scales)) in out_t
-                .chunks_exact_mut(input.rows)
-                .zip(weight_values.chunks_exact(blocks * block_bytes))
-                .zip(weight_scales.chunks_exact(blocks))
-                .enumerate()
-            {
-                let offsets = if NIBBLES { &weight_offsets[row * blocks..(row + 1) * blocks] } else { &[] };
-                for (pass_tile, tile_blocks) in pass_tiles.chunks_exact(blocks).enumerate() {
-                    let tile = pass * TILES_PER_PASS + pass_tile;
-                    let mut accumulators: [__m256; INPUT_TILE] = [simd.avx._mm256_setzero_ps(); INPUT_TILE];
-                    let mut offset_terms: __m128 = simd.sse._mm_setzero_ps();
-                    for (block, ((packed, &scale), x)) in
-                        packed_row.chunks_exact(block_bytes).zip(scales).zip(tile_blocks).enumerate()
-                    {
-                        let (unsigned, signs) = if NIBBLES {
-                            let bytes: __m128i = bytemuck::pod_read_unaligned(packed);
-                            let both = simd.avx._mm256_set_m128i(simd.sse2._mm_srli_epi16::<4>(bytes), bytes);
-                            (simd.avx2._mm256_and_si256(both, low_nibbles), both)
-                        } else {
-                            let signed: __m256i = bytemuck::pod_read_unaligned(packed);
-                            (simd.avx2._mm256_sign_epi8(signed, signed), signed)
-                        };
-                        let x_scales: __m128 = bytemuck::cast(x.scales);
-                        let combined: [f32; INPUT_TILE] =
-                            bytemuck::cast(simd.sse._mm_mul_ps(x_scales, simd.sse._mm_set1_ps(scale)));
-                        if NIBBLES {
-                            let x_sums: __m128 = bytemuck::cast(x.sums);
-                            offset_terms =
-                                simd.fma._mm_fmadd_ps(x_sums, simd.sse._mm_set1_ps(offsets[block]), offset_terms);
-                        }
-                        for lane in 0..INPUT_TILE {
-                            let mut values: __m256i = bytemuck::cast(x.values[lane]);
-                            if !NIBBLES {
-                                values = simd.avx2._mm256_sign_epi8(values, signs);
-                            }
-                            let pairs = simd.avx2._mm256_maddubs_epi16(unsigned, values);
-                            let sums = simd.avx._mm256_cvtepi32_ps(simd.avx2._mm256_madd_epi16(pairs, ones));
-                            let combined = simd.avx._mm256_set1_ps(combined[lane]);
-                            accumulators[lane] = simd.fma._mm256_fmadd_ps(sums, combined, accumulators[lane]);
-                        }
-                    }
-                    let offset_terms: [f32; INPUT_TILE] = bytemuck::cast(offset_terms);
-                    for lane in 0..INPUT_TILE {
-                        if let Some(out) = out.get_mut(tile * INPUT_TILE + lane) {
-                            *out = horizontal_sum(simd, accumulators[lane]) + offset_terms[lane];
-                        }
-                    }
-                }
-            }
-        }
+    fn scales(&self) -> __m128 {
+        bytemuck::cast(self.scales)
+    }
+
+    #[inline(always)]
+    fn offsets(&self, _: pulp::x86::V3) -> __m128 {
+        bytemuck::cast(self.offsets)
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+impl Group for ByteGroup {
+    const OFFSETS: bool = false;
+    /// The values' absolute values, and the values (whose signs go onto the inputs).
+    type Unpacked = (__m256i, __m256i);
+
+    #[inline(always)]
+    fn unpack(&self, simd: pulp::x86::V3, row: usize) -> (__m256i, __m256i) {
+        let signed: __m256i = bytemuck::cast(self.values[row]);
+        (simd.avx2._mm256_sign_epi8(signed, signed), signed)
+    }
+
+    #[inline(always)]
+    fn products(simd: pulp::x86::V3, (absolute, signed): (__m256i, __m256i), x: __m256i) -> __m256i {
+        let pairs = simd.avx2._mm256_maddubs_epi16(absolute, simd.avx2._mm256_sign_epi8(x, signed));
+        simd.avx2._mm256_madd_epi16(pairs, simd.avx._mm256_set1_epi16(1))
+    }
+
+    #[inline(always)]
+    fn scales(&self) -> __m128 {
+        bytemuck::cast(self.scales)
+    }
+
+    #[inline(always)]
+    fn offsets(&self, simd: pulp::x86::V3) -> __m128 {
+        simd.sse._mm_setzero_ps()
+    }
+}
+
+/// The four rows' block products with one input block, summed exactly: `[Σ row 0, Σ row 1, Σ row 2, Σ row 3]`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn horizontal_sum(simd: pulp::x86::V3, value: __m256) -> f32 {
-    let quad = simd.sse._mm_add_ps(simd.avx._mm256_castps256_ps128(value), simd.avx._mm256_extractf128_ps::<1>(value));
-    let pair = simd.sse._mm_add_ps(quad, simd.sse._mm_movehl_ps(quad, quad));
-    let single = simd.sse._mm_add_ss(pair, simd.sse._mm_shuffle_ps::<0b01>(pair, pair));
-    simd.sse._mm_cvtss_f32(single)
+fn block_products<G: Group>(simd: pulp::x86::V3, weights: &[G::Unpacked; ROW_GROUP], x: __m256i) -> __m128 {
+    let sums01 = simd.avx2._mm256_hadd_epi32(G::products(simd, weights[0], x), G::products(simd, weights[1], x));
+    let sums23 = simd.avx2._mm256_hadd_epi32(G::products(simd, weights[2], x), G::products(simd, weights[3], x));
+    // [row 0, row 1, row 2, row 3] from the low and from the high 128 bits.
+    let halves = simd.avx2._mm256_hadd_epi32(sums01, sums23);
+    let sums = simd
+        .sse2
+        ._mm_add_epi32(simd.avx._mm256_castsi256_si128(halves), simd.avx2._mm256_extracti128_si256::<1>(halves));
+    simd.sse2._mm_cvtepi32_ps(sums)
+}
+
+/// The kernel's body, a struct rather than a closure so that it is inlined into the function `pulp` compiles with
+/// AVX2 enabled (`#[inline(always)]` on [`pulp::NullaryFnOnce::call`]).
+#[cfg(target_arch = "x86_64")]
+struct Kernel<'a, G> {
+    simd: pulp::x86::V3,
+    matrix: &'a QuantizedMatrix,
+    groups: &'a [G],
+    input: &'a QuantizedInput,
+    first_row: usize,
+    out_t: &'a mut [f32],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<G: Group> pulp::NullaryFnOnce for Kernel<'_, G> {
+    type Output = ();
+
+    #[inline(always)]
+    fn call(self) {
+        let Self { simd, matrix, groups, input, first_row, out_t } = self;
+        let blocks = matrix.blocks_per_row();
+        let (first, count) = (first_row / ROW_GROUP, out_t.len() / input.rows / ROW_GROUP);
+        let groups = &groups[first * blocks..(first + count) * blocks];
+        if input.rows < INPUT_TILE {
+            for input_row in 0..input.rows {
+                single(simd, groups, input, input_row, out_t);
+            }
+        } else {
+            tiles(simd, groups, input, out_t);
+        }
+    }
+}
+
+/// The input row `input_row` alone against every group of `groups` (`out_t`'s): a decode step of one sequence,
+/// bound by reading the weights once.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn single<G: Group>(simd: pulp::x86::V3, groups: &[G], input: &QuantizedInput, input_row: usize, out_t: &mut [f32]) {
+    let blocks = input.blocks_per_row;
+    let row_blocks = input_row * blocks..(input_row + 1) * blocks;
+    let values: &[u8] = bytemuck::cast_slice(&input.values[row_blocks.start * BLOCK..row_blocks.end * BLOCK]);
+    let (scales, sums) = (&input.scales[row_blocks.clone()], &input.sums[row_blocks]);
+    for (group, out) in groups.chunks_exact(blocks).zip(out_t.chunks_exact_mut(ROW_GROUP * input.rows)) {
+        let mut total = simd.sse._mm_setzero_ps();
+        for (((block, x), &x_scale), &x_sum) in group.iter().zip(values.chunks_exact(BLOCK)).zip(scales).zip(sums) {
+            let x: __m256i = bytemuck::pod_read_unaligned(x);
+            let weights = [block.unpack(simd, 0), block.unpack(simd, 1), block.unpack(simd, 2), block.unpack(simd, 3)];
+            let combined = simd.sse._mm_mul_ps(block.scales(), simd.sse._mm_set1_ps(x_scale));
+            total = simd.fma._mm_fmadd_ps(block_products::<G>(simd, &weights, x), combined, total);
+            if G::OFFSETS {
+                total = simd.fma._mm_fmadd_ps(block.offsets(simd), simd.sse._mm_set1_ps(x_sum), total);
+            }
+        }
+        let total: [f32; ROW_GROUP] = bytemuck::cast(total);
+        for (row, value) in total.into_iter().enumerate() {
+            out[row * input.rows + input_row] = value;
+        }
+    }
+}
+
+/// Every input tile against every group of `groups` (`out_t`'s), in passes of [`TILES_PER_PASS`] tiles: each
+/// group's blocks are unpacked once per tile while the group stays in the first-level cache, and the pass's tiles
+/// stay there too.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn tiles<G: Group>(simd: pulp::x86::V3, groups: &[G], input: &QuantizedInput, out_t: &mut [f32]) {
+    let blocks = input.blocks_per_row;
+    for (pass, pass_tiles) in input.tiles.chunks(TILES_PER_PASS * blocks).enumerate() {
+        for (group, out) in groups.chunks_exact(blocks).zip(out_t.chunks_exact_mut(ROW_GROUP * input.rows)) {
+            for (pass_tile, tile_blocks) in pass_tiles.chunks_exact(blocks).enumerate() {
+                let mut totals = [simd.sse._mm_setzero_ps(); INPUT_TILE];
+                for (block, x) in group.iter().zip(tile_blocks) {
+                    let weights =
+                        [block.unpack(simd, 0), block.unpack(simd, 1), block.unpack(simd, 2), block.unpack(simd, 3)];
+                    let (scales, offsets) = (block.scales(), block.offsets(simd));
+                    for (lane, total) in totals.iter_mut().enumerate() {
+                        let products = block_products::<G>(simd, &weights, bytemuck::cast(x.values[lane]));
+                        let combined = simd.sse._mm_mul_ps(scales, simd.sse._mm_set1_ps(x.scales[lane]));
+                        *total = simd.fma._mm_fmadd_ps(products, combined, *total);
+                        if G::OFFSETS {
+                            *total = simd.fma._mm_fmadd_ps(offsets, simd.sse._mm_set1_ps(x.sums[lane]), *total);
+                        }
+                    }
+                }
+                let first_input = (pass * TILES_PER_PASS + pass_tile) * INPUT_TILE;
+                for (lane, total) in totals.into_iter().enumerate() {
+                    let input_row = first_input + lane;
+                    if input_row >= input.rows {
+                        break;
+                    }
+                    let total: [f32; ROW_GROUP] = bytemuck::cast(total);
+                    for (row, value) in total.into_iter().enumerate() {
+                        out[row * input.rows + input_row] = value;
+                    }
+                }
+            }
+        }
+    }
 }
