@@ -215,15 +215,10 @@ impl QuantizedInput {
             values: vec![0; blocks * BLOCK],
             tiles: Vec::new(),
         };
-        for (block, values) in x[..rows * cols].chunks_exact(BLOCK).zip(input.values.chunks_exact_mut(BLOCK)) {
-            let max = block.iter().fold(0f32, |max, value| max.max(value.abs()));
-            let d = max / 127.0;
-            let inverse = if d == 0.0 { 0.0 } else { 1.0 / d };
-            let mut sum = 0i32;
-            for (value, q) in block.iter().zip(values.iter_mut()) {
-                *q = (value * inverse).round() as i8;
-                sum += i32::from(*q);
-            }
+        let x = &x[..rows * cols];
+        let blocks =
+            avx2::quantize_blocks(x, &mut input.values).unwrap_or_else(|| quantize_blocks_scalar(x, &mut input.values));
+        for (d, sum) in blocks {
             input.scales.push(f16::from_f32(d).to_f32());
             input.sums.push(f16::from_f32(sum as f32 * d).to_f32());
         }
@@ -240,6 +235,24 @@ impl QuantizedInput {
         }
         input
     }
+}
+
+/// Quantizes `x` block by block into `values` the way llama.cpp's vectorised `quantize_row_q8_1` does: per block,
+/// `q = round(x · 127 / max|x|)` (ties to even) and `(d, Σq)` with `d = max|x| / 127` (before rounding to f16).
+/// The scalar reference of [`avx2::quantize_blocks`] (and the quantization on CPUs without AVX2).
+pub(crate) fn quantize_blocks_scalar(x: &[f32], values: &mut [i8]) -> Vec<(f32, i32)> {
+    let mut blocks = Vec::with_capacity(x.len() / BLOCK);
+    for (block, values) in x.chunks_exact(BLOCK).zip(values.chunks_exact_mut(BLOCK)) {
+        let max = block.iter().fold(0f32, |max, value| max.max(value.abs()));
+        let inverse = if max == 0.0 { 0.0 } else { 127.0 / max };
+        let mut sum = 0i32;
+        for (value, q) in block.iter().zip(values.iter_mut()) {
+            *q = (value * inverse).round_ties_even() as i8;
+            sum += i32::from(*q);
+        }
+        blocks.push((max / 127.0, sum));
+    }
+    blocks
 }
 
 /// The scalar reference of the kernel (and the kernel on CPUs without AVX2).

@@ -8,7 +8,7 @@
 //! intrinsics are safe functions, and unaligned loads go through `bytemuck`.
 
 #[cfg(target_arch = "x86_64")]
-use std::arch::x86_64::{__m128, __m256i};
+use std::arch::x86_64::{__m128, __m256, __m256i};
 
 #[cfg(target_arch = "x86_64")]
 use super::{BLOCK, ByteGroup, INPUT_TILE, NibbleGroup, ROW_GROUP, RowGroups};
@@ -33,6 +33,67 @@ pub(super) fn dot_rows(matrix: &QuantizedMatrix, input: &QuantizedInput, first_r
 #[cfg(not(target_arch = "x86_64"))]
 pub(super) fn dot_rows(_: &QuantizedMatrix, _: &QuantizedInput, _: usize, _: &mut [f32]) -> bool {
     false
+}
+
+/// What [`super::quantize_blocks_scalar`] computes, if the CPU has AVX2 and FMA; `None` otherwise.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn quantize_blocks(x: &[f32], values: &mut [i8]) -> Option<Vec<(f32, i32)>> {
+    let simd = pulp::x86::V3::try_new()?;
+    Some(simd.vectorize(Quantize { simd, x, values }))
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) fn quantize_blocks(_: &[f32], _: &mut [i8]) -> Option<Vec<(f32, i32)>> {
+    None
+}
+
+/// Input quantization's body (see [`Kernel`] for why a struct).
+#[cfg(target_arch = "x86_64")]
+struct Quantize<'a> {
+    simd: pulp::x86::V3,
+    x: &'a [f32],
+    values: &'a mut [i8],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl pulp::NullaryFnOnce for Quantize<'_> {
+    type Output = Vec<(f32, i32)>;
+
+    #[inline(always)]
+    fn call(self) -> Vec<(f32, i32)> {
+        let Self { simd, x, values } = self;
+        let (avx, avx2, sse, sse2) = (simd.avx, simd.avx2, simd.sse, simd.sse2);
+        let sign = avx._mm256_set1_ps(-0.0);
+        // `vpackssdw` and `vpacksswb` interleave the 128-bit halves; this puts the 32 bytes back in order.
+        let order = avx._mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let mut blocks = Vec::with_capacity(x.len() / BLOCK);
+        for (block, out) in x.chunks_exact(BLOCK).zip(values.chunks_exact_mut(BLOCK)) {
+            let v0: __m256 = bytemuck::pod_read_unaligned(bytemuck::cast_slice(&block[0..8]));
+            let v1: __m256 = bytemuck::pod_read_unaligned(bytemuck::cast_slice(&block[8..16]));
+            let v2: __m256 = bytemuck::pod_read_unaligned(bytemuck::cast_slice(&block[16..24]));
+            let v3: __m256 = bytemuck::pod_read_unaligned(bytemuck::cast_slice(&block[24..32]));
+            let max = avx._mm256_max_ps(
+                avx._mm256_max_ps(avx._mm256_andnot_ps(sign, v0), avx._mm256_andnot_ps(sign, v1)),
+                avx._mm256_max_ps(avx._mm256_andnot_ps(sign, v2), avx._mm256_andnot_ps(sign, v3)),
+            );
+            let max = sse._mm_max_ps(avx._mm256_castps256_ps128(max), avx._mm256_extractf128_ps::<1>(max));
+            let max = sse._mm_max_ps(max, sse._mm_movehl_ps(max, max));
+            let max = sse._mm_cvtss_f32(sse._mm_max_ss(max, sse._mm_shuffle_ps::<0b01>(max, max)));
+            let inverse = avx._mm256_set1_ps(if max == 0.0 { 0.0 } else { 127.0 / max });
+            // Round to nearest, ties to even, without raising exceptions.
+            let quantize = |v| avx._mm256_cvtps_epi32(avx._mm256_round_ps::<0b1000>(avx._mm256_mul_ps(v, inverse)));
+            let (q0, q1, q2, q3) = (quantize(v0), quantize(v1), quantize(v2), quantize(v3));
+            let sum = avx2._mm256_add_epi32(avx2._mm256_add_epi32(q0, q1), avx2._mm256_add_epi32(q2, q3));
+            let sum = sse2._mm_add_epi32(avx._mm256_castsi256_si128(sum), avx2._mm256_extracti128_si256::<1>(sum));
+            let sum = sse2._mm_add_epi32(sum, sse2._mm_shuffle_epi32::<0b01_00_11_10>(sum));
+            let sum = sse2._mm_add_epi32(sum, sse2._mm_shuffle_epi32::<0b10_11_00_01>(sum));
+            let packed = avx2._mm256_packs_epi16(avx2._mm256_packs_epi32(q0, q1), avx2._mm256_packs_epi32(q2, q3));
+            let bytes: [i8; BLOCK] = bytemuck::cast(avx2._mm256_permutevar8x32_epi32(packed, order));
+            out.copy_from_slice(&bytes);
+            blocks.push((max / 127.0, sse2._mm_cvtsi128_si32(sum)));
+        }
+        blocks
+    }
 }
 
 /// A row group's block as the kernel reads it.

@@ -78,3 +78,21 @@ fn large_products_split_over_threads_give_the_same_values() {
         assert_eq!(parallel, single, "{rows} rows");
     }
 }
+
+#[test]
+fn the_vectorised_input_quantization_equals_the_scalar_reference() {
+    // Random rows, a zero block, exact ties (values at half steps) and a single large value.
+    let mut x: Vec<f32> = random(5, 96, 11).flatten_all().and_then(|x| x.to_vec1()).expect("values");
+    x[32..64].fill(0.0);
+    for (i, value) in x[64..96].iter_mut().enumerate() {
+        *value = (i as f32 - 16.0) * 0.5;
+    }
+    x[100] = 1e4;
+    let mut scalar = vec![0i8; x.len()];
+    let reference = quantize_blocks_scalar(&x, &mut scalar);
+    let mut vectorised = vec![0i8; x.len()];
+    let Some(blocks) = avx2::quantize_blocks(&x, &mut vectorised) else { return };
+    assert_eq!(blocks, reference);
+    assert_eq!(vectorised, scalar);
+    assert!(scalar[32..64].iter().all(|&q| q == 0), "a zero block stays zero");
+}
