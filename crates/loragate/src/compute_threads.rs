@@ -1,9 +1,11 @@
 //! How many CPU threads candle's tensor operations use.
 //!
-//! Candle reads the count from the environment (`RAYON_NUM_THREADS`, `CANDLE_NUM_THREADS`) on every large op, with
-//! no setter, so the only way to choose it in-process is to set those variables before any thread starts. On the
-//! 2-core machine of `docs/benchmarks.md`, one compute thread decodes 1.5–4× faster than two, and refills the
-//! batch after a weight swap about 3× faster.
+//! Candle reads the count from the environment (`RAYON_NUM_THREADS`) on every large op, with no setter, so the only
+//! way to choose it in-process is to set the variable before any thread starts. The engine builds its own compute
+//! pool of that many threads and runs its steps on it (the quantized products and candle's matmuls split there).
+//! Candle's element-wise ops have a second pool of their own (`CANDLE_NUM_THREADS`) whose workers spin while they
+//! wait; beside the compute pool on a few cores those spinning workers take the cores the products need (a quarter
+//! of a profile of a swap), so it is set to one thread: element-wise ops run on the step's own thread.
 
 /// `$RAYON_NUM_THREADS` if set to a positive number, else half the cores this process may use, at least 1.
 pub fn default_compute_threads() -> usize {
@@ -13,7 +15,8 @@ pub fn default_compute_threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1)))
 }
 
-/// Makes candle's tensor operations use `threads` CPU threads (at least 1).
+/// Makes candle's tensor operations use `threads` CPU threads (at least 1), and its element-wise ops the calling
+/// thread alone.
 ///
 /// # Safety
 ///
@@ -25,6 +28,6 @@ pub unsafe fn set_compute_threads(threads: usize) {
     // SAFETY: the caller guarantees that no other thread exists yet, so nothing reads the environment concurrently.
     unsafe {
         std::env::set_var("RAYON_NUM_THREADS", &threads);
-        std::env::set_var("CANDLE_NUM_THREADS", &threads);
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
 }
