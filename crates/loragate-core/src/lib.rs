@@ -54,6 +54,7 @@ mod limits;
 mod manager;
 mod metrics;
 mod output;
+mod request_facts;
 mod sample_stream;
 mod sampling;
 pub mod state;
@@ -80,6 +81,7 @@ pub use ids::{AdapterKey, AdapterName, AdapterVersion, MAX_ADAPTER_NAME_LEN, MAX
 pub use limits::{DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Limit, Limits, LoadSnapshot};
 pub use metrics::{AdapterLabels, AdapterVersionLabels, CoreMetrics};
 pub use output::{FinishReason, SampleOutput, Segment, SegmentsBuilder, SequenceOutput, TopLogprobs};
+pub use request_facts::{Facts, RequestFacts};
 pub use sample_stream::{SampleEvent, SampleStream};
 pub use sampling::{
     MAX_NUM_SAMPLES, MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, RawSampleRequest, SampleRequest, SamplingParams,

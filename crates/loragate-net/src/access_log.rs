@@ -1,12 +1,18 @@
 //! One access-log line per request, for every front: method, path (for gRPC the RPC, `/package.Service/Method`),
-//! HTTP status, gRPC status when the answer carries it in its head (errors, which tonic sends trailers-only), and
-//! the time until the response head. Lines go to the tracing target [`ACCESS_LOG_TARGET`] at INFO; the binary
-//! turns that target on only with `--access-log`, so a server without it pays one cached filter check per request.
+//! HTTP status, gRPC status (from the response head for errors, which tonic sends trailers-only, else from the
+//! trailers), the adapter sampled and its prompt and generated tokens (from the core's
+//! [`RequestFacts`], which the request's samples fill), the time until the response head and the time until its
+//! body ended. The line is written when the body ends, or when it is dropped unfinished (the client went away:
+//! `complete=false`). Lines go to the tracing target [`ACCESS_LOG_TARGET`] at INFO; the binary turns that target
+//! on only with `--access-log`, so a server without it pays one cached filter check per request.
 
+use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use futures::future::BoxFuture;
+use http_body::{Body, Frame, SizeHint};
+use loragate_core::RequestFacts;
 
 /// The tracing target of access-log lines.
 pub const ACCESS_LOG_TARGET: &str = "loragate_access";
@@ -23,7 +29,7 @@ impl<S> tower::Layer<S> for AccessLogLayer {
     }
 }
 
-/// Logs each request it passes on, once its response head is ready (a stream's latency is to its first byte).
+/// Logs each request it passes on, once its response body has ended.
 #[derive(Clone, Debug)]
 pub struct AccessLog<S> {
     inner: S,
@@ -33,10 +39,11 @@ impl<S, B, R> tower::Service<http::Request<B>> for AccessLog<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<R>>,
     S::Future: Send + 'static,
+    R: Body,
 {
-    type Response = S::Response;
+    type Response = http::Response<LoggedBody<R>>;
     type Error = S::Error;
-    type Future = BoxFuture<'static, Result<S::Response, S::Error>>;
+    type Future = BoxFuture<'static, Result<Self::Response, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -44,31 +51,132 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         if !tracing::enabled!(target: ACCESS_LOG_TARGET, tracing::Level::INFO) {
-            return Box::pin(self.inner.call(request));
+            let response = self.inner.call(request);
+            return Box::pin(async move { Ok(response.await?.map(|body| LoggedBody { inner: body, line: None })) });
         }
         let (method, path) = (request.method().clone(), request.uri().path().to_owned());
         let started = Instant::now();
-        let response = self.inner.call(request);
+        let facts = RequestFacts::default();
+        let response = facts.clone().scope(self.inner.call(request));
         Box::pin(async move {
-            let response = response.await;
-            let latency_ms = started.elapsed().as_secs_f64() * 1e3;
-            match &response {
+            match response.await {
                 Ok(answer) => {
                     let grpc_status = answer.headers().get("grpc-status").and_then(|value| value.to_str().ok());
-                    tracing::info!(
-                        target: ACCESS_LOG_TARGET,
-                        %method,
+                    let line = Line {
+                        method,
                         path,
-                        status = answer.status().as_u16(),
-                        grpc_status = grpc_status.unwrap_or(""),
-                        latency_ms,
-                        "request"
-                    );
+                        status: answer.status().as_u16(),
+                        grpc_status: grpc_status.map(str::to_owned),
+                        head_ms: started.elapsed().as_secs_f64() * 1e3,
+                        started,
+                        facts,
+                    };
+                    // An empty body may never be polled: its line is written now.
+                    if answer.body().is_end_stream() {
+                        line.write(true);
+                        return Ok(answer.map(|body| LoggedBody { inner: body, line: None }));
+                    }
+                    Ok(answer.map(|body| LoggedBody { inner: body, line: Some(line) }))
                 }
-                Err(_) => tracing::info!(target: ACCESS_LOG_TARGET, %method, path, latency_ms, "request failed"),
+                Err(err) => {
+                    let latency_ms = started.elapsed().as_secs_f64() * 1e3;
+                    tracing::info!(target: ACCESS_LOG_TARGET, %method, path, latency_ms, "request failed");
+                    Err(err)
+                }
             }
-            response
         })
+    }
+}
+
+/// What a request's line says, written when its body ends.
+#[derive(Debug)]
+struct Line {
+    method: http::Method,
+    path: String,
+    status: u16,
+    grpc_status: Option<String>,
+    /// Milliseconds until the response head.
+    head_ms: f64,
+    started: Instant,
+    facts: RequestFacts,
+}
+
+impl Line {
+    fn write(self, complete: bool) {
+        let facts = self.facts.facts();
+        tracing::info!(
+            target: ACCESS_LOG_TARGET,
+            method = %self.method,
+            path = self.path,
+            status = self.status,
+            grpc_status = self.grpc_status.as_deref().unwrap_or(""),
+            adapter = facts.adapter.as_deref().unwrap_or(""),
+            prompt_tokens = facts.prompt_tokens,
+            generated_tokens = facts.generated_tokens,
+            latency_ms = self.head_ms,
+            duration_ms = self.started.elapsed().as_secs_f64() * 1e3,
+            complete,
+            "request"
+        );
+    }
+}
+
+/// A response body that writes its request's access-log line when it ends or is dropped.
+#[derive(Debug)]
+pub struct LoggedBody<B> {
+    inner: B,
+    /// `None` once written, or when access logging is off.
+    line: Option<Line>,
+}
+
+impl<B: Body + Unpin> Body for LoggedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(trailers), Some(line)) = (frame.trailers_ref(), self.line.as_mut())
+                    && let Some(status) = trailers.get("grpc-status").and_then(|value| value.to_str().ok())
+                {
+                    line.grpc_status = Some(status.to_owned());
+                }
+                // A body that knows it has ended (a sized one, after its last frame) may never be polled again.
+                if self.inner.is_end_stream()
+                    && let Some(line) = self.line.take()
+                {
+                    line.write(true);
+                }
+            }
+            Poll::Ready(None) => {
+                if let Some(line) = self.line.take() {
+                    line.write(true);
+                }
+            }
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<B> Drop for LoggedBody<B> {
+    fn drop(&mut self) {
+        if let Some(line) = self.line.take() {
+            // Dropped before its end: the client went away, or the server stopped sending.
+            line.write(false);
+        }
     }
 }
 
@@ -82,13 +190,20 @@ mod tests {
 
     #[tokio::test]
     async fn passes_requests_and_answers_through_unchanged() {
+        use http_body_util::BodyExt;
+
         let inner = tower::service_fn(|request: http::Request<()>| async move {
             let status = if request.uri().path() == "/missing" { 404 } else { 200 };
-            Ok::<_, Infallible>(http::Response::builder().status(status).body(()).expect("response"))
+            Ok::<_, Infallible>(
+                http::Response::builder().status(status).body(format!("at {}", request.uri())).expect("response"),
+            )
         });
         let service = AccessLogLayer.layer(inner);
         let found = service.clone().oneshot(http::Request::get("/v1/models").body(()).expect("request")).await;
-        assert_eq!(found.expect("answer").status(), 200);
+        let found = found.expect("answer");
+        assert_eq!(found.status(), 200);
+        let body = found.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(body, "at /v1/models");
         let missing = service.oneshot(http::Request::get("/missing").body(()).expect("request")).await;
         assert_eq!(missing.expect("answer").status(), 404);
     }

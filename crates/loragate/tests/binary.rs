@@ -127,3 +127,49 @@ fn a_port_in_use_fails_at_once_before_the_model_is_read() {
     assert!(stderr.contains(&format!("binding 127.0.0.1:{port}")) && stderr.contains("in use"), "{stderr}");
     assert!(!stderr.contains("loragate-model"), "the port is bound before the model is read: {stderr}");
 }
+
+#[test]
+fn the_access_log_names_each_requests_adapter_and_tokens_once_its_answer_has_ended() {
+    let served = Spawned::serve(&["--access-log", "--log-format", "json"]);
+    let url = format!("http://{}/v1/completions", served.field("http_addr"));
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let (answer, streamed) = runtime.block_on(async {
+        let client = reqwest::Client::new();
+        let body = serde_json::json!({"model": "meow", "prompt": "hello there", "max_tokens": 4, "temperature": 0.0});
+        let answer: serde_json::Value =
+            client.post(&url).json(&body).send().await.expect("sent").json().await.expect("JSON");
+        let mut streaming = body.clone();
+        streaming["stream"] = serde_json::json!(true);
+        streaming["model"] = serde_json::json!("woof");
+        let streamed = client.post(&url).json(&streaming).send().await.expect("sent").text().await.expect("text");
+        (answer, streamed)
+    });
+    let usage = &answer["usage"];
+    assert!(streamed.contains("[DONE]"), "{streamed}");
+    // Lines are written when a body ends: poll for both (a loaded machine may be slow to flush stderr).
+    let deadline = std::time::Instant::now() + spawned::PATIENCE;
+    let lines = loop {
+        let lines: Vec<serde_json::Value> = served
+            .stderr()
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|line| line["target"] == "loragate_access" && line["fields"]["path"] == "/v1/completions")
+            .collect();
+        if lines.len() == 2 || std::time::Instant::now() > deadline {
+            break lines;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(lines.len(), 2, "one line per request: {lines:?}");
+    let (unary, stream) = (&lines[0]["fields"], &lines[1]["fields"]);
+    assert_eq!(unary["adapter"], "meow", "{unary}");
+    assert_eq!(unary["status"], 200, "{unary}");
+    assert_eq!(unary["prompt_tokens"], usage["prompt_tokens"], "{unary} vs {usage}");
+    assert_eq!(unary["generated_tokens"], usage["completion_tokens"], "{unary} vs {usage}");
+    assert_eq!(unary["complete"], true, "{unary}");
+    assert_eq!(stream["adapter"], "woof", "{stream}");
+    assert_eq!(stream["prompt_tokens"], usage["prompt_tokens"], "the same prompt: {stream}");
+    assert!(stream["generated_tokens"].as_u64().is_some_and(|tokens| (1..=4).contains(&tokens)), "{stream}");
+    assert!(stream["duration_ms"].as_f64() >= stream["latency_ms"].as_f64(), "{stream}");
+    served.terminate();
+}

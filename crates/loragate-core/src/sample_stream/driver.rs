@@ -27,8 +27,9 @@ use crate::coordinator::LiveRequest;
 use crate::engine::{Engine, EngineError, EngineEvent, EngineStream, ParkedKv, Parking};
 use crate::error::CoreError;
 use crate::gate_deadline::GateDeadline;
-use crate::ids::AdapterVersion;
+use crate::ids::{AdapterName, AdapterVersion};
 use crate::output::{FinishReason, SegmentsBuilder};
+use crate::request_facts::RequestFacts;
 use crate::sample_stream::SampleEvent;
 use crate::sampling::{Continuation, SampleRequest};
 
@@ -86,6 +87,8 @@ pub(crate) struct Driver {
     arrived: Instant,
     /// Whether a token came yet (time to first token is recorded once per request).
     produced: bool,
+    /// The front request's facts for its access log, if its front keeps any.
+    facts: Option<RequestFacts>,
     _live: LiveRequest,
 }
 
@@ -112,6 +115,11 @@ impl Driver {
         let abort_pauses_at_admission = adapter.cell().gate_state().abort_pauses;
         let cell = adapter.cell();
         cell.metrics.requests().record_prompt(&cell.labels, request.prompt().len());
+        let facts = RequestFacts::current();
+        if let Some(facts) = &facts {
+            let adapter = request.adapter().adapter_name().map_or("base", AdapterName::as_str);
+            facts.record_prompt(adapter, request.prompt().len());
+        }
         Self {
             engine,
             adapter,
@@ -123,6 +131,7 @@ impl Driver {
             abort_pauses_at_admission,
             arrived,
             produced: false,
+            facts,
             _live: live,
         }
     }
@@ -211,6 +220,9 @@ impl Driver {
                     progress.token_ids.extend_from_slice(&token_ids);
                     let cell = adapter.cell();
                     cell.metrics.record_tokens(&cell.labels, version, token_ids.len());
+                    if let Some(facts) = &self.facts {
+                        facts.record_generated(token_ids.len());
+                    }
                     running.get_or_insert_with(|| Counted::new(&cell.running));
                     let now = Instant::now();
                     if let Some(previous) = progress.last_tokens_at.replace(now) {

@@ -7,6 +7,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long a start (demo generation included, on a loaded machine) or a shutdown may take.
@@ -17,6 +18,8 @@ pub struct Spawned {
     child: Child,
     /// The ready line.
     pub ready: serde_json::Value,
+    /// Everything it wrote to stderr so far.
+    stderr: Arc<Mutex<String>>,
     /// The state directory [`Spawned::serve`] gave it (its own, never the user's), removed when dropped.
     _state_dir: Option<tempfile::TempDir>,
 }
@@ -47,23 +50,27 @@ impl Spawned {
             let _ = BufReader::new(stdout).read_line(&mut line);
             let _ = sender.send(line);
         });
-        let errors = std::thread::spawn(move || {
-            let mut all = String::new();
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("{line}");
-                all.push_str(&line);
-                all.push('\n');
+        let written = Arc::new(Mutex::new(String::new()));
+        let errors = std::thread::spawn({
+            let written = written.clone();
+            move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    eprintln!("{line}");
+                    let mut written = written.lock().expect("stderr lock");
+                    written.push_str(&line);
+                    written.push('\n');
+                }
             }
-            all
         });
         let line = receiver.recv_timeout(PATIENCE).expect("the ready line (or the end of stdout) in time");
         if line.is_empty() {
             let _ = child.wait();
-            return Err(errors.join().unwrap_or_default());
+            let _ = errors.join();
+            return Err(written.lock().expect("stderr lock").clone());
         }
         let ready: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line:?}"));
         assert_eq!(ready["event"], "ready", "{ready}");
-        Ok(Self { child, ready, _state_dir: None })
+        Ok(Self { child, ready, stderr: written, _state_dir: None })
     }
 
     /// `loragate serve ARGS` on free loopback ports, with its own temporary state directory.
@@ -89,6 +96,11 @@ impl Spawned {
     /// A string field of the ready line.
     pub fn field(&self, key: &str) -> String {
         self.ready[key].as_str().unwrap_or_else(|| panic!("{key} in {}", self.ready)).to_owned()
+    }
+
+    /// Everything the child wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().expect("stderr lock").clone()
     }
 
     /// The child's process id.
