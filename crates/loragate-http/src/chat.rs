@@ -35,8 +35,8 @@ pub(crate) fn chat_prompt(
     let template = front.chat_template().ok_or_else(|| {
         HttpError::invalid(
             "messages",
-            "this model has no chat template (no chat_template in its tokenizer_config.json), so it serves \
-             completions only",
+            "this model has no usable chat template (none in its chat_template.jinja, its tokenizer_config.json or \
+             its GGUF metadata, or one that did not compile: see the start-up log), so it serves completions only",
         )
     })?;
     let messages = normalize_messages(messages).map_err(|reason| HttpError::invalid("messages", reason))?;

@@ -1,0 +1,217 @@
+//! Comparing a documented output with what the command printed, after normalising what varies from run to run
+//! (the rules are listed in `docs/README.md`):
+//!
+//! - a `json` output is a sequence of JSON values (pretty-printed or not) compared value by value;
+//! - any other output is compared line by line, a line that is JSON after an optional `data: ` (server-sent events)
+//!   as JSON;
+//! - ids the server generates (`lg-` + 8 hex digits + `-N`) compare equal to one another, as do the values of the
+//!   keys in [`VARYING_KEYS`] (times and timestamps);
+//! - integers compare exactly, other numbers to a relative 1e-3 (logprobs' last digits depend on the CPU's kernels).
+
+#![allow(dead_code, unreachable_pub)]
+
+use serde_json::Value;
+
+/// Keys whose values are times: compared for presence only.
+pub const VARYING_KEYS: &[&str] =
+    &["created", "timestamp", "lease_left_s", "leaseLeftS", "latency_ms", "next_probe_unix_ms", "nextProbeUnixMs"];
+
+/// Whether `expected` (a documented output in language `language`) matches `actual`; else a message showing both.
+pub fn compare(language: &str, expected: &str, actual: &str) -> Result<(), String> {
+    let outcome =
+        if language == "json" { compare_json_stream(expected, actual) } else { compare_lines(expected, actual) };
+    outcome.map_err(|why| format!("{why}\n--- documented:\n{expected}--- printed:\n{actual}"))
+}
+
+/// What `printed` should be documented as, in a block of `language` (`LORAGATE_BLESS_DOCS`, see `docs/README.md`):
+/// each JSON value as printed (keys in the server's order), one after the other on lines of their own; other text
+/// as printed.
+pub fn as_documented(language: &str, printed: &str) -> String {
+    if language != "json" || json_values(printed).is_err() {
+        return printed.trim_end().to_owned();
+    }
+    let mut values = serde_json::Deserializer::from_str(printed).into_iter::<Value>();
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    while let Some(Ok(_)) = values.next() {
+        let end = values.byte_offset();
+        pieces.push(printed[start..end].trim());
+        start = end;
+    }
+    pieces.join("\n")
+}
+
+fn compare_json_stream(expected: &str, actual: &str) -> Result<(), String> {
+    let expected = json_values(expected).map_err(|err| format!("the documented output is not JSON: {err}"))?;
+    let actual = json_values(actual).map_err(|err| format!("the command did not print JSON: {err}"))?;
+    if expected.len() != actual.len() {
+        return Err(format!("{} JSON values documented, {} printed", expected.len(), actual.len()));
+    }
+    for (index, (expected, actual)) in expected.iter().zip(&actual).enumerate() {
+        same(expected, actual, &format!("value {index}"))?;
+    }
+    Ok(())
+}
+
+fn json_values(text: &str) -> Result<Vec<Value>, serde_json::Error> {
+    serde_json::Deserializer::from_str(text).into_iter::<Value>().collect()
+}
+
+fn compare_lines(expected: &str, actual: &str) -> Result<(), String> {
+    let lines = |text: &str| -> Vec<String> { text.lines().map(|line| line.trim_end().to_owned()).collect() };
+    let (expected, actual) = (lines(expected.trim_end()), lines(actual.trim_end()));
+    if expected.len() != actual.len() {
+        return Err(format!("{} lines documented, {} printed", expected.len(), actual.len()));
+    }
+    for (number, (expected, actual)) in expected.iter().zip(&actual).enumerate() {
+        let place = format!("line {}", number + 1);
+        match (line_json(expected), line_json(actual)) {
+            (Some((prefix, expected)), Some((actual_prefix, actual))) if prefix == actual_prefix => {
+                same(&expected, &actual, &place)?
+            }
+            _ if normalise_ids(expected) == normalise_ids(actual) => {}
+            _ => return Err(format!("{place} differs:\n  documented: {expected}\n  printed:    {actual}")),
+        }
+    }
+    Ok(())
+}
+
+/// A line's JSON object or array, after an optional `data: ` prefix.
+fn line_json(line: &str) -> Option<(&str, Value)> {
+    let (prefix, rest) = line.strip_prefix("data: ").map_or(("", line), |rest| ("data: ", rest));
+    if !(rest.starts_with('{') || rest.starts_with('[')) {
+        return None;
+    }
+    serde_json::from_str(rest).ok().map(|value| (prefix, value))
+}
+
+fn same(expected: &Value, actual: &Value, path: &str) -> Result<(), String> {
+    let differs = || format!("{path}: documented {expected}, printed {actual}");
+    match (expected, actual) {
+        (Value::Object(expected), Value::Object(actual)) => {
+            let mut keys: Vec<&String> = expected.keys().chain(actual.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for key in keys {
+                let here = format!("{path}.{key}");
+                match (expected.get(key), actual.get(key)) {
+                    (Some(_), Some(_)) if VARYING_KEYS.contains(&key.as_str()) => {}
+                    (Some(expected), Some(actual)) => same(expected, actual, &here)?,
+                    (Some(_), None) => return Err(format!("{here}: documented but not printed")),
+                    (None, Some(actual)) => return Err(format!("{here}: printed ({actual}) but not documented")),
+                    (None, None) => unreachable!("a key of one of the two objects"),
+                }
+            }
+            Ok(())
+        }
+        (Value::Array(expected), Value::Array(actual)) => {
+            if expected.len() != actual.len() {
+                return Err(format!("{path}: {} items documented, {} printed", expected.len(), actual.len()));
+            }
+            for (index, (expected, actual)) in expected.iter().zip(actual).enumerate() {
+                same(expected, actual, &format!("{path}[{index}]"))?;
+            }
+            Ok(())
+        }
+        (Value::Number(expected), Value::Number(actual)) => {
+            let exact = expected.as_i64().zip(actual.as_i64()).map(|(a, b)| a == b);
+            let close = || {
+                let (a, b) = (expected.as_f64().unwrap_or(f64::NAN), actual.as_f64().unwrap_or(f64::NAN));
+                (a - b).abs() <= 1e-6 + 1e-3 * a.abs().max(b.abs())
+            };
+            if exact.unwrap_or_else(close) { Ok(()) } else { Err(differs()) }
+        }
+        (Value::String(expected), Value::String(actual)) => {
+            if normalise_ids(expected) == normalise_ids(actual) {
+                Ok(())
+            } else {
+                Err(differs())
+            }
+        }
+        _ if expected == actual => Ok(()),
+        _ => Err(differs()),
+    }
+}
+
+/// `text` with every id the server generates (`lg-` + 8 hex digits + `-` + digits) replaced by `lg-…`.
+pub fn normalise_ids(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("lg-") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 3..];
+        let hex = after.bytes().take(8).filter(u8::is_ascii_hexdigit).count();
+        let digits = after.get(9..).map_or(0, |tail| tail.bytes().take_while(u8::is_ascii_digit).count());
+        if hex == 8 && after.as_bytes().get(8) == Some(&b'-') && digits > 0 {
+            out.push_str("lg-…");
+            rest = &after[9 + digits..];
+        } else {
+            out.push_str("lg-");
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_ids_and_times_vary_and_the_rest_must_match() {
+        let documented = "{\"id\": \"cmpl-lg-8579f297-2\", \"created\": 1,\n \"logprob\": -0.001147327, \"n\": 3}";
+        assert!(
+            compare(
+                "json",
+                documented,
+                "{\"id\":\"cmpl-lg-0000abcd-17\",\"created\":9,\"logprob\":-0.0011474,\"n\":3}\n"
+            )
+            .is_ok()
+        );
+        assert!(
+            compare("json", documented, "{\"id\":\"cmpl-demo\",\"created\":9,\"logprob\":-0.001147327,\"n\":3}")
+                .is_err()
+        );
+        assert!(
+            compare("json", documented, "{\"id\":\"cmpl-lg-0000abcd-1\",\"created\":9,\"logprob\":-0.002,\"n\":3}")
+                .is_err()
+        );
+        assert!(
+            compare(
+                "json",
+                documented,
+                "{\"id\":\"cmpl-lg-0000abcd-1\",\"created\":9,\"logprob\":-0.001147327,\"n\":4}"
+            )
+            .is_err()
+        );
+        assert!(
+            compare("json", documented, "{\"id\":\"cmpl-lg-0000abcd-1\",\"logprob\":-0.001147327,\"n\":3}").is_err(),
+            "a missing key"
+        );
+        assert!(compare("json", "{}\n{}", "{}").is_err(), "two values documented, one printed");
+    }
+
+    #[test]
+    fn text_outputs_compare_line_by_line_with_events_as_json() {
+        let documented = "data: {\"id\":\"cmpl-lg-bf933ab2-6\",\"created\":5,\"text\":\"w\"}\n\ndata: [DONE]\n";
+        assert!(
+            compare(
+                "text",
+                documented,
+                "data: {\"text\":\"w\",\"id\":\"cmpl-lg-00000000-0\",\"created\":6}\n\ndata: [DONE]\n\n"
+            )
+            .is_ok()
+        );
+        assert!(
+            compare(
+                "text",
+                documented,
+                "data: {\"text\":\"o\",\"id\":\"cmpl-lg-00000000-0\",\"created\":6}\n\ndata: [DONE]\n"
+            )
+            .is_err()
+        );
+        assert!(compare("text", "a\nb\n", "a\n").is_err());
+        assert_eq!(normalise_ids("x lg-12345678-9 lg-zz lg-1234567-1"), "x lg-… lg-zz lg-1234567-1");
+    }
+}
