@@ -4,9 +4,11 @@
 //! - a pause made on one of three replicas with 1,000 requests in flight spread over all three, until every one was
 //!   handed back and the pause answered (goal: at most 50 ms on loopback);
 //! - admission and hand-back on one replica with etcd configured against memory only (the hot path never waits on
-//!   etcd: goal within 10 %).
+//!   etcd: goal within 10 %);
+//! - restart to serving with 100 adapters (each with a pause) recorded in etcd: connecting (registering, reading the
+//!   state, acknowledging the recorded pauses) and starting a coordinator over a scripted engine that serves them all.
 //!
-//! `cargo bench -p loragate-benches --bench replicas`
+//! `LORAGATE_PYTHON=$PWD/.venv/bin/python cargo bench -p loragate-benches --bench replicas`
 
 // criterion_group! and criterion_main! generate undocumented items.
 #![allow(missing_docs)]
@@ -30,6 +32,7 @@ use tokio::runtime::Runtime;
 use self::etcd::{EtcdServer, etcd_or_skip};
 
 const IN_FLIGHT: usize = 1_000;
+const RECORDED_ADAPTERS: usize = 100;
 
 fn runtime() -> Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
@@ -155,5 +158,41 @@ fn admit_and_release(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, pause_across_three_replicas, admit_and_release);
+/// Records 100 adapters with a pause each in etcd (one replica, which then leaves), then measures a replica starting
+/// on that state until it serves them all.
+fn restart_with_100_recorded_adapters(c: &mut Criterion) {
+    let Some(binary) = etcd_or_skip("restart_with_100_recorded_adapters") else { return };
+    let runtime = runtime();
+    let server = EtcdServer::start(binary);
+    runtime.block_on(async {
+        let coordinator = coordinator_on(etcd_store(&server.endpoint(), "bench-restart").await).await;
+        for i in 0..RECORDED_ADAPTERS {
+            let name = AdapterName::parse(&format!("a{i:03}")).expect("name");
+            coordinator.load_adapter(&name, AdapterSource::trusted(format!("/a/{i}"))).await.expect("loads");
+            let request = PauseRequest::parse(PauseMode::Keep, "trainer", 3600.0).expect("a pause");
+            coordinator.pause(&name, request, None).await.expect("paused");
+        }
+        coordinator.shutdown(Duration::ZERO).await;
+    });
+    let mut group = c.benchmark_group("restart_to_serving_100_recorded_adapters");
+    group.sample_size(10);
+    group.bench_function("etcd_coordinator_scripted_engine", |b| {
+        b.iter_custom(|iterations| {
+            runtime.block_on(async {
+                let mut total = Duration::ZERO;
+                for _ in 0..iterations {
+                    let started = Instant::now();
+                    let coordinator = coordinator_on(etcd_store(&server.endpoint(), "bench-restart").await).await;
+                    total += started.elapsed();
+                    assert_eq!(coordinator.list_adapters().await.len(), RECORDED_ADAPTERS);
+                    coordinator.shutdown(Duration::ZERO).await;
+                }
+                total
+            })
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, pause_across_three_replicas, admit_and_release, restart_with_100_recorded_adapters);
 criterion_main!(benches);

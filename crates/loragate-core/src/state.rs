@@ -17,8 +17,9 @@
 //!   was down is gone).
 //! - **The hot path never touches the store**: admission, hand-back and sampling read only memory.
 //!
-//! What is recorded: adapters loaded (not the base model), pauses with a named owner (anonymous included) and the
-//! global pause. Not recorded: a swap's own pause (it belongs to one call, which dies with the process), requests in
+//! What is recorded: adapters loaded (not the base model), pauses with a named owner (anonymous included), the
+//! global pause, and [`FrontRecord`]s: documents a front keeps for itself (the Tinker front's pending samples and
+//! finished results), opaque to the store and to the coordinator. Not recorded: a swap's own pause (it belongs to one call, which dies with the process), requests in
 //! flight, held or kept (they die with their connections).
 //!
 //! Several coordinators may share one store (`loragate-etcd`): the store then hands each one the changes the others
@@ -91,6 +92,19 @@ pub struct PauseRecord {
     pub lease_expires_at: Option<SystemTime>,
 }
 
+/// A document a front keeps in the store for itself, opaque to the store and the coordinator: `table` names the
+/// front's kind of record (`tinker/samples`), `key` is unique within the table, `value` is the front's own JSON.
+/// A shared store hands each replica only the records it wrote (or took over from a replica that is gone).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrontRecord {
+    /// The front's kind of record.
+    pub table: String,
+    /// Unique within the table.
+    pub key: String,
+    /// The front's document.
+    pub value: String,
+}
+
 /// Everything a store holds, as read at start.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecordedState {
@@ -100,6 +114,8 @@ pub struct RecordedState {
     pub pauses: Vec<PauseRecord>,
     /// The global pause's mode, if it is set.
     pub global_pause: Option<PauseMode>,
+    /// The fronts' records, ordered by table and key.
+    pub front_records: Vec<FrontRecord>,
 }
 
 /// One change of the recorded state.
@@ -145,6 +161,15 @@ pub enum StateChange {
     },
     /// The global pause was set in this mode, or cleared (`None`).
     GlobalPause(Option<PauseMode>),
+    /// A front's record was written (a record with the same table and key is replaced).
+    FrontRecordPut(FrontRecord),
+    /// A front's record was removed (nothing if there is none).
+    FrontRecordRemoved {
+        /// Its table.
+        table: String,
+        /// Its key.
+        key: String,
+    },
 }
 
 /// What a store can fail with.

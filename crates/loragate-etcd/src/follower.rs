@@ -70,7 +70,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut revision: i64, changes: mpsc::U
 /// Reads the whole state again and hands it over; returns the revision read at.
 async fn resync(shared: &Shared, changes: &mpsc::UnboundedSender<RemoteChange>) -> Result<i64, StateError> {
     let (kvs, revision) = shared.etcd.range(shared.keys.all(), true).await?;
-    let state: RecordedState = read_state(&shared.keys, kvs)?.state;
+    let state: RecordedState = read_state(&shared.keys, kvs, &shared.replica_id)?.state;
     tracing::warn!(revision, "etcd compacted the changes this replica had not seen; read the whole state again");
     let _ = changes.send(RemoteChange::Resynced(state));
     Ok(revision)

@@ -8,6 +8,7 @@
 //! | `pauses/NAME/PAUSE_ID` | `{"owner", "mode", "lease_expires_at_ms", "by"}`, under an etcd lease when it has one |
 //! | `acks/PAUSE_ID/REPLICA` | `{"revision", "aborted", "kept", "unacknowledged"}`: a replica applied that pause's write |
 //! | `replicas/REPLICA` | `{"grpc_addr", "http_addr"}`, under the replica's etcd lease |
+//! | `records/TABLE/KEY` | `{"value", "by"}`: a front's record (its own document in `value`), owned by replica `by` |
 //!
 //! `by` is the writing replica's id: a replica does not apply its own changes again.
 
@@ -30,6 +31,10 @@ pub(crate) enum Key {
     Adapter(AdapterName),
     Declared(AdapterName),
     Pause(AdapterName, PauseId),
+    /// A front's record: its table and key.
+    Record(String, String),
+    /// A live replica's registration.
+    Replica(String),
     Other,
 }
 
@@ -82,6 +87,11 @@ impl Keys {
         format!("{}{}", self.replicas(), segment(id))
     }
 
+    /// A front's record.
+    pub(crate) fn record(&self, table: &str, key: &str) -> String {
+        format!("{}records/{}/{}", self.prefix, segment(table), segment(key))
+    }
+
     /// What `key` is (keys this crate does not read come back as [`Key::Other`]).
     pub(crate) fn parse(&self, key: &[u8]) -> Key {
         let Some(rest) = std::str::from_utf8(key).ok().and_then(|key| key.strip_prefix(self.prefix.as_str())) else {
@@ -97,6 +107,10 @@ impl Keys {
                 let id = unsegment(id).and_then(|id| PauseId::parse(&id).ok().flatten())?;
                 Some(Key::Pause(name(adapter)?, id))
             })
+        } else if let Some(raw) = rest.strip_prefix("records/") {
+            raw.split_once('/').and_then(|(table, key)| Some(Key::Record(unsegment(table)?, unsegment(key)?)))
+        } else if let Some(raw) = rest.strip_prefix("replicas/") {
+            unsegment(raw).map(Key::Replica)
         } else {
             None
         };
@@ -255,6 +269,24 @@ impl StoredReplica {
     }
 }
 
+/// `records/TABLE/KEY`: a front's document and the replica that owns it (whose front wrote it, or took it over when
+/// its writer was gone).
+#[derive(Serialize, Deserialize)]
+pub(crate) struct StoredRecord {
+    pub(crate) value: String,
+    pub(crate) by: String,
+}
+
+impl StoredRecord {
+    pub(crate) fn decode(value: &[u8]) -> Result<Self, StateError> {
+        serde_json::from_slice(value).map_err(|err| failed("front record", err))
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
 /// How long a recorded pause's lease has left (leases are wall-clock times in the record); `None` without one.
 pub(crate) fn lease_left(record: &PauseRecord) -> Option<Duration> {
     record.lease_expires_at.map(|at| at.duration_since(SystemTime::now()).unwrap_or_default())
@@ -273,6 +305,9 @@ mod tests {
         assert_eq!(keys.parse(keys.declared(&name).as_bytes()), Key::Declared(name.clone()));
         assert_eq!(keys.parse(keys.pause(&name, &id).as_bytes()), Key::Pause(name.clone(), id.clone()));
         assert_eq!(keys.parse(keys.issued(&name).as_bytes()), Key::Other);
+        let record = keys.record("tinker/samples", "tk-1/2%");
+        assert_eq!(keys.parse(record.as_bytes()), Key::Record("tinker/samples".into(), "tk-1/2%".into()));
+        assert_eq!(keys.parse(keys.replica("r/1").as_bytes()), Key::Replica("r/1".into()));
         assert_eq!(keys.parse(b"/other/adapters/meow"), Key::Other);
         assert_eq!(Keys::last_segment(keys.ack(&id, "r/1").as_bytes()).as_deref(), Some("r/1"));
     }

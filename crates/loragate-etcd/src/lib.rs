@@ -15,12 +15,16 @@
 //!   ([`StateStore::check_available`]); the watch is opened again from the revision it had reached, so a replica
 //!   catches up on everything it missed when etcd returns ([`follower`]).
 //!
+//! - **Front records** (the Tinker front's pending samples and results) belong to the replica that wrote them: each
+//!   replica reads back only its own, and takes over, at start, those of replicas that are gone ([`records`]).
+//!
 //! The key layout is in [`keys`]; `docs/state.md` says what is and is not linearizable.
 
 mod acks;
 mod client;
 mod follower;
 mod keys;
+mod records;
 mod registration;
 mod snapshot;
 mod url;
@@ -150,8 +154,9 @@ impl EtcdStore {
         // one written before it is acknowledged here (nothing is in flight yet, and the coordinator adopts it before
         // serving).
         registration::register(&shared).await?;
-        let (kvs, revision) = shared.etcd.range(shared.keys.all(), true).await?;
-        let snapshot = snapshot::read_state(&shared.keys, kvs)?;
+        let (mut kvs, revision) = shared.etcd.range(shared.keys.all(), true).await?;
+        records::take_over(&shared, &mut kvs).await?;
+        let snapshot = snapshot::read_state(&shared.keys, kvs, &shared.replica_id)?;
         for (pause, written_at) in &snapshot.pause_revisions {
             let ack = StoredAck::of(*written_at, &AbortReport::default());
             let key = shared.keys.ack(&pause.pause_id, &shared.replica_id);
@@ -198,7 +203,7 @@ impl StateStore for EtcdStore {
             return Ok(initial);
         }
         let (kvs, _) = self.shared.etcd.range(self.shared.keys.all(), true).await?;
-        Ok(snapshot::read_state(&self.shared.keys, kvs)?.state)
+        Ok(snapshot::read_state(&self.shared.keys, kvs, &self.shared.replica_id)?.state)
     }
 
     fn record(&self, changes: Vec<StateChange>) -> Recording {

@@ -4,10 +4,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use loragate_core::AdapterName;
-use loragate_core::state::{PauseRecord, RecordedState, StateError};
+use loragate_core::state::{FrontRecord, PauseRecord, RecordedState, StateError};
 
 use crate::client::KeyValue;
-use crate::keys::{Key, Keys, StoredAdapter, StoredPause};
+use crate::keys::{Key, Keys, StoredAdapter, StoredPause, StoredRecord};
 
 /// The state as read, with the revision each pause was last written at.
 pub(crate) struct Snapshot {
@@ -16,9 +16,10 @@ pub(crate) struct Snapshot {
     pub(crate) pause_revisions: Vec<(PauseRecord, i64)>,
 }
 
-/// The recorded state the keys hold: adapters not unloaded (with their declared paths) and their pauses. The global
-/// pause is not shared (it belongs to the replica it was sent to).
-pub(crate) fn read_state(keys: &Keys, kvs: Vec<KeyValue>) -> Result<Snapshot, StateError> {
+/// The recorded state the keys hold: adapters not unloaded (with their declared paths), their pauses, and the front
+/// records `replica` owns. The global pause is not shared (it belongs to the replica it was sent to).
+pub(crate) fn read_state(keys: &Keys, kvs: Vec<KeyValue>, replica: &str) -> Result<Snapshot, StateError> {
+    let mut front_records = Vec::new();
     let mut adapters = BTreeMap::new();
     let mut declared: BTreeMap<AdapterName, PathBuf> = BTreeMap::new();
     let mut pauses = Vec::new();
@@ -35,7 +36,14 @@ pub(crate) fn read_state(keys: &Keys, kvs: Vec<KeyValue>) -> Result<Snapshot, St
             Key::Pause(adapter, pause_id) => {
                 pauses.push((StoredPause::decode(&kv.value)?.record(adapter, pause_id)?, kv.mod_revision));
             }
-            Key::Other => {}
+            Key::Record(table, key) => match StoredRecord::decode(&kv.value) {
+                Ok(stored) if stored.by == replica => {
+                    front_records.push(FrontRecord { table, key, value: stored.value })
+                }
+                Ok(_) => {}
+                Err(err) => tracing::warn!(%table, %key, %err, "skipped an unreadable front record"),
+            },
+            Key::Replica(_) | Key::Other => {}
         }
     }
     let adapters: Vec<_> = adapters
@@ -46,7 +54,8 @@ pub(crate) fn read_state(keys: &Keys, kvs: Vec<KeyValue>) -> Result<Snapshot, St
         })
         .collect();
     pauses.retain(|(pause, _): &(PauseRecord, i64)| adapters.iter().any(|adapter| adapter.name == pause.adapter));
-    let state =
-        RecordedState { adapters, pauses: pauses.iter().map(|(pause, _)| pause.clone()).collect(), global_pause: None };
+    front_records.sort_by(|a, b| (&a.table, &a.key).cmp(&(&b.table, &b.key)));
+    let pauses_read = pauses.iter().map(|(pause, _)| pause.clone()).collect();
+    let state = RecordedState { adapters, pauses: pauses_read, global_pause: None, front_records };
     Ok(Snapshot { state, pause_revisions: pauses })
 }

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::Shared;
 use crate::client::{Guard, Write};
-use crate::keys::{StoredAdapter, StoredPause, lease_left};
+use crate::keys::{StoredAdapter, StoredPause, StoredRecord, lease_left};
 
 /// How often a compare-and-swap is retried when another replica wrote the key meanwhile.
 const CAS_ATTEMPTS: usize = 64;
@@ -91,6 +91,13 @@ async fn apply(shared: &Shared, changes: Vec<StateChange>) -> Result<i64, StateE
             }
             // The global pause (vLLM's `/pause`) belongs to the replica it was sent to: not shared.
             StateChange::GlobalPause(_) => {}
+            StateChange::FrontRecordPut(record) => {
+                let value = StoredRecord { value: record.value, by: shared.replica_id.clone() }.encode();
+                writes.push(Write::Put { key: keys.record(&record.table, &record.key), value, lease: 0 });
+            }
+            StateChange::FrontRecordRemoved { table, key } => {
+                writes.push(Write::Delete { key: keys.record(&table, &key), prefix: false });
+            }
         }
     }
     Ok(revision.max(flush(shared, &mut writes).await?))

@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use loragate_core::state::{FrontRecord, StateChange, StateStore};
 use loragate_core::testing::{ScriptedEngine, eventually, eventually_within};
 use loragate_core::{
     AdapterName, AdapterSource, AdapterVersion, Coordinator, CoordinatorConfig, CoreError, FinishReason, PauseMode,
@@ -38,6 +39,22 @@ fn name(raw: &str) -> AdapterName {
     AdapterName::parse(raw).expect("a valid name")
 }
 
+/// A store on `endpoint` (etcd itself, or a proxy in front of it) under `prefix`; retries while etcd starts.
+async fn connect(endpoint: &str, prefix: &str) -> EtcdStore {
+    let url = EtcdUrl::parse(&format!("etcd://{endpoint}/{prefix}")).expect("a valid URL");
+    let config = EtcdConfig { replica_ttl: REPLICA_TTL, ack_timeout: Duration::from_secs(15), ..EtcdConfig::new(url) };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match EtcdStore::connect(config.clone()).await {
+            Ok(store) => return store,
+            Err(err) => {
+                assert!(tokio::time::Instant::now() < deadline, "etcd did not answer: {err}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
 /// One coordinator on the shared state, with its scripted engine.
 struct Replica {
     coordinator: Coordinator,
@@ -49,19 +66,7 @@ impl Replica {
     /// A replica on `endpoint` (etcd itself, or a proxy in front of it) under `prefix`. Connecting retries while etcd
     /// starts.
     async fn join(endpoint: &str, prefix: &str) -> Self {
-        let url = EtcdUrl::parse(&format!("etcd://{endpoint}/{prefix}")).expect("a valid URL");
-        let config =
-            EtcdConfig { replica_ttl: REPLICA_TTL, ack_timeout: Duration::from_secs(15), ..EtcdConfig::new(url) };
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        let store = loop {
-            match EtcdStore::connect(config.clone()).await {
-                Ok(store) => break store,
-                Err(err) => {
-                    assert!(tokio::time::Instant::now() < deadline, "etcd did not answer: {err}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        };
+        let store = connect(endpoint, prefix).await;
         let id = store.replica_id().to_owned();
         let engine = Arc::new(ScriptedEngine::new(HOLD_AFTER));
         let config = CoordinatorConfig {
@@ -313,4 +318,36 @@ async fn a_pause_lease_is_an_etcd_lease_that_ends_the_pause_everywhere_and_a_lat
     .await;
     let recorded = a.coordinator.list_adapters().await;
     assert!(recorded[0].pauses.is_empty(), "{recorded:?}");
+}
+
+/// The front records `store` hands its replica (the first call answers what was read when it connected).
+async fn front_records(store: &EtcdStore) -> Vec<FrontRecord> {
+    store.recorded().await.expect("read").front_records
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn front_records_belong_to_their_replica_and_a_replica_that_starts_takes_over_those_of_a_gone_one() {
+    let Some(binary) = etcd_or_skip("front_records_belong_to_their_replica") else { return };
+    let etcd = EtcdServer::start(binary);
+    let record = FrontRecord { table: "tinker/samples".into(), key: "tk-1".into(), value: "{\"state\":1}".into() };
+    let a = connect(&etcd.endpoint(), "records").await;
+    assert_eq!(front_records(&a).await, [], "nothing recorded yet");
+    a.record(vec![StateChange::FrontRecordPut(record.clone())]).await.expect("recorded");
+    let b = connect(&etcd.endpoint(), "records").await;
+    assert_eq!(front_records(&b).await, [], "a lives: its records stay its own");
+    assert_eq!(front_records(&a).await, std::slice::from_ref(&record), "a reads back its own");
+
+    a.leave().await.expect("a leaves");
+    drop(a);
+    let c = connect(&etcd.endpoint(), "records").await;
+    assert_eq!(
+        front_records(&c).await,
+        std::slice::from_ref(&record),
+        "a is gone: the next replica to start takes its records"
+    );
+    assert_eq!(front_records(&b).await, [], "b started while a lived: it took nothing");
+    let d = connect(&etcd.endpoint(), "records").await;
+    assert_eq!(front_records(&d).await, [], "c lives: its records stay its own");
+    c.record(vec![StateChange::FrontRecordRemoved { table: record.table, key: record.key }]).await.expect("removed");
+    assert_eq!(front_records(&c).await, []);
 }

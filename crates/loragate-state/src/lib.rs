@@ -1,6 +1,7 @@
 //! loragate's embedded state store: the [`StateStore`] of one server, in one [redb] file (`DIR/state.redb`), so that
-//! a restart puts back every loaded adapter at its version, the highest version ever issued for each name, and the
-//! live pauses with their owners and wall-clock leases.
+//! a restart puts back every loaded adapter at its version, the highest version ever issued for each name, the
+//! live pauses with their owners and wall-clock leases, and the fronts' own records (the Tinker front's futures; opaque
+//! documents here).
 //!
 //! One writer thread owns every write. [`StateStore::record`] and [`StateStore::issue_version`] queue their work on
 //! its channel (never blocking the actor that calls them) and the thread commits what is queued in one durable

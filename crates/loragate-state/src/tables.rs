@@ -7,11 +7,14 @@
 //! | `issued_versions` | name | the highest version ever issued for the name (kept after an unload) |
 //! | `pauses` | (adapter, pause id) | `{"owner", "mode", "lease_expires_at_ms"}` (wall clock, ms since the epoch) |
 //! | `meta` | `schema`, `last_pause_number`, `global_pause` | numbers (`global_pause`: 0 none, 1 abort, 2 wait, 3 keep) |
+//! | `front_records` | (table, key) | a front's own document ([`FrontRecord`]; opaque here) |
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use loragate_core::state::{AdapterRecord, PauseRecord, RecordedSource, RecordedState, StateChange, StateError};
+use loragate_core::state::{
+    AdapterRecord, FrontRecord, PauseRecord, RecordedSource, RecordedState, StateChange, StateError,
+};
 use loragate_core::{AdapterName, AdapterVersion, PauseId, PauseMode};
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
@@ -20,6 +23,7 @@ pub(crate) const ADAPTERS: TableDefinition<'_, &str, &[u8]> = TableDefinition::n
 pub(crate) const ISSUED: TableDefinition<'_, &str, u64> = TableDefinition::new("issued_versions");
 pub(crate) const PAUSES: TableDefinition<'_, (&str, &str), &[u8]> = TableDefinition::new("pauses");
 pub(crate) const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+pub(crate) const FRONT_RECORDS: TableDefinition<'_, (&str, &str), &str> = TableDefinition::new("front_records");
 
 /// The layout this code writes; a file with another is refused rather than misread.
 pub(crate) const SCHEMA: u64 = 1;
@@ -51,6 +55,7 @@ pub(crate) fn prepare(txn: &WriteTransaction) -> Result<(), StateError> {
     txn.open_table(ADAPTERS).map_err(failed)?;
     txn.open_table(ISSUED).map_err(failed)?;
     txn.open_table(PAUSES).map_err(failed)?;
+    txn.open_table(FRONT_RECORDS).map_err(failed)?;
     let mut meta = txn.open_table(META).map_err(failed)?;
     let schema = meta.get(SCHEMA_KEY).map_err(failed)?.map(|value| value.value());
     match schema {
@@ -146,6 +151,13 @@ pub(crate) fn apply(txn: &WriteTransaction, change: &StateChange) -> Result<(), 
             };
             txn.open_table(META).map_err(failed)?.insert(GLOBAL_PAUSE_KEY, code).map_err(failed)?;
         }
+        StateChange::FrontRecordPut(record) => {
+            let key = (record.table.as_str(), record.key.as_str());
+            txn.open_table(FRONT_RECORDS).map_err(failed)?.insert(key, record.value.as_str()).map_err(failed)?;
+        }
+        StateChange::FrontRecordRemoved { table, key } => {
+            txn.open_table(FRONT_RECORDS).map_err(failed)?.remove((table.as_str(), key.as_str())).map_err(failed)?;
+        }
     }
     Ok(())
 }
@@ -189,6 +201,15 @@ pub(crate) fn read_all(txn: &ReadTransaction) -> Result<(RecordedState, u64), St
             mode: PauseMode::parse(&stored.mode).map_err(|err| damaged(&format!("pause {id} of {adapter}"), err))?,
             owner: stored.owner,
             lease_expires_at: stored.lease_expires_at_ms.map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+        });
+    }
+    for entry in txn.open_table(FRONT_RECORDS).map_err(failed)?.iter().map_err(failed)? {
+        let (key, value) = entry.map_err(failed)?;
+        let (table, key) = key.value();
+        state.front_records.push(FrontRecord {
+            table: table.to_owned(),
+            key: key.to_owned(),
+            value: value.value().to_owned(),
         });
     }
     let meta = txn.open_table(META).map_err(failed)?;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use loragate_core::state::{PauseRecord, RecordedSource, StateChange, StateStore};
+use loragate_core::state::{FrontRecord, PauseRecord, RecordedSource, StateChange, StateStore};
 use loragate_core::{AdapterName, AdapterVersion, PauseMode};
 use rand::Rng;
 
@@ -56,6 +56,16 @@ async fn everything_recorded_is_read_back_after_a_reopen() {
         let pause_id = ended.pause_id.clone();
         store.record(vec![StateChange::PauseEnded { adapter: name("meow"), pause_id }]).await.expect("recorded");
         store.record(vec![StateChange::GlobalPause(Some(PauseMode::Wait))]).await.expect("recorded");
+        let front = |key: &str, value: &str| {
+            StateChange::FrontRecordPut(FrontRecord {
+                table: "tinker/samples".into(),
+                key: key.into(),
+                value: value.into(),
+            })
+        };
+        store.record(vec![front("tk-1", "{\"pending\":1}"), front("tk-2", "{}")]).await.expect("recorded");
+        let removed = StateChange::FrontRecordRemoved { table: "tinker/samples".into(), key: "tk-2".into() };
+        store.record(vec![front("tk-1", "{\"finished\":1}"), removed]).await.expect("recorded");
     }
     let store = EmbeddedStore::open(dir.path()).expect("reopens");
     let recorded = store.recorded().await.expect("reads");
@@ -71,6 +81,8 @@ async fn everything_recorded_is_read_back_after_a_reopen() {
     let (written, read_back) = (millis(lease_end).expect("lease"), millis(read.lease_expires_at).expect("lease"));
     assert!(written.abs_diff(read_back) < Duration::from_millis(1), "the lease's wall-clock end, to the millisecond");
     assert_eq!(recorded.global_pause, Some(PauseMode::Wait));
+    let front = FrontRecord { table: "tinker/samples".into(), key: "tk-1".into(), value: "{\"finished\":1}".into() };
+    assert_eq!(recorded.front_records, vec![front], "a front's record replaced, another removed");
     assert_eq!(store.issue_version(&name("meow")).await, Ok(AdapterVersion(3)), "versions continue after a reopen");
     assert_eq!(store.new_pause_id().as_str(), "pause-3", "pause ids continue after a reopen");
 }

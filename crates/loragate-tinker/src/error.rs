@@ -51,7 +51,8 @@ pub(crate) enum TinkerError {
     /// A `request_id` that was never issued, or whose result expired.
     #[error("request_id '{0}' is unknown: it was never issued by this server or its result has expired")]
     UnknownFuture(String),
-    /// A `request_id` of an earlier server process: its future died with that process.
+    /// A `request_id` of an earlier server process whose future was not put back at start (not recorded, or its
+    /// result expired).
     #[error("request_id '{0}' belongs to an earlier run of this server (it restarted); submit the sample again")]
     FutureOfEarlierProcess(String),
     /// A heartbeat of a session that was finished.

@@ -1,14 +1,16 @@
 //! The front's configuration, and [`TinkerFront`], which hands the routes to the HTTP listener.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
-use loragate_core::Coordinator;
+use loragate_core::{Coordinator, StateError};
 use loragate_http::{DEFAULT_BODY_LIMIT, TextCodec};
 use ractor::SpawnErr;
+use tokio::time::Instant;
 
 use crate::ids::{Epoch, IdMaker};
+use crate::restore::{continue_samples, recover};
 use crate::routes::routes;
 use crate::state::{Shared, TinkerState};
 use crate::store::{FutureStore, RetentionLimits};
@@ -42,6 +44,17 @@ impl Default for TinkerConfig {
     }
 }
 
+/// Why the front could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The futures store's actor did not start.
+    #[error("the Tinker futures store did not start: {0}")]
+    Spawn(#[from] SpawnErr),
+    /// The futures recorded before a restart could not be read.
+    #[error("cannot read the recorded Tinker futures: {0}")]
+    State(#[from] StateError),
+}
+
 /// The Tinker API front over a coordinator. Mount [`TinkerFront::routes`] on the HTTP listener
 /// (`loragate_http::HttpFront::with_routes`).
 #[derive(Clone)]
@@ -50,15 +63,23 @@ pub struct TinkerFront {
 }
 
 impl TinkerFront {
-    /// Starts the front's futures store. `served_model_name` is the base model's name (`base_model=`); `codec`
-    /// decodes generated tokens to watch stop strings.
+    /// Starts the front's futures store, recording into the coordinator's state store, and puts back the futures
+    /// recorded there before a restart (pending samples are continued, results served until their retention ends).
+    /// `served_model_name` is the base model's name (`base_model=`); `codec` decodes generated tokens to watch stop
+    /// strings.
     pub async fn start(
         coordinator: Coordinator,
         served_model_name: impl Into<String>,
         codec: Arc<dyn TextCodec>,
         config: TinkerConfig,
-    ) -> Result<Self, SpawnErr> {
-        let store = FutureStore::start(config.retention, SWEEP_EVERY).await?;
+    ) -> Result<Self, StartError> {
+        let records = coordinator.config().state.clone();
+        let recorded = records.recorded().await?;
+        let recovered = recover(recorded.front_records, &config.retention, SystemTime::now(), Instant::now());
+        if !recovered.forgotten.is_empty() {
+            records.record(recovered.forgotten).await?;
+        }
+        let store = FutureStore::start(config.retention, SWEEP_EVERY, records, recovered.futures).await?;
         let served_model_name: String = served_model_name.into();
         let shared = Shared {
             coordinator,
@@ -68,7 +89,9 @@ impl TinkerFront {
             store,
             ids: IdMaker::new(Epoch::random()),
         };
-        Ok(Self { state: TinkerState::new(shared) })
+        let state = TinkerState::new(shared);
+        continue_samples(&state, recovered.to_continue);
+        Ok(Self { state })
     }
 
     /// The `/api/v1/…` routes, with their state applied and no fallback (unknown `/api/v1/` paths get the Tinker

@@ -8,7 +8,8 @@ use std::fmt;
 use loragate_core::AdapterKey;
 
 /// Marks every id this process makes, so that ids of an earlier process (a restart) are told apart from ids never
-/// issued: the first get 410 (the SDK resubmits), the others 404.
+/// issued: the first are looked up among the futures put back at start, and get 410 if absent (the SDK resubmits);
+/// the others 404.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Epoch(u32);
 
@@ -32,8 +33,9 @@ pub(crate) struct FutureId {
 pub(crate) enum KnownId {
     /// Made by this process: look it up.
     Ours(FutureId),
-    /// Made by an earlier process of this server: its future died with that process.
-    EarlierProcess,
+    /// Made by an earlier process of this server: its future was put back at start if it was recorded, else it died
+    /// with that process.
+    EarlierProcess(FutureId),
     /// Not an id this server makes.
     Foreign,
 }
@@ -46,17 +48,20 @@ impl FutureId {
 
     /// Reads a `request_id` as this process (`epoch`) sees it.
     pub(crate) fn classify(raw: &str, epoch: Epoch) -> KnownId {
-        let Some((epoch_hex, token)) = raw.strip_prefix("tk-").and_then(|rest| rest.split_once('-')) else {
-            return KnownId::Foreign;
-        };
-        let hex = |text: &str, digits: usize| text.len() == digits && text.bytes().all(|b| b.is_ascii_hexdigit());
-        let parsed_epoch = hex(epoch_hex, 8).then(|| u32::from_str_radix(epoch_hex, 16).ok()).flatten();
-        let parsed_token = hex(token, 32).then(|| u128::from_str_radix(token, 16).ok()).flatten();
-        match (parsed_epoch, parsed_token) {
-            (Some(theirs), Some(token)) if theirs == epoch.0 => KnownId::Ours(FutureId { epoch: theirs, token }),
-            (Some(_), Some(_)) => KnownId::EarlierProcess,
-            _ => KnownId::Foreign,
+        match Self::parse(raw) {
+            Some(id) if id.epoch == epoch.0 => KnownId::Ours(id),
+            Some(id) => KnownId::EarlierProcess(id),
+            None => KnownId::Foreign,
         }
+    }
+
+    /// Reads a request id of any process of this server (`None`: not one this server makes).
+    pub(crate) fn parse(raw: &str) -> Option<Self> {
+        let (epoch_hex, token) = raw.strip_prefix("tk-")?.split_once('-')?;
+        let hex = |text: &str, digits: usize| text.len() == digits && text.bytes().all(|b| b.is_ascii_hexdigit());
+        let epoch = hex(epoch_hex, 8).then(|| u32::from_str_radix(epoch_hex, 16).ok()).flatten()?;
+        let token = hex(token, 32).then(|| u128::from_str_radix(token, 16).ok()).flatten()?;
+        Some(Self { epoch, token })
     }
 }
 
@@ -128,7 +133,8 @@ mod tests {
         assert!(wire.starts_with("tk-00000abc-") && wire.len() == "tk-00000abc-".len() + 32, "{wire}");
         assert_eq!(FutureId::classify(&wire, Epoch(0xabc)), KnownId::Ours(id));
         assert_ne!(ours.future_id(), id, "ids are fresh");
-        assert_eq!(FutureId::classify(&wire, Epoch(0xdef)), KnownId::EarlierProcess);
+        assert_eq!(FutureId::classify(&wire, Epoch(0xdef)), KnownId::EarlierProcess(id));
+        assert_eq!(FutureId::parse(&wire), Some(id));
         let sequential = "tk-00000abc-00000000000000000000000000000001";
         assert_eq!(FutureId::classify(sequential, Epoch(0xabc)), KnownId::Ours(FutureId { epoch: 0xabc, token: 1 }));
         for foreign in [

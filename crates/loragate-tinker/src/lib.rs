@@ -12,7 +12,9 @@
 //!   gate is closed (read from the core).
 //! - Naming: `base_model="<served name>"` is the base model, `model_path="tinker://loragate/<adapter>"` an adapter;
 //!   sampling-session ids name their target, so no table is kept and a restarted server still understands them.
-//!   Request ids carry a per-process epoch: after a restart, old ones get 410 and the SDK resubmits.
+//! - Every future is recorded in the coordinator's state store (`--state-dir`, or etcd): after a restart its result
+//!   is served again and a pending sample is continued under its request id, so the SDK's future resolves. Request ids
+//!   carry a per-process epoch: an earlier process's id that was not recorded gets 410, and the SDK resubmits.
 //! - Sessions are bookkeeping (heartbeats answer 200; 410 once finished); every other `/api/v1/` route is refused
 //!   with a 404 naming the feature. Errors are `{"detail"}` in one place (`error.rs`).
 //!
@@ -37,6 +39,7 @@ mod ids;
 mod json_body;
 mod naming;
 pub mod proto;
+mod restore;
 mod routes;
 mod sample_request;
 mod sample_task;
@@ -47,6 +50,6 @@ mod test_support;
 #[cfg(test)]
 mod tests;
 
-pub use front::{TinkerConfig, TinkerFront};
+pub use front::{StartError, TinkerConfig, TinkerFront};
 pub use naming::MODEL_PATH_PREFIX;
 pub use store::RetentionLimits;

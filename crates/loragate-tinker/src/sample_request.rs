@@ -5,14 +5,15 @@
 use std::sync::Arc;
 
 use loragate_core::{AdapterKey, Coordinator, MAX_NUM_SAMPLES, RawSampleRequest, SampleRequest};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::TinkerError;
 use crate::ids::FutureId;
 
-/// The SDK's `SampleRequest`, as JSON (fields the user left unset are absent).
-#[derive(Debug, Default, Deserialize)]
+/// The SDK's `SampleRequest`, as JSON (fields the user left unset are absent). Written back as JSON into the
+/// future's record (a restart reads it again through [`AsampleBody::into_plan`]).
+#[derive(Debug, Default, Deserialize, Serialize)]
 pub(crate) struct AsampleBody {
     /// The sampling session (names the target; see `ids::sampling_session_target`).
     pub(crate) sampling_session_id: Option<String>,
@@ -35,13 +36,13 @@ pub(crate) struct AsampleBody {
 }
 
 /// `ModelInput`: chunks, of which loragate takes `encoded_text` only.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 struct PromptBody {
     chunks: Vec<Value>,
 }
 
 /// The SDK's `SamplingParams`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 struct SamplingParamsBody {
     max_tokens: Option<u32>,
     temperature: Option<f32>,

@@ -8,7 +8,7 @@
 //! (`GateDeadline::new(None, max_pause_wait)`), and the future stays pending meanwhile. What ends a future with an
 //! error is what cannot be fixed by waiting: the adapter was unloaded (category `user`), it stayed paused past the
 //! cap, an operator aborted the request by id, or the engine failed (`server`). When the server is stopping the
-//! future is left pending: the process ends with it, and the SDK resubmits after the restart (410).
+//! future is left pending: its record stays pending, and the next start on the same state continues the sample.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -6,25 +6,36 @@
 //! Long-polls never wait inside the actor: `watch` hands out the future's `watch` channel and `retrieve_future` waits
 //! on it with its own hold time.
 //!
+//! Every future is recorded in the coordinator's state store ([`record`]), so that it survives a restart: `submit`
+//! answers only once the pending future's record is durable (a sample is never accepted unrecorded), and its
+//! outcome replaces the record in the same change that settles it (off the sample's path: the actor queues it and
+//! pollers get the outcome at once); a result dropped from the table is removed from the store. At start,
+//! [`FutureStore::start`] puts back what was recorded (see `restore.rs`).
+//!
 //! Retention ([`RetentionLimits`]): at most `max_pending` pending futures (past it `asample` gets 429 and the SDK
 //! resubmits after a back-off); a result is kept until it was delivered plus `delivered_grace` (a lost response is
 //! retrieved again), or `result_lifetime` if it is never retrieved, and at most `max_results` results are kept (oldest
 //! dropped first).
 
 mod actor;
+pub(crate) mod record;
 mod table;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use loragate_core::{AdapterKey, Principal};
+#[cfg(test)]
+use loragate_core::Principal;
+use loragate_core::state::StateStore;
+use loragate_core::{AdapterKey, CoreError};
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef, RpcReplyPort, SpawnErr};
 use tokio::sync::watch;
 
 use self::actor::{StoreActor, StoreArgs, StoreMsg};
-pub(crate) use self::table::Submitted;
+pub(crate) use self::record::Creator;
+pub(crate) use self::table::{Restored, Submitted};
 use crate::error::TinkerError;
 use crate::ids::FutureId;
 
@@ -123,7 +134,7 @@ impl FailureCategory {
 }
 
 /// What identifies a transport-level resubmission of one `asample`: the SDK resends the same pair.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub(crate) struct DedupKey {
     /// The sampling session.
     pub(crate) sampling_session_id: String,
@@ -137,14 +148,14 @@ pub(crate) struct FutureSubject {
     /// The adapter, or the base model.
     pub(crate) target: AdapterKey,
     /// The caller whose `asample` created it.
-    pub(crate) creator: Principal,
+    pub(crate) creator: Creator,
 }
 
 #[cfg(test)]
 impl From<AdapterKey> for FutureSubject {
     /// A future anyone may read (authentication off).
     fn from(target: AdapterKey) -> Self {
-        Self { target, creator: Principal::Anyone }
+        Self { target, creator: Creator::Caller(Principal::Anyone) }
     }
 }
 
@@ -180,24 +191,53 @@ impl Drop for StoreRef {
 }
 
 impl FutureStore {
-    /// Starts the store's actor.
-    pub(crate) async fn start(limits: RetentionLimits, sweep_every: Duration) -> Result<Self, SpawnErr> {
-        let (actor, _join) = Actor::spawn(None, StoreActor, StoreArgs { limits, sweep_every }).await?;
+    /// Starts the store's actor, recording into `state`, with the futures `restored` from it (see `restore.rs`).
+    pub(crate) async fn start(
+        limits: RetentionLimits,
+        sweep_every: Duration,
+        state: Arc<dyn StateStore>,
+        restored: Vec<Restored>,
+    ) -> Result<Self, SpawnErr> {
+        let args = StoreArgs { limits, sweep_every, state, restored };
+        let (actor, _join) = Actor::spawn(None, StoreActor, args).await?;
         Ok(Self { inner: Arc::new(StoreRef(actor)) })
     }
 
-    /// Records a pending future `id` for `subject`, or finds the earlier submission `dedup` names. 429 when full.
+    /// Records a pending future `id` for `subject` (its `request` is what a restart continues), or finds the earlier
+    /// submission `dedup` names. Answers once the future's record is durable; 429 when full; the store's error (and
+    /// no future) when it cannot be recorded.
     pub(crate) async fn submit(
         &self,
         id: FutureId,
         subject: FutureSubject,
         dedup: Option<DedupKey>,
+        request: serde_json::Value,
     ) -> Result<Submission, TinkerError> {
-        match self.call(|reply| StoreMsg::Submit { id, subject: subject.clone(), dedup: dedup.clone(), reply }).await? {
-            Submitted::New => Ok(Submission::New(PendingFuture { id, store: self.inner.0.clone(), settled: false })),
-            Submitted::Existing(earlier) => Ok(Submission::Existing(earlier)),
-            Submitted::Full { pending } => Err(TinkerError::TooManyPending { pending }),
+        let build = |reply| StoreMsg::Submit {
+            id,
+            subject: subject.clone(),
+            dedup: dedup.clone(),
+            request: request.clone(),
+            reply,
+        };
+        match self.call(build).await? {
+            (Submitted::New, recording) => {
+                if let Some(recording) = recording
+                    && let Err(err) = recording.await
+                {
+                    let _ = self.inner.0.cast(StoreMsg::Withdraw { id });
+                    return Err(TinkerError::Core(CoreError::State(err)));
+                }
+                Ok(Submission::New(self.pending_future(id)))
+            }
+            (Submitted::Existing(earlier), _) => Ok(Submission::Existing(earlier)),
+            (Submitted::Full { pending }, _) => Err(TinkerError::TooManyPending { pending }),
         }
+    }
+
+    /// The guard of a pending future put back at start, for the task that continues its sample.
+    pub(crate) fn pending_future(&self, id: FutureId) -> PendingFuture {
+        PendingFuture { id, store: self.inner.0.clone(), settled: false }
     }
 
     /// The future's state channel, or `None` if it is unknown (never issued, or expired).
@@ -254,8 +294,8 @@ impl PendingFuture {
         let _ = self.store.cast(StoreMsg::Settle { id: self.id, outcome });
     }
 
-    /// Leaves the future pending because the server is stopping: the process ends with it, and after a restart the
-    /// SDK's next poll gets 410 and resubmits the sample by itself.
+    /// Leaves the future pending because the server is stopping: its record stays pending, and the next start on the
+    /// same state continues its sample.
     pub(crate) fn leave_for_restart(mut self) {
         self.settled = true;
     }

@@ -20,6 +20,8 @@ use crate::proto::tinker_public::{SampleResponse, StopReason};
 use crate::test_support::ByteCodec;
 use crate::{RetentionLimits, TinkerConfig, TinkerFront};
 
+mod restart;
+
 /// Tokens each scripted request emits before it waits to be aborted.
 const HOLD_AFTER: u32 = 3;
 /// What the tests' servers call the base model.
@@ -37,6 +39,11 @@ async fn serve(configure: impl FnOnce(&mut TinkerConfig)) -> Harness {
     let coordinator =
         coordinator_with_adapters(ScriptedEngine::new(HOLD_AFTER), CoordinatorConfig::default(), &["meow", "woof"])
             .await;
+    serve_on(coordinator, configure).await
+}
+
+/// A server over `coordinator`, polls held for 50 ms, and `config` adjusted.
+async fn serve_on(coordinator: Coordinator, configure: impl FnOnce(&mut TinkerConfig)) -> Harness {
     let mut config = TinkerConfig { poll_hold: Duration::from_millis(50), body_limit: 16 * 1024, ..Default::default() };
     configure(&mut config);
     let front = TinkerFront::start(coordinator.clone(), SERVED_NAME, Arc::new(ByteCodec), config).await.expect("start");

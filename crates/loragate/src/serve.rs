@@ -205,7 +205,7 @@ pub enum ServeError {
     Announce(String),
     /// The Tinker front's futures store could not start.
     #[error("starting the Tinker front: {0}")]
-    Tinker(#[source] ractor::SpawnErr),
+    Tinker(#[source] loragate_tinker::StartError),
     /// A listener could not be bound.
     #[error("binding {address}: {source}")]
     Bind {

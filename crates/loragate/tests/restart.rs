@@ -1,17 +1,23 @@
 //! `loragate serve --state-dir DIR` killed (SIGKILL, no shutdown) and started again on the same directory: adapters
 //! come back at their versions, no version is ever issued twice, pauses hold with their ids, owners and leases (a
 //! lease that ran out while the server was down is gone), an adapter whose directory vanished is listed with its
-//! error and refuses samples, and two servers never share a directory. Every server here has its own temporary
-//! state directory.
+//! error and refuses samples, two servers never share a directory, and Tinker futures survive (a sample pending at
+//! the kill resolves afterwards under its request id, for the SDK's HTTP calls and for the unmodified SDK itself; a
+//! finished result is served again). Every server here has its own temporary state directory.
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use loragate_core::testing::eventually_within;
 use loragate_proto::v1::lora_control_client::LoraControlClient;
 use loragate_proto::v1::{self as pb};
+use loragate_tinker::proto::tinker_public::{SampleResponse, StopReason};
+use prost::Message;
 use rand::Rng;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -34,8 +40,18 @@ impl Server {
 
     /// Starts it; its stderr if it exits before its ready line.
     fn try_start(state_dir: &Path, extra: &[&str]) -> Result<Self, String> {
+        Self::try_start_at(state_dir, "127.0.0.1:0", extra)
+    }
+
+    /// Starts it with its HTTP listener on `http_addr` (the address of a server killed before).
+    fn start_at(state_dir: &Path, http_addr: &str) -> Self {
+        Self::try_start_at(state_dir, http_addr, &[])
+            .unwrap_or_else(|stderr| panic!("loragate serve did not start: {stderr}"))
+    }
+
+    fn try_start_at(state_dir: &Path, http_addr: &str, extra: &[&str]) -> Result<Self, String> {
         let dir = state_dir.to_str().expect("a UTF-8 temporary path");
-        let mut args = vec!["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--state-dir", dir];
+        let mut args = vec!["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", http_addr, "--state-dir", dir];
         args.extend_from_slice(extra);
         let spawned = Spawned::try_start(&args)?;
         assert_eq!(spawned.ready["state_dir"].as_str(), Some(dir), "{}", spawned.ready);
@@ -222,4 +238,205 @@ async fn two_servers_never_share_a_state_directory() {
     let dir = state.path().display().to_string();
     assert!(stderr.contains("--state-dir") && stderr.contains(&dir) && stderr.contains("another"), "{stderr}");
     first.kill();
+}
+
+/// The Tinker front's HTTP calls, shaped as the SDK (0.38) makes them.
+struct Tinker {
+    http: reqwest::Client,
+    base: String,
+}
+
+/// What one `retrieve_future` answered.
+enum Polled {
+    Finished(bytes::Bytes),
+    Json(StatusCode, Value),
+}
+
+impl Tinker {
+    fn of(server: &Server) -> Self {
+        let http = reqwest::Client::builder().no_proxy().build().expect("an HTTP client");
+        Self { http, base: format!("http://{}/api/v1", server.http_addr) }
+    }
+
+    async fn post(&self, path: &str, body: Value) -> reqwest::Response {
+        self.http.post(format!("{}/{path}", self.base)).json(&body).send().await.expect("the server answers")
+    }
+
+    async fn sampling_session(&self, adapter: &str) -> String {
+        let body = json!({"session_id": "s", "sampling_session_seq_id": 0, "model_path": format!("tinker://loragate/{adapter}")});
+        let answer: Value = self.post("create_sampling_session", body).await.json().await.expect("JSON");
+        answer["sampling_session_id"].as_str().expect("a sampling session id").to_owned()
+    }
+
+    /// A greedy sample of exactly `max_tokens` per sequence (nothing stops it earlier); answers its request id.
+    async fn asample(&self, session: &str, seq_id: i64, num_samples: u32, max_tokens: u32) -> String {
+        let body = json!({
+            "sampling_session_id": session, "seq_id": seq_id, "num_samples": num_samples,
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": b"The animal says:".to_vec()}]},
+            "sampling_params": {"max_tokens": max_tokens, "temperature": 0.0, "top_k": -1, "top_p": 1.0, "stop": []},
+            "prompt_logprobs": false, "topk_prompt_logprobs": 0, "topk_sample_logprobs": 0,
+            "prompt_alt_tokens_k": 0, "record_stability_info": false, "type": "sample"
+        });
+        let response = self.post("asample", body).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let answer: Value = response.json().await.expect("JSON");
+        answer["request_id"].as_str().expect("a request id").to_owned()
+    }
+
+    async fn poll(&self, request_id: &str) -> Polled {
+        let response =
+            self.post("retrieve_future", json!({"request_id": request_id, "allow_metadata_only": true})).await;
+        let status = response.status();
+        let protobuf = response.headers().get("content-type").is_some_and(|kind| kind == "application/x-protobuf");
+        let body = response.bytes().await.expect("a body");
+        if protobuf {
+            Polled::Finished(body)
+        } else {
+            Polled::Json(status, serde_json::from_slice(&body).expect("a JSON body"))
+        }
+    }
+
+    /// Polls as the SDK does until the sample finished; its encoded `SampleResponse`.
+    async fn retrieve(&self, request_id: &str) -> bytes::Bytes {
+        let deadline = std::time::Instant::now() + spawned::PATIENCE;
+        loop {
+            match self.poll(request_id).await {
+                Polled::Finished(bytes) => return bytes,
+                Polled::Json(StatusCode::OK, body) if body["type"] == "try_again" => {}
+                Polled::Json(status, body) => panic!("{request_id}: {status} {body}"),
+            }
+            assert!(std::time::Instant::now() < deadline, "{request_id} stayed pending");
+        }
+    }
+
+    /// The queue state a poll of a pending future answers.
+    async fn queue_state(&self, request_id: &str) -> Value {
+        match self.poll(request_id).await {
+            Polled::Json(StatusCode::OK, body) if body["type"] == "try_again" => body["queue_state"].clone(),
+            Polled::Json(status, body) => panic!("{request_id} is not pending: {status} {body}"),
+            Polled::Finished(_) => panic!("{request_id} is not pending: it finished"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn tinker_futures_survive_a_kill_a_pending_sample_resolves_and_a_result_is_served_again() {
+    let state = tempfile::tempdir().expect("state dir");
+    let server = Server::start(state.path(), &[]);
+    let tinker = Tinker::of(&server);
+    let woof = tinker.sampling_session("woof").await;
+    let finished = tinker.asample(&woof, 0, 1, 8).await;
+    let result = tinker.retrieve(&finished).await;
+    // The pause answers once recorded; the store commits in the order changes were queued, and the result's record
+    // was queued when the sample settled, before the poll above answered: the result is durable too.
+    let mut control = server.control().await;
+    let trainer = pause(&mut control, "meow", "trainer", 600.0).await;
+    let meow = tinker.sampling_session("meow").await;
+    // `asample` answers once the pending sample is recorded.
+    let pending = tinker.asample(&meow, 0, 2, 24).await;
+    assert_eq!(tinker.queue_state(&pending).await, "paused_capacity");
+    server.kill();
+
+    let server = Server::start(state.path(), &[]);
+    let tinker = Tinker::of(&server);
+    assert_eq!(tinker.retrieve(&finished).await, result, "the finished result is served again under its id");
+    assert_eq!(tinker.queue_state(&pending).await, "paused_capacity", "pending under its id, meow still paused");
+    let mut control = server.control().await;
+    let resumed = pb::ResumeLoraRequestsRequest { lora_name: "meow".into(), pause_id: trainer };
+    assert!(control.resume_lora_requests(resumed).await.expect("resumed").into_inner().was_paused);
+    let response = SampleResponse::decode(tinker.retrieve(&pending).await).expect("a SampleResponse");
+    assert_eq!(response.sequences.len(), 2);
+    for sequence in &response.sequences {
+        assert_eq!(sequence.tokens.len(), 4 * 24, "the whole budget, as int32s: {sequence:?}");
+        assert_eq!(sequence.stop_reason(), StopReason::Length);
+    }
+    server.kill();
+}
+
+/// A child process killed (if it still runs) when the test ends, passed or not.
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// What `loragate_generated_tokens_total` says `adapter` generated (summed over versions).
+async fn generated_tokens(http: &reqwest::Client, server: &Server, adapter: &str) -> f64 {
+    let metrics = http.get(format!("http://{}/metrics", server.http_addr)).send().await.expect("metrics");
+    let text = metrics.text().await.expect("metrics text");
+    let label = format!("adapter=\"{adapter}\"");
+    text.lines()
+        .filter(|line| line.starts_with("loragate_generated_tokens_total{") && line.contains(&label))
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// The unmodified Tinker SDK (`tinker==0.38.0` in `$LORAGATE_PYTHON`'s environment; skipped with a message where that
+/// Python is older than 3.11, as the SDK test of `binary.rs`) waits on a sample of a paused adapter while the server is
+/// killed (SIGKILL) and started again on the same address and state: once the adapter is resumed its future resolves
+/// with the whole budget, and the restarted server generated each token once (the SDK polled the recorded future; it
+/// did not resubmit the sample).
+#[tokio::test]
+async fn the_unmodified_tinker_sdks_future_resolves_across_a_kill() {
+    let python = std::env::var("LORAGATE_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let new_enough = Command::new(&python)
+        .args(["-c", "import sys; sys.exit(sys.version_info < (3, 11))"])
+        .status()
+        .is_ok_and(|status| status.success());
+    if !new_enough {
+        eprintln!("SKIPPED: the tinker SDK needs Python >= 3.11, and {python} is older");
+        return;
+    }
+    const SAMPLES: usize = 2;
+    const TOKENS: usize = 24;
+    let state = tempfile::tempdir().expect("state dir");
+    let server = Server::start(state.path(), &[]);
+    let mut control = server.control().await;
+    let trainer = pause(&mut control, "meow", "trainer", 600.0).await;
+    let script = spawned::repo_root().join("tests/python/tinker_restart.py");
+    let base_url = format!("http://{}", server.http_addr);
+    let mut sdk = KilledOnDrop(
+        Command::new(&python)
+            .arg(script)
+            .args([base_url.as_str(), &SAMPLES.to_string(), &TOKENS.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|err| panic!("cannot run {python}: {err}")),
+    );
+    let (lines, said) = std::sync::mpsc::channel();
+    let stdout = sdk.0.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    eventually_within("the SDK's sample is held at meow's gate (accepted, so recorded)", spawned::PATIENCE, || {
+        let mut control = control.clone();
+        async move { adapter(&mut control, "meow").await.held >= 1 }
+    })
+    .await;
+    let http_addr = server.http_addr.clone();
+    server.kill();
+
+    let server = Server::start_at(state.path(), &http_addr);
+    let mut control = server.control().await;
+    let resumed = pb::ResumeLoraRequestsRequest { lora_name: "meow".into(), pause_id: trainer };
+    assert!(control.resume_lora_requests(resumed).await.expect("resumed").into_inner().was_paused);
+    let answer = loop {
+        let line = said.recv_timeout(spawned::PATIENCE).expect("the SDK answers in time");
+        if let Some(answer) = line.strip_prefix("ok: ") {
+            break serde_json::from_str::<Value>(answer).expect("the SDK's answer");
+        }
+    };
+    let whole_budgets = serde_json::to_value(vec![TOKENS; SAMPLES]).expect("JSON");
+    assert_eq!(answer["tokens"], whole_budgets, "the whole budget: {answer}");
+    let http = reqwest::Client::builder().no_proxy().build().expect("an HTTP client");
+    let generated = generated_tokens(&http, &server, "meow").await;
+    assert_eq!(generated, (SAMPLES * TOKENS) as f64, "the restarted server generated each token once");
+    let status = sdk.0.wait().expect("the SDK exits");
+    assert!(status.success(), "{status}");
+    server.kill();
 }

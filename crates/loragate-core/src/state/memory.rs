@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use parking_lot::Mutex;
 
-use super::{AdapterRecord, PauseRecord, RecordedState, Recording, StateChange, StateError, StateStore};
+use super::{AdapterRecord, FrontRecord, PauseRecord, RecordedState, Recording, StateChange, StateError, StateStore};
 use crate::adapter::{PauseId, PauseMode};
 use crate::ids::{AdapterName, AdapterVersion};
 
@@ -26,6 +26,7 @@ struct Records {
     issued: HashMap<AdapterName, AdapterVersion>,
     pauses: BTreeMap<(AdapterName, PauseId), PauseRecord>,
     global_pause: Option<PauseMode>,
+    front_records: BTreeMap<(String, String), String>,
 }
 
 impl MemoryStore {
@@ -66,6 +67,12 @@ impl Records {
                 self.pauses.remove(&(adapter, pause_id));
             }
             StateChange::GlobalPause(mode) => self.global_pause = mode,
+            StateChange::FrontRecordPut(FrontRecord { table, key, value }) => {
+                self.front_records.insert((table, key), value);
+            }
+            StateChange::FrontRecordRemoved { table, key } => {
+                self.front_records.remove(&(table, key));
+            }
         }
     }
 }
@@ -78,6 +85,15 @@ impl StateStore for MemoryStore {
             adapters: records.adapters.values().cloned().collect(),
             pauses: records.pauses.values().cloned().collect(),
             global_pause: records.global_pause,
+            front_records: records
+                .front_records
+                .iter()
+                .map(|((table, key), value)| FrontRecord {
+                    table: table.clone(),
+                    key: key.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
         })
     }
 
@@ -150,5 +166,30 @@ mod tests {
         assert_eq!(recorded.pauses[0].pause_id.as_str(), "pause-2", "ids are never given out twice");
         store.record(vec![StateChange::Unloaded { name: meow }]).await.ok();
         assert_eq!(store.recorded().await, Ok(RecordedState::default()));
+    }
+
+    #[tokio::test]
+    async fn front_records_are_replaced_and_removed_by_table_and_key() {
+        let store = MemoryStore::new();
+        let record = |table: &str, key: &str, value: &str| FrontRecord {
+            table: table.into(),
+            key: key.into(),
+            value: value.into(),
+        };
+        store
+            .record(vec![
+                StateChange::FrontRecordPut(record("tinker/samples", "b", "1")),
+                StateChange::FrontRecordPut(record("tinker/samples", "a", "1")),
+                StateChange::FrontRecordPut(record("other", "a", "x")),
+            ])
+            .await
+            .ok();
+        store.record(vec![StateChange::FrontRecordPut(record("tinker/samples", "a", "2"))]).await.ok();
+        store
+            .record(vec![StateChange::FrontRecordRemoved { table: "tinker/samples".into(), key: "b".into() }])
+            .await
+            .ok();
+        let recorded = store.recorded().await.expect("read").front_records;
+        assert_eq!(recorded, vec![record("other", "a", "x"), record("tinker/samples", "a", "2")]);
     }
 }

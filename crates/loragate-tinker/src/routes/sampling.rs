@@ -17,7 +17,7 @@ use crate::naming::{Naming, model_path_of};
 use crate::sample_request::AsampleBody;
 use crate::sample_task::run_sample;
 use crate::state::TinkerState;
-use crate::store::{DedupKey, FutureState, FutureSubject, Submission};
+use crate::store::{Creator, DedupKey, FutureState, FutureSubject, Submission};
 
 /// The content type of a finished sample.
 const PROTOBUF: &str = "application/x-protobuf";
@@ -71,8 +71,8 @@ fn session_target(id: &str) -> Result<AdapterKey, TinkerError> {
     })
 }
 
-/// `POST /api/v1/asample`: validates the request, records its future and starts its sample; answers before any
-/// token is generated. A paused adapter is no error: the sample waits inside the core, the future stays pending.
+/// `POST /api/v1/asample`: validates the request, records its future (durably: it survives a restart) and starts its
+/// sample; answers before any token is generated. A paused adapter is no error: the sample waits inside the core, the future stays pending.
 pub(crate) async fn asample(
     State(state): State<TinkerState>,
     Extension(caller): Extension<Principal>,
@@ -94,10 +94,12 @@ pub(crate) async fn asample(
         .zip(body.seq_id)
         .map(|(sampling_session_id, seq_id)| DedupKey { sampling_session_id, seq_id });
     let id = state.ids().future_id();
+    // Recorded with the future once it validated: a restart validates it again and continues it.
+    let request = serde_json::to_value(&body).map_err(|err| TinkerError::invalid("body", err.to_string()))?;
     let plan = body.into_plan(id, &target, state.coordinator())?;
     let num_samples = plan.request.num_samples();
-    let subject = FutureSubject { target, creator: caller };
-    let id = match state.store().submit(id, subject, dedup).await? {
+    let subject = FutureSubject { target, creator: Creator::Caller(caller) };
+    let id = match state.store().submit(id, subject, dedup, request).await? {
         Submission::New(future) => {
             tokio::spawn(run_sample(state.clone(), plan, future));
             id
@@ -123,15 +125,20 @@ pub(crate) async fn retrieve_future(
     JsonBody(body): JsonBody<RetrieveFutureBody>,
 ) -> Result<Response, TinkerError> {
     let raw = body.request_id.ok_or_else(|| TinkerError::invalid("request_id", "is required"))?;
-    let id = match FutureId::classify(&raw, state.ids().epoch()) {
-        KnownId::Ours(id) => id,
-        KnownId::EarlierProcess => return Err(TinkerError::FutureOfEarlierProcess(raw)),
+    let (id, earlier) = match FutureId::classify(&raw, state.ids().epoch()) {
+        KnownId::Ours(id) => (id, false),
+        KnownId::EarlierProcess(id) => (id, true),
         KnownId::Foreign => return Err(TinkerError::UnknownFuture(raw)),
     };
-    let watch = state.store().watch(id).await?.ok_or_else(|| TinkerError::UnknownFuture(raw.clone()))?;
+    let watch = match state.store().watch(id).await? {
+        Some(watch) => watch,
+        // An earlier process's future that was not put back at start (not recorded, or its result expired).
+        None if earlier => return Err(TinkerError::FutureOfEarlierProcess(raw)),
+        None => return Err(TinkerError::UnknownFuture(raw)),
+    };
     // Only the key that created a future may read it (base-model futures included); to any other caller it does not
     // exist, so an id learnt elsewhere tells nothing.
-    if !caller.is_same_key(&watch.subject.creator) {
+    if !watch.subject.creator.may_read(&caller, &watch.subject.target) {
         return Err(TinkerError::UnknownFuture(raw));
     }
     let target = watch.subject.target;

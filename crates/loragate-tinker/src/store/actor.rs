@@ -1,20 +1,34 @@
-//! The store's actor: the single writer of the [`FutureTable`]. Every handler is a few map operations; waits happen on
-//! the futures' `watch` channels outside it, and a timer message sweeps expired results.
+//! The store's actor: the single writer of the [`FutureTable`], and of the futures' records in the state store. Every
+//! handler is a few map operations and at most one queued record (`StateStore::record` never blocks); waits happen on
+//! the futures' `watch` channels and on the records' futures outside it, and a timer message sweeps expired results.
+//! Records are queued in the order the table changes, so the store never holds a pending record over its result.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
+use loragate_core::state::{Recording, StateChange, StateStore};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::table::{FutureTable, Submitted};
+use super::record::{SampleRecord, removed};
+use super::table::{FutureTable, Restored, Submitted};
 use super::{DedupKey, FutureSubject, FutureWatch, RetentionLimits, Settled};
 use crate::ids::FutureId;
 
 /// The commands the store serves. Only [`super::FutureStore`] and [`super::PendingFuture`] build them.
 pub(crate) enum StoreMsg {
-    /// Records a pending future unless it is a resubmission or the table is full.
-    Submit { id: FutureId, subject: FutureSubject, dedup: Option<DedupKey>, reply: RpcReplyPort<Submitted> },
+    /// Records a pending future unless it is a resubmission or the table is full; a new one comes with its record's
+    /// [`Recording`] (`request` is the `asample` body recorded with it).
+    Submit {
+        id: FutureId,
+        subject: FutureSubject,
+        dedup: Option<DedupKey>,
+        request: serde_json::Value,
+        reply: RpcReplyPort<(Submitted, Option<Recording>)>,
+    },
+    /// A pending future whose record failed: it goes.
+    Withdraw { id: FutureId },
     /// A pending future's outcome.
     Settle { id: FutureId, outcome: Settled },
     /// A future's state channel.
@@ -39,12 +53,34 @@ pub(crate) struct StoreActor;
 pub(crate) struct StoreArgs {
     pub(crate) limits: RetentionLimits,
     pub(crate) sweep_every: Duration,
+    pub(crate) state: Arc<dyn StateStore>,
+    pub(crate) restored: Vec<Restored>,
 }
 
-/// The actor's state: the table, and the timer that sweeps it.
+/// The actor's state: the table, where its records go, and the timer that sweeps it.
 pub(crate) struct StoreState {
     table: FutureTable,
+    records: Arc<dyn StateStore>,
     sweeper: JoinHandle<()>,
+}
+
+impl StoreState {
+    /// Queues the removal of dropped results' records (nothing awaits it: a failure is logged).
+    fn forget(&self, dropped: Vec<FutureId>) {
+        if !dropped.is_empty() {
+            self.queue(dropped.into_iter().map(removed).collect());
+        }
+    }
+
+    /// Queues changes whose outcome nobody waits for; a failure is logged.
+    fn queue(&self, changes: Vec<StateChange>) {
+        let recording = self.records.record(changes);
+        tokio::spawn(async move {
+            if let Err(err) = recording.await {
+                tracing::warn!(%err, "could not record a Tinker future's change; a restart may not see it");
+            }
+        });
+    }
 }
 
 impl Actor for StoreActor {
@@ -54,7 +90,11 @@ impl Actor for StoreActor {
 
     async fn pre_start(&self, myself: ActorRef<StoreMsg>, args: StoreArgs) -> Result<StoreState, ActorProcessingErr> {
         let sweeper = myself.send_interval(args.sweep_every, || StoreMsg::Sweep);
-        Ok(StoreState { table: FutureTable::new(args.limits), sweeper })
+        let mut table = FutureTable::new(args.limits);
+        let dropped: Vec<FutureId> = args.restored.into_iter().flat_map(|restored| table.restore(restored)).collect();
+        let state = StoreState { table, records: args.state, sweeper };
+        state.forget(dropped);
+        Ok(state)
     }
 
     async fn post_stop(&self, _myself: ActorRef<StoreMsg>, state: &mut StoreState) -> Result<(), ActorProcessingErr> {
@@ -70,10 +110,26 @@ impl Actor for StoreActor {
     ) -> Result<(), ActorProcessingErr> {
         let table = &mut state.table;
         match message {
-            StoreMsg::Submit { id, subject, dedup, reply } => {
-                let _ = reply.send(table.submit(id, subject, dedup));
+            StoreMsg::Submit { id, subject, dedup, request, reply } => {
+                let record = SampleRecord::pending(&subject.target, &subject.creator, dedup.clone(), request);
+                let submitted = table.submit(id, subject, dedup);
+                let recording = (submitted == Submitted::New).then(|| state.records.record(vec![record.put(id)]));
+                let _ = reply.send((submitted, recording));
             }
-            StoreMsg::Settle { id, outcome } => table.settle(id, outcome, Instant::now()),
+            StoreMsg::Withdraw { id } => {
+                table.withdraw(id);
+                state.forget(vec![id]);
+            }
+            StoreMsg::Settle { id, outcome } => {
+                let dropped = table.settle(id, outcome, Instant::now());
+                // The result replaces the pending record, in the same change as the results it pushed out.
+                let mut changes: Vec<StateChange> =
+                    table.settled_record(id, SystemTime::now()).map(|record| record.put(id)).into_iter().collect();
+                changes.extend(dropped.into_iter().map(removed));
+                if !changes.is_empty() {
+                    state.queue(changes);
+                }
+            }
             StoreMsg::Watch { id, reply } => {
                 let _ = reply.send(table.watch(id));
             }
@@ -86,7 +142,10 @@ impl Actor for StoreActor {
             StoreMsg::Counts { reply } => {
                 let _ = reply.send((table.pending(), table.retained()));
             }
-            StoreMsg::Sweep => table.sweep(Instant::now()),
+            StoreMsg::Sweep => {
+                let dropped = table.sweep(Instant::now());
+                state.forget(dropped);
+            }
         }
         Ok(())
     }

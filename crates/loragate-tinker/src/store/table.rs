@@ -3,12 +3,27 @@
 //! retention rules.
 
 use std::collections::{HashMap, VecDeque};
+use std::time::SystemTime;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::record::SampleRecord;
 use super::{DedupKey, FutureState, FutureSubject, FutureWatch, RetentionLimits, Settled};
 use crate::ids::FutureId;
+
+/// A future recorded before a restart, to put back.
+#[derive(Debug)]
+pub(crate) struct Restored {
+    /// Its request id (an earlier process's).
+    pub(crate) id: FutureId,
+    /// What it samples and who created it.
+    pub(crate) subject: FutureSubject,
+    /// Its resubmission key.
+    pub(crate) dedup: Option<DedupKey>,
+    /// Pending (its sample is continued), or settled at the given time.
+    pub(crate) settled: Option<(FutureState, Instant)>,
+}
 
 /// What [`FutureTable::submit`] did.
 #[derive(Debug, PartialEq, Eq)]
@@ -80,9 +95,49 @@ impl FutureTable {
         Submitted::New
     }
 
-    /// Records the outcome of a pending future (a second outcome is ignored: the first is final).
-    pub(crate) fn settle(&mut self, id: FutureId, outcome: Settled, now: Instant) {
-        let Some(entry) = self.entries.get_mut(&id).filter(|entry| entry.settled_at.is_none()) else { return };
+    /// Puts back a future recorded before a restart. It counts toward the limits like any other, and is never refused
+    /// (it was accepted before); results past `max_results` drop the oldest, as at settling. Answers the ids dropped.
+    pub(crate) fn restore(&mut self, restored: Restored) -> Vec<FutureId> {
+        let Restored { id, subject, dedup, settled } = restored;
+        if let Some(key) = &dedup {
+            self.by_dedup.insert(key.clone(), id);
+        }
+        let (state, settled_at) = match settled {
+            Some((state, at)) => (state, Some(at)),
+            None => (FutureState::Pending, None),
+        };
+        let (state, _) = watch::channel(state);
+        self.entries.insert(id, Entry { subject, state, dedup, settled_at, delivered_at: None });
+        if settled_at.is_some() {
+            self.settled.push_back(id);
+            self.evict_past_max_results()
+        } else {
+            self.pending += 1;
+            Vec::new()
+        }
+    }
+
+    /// Drops a pending future whose record could not be written (its `asample` failed).
+    pub(crate) fn withdraw(&mut self, id: FutureId) {
+        if self.entries.get(&id).is_some_and(|entry| entry.settled_at.is_none()) {
+            self.pending -= 1;
+            self.remove(id);
+        }
+    }
+
+    /// The record of a settled future, settled at `settled_at` (wall clock); `None` if it is unknown or pending.
+    pub(crate) fn settled_record(&self, id: FutureId, settled_at: SystemTime) -> Option<SampleRecord> {
+        let entry = self.entries.get(&id)?;
+        let subject = &entry.subject;
+        SampleRecord::settled(&subject.target, &subject.creator, entry.dedup.clone(), &entry.state.borrow(), settled_at)
+    }
+
+    /// Records the outcome of a pending future (a second outcome is ignored: the first is final). Answers the ids of
+    /// the results dropped to stay within `max_results`.
+    pub(crate) fn settle(&mut self, id: FutureId, outcome: Settled, now: Instant) -> Vec<FutureId> {
+        let Some(entry) = self.entries.get_mut(&id).filter(|entry| entry.settled_at.is_none()) else {
+            return Vec::new();
+        };
         entry.settled_at = Some(now);
         entry.state.send_replace(match outcome {
             Settled::Finished(bytes) => FutureState::Finished(bytes),
@@ -90,6 +145,12 @@ impl FutureTable {
         });
         self.pending -= 1;
         self.settled.push_back(id);
+        self.evict_past_max_results()
+    }
+
+    /// Drops the oldest results past `max_results`; answers their ids.
+    fn evict_past_max_results(&mut self) -> Vec<FutureId> {
+        let mut evicted = Vec::new();
         while self.retained() > self.limits.max_results {
             let Some(oldest) = self.settled.pop_front() else { break };
             if let Some(entry) = self.entries.get(&oldest)
@@ -98,8 +159,12 @@ impl FutureTable {
                 tracing::warn!(request_id = %oldest, limit = self.limits.max_results,
                     "dropped a Tinker result that was never retrieved: too many results are retained");
             }
+            if self.entries.contains_key(&oldest) {
+                evicted.push(oldest);
+            }
             self.remove(oldest);
         }
+        evicted
     }
 
     /// The future's state channel, if it is known.
@@ -127,8 +192,8 @@ impl FutureTable {
     }
 
     /// Drops what outlived its retention: delivered results after the grace period, undelivered ones after the result
-    /// lifetime, finished sessions after theirs.
-    pub(crate) fn sweep(&mut self, now: Instant) {
+    /// lifetime, finished sessions after theirs. Answers the ids of the results dropped.
+    pub(crate) fn sweep(&mut self, now: Instant) -> Vec<FutureId> {
         let limits = self.limits;
         let expired: Vec<FutureId> = self
             .entries
@@ -140,14 +205,15 @@ impl FutureTable {
             })
             .map(|(id, _)| *id)
             .collect();
-        for id in expired {
-            if self.entries.get(&id).is_some_and(|entry| entry.delivered_at.is_none()) {
+        for id in &expired {
+            if self.entries.get(id).is_some_and(|entry| entry.delivered_at.is_none()) {
                 tracing::info!(request_id = %id, "dropped a Tinker result that was never retrieved");
             }
-            self.remove(id);
+            self.remove(*id);
         }
         self.settled.retain(|id| self.entries.contains_key(id));
         self.finished_sessions.retain(|_, finished| now < *finished + limits.session_lifetime);
+        expired
     }
 
     /// How many futures are pending.
@@ -259,7 +325,7 @@ mod tests {
         table.delivered(delivered, start + Duration::from_secs(10));
         table.sweep(start + Duration::from_secs(69));
         assert!(table.watch(delivered).is_some(), "a lost response may be retrieved again within the grace");
-        table.sweep(start + Duration::from_secs(70));
+        assert_eq!(table.sweep(start + Duration::from_secs(70)), [delivered], "its record goes too");
         assert!(table.watch(delivered).is_none(), "dropped after the grace");
         assert!(watcher.state.has_changed().is_err(), "its watchers see the channel close");
         assert_eq!(table.submit(ids.future_id(), AdapterKey::Base, key(1)), Submitted::New, "its dedup key too");
@@ -277,13 +343,46 @@ mod tests {
         let ids = IdMaker::new(Epoch::random());
         let mut table = FutureTable::new(RetentionLimits { max_pending: 10, ..limits() });
         let all: Vec<FutureId> = (0..5).map(|_| ids.future_id()).collect();
+        let mut dropped = Vec::new();
         for (n, id) in all.iter().enumerate() {
             table.submit(*id, AdapterKey::Base, None);
-            table.settle(*id, finished("r"), Instant::now() + Duration::from_secs(n as u64));
+            dropped.extend(table.settle(*id, finished("r"), Instant::now() + Duration::from_secs(n as u64)));
         }
+        assert_eq!(dropped, all[..2], "the dropped ones are answered (their records go)");
         assert_eq!(table.retained(), 3);
         let kept: Vec<bool> = all.iter().map(|id| table.watch(*id).is_some()).collect();
         assert_eq!(kept, [false, false, true, true, true]);
+    }
+
+    #[test]
+    fn restored_futures_count_like_others_and_a_withdrawn_one_leaves_nothing() {
+        let ids = IdMaker::new(Epoch::random());
+        let mut table = FutureTable::new(limits());
+        let now = Instant::now();
+        let pending = ids.future_id();
+        let dedup = DedupKey { sampling_session_id: "ss".into(), seq_id: 1 };
+        let restored =
+            Restored { id: pending, subject: AdapterKey::Base.into(), dedup: Some(dedup.clone()), settled: None };
+        assert_eq!(table.restore(restored), Vec::<FutureId>::new());
+        assert_eq!(table.submit(ids.future_id(), AdapterKey::Base, Some(dedup)), Submitted::Existing(pending));
+        let results: Vec<FutureId> = (0..4).map(|_| ids.future_id()).collect();
+        let mut dropped = Vec::new();
+        for (n, id) in results.iter().enumerate() {
+            let answer = FutureState::Finished(Bytes::from_static(b"r"));
+            let settled = Some((answer, now + Duration::from_secs(n as u64)));
+            dropped.extend(table.restore(Restored { id: *id, subject: AdapterKey::Base.into(), dedup: None, settled }));
+        }
+        assert_eq!(dropped, [results[0]], "past max_results the oldest goes");
+        assert_eq!((table.pending(), table.retained()), (1, 3));
+        assert!(table.settled_record(pending, SystemTime::now()).is_none(), "a pending future has no settled record");
+        assert_eq!(table.settle(pending, finished("done"), now), [results[1]]);
+        assert!(table.settled_record(pending, SystemTime::now()).is_some());
+
+        let fresh = ids.future_id();
+        assert_eq!(table.submit(fresh, AdapterKey::Base, None), Submitted::New);
+        table.withdraw(fresh);
+        assert!(table.watch(fresh).is_none());
+        assert_eq!(table.pending(), 0);
     }
 
     #[test]

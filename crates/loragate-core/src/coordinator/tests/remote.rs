@@ -136,6 +136,7 @@ async fn a_resync_squares_pauses_versions_and_adapters_with_the_record() {
         adapters: vec![record],
         pauses: vec![remote_pause("meow", "pause-kept", PauseMode::Abort)],
         global_pause: None,
+        front_records: Vec::new(),
     };
     feed.send(RemoteChange::Resynced(resynced)).expect("fed");
     eventually("woof unloaded, meow at 4 under the recorded pause only", || async {
