@@ -131,7 +131,8 @@ pub enum QuantizedWeights {
     /// Dequantized to the engine's dtype at load: dense GEMMs everywhere, and 4–8× the memory of the file at f32.
     Dequantized,
     /// Both: quantized for inputs of fewer than `dense_from_rows` rows (decode steps), dense for more (prefill),
-    /// where a dense GEMM is faster than quantized dot products; the memory of both.
+    /// where a dense GEMM is faster than quantized dot products; the memory of both. On the CPU only (refused on
+    /// CUDA, where every matrix is dense).
     Hybrid {
         /// The fewest input rows multiplied by the dense copy.
         dense_from_rows: usize,
@@ -222,10 +223,28 @@ impl EngineConfig {
     /// The default step budget on the CPU: a step with a full prefill chunk costs a few decode steps of a 135M model
     /// on two cores (measured: see `docs/engine.md`).
     pub const DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU: usize = 128;
-    /// The default step budget on CUDA, where a pass of a few thousand tokens costs little more than a decode step.
-    pub const DEFAULT_MAX_NUM_BATCHED_TOKENS_CUDA: usize = 2048;
+    /// The default step budget on CUDA: measured on an H200 (`docs/benchmarks.md`, CUDA), a step with a full
+    /// 1,024-token chunk beside 16 decoding streams costs about 4 decode steps (4.2 on a model of Llama-3.2-1B's
+    /// shape, 4.3 on SmolLM2-135M's, bf16) and prefills within 2–4 % of 2,048's speed, whose steps cost 6.4–7.7.
+    pub const DEFAULT_MAX_NUM_BATCHED_TOKENS_CUDA: usize = 1024;
     /// What a default step budget leaves for prompts at least, beside a full batch of decoding sequences.
     pub const MIN_PREFILL_TOKENS_PER_STEP: usize = 16;
+
+    /// How a GGUF file's quantized matrices are multiplied on this config's device. On the CPU, as asked. On CUDA they
+    /// are always dequantized to the dtype (the quantized kernels are the CPU's): the default `quantized` becomes
+    /// `dequantized`, and `hybrid`, which asks for the CPU's quantized kernel beside a dense copy, is an
+    /// [`EngineLoadError::Settings`] naming the flag rather than a setting silently ignored.
+    pub(crate) fn quantized_weights_on_device(&self) -> Result<QuantizedWeights, EngineLoadError> {
+        match (self.device, self.quantized_weights) {
+            (Device::Cpu, weights) => Ok(weights),
+            (device, QuantizedWeights::Hybrid { .. }) => Err(EngineLoadError::Settings(format!(
+                "quantized_weights (--quantized-weights) {} runs the CPU's quantized kernel for small inputs; on \
+                 {device} a GGUF file's matrices are dequantized to the dtype: use `dequantized` (or the default)",
+                self.quantized_weights
+            ))),
+            (Device::Cuda(_), _) => Ok(QuantizedWeights::Dequantized),
+        }
+    }
 
     /// The step limits these settings give on `device`; an explicit step budget that does not exceed
     /// `max_batch_size` is an [`EngineLoadError::Settings`] (a full batch would leave no token for any prompt).
@@ -321,6 +340,23 @@ mod tests {
         let err = tight.step_limits(&cpu).expect_err("no room for prompts");
         assert!(
             matches!(&err, EngineLoadError::Settings(reason) if reason.contains("max_num_batched_tokens")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn cuda_dequantizes_gguf_matrices_and_refuses_hybrid_by_name() {
+        let on = |device, quantized_weights| EngineConfig { device, quantized_weights, ..EngineConfig::default() };
+        let hybrid = QuantizedWeights::Hybrid { dense_from_rows: 64 };
+        assert_eq!(on(Device::Cpu, hybrid).quantized_weights_on_device().expect("cpu"), hybrid);
+        let cuda = Device::Cuda(0);
+        for weights in [QuantizedWeights::Quantized, QuantizedWeights::Dequantized] {
+            let applied = on(cuda, weights).quantized_weights_on_device().expect("cuda");
+            assert_eq!(applied, QuantizedWeights::Dequantized);
+        }
+        let err = on(cuda, hybrid).quantized_weights_on_device().expect_err("hybrid on cuda");
+        assert!(
+            matches!(&err, EngineLoadError::Settings(reason) if reason.contains("--quantized-weights") && reason.contains("cuda:0")),
             "{err}"
         );
     }

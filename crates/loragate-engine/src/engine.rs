@@ -65,7 +65,7 @@ impl CandleEngine {
             }
             ModelFormat::Gguf => {
                 let file = GgufFile::open(path)?;
-                let weights = config.quantized_weights;
+                let weights = config.quantized_weights_on_device()?;
                 (Llama::load_gguf(&file, &device, dtype, max_context, weights)?, Some(file.tokenizer()?))
             }
         };

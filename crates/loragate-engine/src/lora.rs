@@ -139,6 +139,31 @@ pub(crate) struct AdapterWeights {
     layers: Vec<[Option<LoraPair>; 7]>,
 }
 
+/// An adapter's device memory is freed wherever its last `Arc` goes: on the step thread, or on the async runtime's
+/// thread that replaced or unloaded it. cudarc frees in the CUDA context current on the freeing thread, and a free on
+/// a thread with none fails and poisons the context's next operation (`CUDA_ERROR_INVALID_CONTEXT` at the next
+/// step, seen on an H200 after a swap): so the device's context is made current first.
+impl Drop for AdapterWeights {
+    fn drop(&mut self) {
+        let first = self.layers.iter().flatten().flatten().next();
+        if let Some(pair) = first {
+            bind_device_to_thread(pair.a_t.device());
+        }
+    }
+}
+
+/// Makes `device`'s CUDA context current on this thread (a no-op on the CPU).
+fn bind_device_to_thread(device: &Device) {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(cuda) = device
+        && let Err(err) = cuda.cuda_stream().context().bind_to_thread()
+    {
+        tracing::warn!(%err, "could not make the CUDA context current to free an adapter's weights");
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = device;
+}
+
 impl AdapterWeights {
     /// Builds an adapter; `layers[layer][target.index()]` is the pair adapting that projection, if any.
     pub(crate) fn new(layers: Vec<[Option<LoraPair>; 7]>) -> Self {

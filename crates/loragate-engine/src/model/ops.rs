@@ -32,7 +32,8 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 /// positions `total − len..total`: row `i` of each `(len, total)` block keeps the columns up to its own position
 /// (`..=total − len + i`) and gets exact zeros after it. On the CPU this is one pass over the scores, in place (the
 /// chunk's scores are the largest tensor of a prefill: no mask is added and no copy made); elsewhere, and under
-/// autograd, an additive `-inf` mask and candle's softmax.
+/// autograd, an additive `-inf` mask and candle's softmax. On a GPU the mask is built there
+/// ([`causal_mask_on_device`]): a table written on the host would be copied over for every layer of every chunk.
 pub(crate) fn causal_softmax(scores: Tensor) -> Result<Tensor> {
     let dims = scores.dims();
     let (len, total) = (dims[dims.len() - 2], dims[dims.len() - 1]);
@@ -40,7 +41,11 @@ pub(crate) fn causal_softmax(scores: Tensor) -> Result<Tensor> {
         scores.inplace_op1(&CausalSoftmax { len, start: total - len })?;
         return Ok(scores);
     }
-    let mask = causal_mask(total - len, len, scores.device())?.to_dtype(scores.dtype())?;
+    let mask = if scores.device().is_cpu() {
+        causal_mask(total - len, len, scores.device())?.to_dtype(scores.dtype())?
+    } else {
+        causal_mask_on_device(total - len, len, scores.device(), scores.dtype())?
+    };
     softmax_last_dim(&scores.broadcast_add(&mask)?)
 }
 
@@ -51,6 +56,17 @@ pub(crate) fn causal_mask(start: usize, len: usize, device: &Device) -> Result<T
     let values: Vec<f32> =
         (0..len).flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY })).collect();
     Tensor::from_vec(values, (len, total), device)
+}
+
+/// [`causal_mask`] in `dtype`, computed on `device` from the two position ranges: only the ranges (`start + len`
+/// integers) cross from the host.
+pub(crate) fn causal_mask_on_device(start: usize, len: usize, device: &Device, dtype: DType) -> Result<Tensor> {
+    let total = start + len;
+    let positions = Tensor::arange(start as u32, total as u32, device)?.reshape((len, 1))?;
+    let keys = Tensor::arange(0u32, total as u32, device)?.reshape((1, total))?;
+    let open = Tensor::zeros((len, total), dtype, device)?;
+    let closed = Tensor::full(f32::NEG_INFINITY, (len, total), device)?.to_dtype(dtype)?;
+    keys.broadcast_le(&positions)?.where_cond(&open, &closed)
 }
 
 /// [`causal_softmax`] on the CPU: each row of `len` consecutive rows is the position after the one before.
@@ -105,6 +121,17 @@ mod tests {
         nan.slice_set(&Tensor::full(f32::NAN, (2, 3, 5, 1), &Device::Cpu).expect("nan"), 3, 0).expect("set");
         let row = fused_row(&nan, 4);
         assert!(row.iter().take(9).all(|value| value.is_nan()), "a NaN score spoils its row: {row:?}");
+    }
+
+    #[test]
+    fn the_mask_built_on_the_device_equals_the_host_table() {
+        for (start, len) in [(0, 1), (0, 6), (4, 5), (17, 3)] {
+            let host = causal_mask(start, len, &Device::Cpu).and_then(|m| m.to_vec2::<f32>()).expect("host");
+            let device = causal_mask_on_device(start, len, &Device::Cpu, DType::F32)
+                .and_then(|m| m.to_vec2::<f32>())
+                .expect("device");
+            assert_eq!(host, device, "start {start}, len {len}");
+        }
     }
 
     fn fused_row(scores: &Tensor, row: usize) -> Vec<f32> {

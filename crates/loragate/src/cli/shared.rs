@@ -64,7 +64,7 @@ pub struct EngineArgs {
     /// The most tokens one engine step runs: one for each decoding sequence, the rest chunks of prompts being
     /// prefilled. It trades the other streams' inter-token latency while long prompts (or a swap's continuations)
     /// arrive, which it bounds, against prefill throughput, which fewer larger passes raise. Must exceed
-    /// --max-batch-size (default: 128 on the CPU, 2048 on CUDA; see docs/engine.md).
+    /// --max-batch-size (default: 128 on the CPU, 1024 on CUDA; see docs/engine.md).
     #[arg(long, value_name = "N")]
     pub max_num_batched_tokens: Option<usize>,
     /// CPU threads for the engine's tensor operations (default: $RAYON_NUM_THREADS, else half the cores, at least
@@ -87,7 +87,8 @@ pub struct EngineArgs {
     pub adapter_load_timeout: Duration,
     /// How a GGUF file's quantized weights are multiplied: `quantized` (kept in their block format: least memory,
     /// fastest decoding), `dequantized` (to --dtype at load: dense GEMMs everywhere), or `hybrid[:N]` (both:
-    /// quantized below N input rows, dense from N rows on — prefill —; N is 64 when left out).
+    /// quantized below N input rows, dense from N rows on — prefill —; N is 64 when left out). On CUDA the matrices
+    /// are always dequantized (`hybrid` is refused there).
     #[arg(long, value_name = "MODE", default_value = "quantized")]
     pub quantized_weights: QuantizedWeights,
     /// Where the demo model is generated and cached (default: $LORAGATE_CACHE_DIR, $XDG_CACHE_HOME/loragate or
