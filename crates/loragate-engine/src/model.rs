@@ -111,3 +111,16 @@ impl Llama {
 pub(crate) fn log_softmax(logits: &Tensor) -> Result<Tensor> {
     candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)
 }
+
+/// `log_softmax` of each row of `logits` `(rows, vocab)`, in f32, flattened row after row into host memory: what the
+/// samplers read. On the CPU one fused pass per row, rows in parallel (candle's composed op makes five passes over the
+/// step's logits, one thread each); elsewhere candle's op on the device, then the copy.
+pub(crate) fn log_softmax_rows(logits: &Tensor) -> Result<Vec<f32>> {
+    if !logits.device().is_cpu() {
+        return log_softmax(logits)?.flatten_all()?.to_vec1::<f32>();
+    }
+    let vocab = logits.dim(D::Minus1)?;
+    let mut values = logits.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    ops::log_softmax_rows_in_place(&mut values, vocab);
+    Ok(values)
+}

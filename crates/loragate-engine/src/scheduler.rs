@@ -136,11 +136,11 @@ struct Scheduler {
 
 impl Scheduler {
     fn new(model: Llama, commands: Receiver<Command>, limits: StepLimits) -> Self {
-        let batch = Batch::new(&model);
         let limits = StepLimits {
             max_batch_size: limits.max_batch_size.max(1),
             max_num_batched_tokens: limits.max_num_batched_tokens.max(1),
         };
+        let batch = Batch::new(&model, limits.max_batch_size);
         Self {
             model,
             commands,

@@ -1,14 +1,22 @@
 //! Key/value caches: one left-padded tensor per layer for all rows of the decode batch ([`BatchKvCache`]), and one
 //! sequence's own cache while its prompt is prefilled chunk by chunk ([`SequenceKv`]).
 //!
-//! Row `i` of the batch holds `lenᵢ` cached positions in the columns `[len − lenᵢ, len)` of a `(rows, kv_heads,
-//! capacity, head_dim)` buffer; the columns before are padding, hidden from attention by a `-inf` mask. Every decode
-//! step writes one new column for all rows at once (`slice_set`, in place), so rows stay right-aligned and the work
-//! per step is the same handful of ops whatever the number of rows. The buffer is rebuilt only when the batch's
-//! membership changes: rows leaving are dropped with one `index_select` (and padding shared by every remaining row
-//! is trimmed); the rows joining in one step (each a [`SequenceKv`] whose prefill finished, or any sequence's
-//! keys and values) are written into one new buffer with the old rows, so each step copies the batch at most once.
-//! Capacity grows geometrically, up to the context length.
+//! Row `i` of the batch holds `lenᵢ` cached positions in the columns `[len − lenᵢ, len)` of a `(row_capacity,
+//! kv_heads, capacity, head_dim)` buffer; the columns before are padding, hidden from attention by a `-inf` mask.
+//! Every decode step writes one new column for all rows at once (`slice_set`, in place), so rows stay right-aligned
+//! and the work per step is the same handful of ops whatever the number of rows.
+//!
+//! Membership changes copy as little as they can, since a step that copies the whole batch stalls every tenant
+//! (with 32 rows of a few hundred positions the buffers hold a gigabyte at f32):
+//! - rows joining are written into free rows at the end of the buffers (their padding columns zeroed, as a reused
+//!   row may hold anything a departed sequence wrote); only a newcomer longer than every row (the others shift
+//!   right), a full row or column capacity, or a batch that shrank to a quarter of its rows rebuilds the buffers,
+//!   and then with one copy of the rows in use. On the CPU the buffers reserve the scheduler's batch size of rows
+//!   from the start: memory never written costs nothing there;
+//! - rows leaving are replaced by rows moved from the end (one row copy each), not by re-gathering the batch;
+//!   padding shared by every row is trimmed only once it is half the columns, or when the columns run out.
+//!
+//! Capacities grow geometrically (columns up to the context length); a shift right adds some slack.
 //!
 //! A sequence's keys and values are a self-contained `[LayerKv]` (`(1, kv_heads, len, head_dim)` per layer) on the
 //! way in and on the way out ([`BatchKvCache::row`]): a sequence can leave the batch with its cache and rejoin later
@@ -20,6 +28,9 @@ use candle_core::{DType, Device, Result, Tensor};
 
 pub(crate) use sequence::SequenceKv;
 
+/// The padding columns added beyond a longer newcomer when the rows are shifted right to make room for it.
+const SHIFT_SLACK: usize = 32;
+
 /// The keys and values of one layer for some rows, `(rows, kv_heads, len, head_dim)` each, RoPE already applied.
 #[derive(Clone, Debug)]
 pub(crate) struct LayerKv {
@@ -30,11 +41,17 @@ pub(crate) struct LayerKv {
 /// The cache of a decode batch.
 #[derive(Debug)]
 pub(crate) struct BatchKvCache {
-    /// One `(rows, kv_heads, capacity, head_dim)` key/value buffer per layer; `None` while there are no rows.
+    /// One `(row_capacity, kv_heads, capacity, head_dim)` key/value buffer per layer; `None` while there are no
+    /// rows. Rows `rows()..row_capacity` are free.
     layers: Vec<Option<LayerKv>>,
     /// Columns in use, the same for all rows.
     len: usize,
     capacity: usize,
+    row_capacity: usize,
+    /// The rows reserved at the first allocation on the CPU (see [`BatchKvCache::reserving_rows`]).
+    reserved_rows: usize,
+    /// The most rows written since the buffers were last allocated: their pages are in memory.
+    touched_rows: usize,
     max_capacity: usize,
     /// Leading padding columns of each row.
     pads: Vec<usize>,
@@ -51,6 +68,9 @@ impl BatchKvCache {
             layers: vec![None; num_layers],
             len: 0,
             capacity: 0,
+            row_capacity: 0,
+            reserved_rows: 0,
+            touched_rows: 0,
             max_capacity,
             pads: Vec::new(),
             mask: None,
@@ -59,94 +79,116 @@ impl BatchKvCache {
         }
     }
 
+    /// Reserves room for `rows` rows at once on the CPU, where memory never written costs nothing (the buffers are
+    /// allocated zeroed, which the system does lazily): rows joining then never rebuild the buffers. Elsewhere the
+    /// row capacity grows geometrically.
+    pub(crate) fn reserving_rows(mut self, rows: usize) -> Self {
+        self.reserved_rows = if self.device.is_cpu() { rows } else { 0 };
+        self
+    }
+
     /// The number of rows.
     pub(crate) fn rows(&self) -> usize {
         self.pads.len()
     }
 
-    /// Keeps the rows at `keep` (indices of current rows, in their new order) and drops the others.
+    /// Keeps the rows at `keep` (indices of current rows, in their new order) and drops the others. Cheapest when
+    /// every row either stays where it is or comes from past the new end (as when the last rows fill the holes):
+    /// then only the moved rows are copied.
     pub(crate) fn retain(&mut self, keep: &[usize]) -> Result<()> {
         if keep.is_empty() {
-            *self = Self::new(self.layers.len(), self.max_capacity, &self.device, self.dtype);
+            *self = Self::new(self.layers.len(), self.max_capacity, &self.device, self.dtype)
+                .reserving_rows(self.reserved_rows);
             return Ok(());
         }
-        let pads: Vec<usize> = keep.iter().map(|&row| self.pads[row]).collect();
-        let trim = pads.iter().copied().min().unwrap_or(0);
-        let index = Tensor::from_vec(keep.iter().map(|&row| row as u32).collect::<Vec<_>>(), keep.len(), &self.device)?;
-        for layer in self.layers.iter_mut().flatten() {
-            for buffer in [&mut layer.keys, &mut layer.values] {
-                let kept = buffer.index_select(&index, 0)?;
-                *buffer = if trim == 0 { kept } else { kept.narrow(2, trim, self.capacity - trim)?.contiguous()? };
+        let moves_only_from_the_end = keep.iter().enumerate().all(|(to, &from)| from == to || from >= keep.len());
+        if moves_only_from_the_end {
+            for (to, &from) in keep.iter().enumerate().filter(|(to, from)| to != *from) {
+                for layer in self.layers.iter().flatten() {
+                    for buffer in [&layer.keys, &layer.values] {
+                        // `slice_set` copies between distinct storages: the moved row goes through a copy.
+                        let moved = buffer.narrow(0, from, 1)?.force_contiguous()?;
+                        buffer.narrow(0, to, 1)?.slice_set(&moved, 2, 0)?;
+                    }
+                }
             }
+        } else {
+            let index =
+                Tensor::from_vec(keep.iter().map(|&row| row as u32).collect::<Vec<_>>(), keep.len(), &self.device)?;
+            for layer in self.layers.iter_mut().flatten() {
+                for buffer in [&mut layer.keys, &mut layer.values] {
+                    *buffer = buffer.index_select(&index, 0)?;
+                }
+            }
+            self.row_capacity = keep.len();
         }
-        self.len -= trim;
-        self.capacity -= trim;
-        self.pads = pads.into_iter().map(|pad| pad - trim).collect();
+        self.pads = keep.iter().map(|&row| self.pads[row]).collect();
+        let trim = self.shared_padding();
+        // A batch down to a quarter of the rows it wrote is rebuilt, to give their memory back.
+        let shrink = self.touched_rows > 16 && self.rows() * 4 <= self.touched_rows;
+        if shrink || trim * 2 >= self.len.max(1) {
+            let row_capacity =
+                if shrink { self.reserved_rows.max(grown_rows(0, self.rows())) } else { self.row_capacity };
+            self.relayout(row_capacity, self.capacity, trim)?;
+        }
         self.rebuild_mask()
     }
 
     /// Appends rows: for each `(kv, copies)` of `joining`, `copies` rows that all hold `kv` (one sequence's keys and
     /// values for every layer, `(1, kv_heads, len, head_dim)` each; the `num_samples` sequences of a request share
-    /// their prompt's prefill). The buffers are rebuilt once for all of them: every row already in the batch is
-    /// copied once (shifted right when a newcomer is longer than the batch), whatever the number of newcomers.
+    /// their prompt's prefill). The newcomers go into free rows; the rows already in the batch are copied only when
+    /// the buffers must be rebuilt (see the module's documentation), and then once, whatever the number of
+    /// newcomers.
     pub(crate) fn push(&mut self, joining: &[(&[LayerKv], usize)]) -> Result<()> {
         let joining: Vec<(&[LayerKv], usize)> =
             joining.iter().copied().filter(|(kv, copies)| *copies > 0 && !kv.is_empty()).collect();
         if joining.is_empty() {
             return Ok(());
         }
+        for (kv, _) in &joining {
+            if kv.len() != self.layers.len() {
+                candle_core::bail!("a joining row has {} layers, the batch {}", kv.len(), self.layers.len());
+            }
+        }
         let lens = joining.iter().map(|(kv, _)| kv[0].keys.dim(2)).collect::<Result<Vec<_>>>()?;
         let new_len = lens.iter().copied().fold(self.len, usize::max);
-        let old_shift = new_len - self.len;
-        let capacity = grown_capacity(self.capacity, new_len + 1, self.max_capacity);
-        for (index, slot) in self.layers.iter_mut().enumerate() {
-            let old = slot.take();
-            let mut buffers = Vec::with_capacity(2);
-            for part in [Part::Keys, Part::Values] {
-                let mut blocks = Vec::with_capacity(joining.len() + 1);
-                if let Some(old) = &old {
-                    let old = part.of(old);
-                    if old_shift == 0 && capacity == self.capacity {
-                        blocks.push(old.clone());
-                    } else {
-                        let (rows, heads, _, head_dim) = old.dims4()?;
-                        let moved = Tensor::zeros((rows, heads, capacity, head_dim), self.dtype, &self.device)?;
-                        // The columns past `len` are never read: moving them along saves a copy when they fit.
-                        let source = if self.capacity + old_shift <= capacity {
-                            old.contiguous()?
-                        } else {
-                            old.narrow(2, 0, self.len)?.contiguous()?
-                        };
-                        moved.slice_set(&source, 2, old_shift)?;
-                        blocks.push(moved);
+        let rows = self.rows() + joining.iter().map(|(_, copies)| copies).sum::<usize>();
+        if self.layers[0].is_none() {
+            let (heads, head_dim) = (joining[0].0[0].keys.dim(1)?, joining[0].0[0].keys.dim(3)?);
+            self.allocate(rows, grown_capacity(0, new_len + 1, self.max_capacity), heads, head_dim)?;
+        } else if new_len > self.len || new_len >= self.capacity || rows > self.row_capacity {
+            // A newcomer longer than the batch shifts every row right: by some slack more, so that the next
+            // newcomers of about its length (the continuations of a swap, prompts of one batch) fit without another.
+            let new_len = if new_len > self.len {
+                (new_len + SHIFT_SLACK).min(self.max_capacity.saturating_sub(1)).max(new_len)
+            } else {
+                new_len
+            };
+            let capacity = grown_capacity(self.capacity, new_len + 1, self.max_capacity);
+            self.grow(rows, capacity, new_len - self.len)?;
+        }
+        let new_len = self.len.max(new_len);
+        let mut row = self.rows();
+        for ((kv, copies), len) in joining.iter().zip(&lens) {
+            let pad = new_len - len;
+            for _ in 0..*copies {
+                for (layer, fresh) in self.layers.iter().flatten().zip(kv.iter()) {
+                    for (buffer, fresh) in [(&layer.keys, &fresh.keys), (&layer.values, &fresh.values)] {
+                        let target = buffer.narrow(0, row, 1)?;
+                        if pad > 0 {
+                            let (_, heads, _, head_dim) = fresh.dims4()?;
+                            let zeros = Tensor::zeros((1, heads, pad, head_dim), self.dtype, &self.device)?;
+                            target.slice_set(&zeros, 2, 0)?;
+                        }
+                        target.slice_set(&fresh.contiguous()?, 2, pad)?;
                     }
                 }
-                for ((kv, copies), len) in joining.iter().zip(&lens) {
-                    let Some(layer) = kv.get(index) else { candle_core::bail!("a joining row lacks layer {index}") };
-                    let fresh = part.of(layer);
-                    let (_, heads, _, head_dim) = fresh.dims4()?;
-                    let block = Tensor::zeros((1, heads, capacity, head_dim), self.dtype, &self.device)?;
-                    block.slice_set(&fresh.contiguous()?, 2, new_len - len)?;
-                    blocks.push(if *copies == 1 {
-                        block
-                    } else {
-                        block.broadcast_as((*copies, heads, capacity, head_dim))?.contiguous()?
-                    });
-                }
-                buffers.push(if blocks.len() == 1 { blocks.remove(0) } else { Tensor::cat(&blocks, 0)? });
+                self.pads.push(pad);
+                row += 1;
             }
-            let values = buffers.pop().expect("values were built");
-            let keys = buffers.pop().expect("keys were built");
-            *slot = Some(LayerKv { keys, values });
         }
-        for pad in &mut self.pads {
-            *pad += old_shift;
-        }
-        for ((_, copies), len) in joining.iter().zip(&lens) {
-            self.pads.extend(std::iter::repeat_n(new_len - len, *copies));
-        }
+        self.touched_rows = self.touched_rows.max(row);
         self.len = new_len;
-        self.capacity = capacity;
         self.rebuild_mask()
     }
 
@@ -170,20 +212,22 @@ impl BatchKvCache {
             .collect()
     }
 
-    /// Makes room for one more column (call once per decode step, before the layers append).
+    /// Makes room for one more column (call once per decode step, before the layers append): trims the padding
+    /// every row shares, or grows the columns.
     pub(crate) fn reserve_step(&mut self) -> Result<()> {
         if self.len < self.capacity {
             return Ok(());
         }
-        let capacity = grown_capacity(self.capacity, self.len + 1, self.max_capacity);
-        if capacity <= self.len {
-            candle_core::bail!("the KV cache is full ({} positions)", self.max_capacity);
+        let trim = self.shared_padding();
+        if trim > 0 {
+            self.relayout(self.row_capacity, self.capacity, trim)?;
+        } else {
+            let capacity = grown_capacity(self.capacity, self.len + 1, self.max_capacity);
+            if capacity <= self.len {
+                candle_core::bail!("the KV cache is full ({} positions)", self.max_capacity);
+            }
+            self.grow(self.row_capacity, capacity, 0)?;
         }
-        for layer in self.layers.iter_mut().flatten() {
-            layer.keys = right_pad(&layer.keys, capacity - self.capacity)?;
-            layer.values = right_pad(&layer.values, capacity - self.capacity)?;
-        }
-        self.capacity = capacity;
         self.rebuild_mask()
     }
 
@@ -191,9 +235,11 @@ impl BatchKvCache {
     /// whole cache including them.
     pub(crate) fn append(&self, layer: usize, keys: &Tensor, values: &Tensor) -> Result<(Tensor, Tensor)> {
         let Some(Some(cache)) = self.layers.get(layer) else { candle_core::bail!("no cached rows in layer {layer}") };
-        cache.keys.slice_set(&keys.contiguous()?, 2, self.len)?;
-        cache.values.slice_set(&values.contiguous()?, 2, self.len)?;
-        Ok((cache.keys.narrow(2, 0, self.len + 1)?, cache.values.narrow(2, 0, self.len + 1)?))
+        let rows = self.rows();
+        let (cached_keys, cached_values) = (cache.keys.narrow(0, 0, rows)?, cache.values.narrow(0, 0, rows)?);
+        cached_keys.slice_set(&keys.contiguous()?, 2, self.len)?;
+        cached_values.slice_set(&values.contiguous()?, 2, self.len)?;
+        Ok((cached_keys.narrow(2, 0, self.len + 1)?, cached_values.narrow(2, 0, self.len + 1)?))
     }
 
     /// The attention mask of this step, `(rows, 1, 1, 1, len + 1)`.
@@ -205,6 +251,76 @@ impl BatchKvCache {
     /// Records the column written by this step's [`BatchKvCache::append`]s.
     pub(crate) fn advance(&mut self) {
         self.len += 1;
+    }
+
+    /// Leading padding columns every row has.
+    fn shared_padding(&self) -> usize {
+        self.pads.iter().copied().min().unwrap_or(0)
+    }
+
+    /// Fresh zeroed buffers of `rows` rows and `capacity` columns (for the first rows).
+    fn allocate(&mut self, rows: usize, capacity: usize, heads: usize, head_dim: usize) -> Result<()> {
+        let row_capacity = self.reserved_rows.max(grown_rows(0, rows));
+        for slot in &mut self.layers {
+            let buffer = || Tensor::zeros((row_capacity, heads, capacity, head_dim), self.dtype, &self.device);
+            *slot = Some(LayerKv { keys: buffer()?, values: buffer()? });
+        }
+        (self.row_capacity, self.capacity) = (row_capacity, capacity);
+        Ok(())
+    }
+
+    /// Rebuilds the buffers with room for at least `rows` rows and `capacity` columns, the rows in use shifted
+    /// `shift` columns right.
+    fn grow(&mut self, rows: usize, capacity: usize, shift: usize) -> Result<()> {
+        let row_capacity =
+            if rows > self.row_capacity { grown_rows(self.row_capacity, rows) } else { self.row_capacity };
+        let rows = self.rows();
+        for layer in self.layers.iter_mut().flatten() {
+            for buffer in [&mut layer.keys, &mut layer.values] {
+                let (_, heads, _, head_dim) = buffer.dims4()?;
+                let grown = Tensor::zeros((row_capacity, heads, capacity, head_dim), self.dtype, &self.device)?;
+                if rows > 0 {
+                    // The columns past `len` are never read: moving them along saves a copy when they fit.
+                    let used = buffer.narrow(0, 0, rows)?;
+                    let source = if self.capacity + shift <= capacity {
+                        used
+                    } else {
+                        used.narrow(2, 0, self.len)?.contiguous()?
+                    };
+                    grown.narrow(0, 0, rows)?.slice_set(&source, 2, shift)?;
+                }
+                *buffer = grown;
+            }
+        }
+        for pad in &mut self.pads {
+            *pad += shift;
+        }
+        self.len += shift;
+        (self.row_capacity, self.capacity, self.touched_rows) = (row_capacity, capacity, rows);
+        Ok(())
+    }
+
+    /// Rebuilds the buffers with `row_capacity` rows (at least those in use) and `capacity` columns, dropping the
+    /// first `trim` columns (padding of every row).
+    fn relayout(&mut self, row_capacity: usize, capacity: usize, trim: usize) -> Result<()> {
+        let rows = self.rows();
+        let row_capacity = row_capacity.max(rows);
+        let kept = self.len - trim;
+        for layer in self.layers.iter_mut().flatten() {
+            for buffer in [&mut layer.keys, &mut layer.values] {
+                let (_, heads, _, head_dim) = buffer.dims4()?;
+                let rebuilt = Tensor::zeros((row_capacity, heads, capacity, head_dim), self.dtype, &self.device)?;
+                let source = buffer.narrow(0, 0, rows)?.narrow(2, trim, kept)?.contiguous()?;
+                rebuilt.narrow(0, 0, rows)?.slice_set(&source, 2, 0)?;
+                *buffer = rebuilt;
+            }
+        }
+        for pad in &mut self.pads {
+            *pad -= trim;
+        }
+        self.len = kept;
+        (self.row_capacity, self.capacity, self.touched_rows) = (row_capacity, capacity, rows);
+        Ok(())
     }
 
     fn rebuild_mask(&mut self) -> Result<()> {
@@ -227,28 +343,9 @@ fn grown_capacity(current: usize, needed: usize, max: usize) -> usize {
     needed.max(current * 2).next_multiple_of(64).min(max).max(needed.min(max))
 }
 
-/// The keys or the values of a [`LayerKv`].
-#[derive(Clone, Copy)]
-enum Part {
-    Keys,
-    Values,
-}
-
-impl Part {
-    fn of(self, layer: &LayerKv) -> &Tensor {
-        match self {
-            Self::Keys => &layer.keys,
-            Self::Values => &layer.values,
-        }
-    }
-}
-
-fn right_pad(x: &Tensor, columns: usize) -> Result<Tensor> {
-    let (rows, heads, _, head_dim) = x.dims4()?;
-    if columns == 0 {
-        return x.contiguous();
-    }
-    Tensor::cat(&[x, &Tensor::zeros((rows, heads, columns, head_dim), x.dtype(), x.device())?], 2)
+/// Row capacity for at least `needed` rows: at least double the current, in multiples of 8.
+fn grown_rows(current: usize, needed: usize) -> usize {
+    needed.max(current * 2).next_multiple_of(8)
 }
 
 #[cfg(test)]
@@ -267,28 +364,57 @@ mod tests {
     }
 
     #[test]
-    fn rows_are_left_padded_and_padding_is_trimmed_when_the_longest_leaves() {
-        let mut cache = BatchKvCache::new(1, 4096, &Device::Cpu, DType::F32);
-        cache.push(&[(&kv(2, 1.0), 1)]).expect("push");
-        cache.push(&[(&kv(4, 2.0), 2)]).expect("push");
-        assert_eq!((cache.rows(), cache.len), (3, 4));
-        assert_eq!(column_values(&cache, 0), vec![0.0, 0.0, 1.0, 1.0]);
-        assert_eq!(column_values(&cache, 2), vec![2.0; 4]);
-        assert_eq!(cache.pads, vec![2, 0, 0]);
+    fn rows_are_left_padded_and_padding_is_trimmed_once_it_is_half_the_columns() {
+        // Two long rows, then a short one (shorter than the batch: no shift), then one decode step.
+        let stepped = |short: usize| {
+            let mut cache = BatchKvCache::new(1, 4096, &Device::Cpu, DType::F32);
+            cache.push(&[(&kv(4, 2.0), 2)]).expect("push");
+            cache.push(&[(&kv(short, 1.0), 1)]).expect("push");
+            assert_eq!((cache.rows(), cache.len), (3, 4));
+            assert_eq!(cache.pads, vec![0, 0, 4 - short]);
+            cache.reserve_step().expect("reserve");
+            let new = Tensor::full(3f32, (3, 1, 1, 2), &Device::Cpu).expect("new");
+            let (keys, _) = cache.append(0, &new, &new).expect("append");
+            assert_eq!(keys.dim(2).expect("len"), 5);
+            let mask = cache.step_mask().and_then(|m| m.flatten_all()).and_then(|m| m.to_vec1::<f32>()).expect("mask");
+            let short_row = &mask[2 * 5..3 * 5];
+            assert!(short_row[..4 - short].iter().all(|&m| m == f32::NEG_INFINITY), "{short_row:?}");
+            assert!(short_row[4 - short..].iter().all(|&m| m == 0.0), "{short_row:?}");
+            cache.advance();
+            cache
+        };
 
-        cache.reserve_step().expect("reserve");
-        let new = Tensor::full(3f32, (3, 1, 1, 2), &Device::Cpu).expect("new");
-        let (keys, _) = cache.append(0, &new, &new).expect("append");
-        assert_eq!(keys.dim(2).expect("len"), 5);
-        let mask = cache.step_mask().and_then(|m| m.flatten_all()).and_then(|m| m.to_vec1::<f32>()).expect("mask");
-        assert_eq!(&mask[..5], &[f32::NEG_INFINITY, f32::NEG_INFINITY, 0.0, 0.0, 0.0]);
-        cache.advance();
-
-        cache.retain(&[0]).expect("retain");
-        assert_eq!((cache.rows(), cache.len), (1, 3));
-        assert_eq!(column_values(&cache, 0), vec![1.0, 1.0, 3.0]);
+        let mut cache = stepped(1);
+        assert_eq!(column_values(&cache, 2), vec![0.0, 0.0, 0.0, 1.0, 3.0]);
+        // The long rows leave: three of five columns are padding the short row alone has, so they go.
+        cache.retain(&[2]).expect("retain");
+        assert_eq!((cache.rows(), cache.len, cache.pads.clone()), (1, 2, vec![0]));
+        assert_eq!(column_values(&cache, 0), vec![1.0, 3.0]);
         cache.retain(&[]).expect("retain none");
         assert_eq!(cache.rows(), 0);
+
+        // One of five columns is padding: less than half, so it stays (trimming copies the whole batch).
+        let mut cache = stepped(3);
+        cache.retain(&[2]).expect("retain");
+        assert_eq!((cache.rows(), cache.len, cache.pads.clone()), (1, 5, vec![1]));
+        assert_eq!(column_values(&cache, 0), vec![0.0, 1.0, 1.0, 1.0, 3.0]);
+        assert_eq!(cache.row(0).expect("row")[0].keys.dims(), &[1, 1, 4, 2], "the row leaves without its padding");
+    }
+
+    #[test]
+    fn a_reused_row_has_its_padding_zeroed_and_moved_rows_keep_their_values() {
+        let mut cache = BatchKvCache::new(1, 4096, &Device::Cpu, DType::F32);
+        cache.push(&[(&kv(6, 2.0), 1), (&kv(6, 3.0), 1), (&kv(6, f32::NAN), 1)]).expect("push");
+        // The last row (with NaN keys, as a hostile adapter writes them) leaves; its row is free, not cleared.
+        cache.retain(&[0, 1]).expect("retain");
+        // A short newcomer takes that row: its padding must not hold NaN (masked weights are 0, and 0 × NaN is NaN).
+        cache.push(&[(&kv(2, 4.0), 1)]).expect("push");
+        assert_eq!(column_values(&cache, 2), vec![0.0, 0.0, 0.0, 0.0, 4.0, 4.0]);
+        // The first row leaves: the last moves into its place, and the others stay.
+        cache.retain(&[2, 1]).expect("retain");
+        assert_eq!(cache.positions(), vec![2, 6]);
+        assert_eq!(column_values(&cache, 0), vec![0.0, 0.0, 0.0, 0.0, 4.0, 4.0]);
+        assert_eq!(column_values(&cache, 1), vec![3.0; 6]);
     }
 
     #[test]
@@ -297,18 +423,30 @@ mod tests {
         cache.push(&[(&kv(3, 1.0), 1)]).expect("push");
         let (short, long) = (kv(2, 2.0), kv(5, 3.0));
         cache.push(&[(&short, 2), (&long, 1), (&kv(1, 4.0), 0)]).expect("push several");
-        assert_eq!((cache.rows(), cache.len), (4, 5), "no row for zero copies");
-        assert_eq!(cache.pads, vec![2, 3, 3, 0]);
+        // The longer newcomer shifted the batch right, by the slack more.
+        let slack = SHIFT_SLACK;
+        let padded = |pad: usize, values: &[f32]| [vec![0.0; pad], values.to_vec()].concat();
+        assert_eq!((cache.rows(), cache.len), (4, 5 + slack), "no row for zero copies");
+        assert_eq!(cache.pads, vec![2 + slack, 3 + slack, 3 + slack, slack]);
         assert_eq!(cache.positions(), vec![3, 2, 2, 5]);
-        assert_eq!(column_values(&cache, 0), vec![0.0, 0.0, 1.0, 1.0, 1.0], "the old row is shifted right");
-        assert_eq!(column_values(&cache, 2), vec![0.0, 0.0, 0.0, 2.0, 2.0]);
-        assert_eq!(column_values(&cache, 3), vec![3.0; 5]);
+        assert_eq!(column_values(&cache, 0), padded(2 + slack, &[1.0; 3]), "the old row is shifted right");
+        assert_eq!(column_values(&cache, 2), padded(3 + slack, &[2.0; 2]));
+        assert_eq!(column_values(&cache, 3), padded(slack, &[3.0; 5]));
 
         let row = cache.row(1).expect("row 1");
         assert_eq!(row[0].keys.dims(), &[1, 1, 2, 2]);
+        // A newcomer no longer than the batch (within the slack) needs no shift.
+        cache.push(&[(&kv(20, 5.0), 1)]).expect("push within the slack");
+        assert_eq!((cache.rows(), cache.len), (5, 5 + slack));
+        assert_eq!(column_values(&cache, 0), padded(2 + slack, &[1.0; 3]), "the old rows stayed in place");
+        assert_eq!(column_values(&cache, 4), padded(5 + slack - 20, &[5.0; 20]));
+        // Rows 1 and 4 leave, in an order that gathers the rows; the slack, now more than half the columns and
+        // shared by every row, is trimmed.
         cache.retain(&[0, 2, 3]).expect("retain");
+        assert_eq!((cache.rows(), cache.len), (3, 5));
         cache.push(&[(&row, 1)]).expect("rejoin");
         assert_eq!(column_values(&cache, 3), vec![0.0, 0.0, 0.0, 2.0, 2.0], "it rejoins as it left");
+        assert_eq!(column_values(&cache, 2), vec![3.0; 5]);
     }
 
     #[test]

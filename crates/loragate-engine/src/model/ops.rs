@@ -14,6 +14,16 @@ pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> 
     }
 }
 
+/// `log_softmax` of each `vocab`-long row of `values`, in place, rows in parallel: `x − max − ln Σ exp(x − max)`.
+pub(crate) fn log_softmax_rows_in_place(values: &mut [f32], vocab: usize) {
+    values.par_chunks_mut(vocab.max(1)).for_each(|row| {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f32 = row.iter().map(|&x| (x - max).exp()).sum();
+        let shift = max + sum.ln();
+        row.iter_mut().for_each(|x| *x -= shift);
+    });
+}
+
 pub(crate) fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
     if x.track_op() { candle_nn::ops::softmax(x, D::Minus1) } else { candle_nn::ops::softmax_last_dim(x) }
 }
@@ -131,6 +141,23 @@ mod tests {
                 .and_then(|m| m.to_vec2::<f32>())
                 .expect("device");
             assert_eq!(host, device, "start {start}, len {len}");
+        }
+    }
+
+    #[test]
+    fn the_fused_log_softmax_equals_candles_and_spoils_non_finite_rows() {
+        let logits = Tensor::randn(0f32, 8.0, (3, 1000), &Device::Cpu).expect("logits");
+        let expected = candle_nn::ops::log_softmax(&logits, D::Minus1).expect("log_softmax");
+        let mut fused = logits.flatten_all().and_then(|l| l.to_vec1::<f32>()).expect("values");
+        log_softmax_rows_in_place(&mut fused, 1000);
+        let expected = expected.flatten_all().and_then(|e| e.to_vec1::<f32>()).expect("expected");
+        let diff = fused.iter().zip(&expected).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(diff < 1e-4, "differs by {diff}");
+        for spoiler in [f32::NAN, f32::INFINITY] {
+            let mut values = vec![0.5f32, -1.0, spoiler, 2.0, 1.0, 0.0];
+            log_softmax_rows_in_place(&mut values, 3);
+            assert!(values[..3].iter().all(|value| value.is_nan()), "{spoiler} spoils its row: {values:?}");
+            assert!(values[3..].iter().all(|value| value.is_finite()), "only its row: {values:?}");
         }
     }
 

@@ -347,3 +347,53 @@ fn missing_and_misshapen_tensors_are_load_errors() {
         }
     }
 }
+
+/// Membership changes in random order — rows joining (shorter and longer than the batch), leaving (holes filled
+/// from the end, or the rows gathered anew), the batch shrinking and its padding trimmed — never change what any
+/// row computes: every step's logits equal a full recomputation of each row's own sequence.
+#[test]
+fn random_joins_and_leaves_keep_every_row_equal_to_full_recomputation() {
+    let config = tiny_config(vec![]);
+    let meow = tiny_adapter(&config, 1);
+    let model = tiny_model(config);
+    let vocab = model.config().vocab_size;
+    for seed in 0..4u64 {
+        let mut rng = StdRng::seed_from_u64(100 + seed);
+        let cache = BatchKvCache::new(2, model.context_length(), &Device::Cpu, DType::F32);
+        // Half the runs reserve rows up front (as the CPU scheduler does), half grow them.
+        let mut cache = if seed % 2 == 0 { cache.reserving_rows(24) } else { cache };
+        let mut rows: Vec<Row> = Vec::new();
+        for _ in 0..24 {
+            match rng.random_range(0..4) {
+                0 | 1 if rows.len() < 20 => {
+                    for _ in 0..rng.random_range(1..4) {
+                        let len = rng.random_range(2..48);
+                        let adapter = rng.random_bool(0.5).then(|| meow.clone());
+                        let row = Row { tokens: random_tokens(&mut rng, len, vocab), adapter };
+                        prefill(&model, &mut cache, &row);
+                        rows.push(row);
+                    }
+                }
+                2 if !rows.is_empty() => {
+                    let kept: Vec<bool> = rows.iter().map(|_| rng.random_bool(0.6)).collect();
+                    let mut order: Vec<usize> = (0..rows.len()).filter(|&index| kept[index]).collect();
+                    if rng.random_bool(0.5) {
+                        // The scheduler's order: the last kept rows fill the holes.
+                        let count = order.len();
+                        let mut from_the_end = (count..rows.len()).filter(|&index| kept[index]);
+                        order = (0..count)
+                            .map(|index| if kept[index] { index } else { from_the_end.next().expect("a row") })
+                            .collect();
+                    }
+                    cache.retain(&order).expect("retain");
+                    let mut taken: Vec<Option<Row>> = rows.drain(..).map(Some).collect();
+                    rows = order.iter().map(|&index| taken[index].take().expect("kept once")).collect();
+                }
+                _ => {}
+            }
+            if !rows.is_empty() {
+                step_and_compare(&model, &mut cache, &mut rows, &mut rng);
+            }
+        }
+    }
+}

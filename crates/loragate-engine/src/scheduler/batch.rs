@@ -16,8 +16,9 @@ pub(super) struct Batch {
 }
 
 impl Batch {
-    pub(super) fn new(model: &Llama) -> Self {
-        Self { rows: Vec::new(), cache: empty_cache(model) }
+    /// An empty batch of at most `max_rows` rows.
+    pub(super) fn new(model: &Llama, max_rows: usize) -> Self {
+        Self { rows: Vec::new(), cache: empty_cache(model).reserving_rows(max_rows) }
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -160,22 +161,41 @@ impl Batch {
         self.cache.retain(&[]).expect("emptying a cache allocates nothing");
     }
 
-    /// Keeps the rows (and their cache rows) for which `keep` is true, in order.
+    /// Keeps the rows (and their cache rows) for which `keep` is true (called once per row, in row order). The last
+    /// kept rows fill the holes (as `Vec::swap_remove` does), so the cache copies only the rows it moves.
     fn retain(&mut self, mut keep: impl FnMut(&Sequence) -> bool) -> candle_core::Result<()> {
-        let mut kept = Vec::with_capacity(self.rows.len());
-        let mut index = 0;
-        self.rows.retain(|row| {
-            let keeping = keep(row);
-            if keeping {
-                kept.push(index);
-            }
-            index += 1;
-            keeping
-        });
-        self.cache.retain(&kept)
+        let kept: Vec<bool> = self.rows.iter().map(&mut keep).collect();
+        let order = fill_holes_from_the_end(&kept);
+        let mut rows: Vec<Option<Sequence>> = std::mem::take(&mut self.rows).into_iter().map(Some).collect();
+        self.rows = order.iter().map(|&index| rows[index].take().expect("every kept row is taken once")).collect();
+        self.cache.retain(&order)
     }
+}
+
+/// The new order of the rows flagged in `kept`: a kept row stays where it is unless it is past the new end, in which
+/// case it fills the first hole (a row not kept) before that end.
+fn fill_holes_from_the_end(kept: &[bool]) -> Vec<usize> {
+    let count = kept.iter().filter(|&&keep| keep).count();
+    let mut from_the_end = (count..kept.len()).filter(|&index| kept[index]);
+    (0..count)
+        .map(|index| if kept[index] { index } else { from_the_end.next().expect("as many rows past the end as holes") })
+        .collect()
 }
 
 fn empty_cache(model: &Llama) -> BatchKvCache {
     BatchKvCache::new(model.config().num_layers, model.context_length(), model.device(), model.dtype())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fill_holes_from_the_end;
+
+    #[test]
+    fn the_last_kept_rows_fill_the_holes() {
+        assert_eq!(fill_holes_from_the_end(&[true, false, true, true]), vec![0, 3, 2]);
+        assert_eq!(fill_holes_from_the_end(&[false, false, true, true, false]), vec![2, 3]);
+        assert_eq!(fill_holes_from_the_end(&[true, true, false, false]), vec![0, 1]);
+        assert_eq!(fill_holes_from_the_end(&[false, true, false, true, true]), vec![3, 1, 4]);
+        assert_eq!(fill_holes_from_the_end(&[false, false]), Vec::<usize>::new());
+    }
 }

@@ -13,7 +13,7 @@ use loragate_core::{EngineError, EngineEvent, SampleRequest, TopLogprobs};
 
 use super::sequence::{RequestContext, Sequence, Submission};
 use crate::lora::AdapterWeights;
-use crate::model::{Llama, PrefillChunk, SequenceKv, log_softmax};
+use crate::model::{Llama, PrefillChunk, SequenceKv, log_softmax, log_softmax_rows};
 use crate::sampler::{Sampler, top_logprobs};
 
 /// Prompt positions whose logits are materialised at once when prompt logprobs are asked for.
@@ -159,7 +159,7 @@ impl Prefill {
             }
         }
         let logits = model.logits(&hidden.narrow(0, len - 1, 1)?)?;
-        let logprobs = log_softmax(&logits)?.flatten_all()?.to_vec1::<f32>()?;
+        let logprobs = log_softmax_rows(&logits)?;
         let logits = if Sampler::needs_logits_for(self.request.params()) {
             Some(logits.flatten_all()?.to_vec1::<f32>()?)
         } else {

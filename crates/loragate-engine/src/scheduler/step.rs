@@ -10,7 +10,7 @@ use super::fair::Limits;
 use super::pending::Scheduled;
 use super::prefill::{ChunkOutcome, Prefill};
 use crate::lora::{AdapterWeights, LoraBatch};
-use crate::model::{PackedInput, log_softmax};
+use crate::model::{PackedInput, log_softmax_rows};
 
 /// The smallest share of a step's prefill budget dealt to one tenant while the budget allows it: smaller chunks
 /// would cost more in per-chunk overhead than they gain in fairness.
@@ -155,7 +155,7 @@ impl Scheduler {
     /// Samples every decode row's next token from its final hidden state, the first `rows` of `hidden`.
     fn advance_decode_rows(&mut self, hidden: &Tensor, rows: usize) -> candle_core::Result<()> {
         let logits = self.model.logits(&hidden.narrow(0, 0, rows)?)?;
-        let logprobs = log_softmax(&logits)?.flatten_all()?.to_vec1::<f32>()?;
+        let logprobs = log_softmax_rows(&logits)?;
         // Raw logits too, only when some row's penalty needs them.
         let logits = if self.batch.needs_logits() { Some(logits.flatten_all()?.to_vec1::<f32>()?) } else { None };
         let (vocab, context_length) = (self.model.config().vocab_size, self.model.context_length());

@@ -18,7 +18,7 @@ pub(crate) const NEXT_VERSION_DIR: &str = "alpha-v2";
 /// Requests kept across the swap.
 pub(crate) const KEPT_REQUESTS: usize = 32;
 const KEPT_PROMPT_TOKENS: usize = 100;
-const KEPT_MAX_TOKENS: u32 = 64;
+const KEPT_MAX_TOKENS: u32 = 160;
 /// Tokens every request must have before the "before" window opens, and the window's length in a stream's tokens.
 const WARM_UP_TOKENS: usize = 8;
 const BEFORE_WINDOW_TOKENS: usize = 20;
