@@ -208,9 +208,22 @@ pub struct ServeArgs {
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
     /// Address of the gRPC server (vllm.Inference, vllm.Control, grpc.health.v1); HOST is an IP address or a host
-    /// name.
-    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen_addr)]
-    pub grpc_addr: SocketAddr,
+    /// name. Required, or --grpc-port (with --host).
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        value_parser = parse_listen_addr,
+        required_unless_present = "grpc_port",
+        conflicts_with_all = ["host", "grpc_port"]
+    )]
+    pub grpc_addr: Option<SocketAddr>,
+    /// The host the gRPC server listens on, an IP address or a host name (vLLM's spelling; 0.0.0.0 for every
+    /// interface; default: 127.0.0.1), with --grpc-port.
+    #[arg(long, value_name = "HOST", value_parser = parse_host, requires = "grpc_port")]
+    pub host: Option<IpAddr>,
+    /// The gRPC server's port (the spelling of vLLM's Rust frontend, `vllm-rs serve --grpc-port`).
+    #[arg(long, value_name = "PORT")]
+    pub grpc_port: Option<u16>,
     /// A Hugging Face model directory or a GGUF file. Without it, the built-in demo model is served (no adapter
     /// loaded: the fleet loads them).
     #[arg(long, value_name = "DIR|FILE.gguf")]
@@ -244,8 +257,11 @@ pub struct WorkerArgs {
 impl WorkerArgs {
     /// The worker these arguments describe.
     pub fn into_settings(self) -> WorkerSettings {
+        let host = self.host.unwrap_or(IpAddr::from([127, 0, 0, 1]));
+        // clap requires --grpc-addr or --grpc-port; port 0 (any free port) is what neither would mean.
+        let grpc_addr = self.grpc_addr.unwrap_or_else(|| SocketAddr::new(host, self.grpc_port.unwrap_or(0)));
         WorkerSettings {
-            grpc_addr: self.grpc_addr,
+            grpc_addr,
             model: self.engine.model_source(self.model),
             served_model_name: self.served_model_name,
             adapter_root: self.adapter_root,

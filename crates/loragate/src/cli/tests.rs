@@ -178,7 +178,18 @@ fn serve_fronts_repeated_workers_and_checks_them_every_interval() {
 
 #[test]
 fn worker_needs_an_address_and_takes_the_engine_flags() {
-    assert!(Cli::try_parse_from(["loragate", "worker"]).is_err(), "--grpc-addr is required");
+    assert!(Cli::try_parse_from(["loragate", "worker"]).is_err(), "--grpc-addr or --grpc-port is required");
+    let by_port = |args: &[&str]| {
+        let cli = Cli::try_parse_from([&["loragate", "worker"][..], args].concat()).expect("parses");
+        let Command::Worker(args) = cli.command else { panic!("worker") };
+        args.into_settings().grpc_addr
+    };
+    assert_eq!(by_port(&["--grpc-port", "9002"]), "127.0.0.1:9002".parse().expect("address"));
+    assert_eq!(by_port(&["--host", "0.0.0.0", "--grpc-port", "9002"]), "0.0.0.0:9002".parse().expect("address"));
+    for conflicting in [&["--grpc-addr", "127.0.0.1:1", "--grpc-port", "2"][..], &["--host", "0.0.0.0"][..]] {
+        let err = Cli::try_parse_from([&["loragate", "worker"][..], conflicting].concat()).expect_err("refused");
+        assert!(err.to_string().contains("--grpc"), "{err}");
+    }
     let cli = Cli::try_parse_from([
         "loragate",
         "worker",
