@@ -124,7 +124,7 @@ impl Replica {
         let (channel, request) = (self.channel.clone(), sample_request(request_id, max_tokens));
         tokio::spawn(async move {
             match SamplerClient::new(channel).sample_stream(request).await {
-                Ok(stream) => Reading { stream: stream.into_inner(), tokens: 0 }.to_end().await,
+                Ok(stream) => Reading { stream: stream.into_inner(), tokens: 0 }.read_to_end().await,
                 Err(_) => Ended::Broken,
             }
         })
@@ -141,7 +141,7 @@ impl Replica {
         tokio::spawn(async move {
             match first {
                 Some(ended) => ended,
-                None => reading.to_end().await,
+                None => reading.read_to_end().await,
             }
         })
     }
@@ -189,7 +189,7 @@ impl Reading {
         }
     }
 
-    async fn to_end(mut self) -> Ended {
+    async fn read_to_end(mut self) -> Ended {
         loop {
             if let Some(ended) = self.next().await {
                 return ended;
