@@ -58,8 +58,9 @@ struct Replica {
 }
 
 impl Replica {
+    /// Starts one, retrying while etcd (started just before) does not answer yet.
     async fn start(url: &str) -> Self {
-        let process = Spawned::start(&[
+        let args = [
             "serve",
             "--grpc-addr",
             "127.0.0.1:0",
@@ -71,7 +72,17 @@ impl Replica {
             REPLICA_LEASE,
             "--abort-ack-timeout",
             ABORT_ACK_TIMEOUT,
-        ]);
+        ];
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        let process = loop {
+            match Spawned::try_start(&args) {
+                Ok(process) => break process,
+                Err(stderr) if stderr.contains("etcd") && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(stderr) => panic!("loragate serve did not start: {stderr}"),
+            }
+        };
         assert!(process.ready["state_dir"].is_null(), "nothing is kept in a directory: {}", process.ready);
         let uri = format!("http://{}", process.field("grpc_addr"));
         let channel = Channel::from_shared(uri).expect("uri").connect().await.expect("gRPC connects");
