@@ -1,15 +1,16 @@
 //! Futures recorded before a restart (see `store/record.rs`), put back when the front starts: results are served
 //! again until their retention ends (counted from when they settled, in wall-clock time), and pending samples are
 //! continued under their request ids, so that the SDK's futures resolve. A pending sample is validated again from its
-//! recorded `asample` body, as a new one would be, and sampled from its prompt with its whole budget: the tokens it
-//! had produced before the restart were not recorded, so they are produced again (a greedy or seeded sample produces
-//! the same ones). Records that cannot be read, and results past their retention, are removed.
+//! recorded `asample` body, as a new one would be, and continued from what its record says it had produced: each
+//! sequence not finished is sampled as `prompt + its recorded tokens` with the rest of its budget (see
+//! `SamplePlan::resumed`); the tokens it produced after its last record are produced again. Records that cannot be
+//! read, and results past their retention, are removed.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use loragate_core::AdapterKey;
 use loragate_core::state::{FrontRecord, StateChange};
-use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::error::TinkerError;
@@ -25,10 +26,21 @@ use crate::store::{Failure, FutureSubject, Restored, RetentionLimits, Settled};
 pub(crate) struct Recovered {
     /// Every future to put back, pending ones first, results oldest first.
     pub(crate) futures: Vec<Restored>,
-    /// The pending samples to continue: their ids, targets and `asample` bodies.
-    pub(crate) to_continue: Vec<(FutureId, AdapterKey, Value)>,
+    /// The pending samples to continue.
+    pub(crate) to_continue: Vec<ToContinue>,
     /// Records to remove: unreadable, or results past their retention.
     pub(crate) forgotten: Vec<StateChange>,
+}
+
+/// A pending sample recorded before a restart, to continue.
+#[derive(Debug)]
+pub(crate) struct ToContinue {
+    /// Its request id.
+    pub(crate) id: FutureId,
+    /// What it samples.
+    pub(crate) target: AdapterKey,
+    /// Its pending record: the `asample` body, and what it had produced.
+    pub(crate) record: SampleRecord,
 }
 
 /// Sorts out the front's records among `records` (other fronts' are left alone), as of `now` (wall clock) and
@@ -57,9 +69,9 @@ pub(crate) fn recover(
         };
         let subject = FutureSubject { target: target.clone(), creator: Creator::Restored(record.creator) };
         let dedup = record.dedup.clone();
-        if let RecordedState::Pending { request } = record.state {
+        if let RecordedState::Pending { .. } = record.state {
             recovered.futures.push(Restored { id, subject, dedup, settled: None });
-            recovered.to_continue.push((id, target, request));
+            recovered.to_continue.push(ToContinue { id, target, record });
             continue;
         }
         let Some((state, settled_at)) = record.settled_state() else {
@@ -81,15 +93,16 @@ pub(crate) fn recover(
 }
 
 /// Continues the pending samples put back at start, each on its own task, as `asample` starts a new one.
-pub(crate) fn continue_samples(state: &TinkerState, pending: Vec<(FutureId, AdapterKey, Value)>) {
+pub(crate) fn continue_samples(state: &TinkerState, pending: Vec<ToContinue>) {
     if !pending.is_empty() {
         tracing::info!(samples = pending.len(), "continuing the Tinker samples that were pending before the restart");
     }
-    for (id, target, request) in pending {
-        let future = state.store().pending_future(id);
+    for ToContinue { id, target, record } in pending {
+        let RecordedState::Pending { request, produced } = record.state.clone() else { continue };
+        let future = state.store().pending_future(id, Arc::new(record));
         let plan = serde_json::from_value::<AsampleBody>(request)
             .map_err(|err| TinkerError::invalid("request", err.to_string()))
-            .and_then(|body| body.into_plan(id, &target, state.coordinator()));
+            .and_then(|body| body.into_plan(id, &target, state.coordinator(), produced));
         match plan {
             Ok(plan) => {
                 tokio::spawn(run_sample(state.clone(), plan, future));
@@ -109,6 +122,7 @@ mod tests {
 
     use bytes::Bytes;
     use loragate_core::Principal;
+    use serde_json::Value;
 
     use super::*;
     use crate::ids::{Epoch, IdMaker};
@@ -149,7 +163,15 @@ mod tests {
         let recent_at = recovered.futures[2].settled.as_ref().map(|(_, at)| *at).expect("settled");
         let age = now_instant - recent_at;
         assert!(age >= Duration::from_secs(10) && age < Duration::from_secs(11), "its age is kept: {age:?}");
-        assert_eq!(recovered.to_continue, vec![(pending, AdapterKey::Base, body)]);
+        let continued: Vec<(FutureId, &AdapterKey, Option<&Value>)> = recovered
+            .to_continue
+            .iter()
+            .map(|to| match &to.record.state {
+                RecordedState::Pending { request, .. } => (to.id, &to.target, Some(request)),
+                _ => (to.id, &to.target, None),
+            })
+            .collect();
+        assert_eq!(continued, vec![(pending, &AdapterKey::Base, Some(&body))]);
         let gone =
             |record: &FrontRecord| StateChange::FrontRecordRemoved { table: TABLE.into(), key: record.key.clone() };
         assert_eq!(recovered.forgotten, vec![gone(&expired_record), gone(&damaged)], "another front's record stays");

@@ -10,6 +10,9 @@ use serde_json::Value;
 
 use crate::error::TinkerError;
 use crate::ids::FutureId;
+use crate::proto::{Ending, FinishedSequence};
+use crate::store::Produced;
+use crate::store::record::ProducedSequence;
 
 /// The SDK's `SampleRequest`, as JSON (fields the user left unset are absent). Written back as JSON into the
 /// future's record (a restart reads it again through [`AsampleBody::into_plan`]).
@@ -61,6 +64,21 @@ pub(crate) struct SamplePlan {
     pub(crate) stop_strings: Arc<[String]>,
     /// With `prompt_logprobs_last_n`: entries before the last N are sent as NaN.
     pub(crate) prompt_logprobs_last_n: Option<usize>,
+    /// A sample continued after a restart from what its record says it had produced: what is sampled instead of
+    /// `request`.
+    pub(crate) resumed: Option<Resumed>,
+}
+
+/// How a sample continues after a restart from what it had produced.
+#[derive(Debug)]
+pub(crate) struct Resumed {
+    /// Each sequence as recorded (a finished one with its ending).
+    pub(crate) sequences: Vec<FinishedSequence>,
+    /// The prompt's logprobs as recorded, when they are wanted.
+    pub(crate) prompt_logprobs: Option<Vec<f32>>,
+    /// One request per sequence still to sample, with the sequence's index: `prompt + its tokens`, the rest of its
+    /// budget, one sequence, seeded as that sequence was (`seed + index`), no prompt logprobs; under the future's id.
+    pub(crate) requests: Vec<(u32, SampleRequest)>,
 }
 
 /// How a `stop` value translates.
@@ -72,12 +90,14 @@ struct Stops {
 }
 
 impl AsampleBody {
-    /// Validates the body for `target` under the future id `id`.
+    /// Validates the body for `target` under the future id `id`; with what an earlier process recorded the sample had
+    /// `produced`, plans its continuation from there ([`SamplePlan::resumed`]).
     pub(crate) fn into_plan(
         self,
         id: FutureId,
         target: &AdapterKey,
         coordinator: &Coordinator,
+        produced: Option<Produced>,
     ) -> Result<SamplePlan, TinkerError> {
         refuse_unsupported(&self)?;
         let prompt = prompt_tokens(self.prompt.ok_or_else(|| TinkerError::invalid("prompt", "is required"))?)?;
@@ -116,10 +136,64 @@ impl AsampleBody {
             include_prompt_logprobs: wants_prompt_logprobs,
             ..RawSampleRequest::default()
         };
+        let continued_from = produced.map(|produced| (raw.clone(), produced));
         // The SDK cannot express an abort: the core continues this request's sequences after abort-mode pauses too.
         let request = coordinator.parse_sample(raw).map_err(TinkerError::Core)?.continue_through_abort_pauses();
-        Ok(SamplePlan { request, stop_strings: stops.strings.into(), prompt_logprobs_last_n })
+        let resumed = match continued_from {
+            Some((raw, produced)) => resume(&request, raw, produced, coordinator)?,
+            None => None,
+        };
+        Ok(SamplePlan { request, stop_strings: stops.strings.into(), prompt_logprobs_last_n, resumed })
     }
+}
+
+/// How `whole` (validated from `raw`) continues from what it had `produced`; `None` (it is sampled again from its
+/// prompt) when the record does not fit the request. A sequence whose recorded tokens spent its budget, or end with
+/// a token that stops it, is finished as the core would have finished it.
+fn resume(
+    whole: &SampleRequest,
+    raw: RawSampleRequest,
+    produced: Produced,
+    coordinator: &Coordinator,
+) -> Result<Option<Resumed>, TinkerError> {
+    let params = whole.params();
+    let prompt_logprobs = produced.prompt_logprobs();
+    let fits = produced.sequences.len() == whole.num_samples() as usize
+        && (prompt_logprobs.is_some() || !whole.include_prompt_logprobs());
+    let recorded: Option<Vec<FinishedSequence>> =
+        produced.sequences.iter().map(ProducedSequence::to_sequence).collect();
+    let Some(mut sequences) = recorded.filter(|_| fits) else {
+        tracing::warn!(request_id = %whole.id(), "a Tinker sample's record of its tokens does not fit its request: \
+            sampling it again from its prompt");
+        return Ok(None);
+    };
+    let eos = &coordinator.model_info().eos_token_ids;
+    let stops = |token: &u32| (!params.ignore_eos() && eos.contains(token)) || params.stop_token_ids().contains(token);
+    let mut requests = Vec::new();
+    for (index, sequence) in (0u32..).zip(&mut sequences) {
+        if sequence.ending.is_some() {
+            continue;
+        }
+        let made = u32::try_from(sequence.tokens.len()).unwrap_or(u32::MAX);
+        if made >= params.max_tokens() {
+            sequence.ending = Some(Ending::Length);
+        } else if sequence.tokens.last().is_some_and(stops) {
+            sequence.ending = Some(Ending::Stop);
+        } else {
+            let rest = RawSampleRequest {
+                prompt_token_ids: whole.prompt().iter().chain(&sequence.tokens).copied().collect(),
+                max_tokens: Some(params.max_tokens() - made),
+                seed: params.seed().map(|seed| seed.wrapping_add(u64::from(index))),
+                num_samples: 1,
+                include_prompt_logprobs: false,
+                ..raw.clone()
+            };
+            let request = coordinator.parse_sample(rest).map_err(TinkerError::Core)?.continue_through_abort_pauses();
+            requests.push((index, request));
+        }
+    }
+    let prompt_logprobs = prompt_logprobs.filter(|_| whole.include_prompt_logprobs());
+    Ok(Some(Resumed { sequences, prompt_logprobs, requests }))
 }
 
 fn refuse_unsupported(body: &AsampleBody) -> Result<(), TinkerError> {
@@ -231,6 +305,7 @@ mod tests {
     use super::*;
     use crate::ids::{Epoch, IdMaker};
     use crate::json_body::parse_json;
+    use crate::store::record::RecordedEnding;
 
     fn body(overrides: Value) -> AsampleBody {
         let mut body = json!({
@@ -252,7 +327,7 @@ mod tests {
 
     fn plan(coordinator: &Coordinator, overrides: Value) -> Result<SamplePlan, TinkerError> {
         let id = IdMaker::new(Epoch::random()).future_id();
-        body(overrides).into_plan(id, &AdapterKey::Base, coordinator)
+        body(overrides).into_plan(id, &AdapterKey::Base, coordinator, None)
     }
 
     fn refused_field(coordinator: &Coordinator, overrides: Value) -> String {
@@ -280,6 +355,51 @@ mod tests {
         assert_eq!(seeded(json!(-1)).ok(), Some(Some((1u64 << 63) - 1)), "negative seeds wrap modulo 2^63");
         assert_eq!(seeded(json!(u64::MAX)).ok(), Some(Some((1u64 << 63) - 1)));
         assert!(seeded(json!(1.5)).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_recorded_sample_continues_each_unfinished_sequence_from_its_tokens() {
+        let coordinator = coordinator().await;
+        let id = IdMaker::new(Epoch::random()).future_id();
+        let sequence = |tokens: &[u32]| ProducedSequence {
+            tokens: tokens.to_vec(),
+            logprob_bits: vec![0; tokens.len()],
+            ending: None,
+        };
+        let produced = Produced {
+            sequences: vec![
+                ProducedSequence { ending: Some(RecordedEnding::Stop), ..sequence(&[7]) },
+                sequence(&[9, 9]),
+                sequence(&[9, 257]),
+                sequence(&[1, 2, 3, 4, 5]),
+            ],
+            prompt_logprob_bits: None,
+        };
+        let seeded = json!({"num_samples": 4, "sampling_params": {"max_tokens": 5, "seed": 3}});
+        let plan = body(seeded).into_plan(id, &AdapterKey::Base, &coordinator, Some(produced)).expect("valid");
+        let resumed = plan.resumed.expect("continued");
+        let endings: Vec<Option<Ending>> = resumed.sequences.iter().map(|sequence| sequence.ending).collect();
+        assert_eq!(
+            endings,
+            [Some(Ending::Stop), None, Some(Ending::Stop), Some(Ending::Length)],
+            "recorded; going on; ended by end-of-sequence (257); its budget spent"
+        );
+        let [(index, request)] = &resumed.requests[..] else { panic!("one request: {:?}", resumed.requests) };
+        assert_eq!(*index, 1);
+        assert_eq!(&*request.prompt().to_vec(), &[1, 2, 3, 9, 9], "prompt + its tokens");
+        let params = request.params();
+        assert_eq!((request.num_samples(), params.max_tokens(), params.seed()), (1, 3, Some(4)), "the rest, seed + 1");
+        assert_eq!(request.id().as_str(), plan.request.id().as_str(), "under the future's id");
+        assert!(request.continues_through_abort_pauses() && !request.include_prompt_logprobs());
+
+        // A record that does not fit its request is not continued: the sample starts again from its prompt.
+        let two = || Produced { sequences: vec![sequence(&[9]), sequence(&[9])], prompt_logprob_bits: None };
+        let continued = |overrides: Value, produced: Produced| {
+            body(overrides).into_plan(id, &AdapterKey::Base, &coordinator, Some(produced)).expect("valid").resumed
+        };
+        assert!(continued(json!({"num_samples": 3}), two()).is_none(), "another number of sequences");
+        assert!(continued(json!({"prompt_logprobs": true}), two()).is_none(), "no prompt logprobs when wanted");
+        assert!(continued(json!({}), two()).is_some());
     }
 
     #[tokio::test]

@@ -9,15 +9,22 @@
 //! error is what cannot be fixed by waiting: the adapter was unloaded (category `user`), it stayed paused past the
 //! cap, an operator aborted the request by id, or the engine failed (`server`). When the server is stopping the
 //! future is left pending: its record stays pending, and the next start on the same state continues the sample.
+//!
+//! As it runs, the sample records what it has produced in its future's pending record ([`progress`]), and a sample
+//! continued after a restart starts from there ([`SamplePlan::resumed`]): one core request per sequence still to
+//! sample, merged back into the sequences' order.
 
-use std::sync::Arc;
+mod collector;
+mod progress;
+
 use std::time::Duration;
 
 use futures::StreamExt;
-use loragate_core::{AdapterKey, CoreError, EngineError, FinishReason, GateDeadline, SampleEvent, SampleStream};
-use loragate_http::{TextCodec, TokenStopWatcher};
+use loragate_core::{AdapterKey, CoreError, EngineError, GateDeadline, SampleEvent};
 
-use crate::proto::{Ending, FinishedSequence, encode_sample_response};
+use self::collector::Collector;
+use self::progress::Progress;
+use crate::proto::encode_sample_response;
 use crate::sample_request::SamplePlan;
 use crate::state::TinkerState;
 use crate::store::{Failure, PendingFuture, Settled};
@@ -32,7 +39,8 @@ enum Outcome {
 
 /// Runs the sample of `future` and settles it.
 pub(crate) async fn run_sample(state: TinkerState, plan: SamplePlan, future: PendingFuture) {
-    match sample(&state, plan).await {
+    let outcome = sample(&state, plan, &future).await;
+    match outcome {
         Outcome::Settled(settled) => {
             if let Settled::Failed(failure) = &settled {
                 tracing::warn!(request_id = %future.id(), category = failure.category.as_str(),
@@ -44,18 +52,30 @@ pub(crate) async fn run_sample(state: TinkerState, plan: SamplePlan, future: Pen
     }
 }
 
-async fn sample(state: &TinkerState, plan: SamplePlan) -> Outcome {
+async fn sample(state: &TinkerState, plan: SamplePlan, future: &PendingFuture) -> Outcome {
     let coordinator = state.coordinator();
     let target = plan.request.adapter().clone();
-    let deadline = GateDeadline::new(None, state.config().max_pause_wait);
     let sequences = plan.request.num_samples() as usize;
     let wants_prompt_logprobs = plan.request.include_prompt_logprobs();
-    let stream = match coordinator.sample(plan.request, deadline).await {
-        Ok(stream) => stream,
-        Err(err) => return failed(state, &target, err),
-    };
     let mut collector = Collector::new(state.codec(), sequences, &plan.stop_strings, wants_prompt_logprobs);
-    if let Err(err) = collector.drain(stream).await {
+    // Each request with the index of its first sequence in the answer.
+    let requests = match plan.resumed {
+        None => vec![(0, plan.request)],
+        Some(resumed) => {
+            collector.resume(resumed.sequences, resumed.prompt_logprobs);
+            resumed.requests
+        }
+    };
+    let mut streams = Vec::with_capacity(requests.len());
+    for (first_sequence, request) in requests {
+        let deadline = GateDeadline::new(None, state.config().max_pause_wait);
+        match coordinator.sample(request, deadline).await {
+            Ok(stream) => streams.push(stream.map(move |event| event.map(|event| renumbered(event, first_sequence)))),
+            Err(err) => return failed(state, &target, err),
+        }
+    }
+    let mut progress = Progress::new(future, collector.token_count());
+    if let Err(err) = collector.drain(futures::stream::select_all(streams), &mut progress).await {
         return failed(state, &target, err);
     }
     if collector.aborted() {
@@ -63,6 +83,14 @@ async fn sample(state: &TinkerState, plan: SamplePlan) -> Outcome {
     }
     let (sequences, prompt_logprobs) = collector.finish();
     Outcome::Settled(Settled::Finished(encode_sample_response(sequences, prompt_logprobs, plan.prompt_logprobs_last_n)))
+}
+
+/// `event` of a request whose first sequence is sequence `first_sequence` of the answer.
+fn renumbered(mut event: SampleEvent, first_sequence: u32) -> SampleEvent {
+    if let SampleEvent::Tokens { sequence, .. } | SampleEvent::Finished { sequence, .. } = &mut event {
+        *sequence += first_sequence;
+    }
+    event
 }
 
 /// The future of a request the core refused or failed after it was accepted.
@@ -118,151 +146,27 @@ fn human(duration: Duration) -> String {
     }
 }
 
-/// One sequence being collected.
-struct SequenceProgress {
-    output: FinishedSequence,
-    stop: Option<TokenStopWatcher>,
-    aborted: bool,
-}
-
-impl SequenceProgress {
-    fn done(&self) -> bool {
-        self.aborted || self.output.ending.is_some()
-    }
-}
-
-/// Gathers a request's events into finished sequences, ending a sequence at the token that completes a stop string.
-struct Collector {
-    sequences: Vec<SequenceProgress>,
-    prompt_logprobs: Option<Vec<f32>>,
-}
-
-impl Collector {
-    fn new(codec: &Arc<dyn TextCodec>, count: usize, stops: &Arc<[String]>, wants_prompt_logprobs: bool) -> Self {
-        let sequences = (0..count)
-            .map(|_| SequenceProgress {
-                output: FinishedSequence::default(),
-                stop: (!stops.is_empty()).then(|| TokenStopWatcher::new(codec.clone(), stops.clone())),
-                aborted: false,
-            })
-            .collect();
-        Self { sequences, prompt_logprobs: wants_prompt_logprobs.then(Vec::new) }
-    }
-
-    /// Takes events until every sequence is done (then the stream is dropped: nothing more is wanted from it).
-    async fn drain(&mut self, mut stream: SampleStream) -> Result<(), CoreError> {
-        while !self.sequences.iter().all(SequenceProgress::done) {
-            let Some(event) = stream.next().await else { break };
-            self.on_event(event?);
-        }
-        Ok(())
-    }
-
-    fn on_event(&mut self, event: SampleEvent) {
-        match event {
-            SampleEvent::PromptLogprobs(logprobs) => {
-                if let Some(kept) = &mut self.prompt_logprobs {
-                    *kept = logprobs;
-                }
-            }
-            // Never asked for: the front refuses top-k logprobs.
-            SampleEvent::PromptTopLogprobs(_) => {}
-            SampleEvent::Tokens { sequence, token_ids, logprobs, .. } => {
-                let Some(progress) = self.sequences.get_mut(sequence as usize).filter(|p| !p.done()) else { return };
-                for (token, logprob) in token_ids.into_iter().zip(logprobs) {
-                    progress.output.tokens.push(token);
-                    progress.output.logprobs.push(logprob);
-                    if progress.stop.as_mut().is_some_and(|stop| stop.push(token)) {
-                        progress.output.ending = Some(Ending::Stop);
-                        break;
-                    }
-                }
-            }
-            SampleEvent::Finished { sequence, reason, .. } => {
-                let Some(progress) = self.sequences.get_mut(sequence as usize).filter(|p| !p.done()) else { return };
-                let held_back_stops = progress.stop.as_mut().is_some_and(TokenStopWatcher::finish);
-                match reason {
-                    FinishReason::Abort => progress.aborted = true,
-                    _ if held_back_stops => progress.output.ending = Some(Ending::Stop),
-                    FinishReason::Stop => progress.output.ending = Some(Ending::Stop),
-                    FinishReason::Length => progress.output.ending = Some(Ending::Length),
-                }
-            }
-        }
-    }
-
-    fn aborted(&self) -> bool {
-        self.sequences.iter().any(|progress| progress.aborted)
-    }
-
-    fn finish(self) -> (Vec<FinishedSequence>, Option<Vec<f32>>) {
-        (self.sequences.into_iter().map(|progress| progress.output).collect(), self.prompt_logprobs)
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use loragate_core::AdapterVersion;
+    use loragate_core::{AdapterVersion, FinishReason};
 
     use super::*;
-    use crate::test_support::ByteCodec;
 
-    fn collector(count: usize, stops: &[&str]) -> Collector {
-        let codec: Arc<dyn TextCodec> = Arc::new(ByteCodec);
-        Collector::new(&codec, count, &stops.iter().map(|stop| (*stop).to_owned()).collect(), true)
-    }
-
-    fn tokens(sequence: u32, text: &str) -> SampleEvent {
-        let token_ids: Vec<u32> = text.bytes().map(u32::from).collect();
-        let logprobs = (0..token_ids.len()).map(|i| -(i as f32)).collect();
-        SampleEvent::Tokens {
-            sequence,
+    #[test]
+    fn a_continued_sequences_events_take_its_place_in_the_answer() {
+        let finished = SampleEvent::Finished { sequence: 0, reason: FinishReason::Length, segments: Vec::new() };
+        assert!(matches!(renumbered(finished, 2), SampleEvent::Finished { sequence: 2, .. }));
+        let tokens = SampleEvent::Tokens {
+            sequence: 0,
             version: AdapterVersion(1),
             kv_version: AdapterVersion(1),
-            token_ids,
-            logprobs,
+            token_ids: vec![1],
+            logprobs: vec![0.0],
             top_logprobs: Vec::new(),
-        }
-    }
-
-    fn finished(sequence: u32, reason: FinishReason) -> SampleEvent {
-        SampleEvent::Finished { sequence, reason, segments: Vec::new() }
-    }
-
-    fn text(sequence: &FinishedSequence) -> String {
-        sequence.tokens.iter().map(|&t| char::from(u8::try_from(t).expect("a byte"))).collect()
-    }
-
-    #[test]
-    fn sequences_end_at_the_token_completing_a_stop_string_or_as_the_engine_says() {
-        let mut collector = collector(3, &["woof"]);
-        collector.on_event(SampleEvent::PromptLogprobs(vec![f32::NAN, -1.0]));
-        collector.on_event(tokens(0, "meow wo"));
-        collector.on_event(tokens(0, "of meow"));
-        collector.on_event(tokens(1, "meow"));
-        collector.on_event(finished(1, FinishReason::Length));
-        collector.on_event(tokens(2, "mew"));
-        assert!(!collector.sequences.iter().all(SequenceProgress::done), "sequence 2 still runs");
-        collector.on_event(finished(0, FinishReason::Length));
-        collector.on_event(finished(2, FinishReason::Stop));
-        assert!(!collector.aborted());
-        let (sequences, prompt_logprobs) = collector.finish();
-        assert_eq!(text(&sequences[0]), "meow woof", "ends with the token that completed the stop string");
-        assert_eq!(sequences[0].logprobs.len(), 9, "one logprob per kept token");
-        assert_eq!(sequences[0].ending, Some(Ending::Stop), "its later events change nothing");
-        assert_eq!((text(&sequences[1]).as_str(), sequences[1].ending), ("meow", Some(Ending::Length)));
-        assert_eq!((text(&sequences[2]).as_str(), sequences[2].ending), ("mew", Some(Ending::Stop)));
-        assert_eq!(prompt_logprobs.map(|p| p.len()), Some(2));
-    }
-
-    #[test]
-    fn an_aborted_sequence_is_reported() {
-        let mut collector = collector(2, &[]);
-        collector.on_event(tokens(0, "me"));
-        collector.on_event(finished(0, FinishReason::Abort));
-        collector.on_event(finished(1, FinishReason::Length));
-        assert!(collector.sequences.iter().all(SequenceProgress::done));
-        assert!(collector.aborted());
+        };
+        assert!(matches!(renumbered(tokens, 1), SampleEvent::Tokens { sequence: 1, .. }));
+        let prompt = SampleEvent::PromptLogprobs(vec![f32::NAN]);
+        assert!(matches!(renumbered(prompt, 3), SampleEvent::PromptLogprobs(_)));
     }
 
     #[test]

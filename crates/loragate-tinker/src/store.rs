@@ -34,7 +34,7 @@ use ractor::{Actor, ActorRef, RpcReplyPort, SpawnErr};
 use tokio::sync::watch;
 
 use self::actor::{StoreActor, StoreArgs, StoreMsg};
-pub(crate) use self::record::Creator;
+pub(crate) use self::record::{Creator, Produced, SampleRecord};
 pub(crate) use self::table::{Restored, Submitted};
 use crate::error::TinkerError;
 use crate::ids::FutureId;
@@ -213,11 +213,12 @@ impl FutureStore {
         dedup: Option<DedupKey>,
         request: serde_json::Value,
     ) -> Result<Submission, TinkerError> {
+        let record = Arc::new(SampleRecord::pending(&subject.target, &subject.creator, dedup.clone(), request));
         let build = |reply| StoreMsg::Submit {
             id,
             subject: subject.clone(),
             dedup: dedup.clone(),
-            request: request.clone(),
+            record: record.clone(),
             reply,
         };
         match self.call(build).await? {
@@ -228,16 +229,17 @@ impl FutureStore {
                     let _ = self.inner.0.cast(StoreMsg::Withdraw { id });
                     return Err(TinkerError::Core(CoreError::State(err)));
                 }
-                Ok(Submission::New(self.pending_future(id)))
+                Ok(Submission::New(self.pending_future(id, record)))
             }
             (Submitted::Existing(earlier), _) => Ok(Submission::Existing(earlier)),
             (Submitted::Full { pending }, _) => Err(TinkerError::TooManyPending { pending }),
         }
     }
 
-    /// The guard of a pending future put back at start, for the task that continues its sample.
-    pub(crate) fn pending_future(&self, id: FutureId) -> PendingFuture {
-        PendingFuture { id, store: self.inner.0.clone(), settled: false }
+    /// The guard of the pending future `id` whose pending record is `record`, for the task that runs (or, after a
+    /// restart, continues) its sample.
+    pub(crate) fn pending_future(&self, id: FutureId, record: Arc<SampleRecord>) -> PendingFuture {
+        PendingFuture { id, store: self.inner.0.clone(), settled: false, record }
     }
 
     /// The future's state channel, or `None` if it is unknown (never issued, or expired).
@@ -280,12 +282,22 @@ pub(crate) struct PendingFuture {
     id: FutureId,
     store: ActorRef<StoreMsg>,
     settled: bool,
+    /// Its pending record, which [`PendingFuture::record_progress`] rewrites with what the sample produced.
+    record: Arc<SampleRecord>,
 }
 
 impl PendingFuture {
     /// The future's id.
     pub(crate) fn id(&self) -> FutureId {
         self.id
+    }
+
+    /// Records what the sample has produced so far in its pending record, so that a restart continues from there.
+    /// The record is written here, on the sample's task; the store's actor only queues it (nobody waits for it, and
+    /// it is dropped if the future settled meanwhile: the result's record replaces it).
+    pub(crate) fn record_progress(&self, produced: Produced) {
+        let change = self.record.with_produced(produced).put(self.id);
+        let _ = self.store.cast(StoreMsg::Progress { id: self.id, change });
     }
 
     /// Records the outcome; pollers get it at once.

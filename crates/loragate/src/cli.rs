@@ -187,6 +187,11 @@ pub struct ServeArgs {
     /// directory then.
     #[arg(long, value_name = "etcd://HOST:PORT[,HOST:PORT…]/PREFIX", value_parser = parse_shared_state, conflicts_with = "state_dir")]
     pub state: Option<StateLocation>,
+    /// With --state: the TTL of this replica's registration in etcd, which it renews every third of it. A replica
+    /// that dies stops counting once it runs out: pauses no longer wait for it and ListReplicas drops it. Whole
+    /// seconds, at least 2 (etcd's shortest lease); a pause waits --abort-ack-timeout plus this for the replicas.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_replica_lease, requires = "state")]
+    pub replica_lease: Duration,
     /// Tinker API: the longest a sample waits for its paused adapter before its future fails (keep it below the
     /// SDK's 120-minute stuck detection).
     #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
@@ -324,6 +329,7 @@ impl ServeArgs {
             worker_adapter_root: self.worker_adapter_root,
             worker_key: self.worker_key,
             state: self.state.or(self.state_dir).unwrap_or(StateLocation::UserDefault),
+            replica_lease: self.replica_lease,
             log_stats_interval: (!self.log_stats_interval.is_zero()).then_some(self.log_stats_interval),
             tinker: TinkerConfig {
                 max_pause_wait: self.tinker_max_pause_wait,
@@ -333,6 +339,16 @@ impl ServeArgs {
             },
         }
     }
+}
+
+/// Parses `--replica-lease`: a duration of whole seconds, at least 2 (etcd raises shorter leases to its minimum, and
+/// counts leases in seconds).
+fn parse_replica_lease(raw: &str) -> Result<Duration, String> {
+    let lease = parse_duration(raw)?;
+    if lease < Duration::from_secs(2) || lease.subsec_nanos() != 0 {
+        return Err(format!("{raw:?}: a replica's lease is whole seconds, at least 2s (etcd's shortest lease)"));
+    }
+    Ok(lease)
 }
 
 /// Parses `--state`.

@@ -99,6 +99,9 @@ pub struct ServeConfig {
     /// Where adapters, versions and pauses are recorded to survive a restart (`--state-dir`), or shared with other
     /// replicas (`--state etcd://…`).
     pub state: StateLocation,
+    /// With a shared state: the TTL of this replica's registration (`--replica-lease`), how long after its death
+    /// pauses stop waiting for it.
+    pub replica_lease: Duration,
     /// The Tinker API front's settings (its routes share the HTTP listener).
     pub tinker: TinkerConfig,
     /// How often the stats line is logged (`--log-stats-interval`); `None` for never.
@@ -155,6 +158,7 @@ impl ServeConfig {
             worker_adapter_root: None,
             worker_key: None,
             state: StateLocation::Memory,
+            replica_lease: Duration::from_secs(5),
             tinker: TinkerConfig::default(),
             log_stats_interval: None,
         }
@@ -275,8 +279,9 @@ impl RunningServer {
         let chat_template = blocking(move || chat_template(&template_path)).await?;
         let in_fleet = !config.workers.is_empty();
         // A pause waits for the other replicas as long as for its own requests, plus a dead replica's lease.
-        let replica_ack_timeout = config.abort_ack_timeout + Duration::from_secs(5);
-        let (state, state_dir) = config.state.open(&served_model_name, replica_ack_timeout).await?;
+        let replica_ack_timeout = config.abort_ack_timeout + config.replica_lease;
+        let (state, state_dir) =
+            config.state.open(&served_model_name, config.replica_lease, replica_ack_timeout).await?;
         if let Some(dir) = &state_dir {
             tracing::info!(state_dir = %dir.display(), "recording adapters, versions and pauses");
         }

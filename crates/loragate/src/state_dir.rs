@@ -53,14 +53,16 @@ impl StateLocation {
         }
     }
 
-    /// Opens the store this names. A shared one waits at most `ack_timeout` for the other replicas to apply a pause.
+    /// Opens the store this names. A shared one registers this replica under a lease of `replica_lease` and waits at
+    /// most `ack_timeout` for the other replicas to apply a pause.
     pub async fn open(
         &self,
         served_name: &str,
+        replica_lease: Duration,
         ack_timeout: Duration,
     ) -> Result<(Arc<dyn StateStore>, Option<PathBuf>), StateError> {
         if let Self::Shared(url) = self {
-            let config = EtcdConfig { ack_timeout, ..EtcdConfig::new(url.clone()) };
+            let config = EtcdConfig { replica_ttl: replica_lease, ack_timeout, ..EtcdConfig::new(url.clone()) };
             return Ok((Arc::new(EtcdStore::connect(config).await?), None));
         }
         match self.dir(served_name)? {

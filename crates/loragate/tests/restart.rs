@@ -3,13 +3,15 @@
 //! lease that ran out while the server was down is gone), an adapter whose directory vanished is listed with its
 //! error and refuses samples, two servers never share a directory, and Tinker futures survive (a sample pending at
 //! the kill resolves afterwards under its request id, for the SDK's HTTP calls and for the unmodified SDK itself; a
-//! finished result is served again). Every server here has its own temporary state directory.
+//! finished result is served again; a sample killed while it runs continues from the tokens it had recorded). Every
+//! server here has its own temporary state directory.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use loragate_core::state::StateStore;
 use loragate_core::testing::eventually_within;
 use loragate_proto::v1::lora_control_client::LoraControlClient;
 use loragate_proto::v1::{self as pb};
@@ -350,6 +352,60 @@ async fn tinker_futures_survive_a_kill_a_pending_sample_resolves_and_a_result_is
         assert_eq!(sequence.tokens.len(), 4 * 24, "the whole budget, as int32s: {sequence:?}");
         assert_eq!(sequence.stop_reason(), StopReason::Length);
     }
+    server.kill();
+}
+
+/// The tokens each sequence of the pending Tinker sample `request_id` had recorded in `state_dir` (read with the
+/// server stopped).
+async fn recorded_tokens(state_dir: &Path, request_id: &str) -> Vec<Vec<u32>> {
+    let store = loragate_state::EmbeddedStore::open(state_dir).expect("the state opens");
+    let records = store.recorded().await.expect("read").front_records;
+    let record = records.iter().find(|record| record.key == request_id).expect("the sample is recorded");
+    let value: Value = serde_json::from_str(&record.value).expect("a JSON record");
+    assert_eq!(value["state"], "pending", "{value}");
+    let sequences = value["produced"]["sequences"].as_array().cloned().unwrap_or_default();
+    sequences.iter().map(|sequence| serde_json::from_value(sequence["tokens"].clone()).expect("token ids")).collect()
+}
+
+/// A greedy Tinker sample killed (SIGKILL) while it runs keeps the tokens it had recorded: after the restart its future
+/// resolves with the whole budget, starting with exactly those tokens, and the restarted server generated only the
+/// rest (each sequence continued from its recorded tokens, not from the prompt).
+#[tokio::test]
+async fn a_tinker_sample_killed_mid_sample_continues_from_the_tokens_it_had_recorded() {
+    const SAMPLES: usize = 2;
+    const TOKENS: usize = 3000;
+    let state = tempfile::tempdir().expect("state dir");
+    let server = Server::start(state.path(), &[]);
+    let http = reqwest::Client::builder().no_proxy().build().expect("an HTTP client");
+    let tinker = Tinker::of(&server);
+    let session = tinker.sampling_session("meow").await;
+    let pending = tinker.asample(&session, 0, SAMPLES as u32, TOKENS as u32).await;
+    // Progress is recorded every 128 tokens: after a thousand, several records have committed.
+    eventually_within("the sample produced a thousand tokens", spawned::PATIENCE, || {
+        let (http, server) = (&http, &server);
+        async move { generated_tokens(http, server, "meow").await >= 1000.0 }
+    })
+    .await;
+    server.kill();
+
+    let recorded = recorded_tokens(state.path(), &pending).await;
+    assert_eq!(recorded.len(), SAMPLES, "every sequence is recorded");
+    let kept: usize = recorded.iter().map(Vec::len).sum();
+    assert!(kept > 0 && recorded.iter().all(|tokens| tokens.len() < TOKENS), "mid-sample: {kept} tokens kept");
+
+    let server = Server::start(state.path(), &[]);
+    let tinker = Tinker::of(&server);
+    let response = SampleResponse::decode(tinker.retrieve(&pending).await).expect("a SampleResponse");
+    assert_eq!(response.sequences.len(), SAMPLES);
+    for (sequence, before) in response.sequences.iter().zip(&recorded) {
+        let tokens: Vec<u32> =
+            sequence.tokens.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        assert_eq!(tokens.len(), TOKENS, "the whole budget");
+        assert_eq!(&tokens[..before.len()], before.as_slice(), "it starts with the tokens produced before the kill");
+        assert_eq!(sequence.stop_reason(), StopReason::Length);
+    }
+    let generated = generated_tokens(&http, &server, "meow").await;
+    assert_eq!(generated, (SAMPLES * TOKENS - kept) as f64, "the restarted server generated only the rest");
     server.kill();
 }
 

@@ -19,14 +19,16 @@ use crate::ids::FutureId;
 /// The commands the store serves. Only [`super::FutureStore`] and [`super::PendingFuture`] build them.
 pub(crate) enum StoreMsg {
     /// Records a pending future unless it is a resubmission or the table is full; a new one comes with its record's
-    /// [`Recording`] (`request` is the `asample` body recorded with it).
+    /// [`Recording`].
     Submit {
         id: FutureId,
         subject: FutureSubject,
         dedup: Option<DedupKey>,
-        request: serde_json::Value,
+        record: Arc<SampleRecord>,
         reply: RpcReplyPort<(Submitted, Option<Recording>)>,
     },
+    /// A pending future's record, rewritten with what its sample produced so far (ignored once it settled).
+    Progress { id: FutureId, change: StateChange },
     /// A pending future whose record failed: it goes.
     Withdraw { id: FutureId },
     /// A pending future's outcome.
@@ -110,11 +112,16 @@ impl Actor for StoreActor {
     ) -> Result<(), ActorProcessingErr> {
         let table = &mut state.table;
         match message {
-            StoreMsg::Submit { id, subject, dedup, request, reply } => {
-                let record = SampleRecord::pending(&subject.target, &subject.creator, dedup.clone(), request);
+            StoreMsg::Submit { id, subject, dedup, record, reply } => {
                 let submitted = table.submit(id, subject, dedup);
                 let recording = (submitted == Submitted::New).then(|| state.records.record(vec![record.put(id)]));
                 let _ = reply.send((submitted, recording));
+            }
+            StoreMsg::Progress { id, change } => {
+                // A settled future's result was queued already: a late progress record must not replace it.
+                if table.is_pending(id) {
+                    state.queue(vec![change]);
+                }
             }
             StoreMsg::Withdraw { id } => {
                 table.withdraw(id);

@@ -3,7 +3,9 @@
 //! knows nothing of it (it is opaque there); this module alone writes and reads it.
 //!
 //! - **Pending**: the `asample` body as received (it passed validation; at start it is validated again by the same
-//!   code, consuming it, under the same request id), the target, the creator's kind and the resubmission key.
+//!   code, consuming it, under the same request id), the target, the creator's kind and the resubmission key; once
+//!   its sample produced tokens, what it had produced when last recorded ([`Produced`]: rewritten as the sample runs,
+//!   at most every few hundred milliseconds or tokens, see `sample_task/progress.rs`), from which a restart continues.
 //! - **Finished** / **failed**: what `retrieve_future` answers (the `SampleResponse` bytes, or the failure) and when
 //!   it settled, as wall-clock time: the result is kept after a restart until its retention ends.
 //!
@@ -20,6 +22,7 @@ use serde_json::Value;
 
 use super::{DedupKey, Failure, FailureCategory, FutureState};
 use crate::ids::FutureId;
+use crate::proto::{Ending, FinishedSequence};
 
 /// The front's table in the state store.
 pub(crate) const TABLE: &str = "tinker/samples";
@@ -78,7 +81,7 @@ impl CreatorKind {
 }
 
 /// One future's record.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct SampleRecord {
     /// The adapter's name, or `""` for the base model.
     pub(crate) target: String,
@@ -93,13 +96,17 @@ pub(crate) struct SampleRecord {
 }
 
 /// A recorded future's state.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub(crate) enum RecordedState {
     /// Its sample runs: the `asample` body, to be continued after a restart.
     Pending {
         /// The body as received.
         request: Value,
+        /// What the sample had produced when last recorded (absent until its first tokens, and in records written
+        /// before this was recorded).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        produced: Option<Produced>,
     },
     /// Its `SampleResponse`.
     Finished {
@@ -119,6 +126,72 @@ pub(crate) enum RecordedState {
     },
 }
 
+/// What a pending sample had produced when it was last recorded: a restart continues each sequence from there.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Produced {
+    /// Each sequence, in order.
+    pub(crate) sequences: Vec<ProducedSequence>,
+    /// The prompt's logprobs, when they were asked for and had come (as `f32` bit patterns: the first is NaN, which
+    /// JSON has no number for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) prompt_logprob_bits: Option<Vec<u32>>,
+}
+
+/// One sequence's tokens so far.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ProducedSequence {
+    /// The tokens.
+    pub(crate) tokens: Vec<u32>,
+    /// One logprob per token, as `f32` bit patterns (exact; `-inf` survives JSON).
+    pub(crate) logprob_bits: Vec<u32>,
+    /// How it ended, once it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) ending: Option<RecordedEnding>,
+}
+
+/// A recorded sequence's ending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RecordedEnding {
+    /// [`Ending::Stop`].
+    Stop,
+    /// [`Ending::Length`].
+    Length,
+}
+
+impl ProducedSequence {
+    /// The record of `sequence` as collected so far.
+    pub(crate) fn of(sequence: &FinishedSequence) -> Self {
+        Self {
+            tokens: sequence.tokens.clone(),
+            logprob_bits: sequence.logprobs.iter().map(|logprob| logprob.to_bits()).collect(),
+            ending: sequence.ending.map(|ending| match ending {
+                Ending::Stop => RecordedEnding::Stop,
+                Ending::Length => RecordedEnding::Length,
+            }),
+        }
+    }
+
+    /// The sequence as collected when it was recorded; `None` if its tokens and logprobs do not pair up.
+    pub(crate) fn to_sequence(&self) -> Option<FinishedSequence> {
+        (self.tokens.len() == self.logprob_bits.len()).then(|| FinishedSequence {
+            tokens: self.tokens.clone(),
+            logprobs: self.logprob_bits.iter().map(|&bits| f32::from_bits(bits)).collect(),
+            ending: self.ending.map(|ending| match ending {
+                RecordedEnding::Stop => Ending::Stop,
+                RecordedEnding::Length => Ending::Length,
+            }),
+        })
+    }
+}
+
+impl Produced {
+    /// The prompt's logprobs, if recorded.
+    pub(crate) fn prompt_logprobs(&self) -> Option<Vec<f32>> {
+        self.prompt_logprob_bits.as_ref().map(|bits| bits.iter().map(|&bits| f32::from_bits(bits)).collect())
+    }
+}
+
 impl SampleRecord {
     /// The record of a pending future.
     pub(crate) fn pending(target: &AdapterKey, creator: &Creator, dedup: Option<DedupKey>, request: Value) -> Self {
@@ -126,8 +199,17 @@ impl SampleRecord {
             target: target.as_wire_str().to_owned(),
             creator: creator.kind(),
             dedup,
-            state: RecordedState::Pending { request },
+            state: RecordedState::Pending { request, produced: None },
         }
+    }
+
+    /// This pending record with what its sample has `produced` so far (a settled record is returned as it is).
+    pub(crate) fn with_produced(&self, produced: Produced) -> Self {
+        let mut record = self.clone();
+        if let RecordedState::Pending { produced: recorded, .. } = &mut record.state {
+            *recorded = Some(produced);
+        }
+        record
     }
 
     /// The record of a future settled at `settled_at` in state `state`; `None` if it is still pending.
@@ -210,6 +292,7 @@ mod tests {
     use loragate_core::AdapterName;
 
     use super::*;
+    use crate::ids::{Epoch, IdMaker};
 
     #[test]
     fn settled_records_round_trip_their_answer_and_time() {
@@ -227,6 +310,43 @@ mod tests {
         assert_eq!(record.settled_state(), Some((failed, at)));
         assert!(SampleRecord::settled(&meow, &creator, None, &FutureState::Pending, at).is_none());
         assert_eq!(unhex("0g"), None, "damaged bytes are refused");
+    }
+
+    #[test]
+    fn a_pending_record_keeps_what_its_sample_produced_exactly_and_older_records_without_it_still_read() {
+        let meow = AdapterKey::Lora(AdapterName::parse("meow").expect("name"));
+        let creator = Creator::Caller(Principal::Anyone);
+        let body = serde_json::json!({"num_samples": 2});
+        let pending = SampleRecord::pending(&meow, &creator, None, body.clone());
+        let sequence = FinishedSequence {
+            tokens: vec![7, 8, 9],
+            logprobs: vec![-0.25, f32::NEG_INFINITY, -1e-30],
+            ending: Some(Ending::Length),
+        };
+        let produced = Produced {
+            sequences: vec![ProducedSequence::of(&sequence), ProducedSequence::default()],
+            prompt_logprob_bits: Some(vec![f32::NAN.to_bits(), (-2.5f32).to_bits()]),
+        };
+        let StateChange::FrontRecordPut(written) =
+            pending.with_produced(produced.clone()).put(IdMaker::new(Epoch::random()).future_id())
+        else {
+            unreachable!("a put")
+        };
+        let read = SampleRecord::parse(&written.value).expect("parses");
+        let RecordedState::Pending { request, produced: Some(read_produced) } = read.state else {
+            panic!("pending, with what it produced: {}", written.value)
+        };
+        assert_eq!((request, &read_produced), (body.clone(), &produced));
+        assert_eq!(read_produced.sequences[0].to_sequence(), Some(sequence), "tokens, logprobs and ending, exactly");
+        let prompt = read_produced.prompt_logprobs().expect("recorded");
+        assert!(prompt[0].is_nan() && prompt[1] == -2.5);
+
+        let older = r#"{"target":"meow","creator":"anyone","state":"pending","request":{"num_samples":2}}"#;
+        let RecordedState::Pending { produced: None, .. } = SampleRecord::parse(older).expect("parses").state else {
+            panic!("an older pending record reads, with nothing produced")
+        };
+        let damaged = ProducedSequence { tokens: vec![1, 2], logprob_bits: vec![0], ending: None };
+        assert_eq!(damaged.to_sequence(), None, "tokens without their logprobs are refused");
     }
 
     #[test]

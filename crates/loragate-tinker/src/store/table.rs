@@ -117,6 +117,11 @@ impl FutureTable {
         }
     }
 
+    /// Whether `id` is a pending future.
+    pub(crate) fn is_pending(&self, id: FutureId) -> bool {
+        self.entries.get(&id).is_some_and(|entry| entry.settled_at.is_none())
+    }
+
     /// Drops a pending future whose record could not be written (its `asample` failed).
     pub(crate) fn withdraw(&mut self, id: FutureId) {
         if self.entries.get(&id).is_some_and(|entry| entry.settled_at.is_none()) {

@@ -46,6 +46,19 @@ fn state_dir_takes_a_directory_or_none() {
 }
 
 #[test]
+fn a_replicas_lease_is_whole_seconds_of_at_least_two_and_needs_a_shared_state() {
+    let etcd = ["loragate", "serve", "--state", "etcd://127.0.0.1:2379/lg"];
+    assert_eq!(serve_config(&etcd).replica_lease, Duration::from_secs(5), "the default");
+    assert_eq!(serve_config(&[&etcd[..], &["--replica-lease", "2s"]].concat()).replica_lease, Duration::from_secs(2));
+    for bad in ["1s", "2500ms", "0", "soon"] {
+        let err = Cli::try_parse_from([&etcd[..], &["--replica-lease", bad]].concat()).expect_err(bad);
+        assert!(err.to_string().contains("--replica-lease"), "{bad}: {err}");
+    }
+    let alone = Cli::try_parse_from(["loragate", "serve", "--replica-lease", "3s"]).expect_err("without --state");
+    assert!(alone.to_string().contains("--state"), "{alone}");
+}
+
+#[test]
 fn adapters_are_name_equals_dir_and_repeatable() {
     let cli = Cli::try_parse_from([
         "loragate",
