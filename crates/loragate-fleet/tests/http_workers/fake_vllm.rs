@@ -42,7 +42,10 @@ pub(crate) fn router(state: Arc<FakeState>, token_api: bool) -> Router {
 
 /// vLLM 0.32's answer on the token API's routes when it was started without `--enable-scale-out`.
 async fn scale_out_disabled() -> Response {
-    error(StatusCode::FORBIDDEN, "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them.")
+    error(
+        StatusCode::FORBIDDEN,
+        "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them.",
+    )
 }
 
 async fn models(State(state): State<Arc<FakeState>>) -> Json<Value> {
