@@ -3,7 +3,8 @@
 //! - Sampling by token ids, streamed: `POST /inference/v1/generate` (`token_ids`, `sampling_params`, our
 //!   `request_id`) where the server has it and `/inference/v1/abort_requests` too (vLLM ≥ 0.32 with
 //!   `--enable-scale-out`); else `POST /v1/completions` with `prompt` as token ids, `return_token_ids` and
-//!   `return_tokens_as_token_ids`. Both are probed whenever the worker joins.
+//!   `return_tokens_as_token_ids`. Both are probed whenever the worker joins: a route serves where it answers the
+//!   probe with a success or a 400/422 (vLLM 0.32 without `--enable-scale-out` answers them 403).
 //! - Every request carries its real budget (`max_tokens`) and `logprobs` (0, or the candidates asked for).
 //! - The prompt's logprobs come from a separate, unstreamed `/v1/completions` scoring request (`max_tokens` 1,
 //!   `prompt_logprobs`) before the sequence's stream: every vLLM version answers it alike, with each prompt token's
