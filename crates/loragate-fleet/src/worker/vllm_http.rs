@@ -3,7 +3,8 @@
 //! - Sampling by token ids, streamed: `POST /inference/v1/generate` (`token_ids`, `sampling_params`, our
 //!   `request_id`) where the server has it and `/inference/v1/abort_requests` too (vLLM ≥ 0.32 with
 //!   `--enable-scale-out`); else `POST /v1/completions` with `prompt` as token ids, `return_token_ids` and
-//!   `return_tokens_as_token_ids`. Both are probed whenever the worker joins.
+//!   `return_tokens_as_token_ids`. Both are probed whenever the worker joins: a route serves where it answers the
+//!   probe with a success or a 400/422 (vLLM 0.32 without `--enable-scale-out` answers them 403).
 //! - Every request carries its real budget (`max_tokens`) and `logprobs` (0, or the candidates asked for).
 //! - The prompt's logprobs come from a separate, unstreamed `/v1/completions` scoring request (`max_tokens` 1,
 //!   `prompt_logprobs`) before the sequence's stream: every vLLM version answers it alike, with each prompt token's
@@ -47,11 +48,19 @@ impl VllmHttpWorker {
         Ok(Self { http: HttpEndpoint::new(address, settings)?, token_api: AtomicBool::new(false) })
     }
 
-    /// Whether `path` exists on the server: anything but 404/405 says it does.
-    async fn has_route(&self, path: &str, body: &Value, timeout: Duration) -> Result<bool, WorkerError> {
+    /// Whether `path` serves on this server: a success or a refusal of the probe's body (400/422) says it does.
+    /// Anything else says it does not: 404/405 (no such route: vLLM before 0.32), 403 (vLLM 0.32 registers the token
+    /// API's routes without `--enable-scale-out` but answers them "Scale-out endpoints are disabled"), 401, 5xx.
+    async fn serves(&self, path: &str, body: &Value, timeout: Duration) -> Result<bool, WorkerError> {
         Ok(match self.http.post(path, body, timeout).await? {
             Ok(_) => true,
-            Err(refusal) => !matches!(refusal.status.as_u16(), 404 | 405),
+            Err(refusal) => {
+                let serves = matches!(refusal.status.as_u16(), 400 | 422);
+                if !serves {
+                    tracing::debug!(path, status = %refusal.status, message = %refusal.message, "vLLM's token API is off");
+                }
+                serves
+            }
         })
     }
 
@@ -80,9 +89,11 @@ impl WorkerClient for VllmHttpWorker {
 
     async fn describe(&self, timeout: Duration) -> Result<WorkerFacts, WorkerError> {
         let facts = self.http.models(timeout).await?;
-        let generate = self.has_route("/inference/v1/generate", &json!({}), timeout).await?;
-        let abort =
-            generate && self.has_route("/inference/v1/abort_requests", &json!({"request_ids": []}), timeout).await?;
+        // An empty body: refused (400) where the route serves, without starting anything.
+        let generate = self.serves("/inference/v1/generate", &json!({}), timeout).await?;
+        // An id nothing runs under, never an empty list (see `abort`).
+        let probe = json!({"request_ids": ["loragate-probe"]});
+        let abort = generate && self.serves("/inference/v1/abort_requests", &probe, timeout).await?;
         self.token_api.store(abort, Ordering::Release);
         Ok(facts)
     }

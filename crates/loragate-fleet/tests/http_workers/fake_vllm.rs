@@ -3,7 +3,8 @@
 //! "has already been loaded", a path it cannot read with 404 "No adapter found"), `/v1/completions` (streamed by token
 //! ids with `return_token_ids`; unstreamed with `prompt_logprobs`), and with the token API (vLLM ≥ 0.32
 //! `--enable-scale-out`) `/inference/v1/generate`, reporting its own request ids (`generate-tokens-<id>`), and
-//! `/inference/v1/abort_requests`. Without the token API the only abort is the client going away.
+//! `/inference/v1/abort_requests`. Without the token API (vLLM 0.32 started without `--enable-scale-out`) both routes
+//! exist but answer 403 "Scale-out endpoints are disabled", and the only abort is the client going away.
 
 use std::sync::Arc;
 
@@ -28,12 +29,23 @@ pub(crate) fn router(state: Arc<FakeState>, token_api: bool) -> Router {
         .route("/v1/load_lora_adapter", post(load))
         .route("/v1/unload_lora_adapter", post(unload))
         .route("/v1/completions", post(completions));
-    if token_api {
-        router = router
+    router = match token_api {
+        true => router
             .route("/inference/v1/generate", post(generate))
-            .route("/inference/v1/abort_requests", post(abort_requests));
-    }
+            .route("/inference/v1/abort_requests", post(abort_requests)),
+        false => router
+            .route("/inference/v1/generate", post(scale_out_disabled))
+            .route("/inference/v1/abort_requests", post(scale_out_disabled)),
+    };
     router.with_state(state)
+}
+
+/// vLLM 0.32's answer on the token API's routes when it was started without `--enable-scale-out`.
+async fn scale_out_disabled() -> Response {
+    error(
+        StatusCode::FORBIDDEN,
+        "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them.",
+    )
 }
 
 async fn models(State(state): State<Arc<FakeState>>) -> Json<Value> {

@@ -272,7 +272,10 @@ async fn every_protocol_stages_name_at_v_from_absolute_paths_and_a_pause_aborts_
 
     // How each protocol was aborted: vLLM's token API by the id its stream reported, vLLM's completions by closing
     // the stream, SGLang by `rid`.
+    // (Its abort route was probed when the worker joined, with an id nothing runs under, never an empty list.)
     let by_call = generate_api.state.aborted_by_call.lock().clone();
+    let (probes, by_call): (Vec<&String>, Vec<&String>) = by_call.iter().partition(|id| *id == "loragate-probe");
+    assert!(!probes.is_empty(), "the abort route was probed at the join");
     assert_eq!(by_call.len(), 2, "{by_call:?}");
     assert!(by_call.iter().all(|id| id.starts_with("generate-tokens-")), "the id vLLM reported: {by_call:?}");
     eventually("the completions fake saw its two clients leave", || async {
