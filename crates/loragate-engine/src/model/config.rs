@@ -102,6 +102,7 @@ impl ModelConfig {
                 "eos_token_id {bad} is outside the vocabulary ({vocab_size})"
             )));
         }
+        let (rope_theta, rope_scaling) = rope(raw.rope_theta, raw.rope_scaling, raw.rope_parameters)?;
         Ok(Self {
             vocab_size,
             hidden_size,
@@ -111,8 +112,8 @@ impl ModelConfig {
             num_kv_heads,
             head_dim,
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
-            rope_theta: raw.rope_theta.unwrap_or(10_000.0),
-            rope_scaling: parse_rope_scaling(raw.rope_scaling)?,
+            rope_theta,
+            rope_scaling,
             max_position_embeddings: positive(raw.max_position_embeddings, "max_position_embeddings")?,
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
             eos_token_ids,
@@ -125,6 +126,39 @@ const SUPPORTED_MODEL_TYPES: [&str; 3] = ["llama", "qwen2", "mistral"];
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, EngineLoadError> {
     let text = std::fs::read_to_string(path).map_err(|source| EngineLoadError::io(path, source))?;
     serde_json::from_str(&text).map_err(|err| EngineLoadError::config(format!("{}: {err}", path.display())))
+}
+
+/// The RoPE base and scaling from the older keys (`rope_theta`, `rope_scaling`) or Transformers 5's
+/// `rope_parameters`; where both are written they must agree (a base read from the wrong one would run the model with
+/// the wrong positions, silently).
+fn rope(
+    theta: Option<f64>,
+    scaling: Option<RawRopeScaling>,
+    parameters: Option<RawRopeParameters>,
+) -> Result<(f64, RopeScaling), EngineLoadError> {
+    let Some(parameters) = parameters else {
+        return Ok((theta.unwrap_or(10_000.0), parse_rope_scaling(scaling)?));
+    };
+    let theta = match (theta, parameters.rope_theta) {
+        (Some(old), Some(new)) if old != new => {
+            return Err(EngineLoadError::config(format!(
+                "rope_theta ({old}) and rope_parameters.rope_theta ({new}) disagree"
+            )));
+        }
+        (old, new) => new.or(old).unwrap_or(10_000.0),
+    };
+    let from_parameters = parse_rope_scaling(Some(parameters.scaling))?;
+    let scaling = match scaling {
+        Some(scaling) => {
+            let old = parse_rope_scaling(Some(scaling))?;
+            if old != from_parameters && from_parameters != RopeScaling::None {
+                return Err(EngineLoadError::config("rope_scaling and rope_parameters disagree".to_owned()));
+            }
+            old
+        }
+        None => from_parameters,
+    };
+    Ok((theta, scaling))
 }
 
 fn parse_rope_scaling(raw: Option<RawRopeScaling>) -> Result<RopeScaling, EngineLoadError> {
@@ -159,9 +193,18 @@ struct RawConfig {
     rms_norm_eps: Option<f64>,
     rope_theta: Option<f64>,
     rope_scaling: Option<RawRopeScaling>,
+    /// Transformers 5 writes the RoPE base and scaling here instead (`rope_theta` and `rope_type` side by side).
+    rope_parameters: Option<RawRopeParameters>,
     max_position_embeddings: usize,
     tie_word_embeddings: Option<bool>,
     eos_token_id: Option<TokenIds>,
+}
+
+#[derive(Deserialize)]
+struct RawRopeParameters {
+    rope_theta: Option<f64>,
+    #[serde(flatten)]
+    scaling: RawRopeScaling,
 }
 
 #[derive(Deserialize)]
@@ -237,6 +280,29 @@ mod tests {
         for config in [bad_heads, bad_type, bad_eos, bad_rope] {
             assert!(matches!(parse(config.clone(), None), Err(EngineLoadError::Config(_))), "{config}");
         }
+    }
+
+    #[test]
+    fn transformers_5_rope_parameters_are_read_and_must_agree_with_the_older_keys() {
+        let mut config = qwen_like();
+        config.as_object_mut().expect("object").remove("rope_theta");
+        config["rope_parameters"] = serde_json::json!({"rope_theta": 100000.0, "rope_type": "default"});
+        let parsed = parse(config.clone(), None).expect("valid");
+        assert_eq!((parsed.rope_theta, parsed.rope_scaling), (100000.0, RopeScaling::None));
+        config["rope_theta"] = 100000.0.into();
+        assert_eq!(parse(config.clone(), None).expect("the same base twice").rope_theta, 100000.0);
+        config["rope_theta"] = 10000.0.into();
+        let err = parse(config, None).expect_err("two bases");
+        assert!(err.to_string().contains("rope_parameters.rope_theta"), "{err}");
+        let mut scaled = qwen_like();
+        scaled["rope_parameters"] = serde_json::json!({
+            "rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192
+        });
+        scaled.as_object_mut().expect("object").remove("rope_theta");
+        let parsed = parse(scaled, None).expect("valid");
+        assert!(matches!(parsed.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0));
+        assert_eq!(parsed.rope_theta, 500000.0);
     }
 
     #[test]
