@@ -14,13 +14,15 @@ pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> 
     }
 }
 
-/// `log_softmax` of each `vocab`-long row of `values`, in place, rows in parallel: `x − max − ln Σ exp(x − max)`.
+/// `log_softmax` of each `vocab`-long row of `values`, in place, rows in parallel: `(x − max) − ln Σ exp(x − max)`,
+/// in that order (adding `max` and the logarithm first would round the logprobs near 0 at the logits' magnitude),
+/// the sum accumulated in f64.
 pub(crate) fn log_softmax_rows_in_place(values: &mut [f32], vocab: usize) {
     values.par_chunks_mut(vocab.max(1)).for_each(|row| {
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let sum: f32 = row.iter().map(|&x| (x - max).exp()).sum();
-        let shift = max + sum.ln();
-        row.iter_mut().for_each(|x| *x -= shift);
+        let sum: f64 = row.iter().map(|&x| f64::from((x - max).exp())).sum();
+        let ln_sum = sum.ln() as f32;
+        row.iter_mut().for_each(|x| *x = (*x - max) - ln_sum);
     });
 }
 
@@ -146,13 +148,18 @@ mod tests {
 
     #[test]
     fn the_fused_log_softmax_equals_candles_and_spoils_non_finite_rows() {
-        let logits = Tensor::randn(0f32, 8.0, (3, 1000), &Device::Cpu).expect("logits");
+        let mut logits = Tensor::randn(0f32, 8.0, (3, 1000), &Device::Cpu).expect("logits");
+        // One logit far above the rest: its logprob is a hair below 0, where rounding shows.
+        logits = logits
+            .slice_assign(&[0..1, 0..1], &Tensor::full(60f32, (1, 1), &Device::Cpu).expect("peak"))
+            .expect("peak");
         let expected = candle_nn::ops::log_softmax(&logits, D::Minus1).expect("log_softmax");
         let mut fused = logits.flatten_all().and_then(|l| l.to_vec1::<f32>()).expect("values");
         log_softmax_rows_in_place(&mut fused, 1000);
         let expected = expected.flatten_all().and_then(|e| e.to_vec1::<f32>()).expect("expected");
         let diff = fused.iter().zip(&expected).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(diff < 1e-4, "differs by {diff}");
+        assert!(fused[0] < 0.0 && fused[0] > -1e-6, "the peak's logprob is a hair below 0: {}", fused[0]);
         for spoiler in [f32::NAN, f32::INFINITY] {
             let mut values = vec![0.5f32, -1.0, spoiler, 2.0, 1.0, 0.0];
             log_softmax_rows_in_place(&mut values, 3);
