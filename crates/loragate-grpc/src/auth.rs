@@ -7,11 +7,12 @@
 //! (`PERMISSION_DENIED` otherwise): sampling, `WaitLoraUnpaused`, `ListLoraAdapters` and reflection need a key that
 //! may sample; the other `LoraControl` RPCs one that may control; anything else (services added later, such as the
 //! fleet's) the admin key. The principal travels to the handlers in a request extension; handlers check it against
-//! the adapter each request names.
+//! the adapter each request names. With authentication off the layer passes every call straight through.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use futures::future::BoxFuture;
 use loragate_core::{Action, CoreError, Keyring, Principal, bearer_token};
 use tonic::Status;
 use tower::{Layer, Service};
@@ -91,30 +92,70 @@ where
 {
     type Response = http::Response<ResBody>;
     type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+    type Future = AuthFuture<S::Future, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        if let Some(action) = required_action(request.uri().path()) {
+        // With authentication off there is nothing to check, and handlers find every caller to be
+        // `Principal::Anyone` without an extension.
+        if self.keyring.is_enabled()
+            && let Some(action) = required_action(request.uri().path())
+        {
             let checked = caller(request.headers(), request.extensions(), &self.keyring)
                 .and_then(|principal| principal.may(action).map(|()| principal));
             match checked {
                 Ok(principal) => {
                     request.extensions_mut().insert(principal);
                 }
-                Err(err) => {
-                    let status = status_from_core(err);
-                    return Box::pin(async move { Ok(status.into_http()) });
-                }
+                Err(err) => return AuthFuture::refused(status_from_core(err).into_http()),
             }
         }
         // Keep the service that was driven ready; leave a fresh clone for the next call.
         let fresh = self.inner.clone();
         let mut ready = std::mem::replace(&mut self.inner, fresh);
-        Box::pin(async move { ready.call(request).await })
+        AuthFuture::passed(ready.call(request))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`Authenticated`]: the refusal, or the call let through.
+    pub struct AuthFuture<F, ResBody> {
+        // The call, let through (`None` when refused).
+        #[pin]
+        inner: Option<F>,
+        // The refusal's status, answered at once.
+        refused: Option<http::Response<ResBody>>,
+    }
+}
+
+impl<F, ResBody> AuthFuture<F, ResBody> {
+    fn refused(answer: http::Response<ResBody>) -> Self {
+        Self { inner: None, refused: Some(answer) }
+    }
+
+    fn passed(inner: F) -> Self {
+        Self { inner: Some(inner), refused: None }
+    }
+}
+
+impl<F, ResBody, E> Future for AuthFuture<F, ResBody>
+where
+    F: Future<Output = Result<http::Response<ResBody>, E>>,
+{
+    type Output = Result<http::Response<ResBody>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Some(answer) = this.refused.take() {
+            return Poll::Ready(Ok(answer));
+        }
+        match this.inner.as_pin_mut() {
+            Some(inner) => inner.poll(cx),
+            None => panic!("an AuthFuture was polled after it completed"),
+        }
     }
 }
 

@@ -25,7 +25,7 @@ mod server;
 mod status;
 mod submission_gate;
 
-pub use auth::{AuthLayer, Authenticated};
+pub use auth::{AuthFuture, AuthLayer, Authenticated};
 pub use control_service::LoraControlService;
 pub use fleet_service::FleetService;
 pub use sampler_service::{SampleChunks, SamplerService};

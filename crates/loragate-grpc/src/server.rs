@@ -11,7 +11,7 @@ use loragate_proto::v1::fleet_server::FleetServer;
 use loragate_proto::v1::lora_control_server::LoraControlServer;
 use loragate_proto::v1::sampler_server::SamplerServer;
 use tokio::net::TcpListener;
-use tonic::service::LayerExt;
+use tonic::service::{LayerExt, Routes};
 use tonic::transport::Server;
 
 use crate::auth::AuthLayer;
@@ -89,27 +89,37 @@ pub async fn serve_grpc_with(
     let sampler = SubmissionGateLayer::new(coordinator.clone())
         .named_layer(SamplerServer::new(SamplerService::new(coordinator.clone())));
 
+    let mut routes = Routes::builder();
+    routes
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(control)
+        .add_service(sampler)
+        .add_service(FleetServer::new(FleetService::new(fleet)));
+    let routes = routes.routes();
     let auth = AuthLayer::new(coordinator.auth().clone());
     let keepalive = Some(connections.keepalive_interval);
     let incoming = futures::stream::unfold(GuardedListener::new(listener, connections), |mut listener| async move {
         let (connection, _remote) = listener.accept().await;
         Some((Ok::<_, std::io::Error>(connection), listener))
     });
-    Server::builder()
+    let server = Server::builder()
         .http2_keepalive_interval(keepalive)
         .http2_keepalive_timeout(keepalive)
         // Outermost: a call counts as in progress on its connection from the start, refused ones included.
-        .layer(ActivityLayer)
-        .layer(AccessLogLayer)
-        .layer(auth)
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(control)
-        .add_service(sampler)
-        .add_service(FleetServer::new(FleetService::new(fleet)))
-        .serve_with_incoming_shutdown(incoming, stop)
-        .await?;
+        .layer(ActivityLayer);
+    // The access log (`--access-log`) sees refusals of the authentication too. Without it there is no such layer.
+    match AccessLogLayer::when_enabled() {
+        Some(access_log) => {
+            let mut server = server.layer(access_log).layer(auth);
+            server.add_routes(routes).serve_with_incoming_shutdown(incoming, stop).await?;
+        }
+        None => {
+            let mut server = server.layer(auth);
+            server.add_routes(routes).serve_with_incoming_shutdown(incoming, stop).await?;
+        }
+    }
     Ok(())
 }
 

@@ -14,7 +14,7 @@ use http::StatusCode;
 use loragate_core::{
     Action, AdapterKey, AdapterName, KvPolicy, PauseId, PauseMode, PauseRequest, Principal, parse_timeout_s,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -146,17 +146,23 @@ pub(crate) async fn resume_lora_requests(
     Ok(Json(json!({"status": "ok", "was_paused": report.was_paused, "still_paused": report.still_paused})))
 }
 
+/// The answer of `wait_lora_unpaused`: `{"paused": bool}` (serialized directly: this endpoint is polled in loops).
+#[derive(Serialize)]
+pub(crate) struct WaitAnswer {
+    paused: bool,
+}
+
 /// `POST /skyrl/v1/wait_lora_unpaused`: long-polls until the adapter is open (`paused: false`) or `timeout_s`
 /// passes (`paused: true`).
 pub(crate) async fn wait_lora_unpaused(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     JsonBody(body): JsonBody<WaitBody>,
-) -> Result<Json<Value>, HttpError> {
+) -> Result<Json<WaitAnswer>, HttpError> {
     let name = authorized(&caller, body.lora_name, Action::Sample)?;
     let timeout = parse_timeout_s(body.timeout_s.unwrap_or(DEFAULT_WAIT_TIMEOUT_S)).map_err(HttpError::control)?;
     let paused = state.front().coordinator().wait_unpaused(&name, timeout).await.map_err(HttpError::control)?;
-    Ok(Json(json!({"paused": paused})))
+    Ok(Json(WaitAnswer { paused }))
 }
 
 /// `POST /v1/load_lora_adapter` (and its root alias): loads weights from a directory under the adapter root, or swaps

@@ -1,6 +1,6 @@
 //! The request guard, in two parts.
 //!
-//! **Router-wide** ([`guard`], applied before routing, so that routes added later, other fronts' routes and the
+//! **Router-wide** ([`GuardLayer`], applied before routing, so that routes added later, other fronts' routes and the
 //! fallback are covered without doing anything), it refuses:
 //! 1. **cross-origin browser requests** (403): any request carrying `Origin`, or `Sec-Fetch-Site` other than
 //!    `none` (a URL typed into the browser). loragate serves no web pages, so such a request can only come from a
@@ -14,7 +14,7 @@
 //! the body was looked at, a body over the limit or too slow) says `Connection: close`, because the server then
 //! closes the connection rather than read the rest; a client that reuses it would otherwise find a broken pipe.
 //!
-//! **Per route** ([`authenticate`], a route layer on this front's own routes), when authentication is on: callers
+//! **Per route** ([`AuthenticateLayer`], a route layer on this front's own routes), when authentication is on: callers
 //! without a valid key get 401 (with `WWW-Authenticate: Bearer`), callers whose key may not make this kind of
 //! request at all 403. The key → permission logic is the core's ([`loragate_core::Keyring`]); this module only reads
 //! `Authorization: Bearer KEY` and classifies endpoints ([`required_action`]). The caller's
@@ -23,21 +23,26 @@
 //! own way of presenting keys; this module knows nothing of them.
 //!
 //! `/health` and `/metrics` are open (no key), but still refuse cross-origin browser requests.
+//!
+//! Both are plain tower layers, not `axum::middleware::from_fn`: every request passes them, and `from_fn` boxes the
+//! rest of the stack and the response future for each request.
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::header::{AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Method, Uri};
 use http_body::Frame;
 use loragate_core::{Action, Principal, bearer_token};
+use tower::{Layer, Service};
 
 use crate::error::HttpError;
 use crate::state::AppState;
@@ -76,33 +81,143 @@ pub(crate) fn required_action(path: &str) -> Option<Action> {
 }
 
 /// The router-wide middleware (apply it with `Router::layer` after every route, so that it covers all of them).
-pub(crate) async fn guard(request: Request, next: Next) -> Response {
-    let headers = request.headers();
-    let has_body = declares_body(headers);
-    if let Err(err) = refuse_cross_origin(headers).and_then(|()| require_json_body(request.method(), headers, has_body))
-    {
-        return close_if(has_body, err.into_response());
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct GuardLayer;
+
+impl<S> Layer<S> for GuardLayer {
+    type Service = Guarded<S>;
+
+    fn layer(&self, inner: S) -> Guarded<S> {
+        Guarded { inner }
     }
-    if !has_body {
-        return next.run(request).await;
+}
+
+/// The router behind [`GuardLayer`].
+#[derive(Clone, Debug)]
+pub(crate) struct Guarded<S> {
+    inner: S,
+}
+
+impl<S> Service<Request> for Guarded<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = GuardedResponse<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
     }
-    let finished = Arc::new(AtomicBool::new(false));
-    let request = request.map(|body| Body::new(TrackedBody { inner: body, finished: finished.clone() }));
-    let response = next.run(request).await;
-    close_if(!finished.load(Ordering::Acquire), response)
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let headers = request.headers();
+        let has_body = declares_body(headers);
+        if let Err(err) =
+            refuse_cross_origin(headers).and_then(|()| require_json_body(request.method(), headers, has_body))
+        {
+            return GuardedResponse::Refused { answer: Some(close_if(has_body, err.into_response())) };
+        }
+        if !has_body {
+            return GuardedResponse::Passed { inner: self.inner.call(request), body_read: None };
+        }
+        let finished = Arc::new(AtomicBool::new(false));
+        let request = request.map(|body| Body::new(TrackedBody { inner: body, finished: finished.clone() }));
+        GuardedResponse::Passed { inner: self.inner.call(request), body_read: Some(finished) }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`Guarded`].
+    #[project = GuardedResponseProjection]
+    pub(crate) enum GuardedResponse<F> {
+        /// Refused before routing: this answer, at once.
+        Refused { answer: Option<Response> },
+        /// Let through; `body_read` says whether the request's body was read to its end (`None`: it had none).
+        Passed {
+            #[pin]
+            inner: F,
+            body_read: Option<Arc<AtomicBool>>,
+        },
+    }
+}
+
+impl<F> Future for GuardedResponse<F>
+where
+    F: Future<Output = Result<Response, Infallible>>,
+{
+    type Output = Result<Response, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            GuardedResponseProjection::Refused { answer } => Poll::Ready(Ok(take_answer(answer))),
+            GuardedResponseProjection::Passed { inner, body_read } => {
+                let response = ready!(inner.poll(cx))?;
+                let unread = body_read.as_ref().is_some_and(|finished| !finished.load(Ordering::Acquire));
+                Poll::Ready(Ok(close_if(unread, response)))
+            }
+        }
+    }
+}
+
+/// The answer of a refusal future, which is polled once.
+fn take_answer(answer: &mut Option<Response>) -> Response {
+    match answer.take() {
+        Some(answer) => answer,
+        None => panic!("a refusal was polled after it completed"),
+    }
 }
 
 /// The per-route authentication of this front's endpoints (apply it with `Router::route_layer`).
-pub(crate) async fn authenticate(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
-    if let Some(action) = required_action(request.uri().path()) {
-        match authorized(&state, request.headers(), Some(action)) {
-            Ok(principal) => {
-                request.extensions_mut().insert(principal);
-            }
-            Err(err) => return err.into_response(),
-        }
+#[derive(Clone)]
+pub(crate) struct AuthenticateLayer {
+    state: AppState,
+}
+
+impl AuthenticateLayer {
+    pub(crate) fn new(state: AppState) -> Self {
+        Self { state }
     }
-    next.run(request).await
+}
+
+impl<S> Layer<S> for AuthenticateLayer {
+    type Service = Authenticate<S>;
+
+    fn layer(&self, inner: S) -> Authenticate<S> {
+        Authenticate { inner, state: self.state.clone() }
+    }
+}
+
+/// A route behind [`AuthenticateLayer`].
+#[derive(Clone)]
+pub(crate) struct Authenticate<S> {
+    inner: S,
+    state: AppState,
+}
+
+impl<S> Service<Request> for Authenticate<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = GuardedResponse<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request) -> Self::Future {
+        if let Some(action) = required_action(request.uri().path()) {
+            match authorized(&self.state, request.headers(), Some(action)) {
+                Ok(principal) => {
+                    request.extensions_mut().insert(principal);
+                }
+                Err(err) => return GuardedResponse::Refused { answer: Some(err.into_response()) },
+            }
+        }
+        GuardedResponse::Passed { inner: self.inner.call(request), body_read: None }
+    }
 }
 
 /// The caller behind `headers`' bearer key, checked for `action` (any valid key for `None`).

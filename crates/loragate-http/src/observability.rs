@@ -1,4 +1,4 @@
-//! `GET /health`, `GET /metrics`, and the middleware that counts and times every request.
+//! `GET /health`, `GET /metrics`, and the middleware that counts and times every request ([`TrackRequestsLayer`]).
 //!
 //! Metrics are OpenMetrics text from one registry per server (nothing global): the coordinator's
 //! [`CoreMetrics`](loragate_core::CoreMetrics) under the `loragate_` prefix and, with vLLM's names and its
@@ -7,18 +7,25 @@
 //! `loragate_http_request_duration_seconds`, labelled by `endpoint` (the route template, never the raw path) and
 //! `status`. Durations run until the response head is ready; for a stream that is when its first byte can go.
 
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
 use axum::extract::{MatchedPath, Request, State};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Json, Response};
 use http::StatusCode;
 use http::header::CONTENT_TYPE;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 use serde_json::json;
 use tokio::time::Instant;
+use tower::{Layer, Service};
 
 use crate::error::HttpError;
 use crate::state::AppState;
@@ -30,9 +37,45 @@ const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     /// The route template (`/v1/completions`).
-    endpoint: String,
+    endpoint: Endpoint,
     /// The response status code.
     status: u16,
+}
+
+/// The `endpoint` label: the route template the router matched (shared with the router: no copy per request).
+#[derive(Clone, Debug)]
+enum Endpoint {
+    Matched(MatchedPath),
+    Unmatched,
+}
+
+impl Endpoint {
+    fn as_str(&self) -> &str {
+        match self {
+            Self::Matched(path) => path.as_str(),
+            Self::Unmatched => "unmatched",
+        }
+    }
+}
+
+impl PartialEq for Endpoint {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Endpoint {}
+
+impl Hash for Endpoint {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl EncodeLabelValue for Endpoint {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
 }
 
 type HistogramFamily = Family<RequestLabels, Histogram, fn() -> Histogram>;
@@ -71,16 +114,93 @@ impl HttpMetrics {
     }
 }
 
+impl HttpMetrics {
+    /// Counts and times one answered request.
+    fn record(&self, labels: &RequestLabels, started: Instant) {
+        self.requests.get_or_create(labels).inc();
+        self.duration.get_or_create(labels).observe(started.elapsed().as_secs_f64());
+    }
+}
+
 /// The middleware that records every routed request (apply it with `Router::route_layer`, so that only matched
-/// routes, with their templates, are recorded).
-pub(crate) async fn track_requests(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let endpoint = request.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str).to_owned();
-    let response = next.run(request).await;
-    let labels = RequestLabels { endpoint, status: response.status().as_u16() };
-    state.metrics().requests.get_or_create(&labels).inc();
-    state.metrics().duration.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
-    response
+/// routes, with their templates, are recorded). A plain tower layer: nothing boxed or copied per request.
+#[derive(Clone)]
+pub(crate) struct TrackRequestsLayer {
+    state: AppState,
+}
+
+impl TrackRequestsLayer {
+    pub(crate) fn new(state: AppState) -> Self {
+        Self { state }
+    }
+}
+
+impl<S> Layer<S> for TrackRequestsLayer {
+    type Service = TrackRequests<S>;
+
+    fn layer(&self, inner: S) -> TrackRequests<S> {
+        TrackRequests { inner, state: self.state.clone() }
+    }
+}
+
+/// A route behind [`TrackRequestsLayer`].
+#[derive(Clone)]
+pub(crate) struct TrackRequests<S> {
+    inner: S,
+    state: AppState,
+}
+
+impl<S> Service<Request> for TrackRequests<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = TrackedResponse<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let started = Instant::now();
+        let endpoint =
+            request.extensions().get::<MatchedPath>().cloned().map_or(Endpoint::Unmatched, Endpoint::Matched);
+        TrackedResponse {
+            inner: self.inner.call(request),
+            endpoint: Some(endpoint),
+            started,
+            state: self.state.clone(),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`TrackRequests`]: records the request once its response head is ready.
+    pub(crate) struct TrackedResponse<F> {
+        #[pin]
+        inner: F,
+        endpoint: Option<Endpoint>,
+        started: Instant,
+        state: AppState,
+    }
+}
+
+impl<F> Future for TrackedResponse<F>
+where
+    F: Future<Output = Result<Response, Infallible>>,
+{
+    type Output = Result<Response, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = ready!(this.inner.poll(cx))?;
+        if let Some(endpoint) = this.endpoint.take() {
+            let labels = RequestLabels { endpoint, status: response.status().as_u16() };
+            this.state.metrics().record(&labels, *this.started);
+        }
+        Poll::Ready(Ok(response))
+    }
 }
 
 /// `GET /metrics`.

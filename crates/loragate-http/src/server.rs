@@ -6,8 +6,6 @@ use std::future::Future;
 
 use axum::Router;
 use axum::body::Body;
-use axum::middleware::{from_fn, from_fn_with_state};
-use axum::response::Response;
 use axum::routing::{get, post};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -16,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use loragate_net::{AccessLogLayer, ActiveBody, Connection, GuardedListener};
 use tokio::net::TcpListener;
-use tower::ServiceExt;
+use tower::{ServiceBuilder, ServiceExt};
 
 use crate::chat::create_chat_completion;
 use crate::completions::create_completion;
@@ -28,9 +26,9 @@ use crate::front::HttpFront;
 use crate::global_pause::{
     areal_continue_generation, areal_pause_generation, continue_generation, is_paused, pause, pause_generation, resume,
 };
-use crate::guard::{authenticate, guard, no_such_endpoint};
+use crate::guard::{AuthenticateLayer, GuardLayer, no_such_endpoint};
 use crate::models::list_models;
-use crate::observability::{health, metrics, track_requests};
+use crate::observability::{TrackRequestsLayer, health, metrics};
 use crate::state::AppState;
 use crate::tokenize::{detokenize, tokenize};
 
@@ -94,6 +92,9 @@ pub async fn serve_http(
     Ok(())
 }
 
+/// The response of one connection's service: the router's, whose body keeps its request in progress.
+type ConnectionResponse = http::Response<ActiveBody<Body>>;
+
 /// The service of one connection: the router, each request marked in progress on its connection from its head until
 /// its response body is sent or dropped, so the connection is never closed as idle under a long-poll, a held
 /// request or a stream.
@@ -102,31 +103,28 @@ fn connection_service(
     connection: Connection,
 ) -> impl hyper::service::Service<
     http::Request<Incoming>,
-    Response = Response,
+    Response = ConnectionResponse,
     Error = Infallible,
-    Future = impl Future<Output = Result<Response, Infallible>> + Send,
+    Future = impl Future<Output = Result<ConnectionResponse, Infallible>> + Send,
 > + Send {
     service_fn(move |request: http::Request<Incoming>| {
         let active = connection.begin();
         let app = app.clone();
         async move {
             let response = app.oneshot(request).await?;
-            Ok(response.map(|body| Body::new(ActiveBody::new(body, Some(active)))))
+            Ok(response.map(|body| ActiveBody::new(body, Some(active))))
         }
     })
 }
 
 /// The routes, and those of [`HttpFront::with_routes`]. The guard (cross-origin, content type, keep-alive) is
 /// applied last, so that it covers every route, the extra ones and the fallback: keep it the last layer when adding
-/// routes. This front's own routes authenticate their callers ([`authenticate`]); the extra ones bring their own
+/// routes. This front's own routes authenticate their callers ([`AuthenticateLayer`]); the extra ones bring their own
 /// authentication. Sampling requests for a paused adapter are held by the core's gate inside `Coordinator::sample`;
 /// control, health, metrics and models answer while an adapter is paused.
 fn router(state: AppState) -> Router {
-    let extra_routes = state
-        .front()
-        .extra_routes
-        .clone()
-        .map(|routes| routes.route_layer(from_fn_with_state(state.clone(), track_requests)));
+    let extra_routes =
+        state.front().extra_routes.clone().map(|routes| routes.route_layer(TrackRequestsLayer::new(state.clone())));
     let own = Router::new()
         .route("/v1/completions", post(create_completion))
         .route("/v1/chat/completions", post(create_chat_completion))
@@ -158,16 +156,24 @@ fn router(state: AppState) -> Router {
         .route("/areal_continue_generation", post(areal_continue_generation))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
-        .route_layer(from_fn_with_state(state.clone(), track_requests))
-        .route_layer(from_fn_with_state(state.clone(), authenticate))
+        // One route layer (each wraps every route once more): authentication first, so refusals are not timed.
+        .route_layer(
+            ServiceBuilder::new()
+                .layer(AuthenticateLayer::new(state.clone()))
+                .layer(TrackRequestsLayer::new(state.clone())),
+        )
         .fallback(no_such_endpoint)
         .with_state(state);
     let all = match extra_routes {
         Some(routes) => own.merge(routes),
         None => own,
     };
-    // Outermost: refusals of the guard are logged too.
-    all.layer(from_fn(guard)).layer(AccessLogLayer)
+    let guarded = all.layer(GuardLayer);
+    // Outermost: refusals of the guard are logged too. Without `--access-log` there is no such layer.
+    match AccessLogLayer::when_enabled() {
+        Some(access_log) => guarded.layer(access_log),
+        None => guarded,
+    }
 }
 
 #[cfg(test)]

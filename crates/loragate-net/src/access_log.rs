@@ -4,7 +4,9 @@
 //! [`RequestFacts`], which the request's samples fill), the time until the response head and the time until its
 //! body ended. The line is written when the body ends, or when it is dropped unfinished (the client went away:
 //! `complete=false`). Lines go to the tracing target [`ACCESS_LOG_TARGET`] at INFO; the binary turns that target
-//! on only with `--access-log`, so a server without it pays one cached filter check per request.
+//! on only with `--access-log`. The fronts add the layer only when that target is on
+//! ([`AccessLogLayer::when_enabled`]), so a server without `--access-log` has no such layer at all: this layer boxes
+//! each response future and wraps each body, which a control call answered in microseconds would feel.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -20,6 +22,14 @@ pub const ACCESS_LOG_TARGET: &str = "loragate_access";
 /// Wraps a service in [`AccessLog`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AccessLogLayer;
+
+impl AccessLogLayer {
+    /// The layer if access-log lines are written ([`ACCESS_LOG_TARGET`] is on at INFO for the current subscriber,
+    /// which the binary decides once at start with `--access-log`), else `None`: leave the layer out then.
+    pub fn when_enabled() -> Option<Self> {
+        tracing::enabled!(target: ACCESS_LOG_TARGET, tracing::Level::INFO).then_some(Self)
+    }
+}
 
 impl<S> tower::Layer<S> for AccessLogLayer {
     type Service = AccessLog<S>;
@@ -206,5 +216,74 @@ mod tests {
         assert_eq!(body, "at /v1/models");
         let missing = service.oneshot(http::Request::get("/missing").body(()).expect("request")).await;
         assert_eq!(missing.expect("answer").status(), 404);
+    }
+
+    /// Collects what a test subscriber writes.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        fn text(&self) -> String {
+            String::from_utf8(self.0.lock().expect("lock").clone()).expect("utf-8")
+        }
+    }
+
+    /// A subscriber writing to `captured`, with the access-log target at `level` (`OFF`: no access log).
+    fn subscriber(
+        captured: &Captured,
+        level: impl Into<tracing_subscriber::filter::LevelFilter>,
+    ) -> impl tracing::Subscriber + Send + Sync {
+        use tracing_subscriber::layer::SubscriberExt;
+
+        let sink = captured.clone();
+        let targets = tracing_subscriber::filter::Targets::new().with_target(ACCESS_LOG_TARGET, level);
+        let format = tracing_subscriber::fmt::layer().with_writer(move || sink.clone()).with_ansi(false);
+        tracing_subscriber::registry().with(format).with(targets)
+    }
+
+    #[test]
+    fn the_layer_exists_only_where_its_lines_are_written() {
+        let captured = Captured::default();
+        let off = subscriber(&captured, tracing_subscriber::filter::LevelFilter::OFF);
+        assert!(tracing::subscriber::with_default(off, AccessLogLayer::when_enabled).is_none(), "no --access-log");
+        let on = subscriber(&captured, tracing::Level::INFO);
+        assert!(tracing::subscriber::with_default(on, AccessLogLayer::when_enabled).is_some(), "--access-log");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_through_the_layer_writes_one_line_when_its_body_ends() {
+        use http_body_util::BodyExt;
+
+        let captured = Captured::default();
+        let _logging = tracing::subscriber::set_default(subscriber(&captured, tracing::Level::INFO));
+        let layer = AccessLogLayer::when_enabled().expect("the access log is on for this thread");
+        let inner = tower::service_fn(|_request: http::Request<()>| async move {
+            Ok::<_, Infallible>(
+                http::Response::builder()
+                    .status(201)
+                    .body(http_body_util::Full::new(bytes::Bytes::from("made")))
+                    .expect("response"),
+            )
+        });
+        let answer = layer.layer(inner).oneshot(http::Request::post("/v1/things").body(()).expect("request")).await;
+        let body = answer.expect("answer").into_body();
+        assert!(!captured.text().contains("/v1/things"), "nothing is written before the body ends");
+        assert_eq!(body.collect().await.expect("body").to_bytes(), "made");
+        let text = captured.text();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        for expected in ["method=POST", "path=\"/v1/things\"", "status=201", "complete=true"] {
+            assert!(text.contains(expected), "{expected} in {text}");
+        }
     }
 }

@@ -1,14 +1,18 @@
 //! Which connections have a request in progress: a request counts from its head until its response body is
 //! finished or dropped, so a connection is idle only when none does.
+//!
+//! This is on every request's path, so it allocates nothing per request and wakes the connection's reader only when
+//! it must: when the last request in progress ends and the reader's idle timer can no longer wake it by itself (see
+//! [`Connection::wake_reader_when_idle`]).
 
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use futures::task::AtomicWaker;
 use http_body::{Body, Frame, SizeHint};
 use parking_lot::Mutex;
@@ -19,6 +23,10 @@ struct State {
     active: AtomicU32,
     served: AtomicBool,
     idle_since: Mutex<Instant>,
+    /// Set by the reader when its timer has fired while a request was in progress: the end of the last request must
+    /// then wake it, so that it arms the idle timeout. Otherwise its timer wakes it, and a wake per request would
+    /// cost an extra poll of the whole connection (for HTTP/1, whose requests end inside the reader's own task).
+    wake_when_idle: AtomicBool,
     reader: AtomicWaker,
 }
 
@@ -39,6 +47,7 @@ impl Connection {
             active: AtomicU32::new(0),
             served: AtomicBool::new(false),
             idle_since: Mutex::new(Instant::now()),
+            wake_when_idle: AtomicBool::new(false),
             reader: AtomicWaker::new(),
         }))
     }
@@ -46,13 +55,13 @@ impl Connection {
     /// Marks a request in progress on this connection until the returned guard is dropped.
     pub fn begin(&self) -> ActiveRequest {
         self.0.served.store(true, Ordering::Release);
-        self.0.active.fetch_add(1, Ordering::AcqRel);
+        self.0.active.fetch_add(1, Ordering::SeqCst);
         ActiveRequest(self.clone())
     }
 
     /// Requests in progress now.
     pub fn active_requests(&self) -> u32 {
-        self.0.active.load(Ordering::Acquire)
+        self.0.active.load(Ordering::SeqCst)
     }
 
     /// When the connection must be closed unless a request begins first: `header_read_timeout` after it was
@@ -67,9 +76,15 @@ impl Connection {
         Some(since + timeout)
     }
 
-    /// Wakes `waker` (the connection's reader) when the connection becomes idle, so it re-arms its timer.
-    pub(crate) fn register_reader(&self, waker: &Waker) {
+    /// Has `waker` (the connection's reader, whose timer cannot wake it any more) woken when the last request in
+    /// progress ends, so that it arms the idle timeout then. Returns whether a request is still in progress: if
+    /// not, the last one ended meanwhile and nothing will wake the reader (it must look at the connection again).
+    pub(crate) fn wake_reader_when_idle(&self, waker: &Waker) -> bool {
         self.0.reader.register(waker);
+        // Pairs with `ActiveRequest::drop`, which counts down, then takes the flag: either that drop sees the flag
+        // and wakes the reader, or this load sees the count at zero.
+        self.0.wake_when_idle.store(true, Ordering::SeqCst);
+        self.active_requests() > 0
     }
 }
 
@@ -80,9 +95,11 @@ pub struct ActiveRequest(Connection);
 impl Drop for ActiveRequest {
     fn drop(&mut self) {
         let state = &self.0.0;
-        if state.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if state.active.fetch_sub(1, Ordering::SeqCst) == 1 {
             *state.idle_since.lock() = Instant::now();
-            state.reader.wake();
+            if state.wake_when_idle.swap(false, Ordering::SeqCst) {
+                state.reader.wake();
+            }
         }
     }
 }
@@ -147,11 +164,10 @@ pub struct ActivityService<S> {
 impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for ActivityService<S>
 where
     S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
-    S::Future: Send + 'static,
 {
     type Response = http::Response<ActiveBody<ResBody>>;
     type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+    type Future = ActivityFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -159,11 +175,31 @@ where
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
         let active = request.extensions().get::<Connection>().map(Connection::begin);
-        let response = self.inner.call(request);
-        Box::pin(async move {
-            let response = response.await?;
-            Ok(response.map(|body| ActiveBody::new(body, active)))
-        })
+        ActivityFuture { inner: self.inner.call(request), active }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`ActivityService`]: the inner one, keeping the request in progress.
+    #[derive(Debug)]
+    pub struct ActivityFuture<F> {
+        #[pin]
+        inner: F,
+        active: Option<ActiveRequest>,
+    }
+}
+
+impl<F, ResBody, E> Future for ActivityFuture<F>
+where
+    F: Future<Output = Result<http::Response<ResBody>, E>>,
+{
+    type Output = Result<http::Response<ActiveBody<ResBody>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = ready!(this.inner.poll(cx))?;
+        let active = this.active.take();
+        Poll::Ready(Ok(response.map(|body| ActiveBody::new(body, active))))
     }
 }
 

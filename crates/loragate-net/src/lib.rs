@@ -17,7 +17,8 @@
 //! feature [`GuardedListener`] is an `axum::serve::Listener`; with `tonic`, [`GuardedStream`] is a tonic
 //! `Connected` IO whose connect info is its [`Connection`].
 //!
-//! [`AccessLogLayer`] writes one access-log line per request (turned on by `--access-log`).
+//! [`AccessLogLayer`] writes one access-log line per request (turned on by `--access-log`; without it the fronts
+//! leave the layer out: [`AccessLogLayer::when_enabled`]).
 //!
 //! HTTP/2 keepalive pings (for gRPC) are configured by the gRPC front from [`ConnectionLimits::keepalive_interval`].
 
@@ -27,7 +28,7 @@ mod limits;
 mod listener;
 
 pub use access_log::{ACCESS_LOG_TARGET, AccessLog, AccessLogLayer};
-pub use activity::{ActiveBody, ActiveRequest, ActivityLayer, ActivityService, Connection};
+pub use activity::{ActiveBody, ActiveRequest, ActivityFuture, ActivityLayer, ActivityService, Connection};
 pub use limits::{
     ConnectionLimits, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE_INTERVAL,
     DEFAULT_MAX_CONNECTIONS,

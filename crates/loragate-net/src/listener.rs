@@ -125,15 +125,26 @@ impl GuardedStream {
         &self.connection
     }
 
-    /// Whether the connection has gone too long without a request; arms the timer (and the wake-up when the last
-    /// request ends) otherwise.
+    /// Whether the connection has gone too long without a request; arms the timer (or, while a request is in
+    /// progress and the timer has fired, the wake-up when the last request ends) otherwise.
+    ///
+    /// The deadline only ever moves later (the idle timeout counts from the end of the last request, and is never
+    /// shorter than the header-read timeout it replaces), so a timer armed for an earlier deadline is left running:
+    /// when it fires, this looks again and re-arms it. Ending a request therefore wakes nothing unless the timer has
+    /// already fired.
     fn poll_expired(&mut self, cx: &mut Context<'_>) -> bool {
         if self.expired {
             return true;
         }
-        self.connection.register_reader(cx.waker());
-        let Some(close_at) = self.connection.close_at(self.header_read_timeout, self.idle_timeout) else {
-            return false;
+        let close_at = loop {
+            if let Some(close_at) = self.connection.close_at(self.header_read_timeout, self.idle_timeout) {
+                break close_at;
+            }
+            // A request is in progress. A timer still running wakes this reader (and it looks again); one that has
+            // fired cannot, so the end of the last request must.
+            if !self.timer.is_elapsed() || self.connection.wake_reader_when_idle(cx.waker()) {
+                return false;
+            }
         };
         if self.timer.deadline() != close_at {
             self.timer.as_mut().reset(close_at);
@@ -285,5 +296,34 @@ mod tests {
         assert_eq!(silent.read(&mut buf).await.expect("read"), 0, "no request within the header-read timeout");
         let waited = started.elapsed();
         assert!(waited >= Duration::from_millis(90) && waited < Duration::from_millis(300), "{waited:?}");
+    }
+
+    #[tokio::test]
+    async fn a_request_ending_before_the_timer_fires_moves_the_deadline_to_its_end_plus_the_idle_timeout() {
+        // Ending the request wakes nothing: the timer, still armed for the header-read deadline, wakes the reader,
+        // which then waits for the idle deadline counted from the end of the request.
+        let limits = ConnectionLimits::new(8, Duration::from_millis(200), Duration::from_millis(400));
+        let (mut listener, address) = listener(limits).await;
+        let mut client = TcpStream::connect(address).await.expect("connect");
+        let (mut server, _) = listener.accept().await;
+        client.write_all(b"head").await.expect("write");
+        let mut buf = [0u8; 64];
+        assert_eq!(server.read(&mut buf).await.expect("read"), 4);
+
+        let request = server.connection().begin();
+        let ended = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(request);
+            Instant::now()
+        });
+        let read = tokio::time::timeout(Duration::from_secs(10), server.read(&mut buf)).await;
+        let closed_at = Instant::now();
+        assert_eq!(read.expect("the idle timeout closes the connection").expect("no error"), 0, "end of stream");
+        let ended = ended.await.expect("task");
+        assert!(
+            closed_at >= ended + Duration::from_millis(390),
+            "closed {:?} after the request ended",
+            closed_at - ended
+        );
     }
 }
