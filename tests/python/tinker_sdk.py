@@ -107,7 +107,7 @@ def main() -> None:
                 across_an_abort_pause(service, client)
         finally:
             client.post("/skyrl/v1/resume_lora_requests", json={"lora_name": "meow"})
-    service.close("success")
+    service.close("success").result()
     print("ok: tinker_sdk" + (" (with pause modes)" if pause_modes else ""), flush=True)
     # Every check passed. Leave without interpreter finalization: the SDK's pyqwest transport (0.12) sometimes aborts
     # the process there (SIGABRT, about 1 run in 10 here): one of its tokio threads still reading a response calls
