@@ -25,7 +25,7 @@ use layer::{AttentionInput, DecoderLayer};
 use rope::RopeTables;
 
 pub(crate) use config::{ModelConfig, RopeScaling};
-pub(crate) use kv_cache::{BatchKvCache, LayerKv, SequenceKv};
+pub(crate) use kv_cache::{BatchKvCache, LayerKv, SequenceKv, fill_holes_from_the_end};
 pub(crate) use linear::Linear;
 pub(crate) use packed::{PackedInput, PrefillChunk};
 #[cfg(test)]

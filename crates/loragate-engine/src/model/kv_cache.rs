@@ -335,6 +335,16 @@ impl BatchKvCache {
     }
 }
 
+/// The new order of the rows flagged in `kept`, the cheapest for [`BatchKvCache::retain`]: a kept row stays where it is unless it is past the new end, in which
+/// case it fills the first hole (a row not kept) before that end.
+pub(crate) fn fill_holes_from_the_end(kept: &[bool]) -> Vec<usize> {
+    let count = kept.iter().filter(|&&keep| keep).count();
+    let mut from_the_end = (count..kept.len()).filter(|&index| kept[index]);
+    (0..count)
+        .map(|index| if kept[index] { index } else { from_the_end.next().expect("as many rows past the end as holes") })
+        .collect()
+}
+
 /// At least `needed`, at least double the current capacity, at most `max`, in multiples of 64.
 fn grown_capacity(current: usize, needed: usize, max: usize) -> usize {
     if needed <= current {
@@ -456,5 +466,14 @@ mod tests {
         assert_eq!(grown_capacity(64, 64, 4096), 64);
         assert_eq!(grown_capacity(4000, 4001, 4096), 4096);
         assert_eq!(grown_capacity(4096, 4097, 4096), 4096);
+    }
+
+    #[test]
+    fn the_last_kept_rows_fill_the_holes() {
+        assert_eq!(fill_holes_from_the_end(&[true, false, true, true]), vec![0, 3, 2]);
+        assert_eq!(fill_holes_from_the_end(&[false, false, true, true, false]), vec![2, 3]);
+        assert_eq!(fill_holes_from_the_end(&[true, true, false, false]), vec![0, 1]);
+        assert_eq!(fill_holes_from_the_end(&[false, true, false, true, true]), vec![3, 1, 4]);
+        assert_eq!(fill_holes_from_the_end(&[false, false]), Vec::<usize>::new());
     }
 }

@@ -376,15 +376,12 @@ fn random_joins_and_leaves_keep_every_row_equal_to_full_recomputation() {
                 }
                 2 if !rows.is_empty() => {
                     let kept: Vec<bool> = rows.iter().map(|_| rng.random_bool(0.6)).collect();
-                    let mut order: Vec<usize> = (0..rows.len()).filter(|&index| kept[index]).collect();
-                    if rng.random_bool(0.5) {
-                        // The scheduler's order: the last kept rows fill the holes.
-                        let count = order.len();
-                        let mut from_the_end = (count..rows.len()).filter(|&index| kept[index]);
-                        order = (0..count)
-                            .map(|index| if kept[index] { index } else { from_the_end.next().expect("a row") })
-                            .collect();
-                    }
+                    // The scheduler's order (the last kept rows fill the holes), or the rows gathered in order.
+                    let order = if rng.random_bool(0.5) {
+                        fill_holes_from_the_end(&kept)
+                    } else {
+                        (0..rows.len()).filter(|&index| kept[index]).collect()
+                    };
                     cache.retain(&order).expect("retain");
                     let mut taken: Vec<Option<Row>> = rows.drain(..).map(Some).collect();
                     rows = order.iter().map(|&index| taken[index].take().expect("kept once")).collect();

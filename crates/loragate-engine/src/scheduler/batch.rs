@@ -7,7 +7,7 @@ use loragate_core::{EngineError, EngineEvent, FinishReason};
 use super::park::ParkedRow;
 use super::sequence::Sequence;
 use crate::lora::AdapterWeights;
-use crate::model::{BatchKvCache, LayerKv, Llama, SequenceKv};
+use crate::model::{BatchKvCache, LayerKv, Llama, SequenceKv, fill_holes_from_the_end};
 
 pub(super) struct Batch {
     /// Row `i` of the cache is `rows[i]`.
@@ -172,30 +172,6 @@ impl Batch {
     }
 }
 
-/// The new order of the rows flagged in `kept`: a kept row stays where it is unless it is past the new end, in which
-/// case it fills the first hole (a row not kept) before that end.
-fn fill_holes_from_the_end(kept: &[bool]) -> Vec<usize> {
-    let count = kept.iter().filter(|&&keep| keep).count();
-    let mut from_the_end = (count..kept.len()).filter(|&index| kept[index]);
-    (0..count)
-        .map(|index| if kept[index] { index } else { from_the_end.next().expect("as many rows past the end as holes") })
-        .collect()
-}
-
 fn empty_cache(model: &Llama) -> BatchKvCache {
     BatchKvCache::new(model.config().num_layers, model.context_length(), model.device(), model.dtype())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::fill_holes_from_the_end;
-
-    #[test]
-    fn the_last_kept_rows_fill_the_holes() {
-        assert_eq!(fill_holes_from_the_end(&[true, false, true, true]), vec![0, 3, 2]);
-        assert_eq!(fill_holes_from_the_end(&[false, false, true, true, false]), vec![2, 3]);
-        assert_eq!(fill_holes_from_the_end(&[true, true, false, false]), vec![0, 1]);
-        assert_eq!(fill_holes_from_the_end(&[false, true, false, true, true]), vec![3, 1, 4]);
-        assert_eq!(fill_holes_from_the_end(&[false, false]), Vec::<usize>::new());
-    }
 }
