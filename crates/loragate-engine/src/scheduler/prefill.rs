@@ -77,7 +77,6 @@ impl Prefill {
     }
 
     /// The prompt positions prefilled so far.
-    #[cfg(test)]
     pub(super) fn prefilled(&self) -> usize {
         self.cache.len()
     }
