@@ -24,7 +24,7 @@ H2LOAD_STREAMS="${H2LOAD_STREAMS:-1}"
 API_KEY="bench-api-key"
 ADMIN_KEY="bench-admin-key"
 
-for tool in h2load wrk python3; do
+for tool in h2load wrk curl python3; do
     command -v "$tool" >/dev/null || { echo "needs $tool (apt-get install -y nghttp2-client wrk)" >&2; exit 1; }
 done
 if [ "$#" -eq 0 ]; then
@@ -77,12 +77,14 @@ start_server() {
     HTTP="$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["http_addr"])' "$work/ready")"
 }
 
-# The grpc-status of one call (h2load counts HTTP statuses only; a refused gRPC call is HTTP 200 too).
+# The grpc-status of one call (h2load counts HTTP statuses only; a refused gRPC call is HTTP 200 too). It comes in
+# the trailers, which curl prints with -v and h2load does not.
 grpc_status() {
     local key="$1" auth=()
     [ -n "$key" ] && auth=(-H "authorization: Bearer $key")
-    h2load -v -n 1 -c 1 -H 'content-type: application/grpc' -H 'te: trailers' "${auth[@]}" -d "$work/wait.grpc" \
-        "http://$GRPC/loragate.v1.LoraControl/WaitLoraUnpaused" 2>&1 | grep -o 'grpc-status: [0-9]*' | head -n 1
+    curl -sv --http2-prior-knowledge -H 'content-type: application/grpc' -H 'te: trailers' "${auth[@]}" \
+        --data-binary "@$work/wait.grpc" -o /dev/null "http://$GRPC/loragate.v1.LoraControl/WaitLoraUnpaused" 2>&1 |
+        grep -o 'grpc-status: [0-9]*' | head -n 1
 }
 
 grpc_rate() {
