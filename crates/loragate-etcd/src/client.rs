@@ -37,6 +37,8 @@ pub(crate) use pb::mvccpb::{Event, KeyValue, event::EventType};
 
 /// The longest one unary etcd call may take.
 pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+/// The most writes etcd takes in one transaction (its `--max-txn-ops` default).
+pub(crate) const MAX_TXN_OPS: usize = 128;
 /// The longest a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 

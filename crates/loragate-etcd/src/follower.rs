@@ -1,8 +1,10 @@
 //! Following the other replicas: one watch over the whole prefix, from the revision the store read at start, turned
 //! into [`RemoteChange`]s for the coordinator. A pause another replica wrote is acknowledged (under
 //! `acks/PAUSE_ID/REPLICA`, with the revision of the write it applied) once the coordinator handed back what it had in
-//! flight. When etcd goes away the watch is opened again from the next revision, so nothing is missed; if etcd
-//! compacted that history meanwhile, the whole state is read again and handed over as [`RemoteChange::Resynced`].
+//! flight. The same watch tells [`crate::acks`] which replicas are registered, when this replica's own pauses were
+//! written, and who acknowledged them. When etcd goes away the watch is opened again from the next revision, so
+//! nothing is missed; if etcd compacted that history meanwhile, the whole state is read again and handed over as
+//! [`RemoteChange::Resynced`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,6 +47,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut revision: i64, changes: mpsc::U
                         }
                         dispatch(&shared, event, &changes);
                     }
+                    shared.acks.applied(revision);
                 }
                 Ok(Watched::Compacted) => match resync(&shared, &changes).await {
                     Ok(read_at) => {
@@ -70,8 +73,10 @@ pub(crate) async fn run(shared: Arc<Shared>, mut revision: i64, changes: mpsc::U
 /// Reads the whole state again and hands it over; returns the revision read at.
 async fn resync(shared: &Shared, changes: &mpsc::UnboundedSender<RemoteChange>) -> Result<i64, StateError> {
     let (kvs, revision) = shared.etcd.range(shared.keys.all(), true).await?;
-    let state: RecordedState = read_state(&shared.keys, kvs, &shared.replica_id)?.state;
+    let snapshot = read_state(&shared.keys, kvs, &shared.replica_id)?;
     tracing::warn!(revision, "etcd compacted the changes this replica had not seen; read the whole state again");
+    shared.acks.resynced(revision, snapshot.registered);
+    let state: RecordedState = snapshot.state;
     let _ = changes.send(RemoteChange::Resynced(state));
     Ok(revision)
 }
@@ -95,7 +100,10 @@ fn dispatch(shared: &Arc<Shared>, event: Event, changes: &mpsc::UnboundedSender<
         },
         (Key::Pause(adapter, pause_id), false) => {
             let record = match StoredPause::decode(&kv.value) {
-                Ok(stored) if stored.by == shared.replica_id => return,
+                Ok(stored) if stored.by == shared.replica_id => {
+                    shared.acks.pause_written(pause_id, kv.mod_revision);
+                    return;
+                }
                 Ok(stored) => stored.record(adapter, pause_id),
                 Err(err) => Err(err),
             };
@@ -124,6 +132,21 @@ fn dispatch(shared: &Arc<Shared>, event: Event, changes: &mpsc::UnboundedSender<
             RemoteChange::Paused { record, acknowledge }
         }
         (Key::Pause(adapter, pause_id), true) => RemoteChange::PauseEnded { adapter, pause_id },
+        (Key::Ack(pause_id, replica), false) => {
+            match StoredAck::decode(&kv.value) {
+                Ok(ack) => shared.acks.acknowledged(&pause_id, &replica, &ack),
+                Err(err) => tracing::warn!(%pause_id, %replica, %err, "skipped an unreadable acknowledgement"),
+            }
+            return;
+        }
+        (Key::Replica(replica), false) => {
+            shared.acks.registered(replica);
+            return;
+        }
+        (Key::Replica(replica), true) => {
+            shared.acks.deregistered(&replica);
+            return;
+        }
         _ => return,
     };
     let _ = changes.send(change);

@@ -31,6 +31,8 @@ pub(crate) enum Key {
     Adapter(AdapterName),
     Declared(AdapterName),
     Pause(AdapterName, PauseId),
+    /// A replica's acknowledgement of a pause: the pause and the replica.
+    Ack(PauseId, String),
     /// A front's record: its table and key.
     Record(String, String),
     /// A live replica's registration.
@@ -106,6 +108,11 @@ impl Keys {
             raw.split_once('/').and_then(|(adapter, id)| {
                 let id = unsegment(id).and_then(|id| PauseId::parse(&id).ok().flatten())?;
                 Some(Key::Pause(name(adapter)?, id))
+            })
+        } else if let Some(raw) = rest.strip_prefix("acks/") {
+            raw.split_once('/').and_then(|(id, replica)| {
+                let id = unsegment(id).and_then(|id| PauseId::parse(&id).ok().flatten())?;
+                Some(Key::Ack(id, unsegment(replica)?))
             })
         } else if let Some(raw) = rest.strip_prefix("records/") {
             raw.split_once('/').and_then(|(table, key)| Some(Key::Record(unsegment(table)?, unsegment(key)?)))
@@ -244,11 +251,12 @@ impl StoredAck {
     }
 
     /// Adds what this replica handed back to `report`.
-    pub(crate) fn add_to(self, report: &mut AbortReport) {
-        let ids = |ids: Vec<String>| ids.into_iter().filter_map(|id| RequestId::parse_or_generate(&id).ok());
-        report.aborted.extend(ids(self.aborted));
-        report.kept.extend(ids(self.kept));
-        report.unacknowledged.extend(ids(self.unacknowledged));
+    pub(crate) fn add_to(&self, report: &mut AbortReport) {
+        let ids =
+            |ids: &[String]| ids.iter().filter_map(|id| RequestId::parse_or_generate(id).ok()).collect::<Vec<_>>();
+        report.aborted.extend(ids(&self.aborted));
+        report.kept.extend(ids(&self.kept));
+        report.unacknowledged.extend(ids(&self.unacknowledged));
     }
 }
 
@@ -310,5 +318,6 @@ mod tests {
         assert_eq!(keys.parse(keys.replica("r/1").as_bytes()), Key::Replica("r/1".into()));
         assert_eq!(keys.parse(b"/other/adapters/meow"), Key::Other);
         assert_eq!(Keys::last_segment(keys.ack(&id, "r/1").as_bytes()).as_deref(), Some("r/1"));
+        assert_eq!(keys.parse(keys.ack(&id, "r/1").as_bytes()), Key::Ack(id.clone(), "r/1".into()));
     }
 }

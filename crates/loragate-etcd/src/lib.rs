@@ -6,8 +6,10 @@
 //!   into its own engine.
 //! - **Pauses** are keys `pauses/NAME/PAUSE_ID` (under an etcd lease when they have one, so etcd ends them on time on
 //!   every replica). A pause's record resolves only once every other live replica closed its gate and handed back
-//!   its in-flight requests, acknowledging under `acks/PAUSE_ID/REPLICA` ([`acks`]); the answer sums what they
-//!   handed back. Resumes are deletes every replica applies.
+//!   its in-flight requests, acknowledging under `acks/PAUSE_ID/REPLICA`; the answer sums what they handed back. The
+//!   pausing replica learns of those acknowledgements, and of which replicas must send one, from the one watch it
+//!   keeps open anyway ([`acks`]): a pause costs its own write and the others' acknowledgements, no other etcd call.
+//!   Resumes are deletes every replica applies.
 //! - **Replicas** register under `replicas/ID` with an etcd lease ([`registration`]); a dead one stops counting once
 //!   its lease runs out. `ListReplicas` reads them.
 //! - **etcd unreachable**: samples keep running on the gates each replica has (the hot path never reads the store);
@@ -44,6 +46,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::task::AbortOnDropHandle;
 
+use self::acks::Acks;
 use self::client::{Etcd, Write};
 use self::keys::{Keys, StoredAck, StoredReplica};
 pub use self::url::{EtcdUrl, EtcdUrlError};
@@ -86,9 +89,10 @@ pub(crate) struct Shared {
     pub(crate) keys: Keys,
     pub(crate) replica_id: String,
     pub(crate) replica_ttl: Duration,
-    pub(crate) ack_timeout: Duration,
     pub(crate) lease: AtomicI64,
     pub(crate) addresses: Mutex<StoredReplica>,
+    /// What the watch showed of registrations and of the acknowledgements of this replica's pauses.
+    pub(crate) acks: Acks,
     lease_ok: AtomicBool,
     watch_ok: AtomicBool,
     /// Why etcd is unreachable, while it is.
@@ -121,6 +125,7 @@ impl Shared {
 
     pub(crate) fn watch_broke(&self, err: &StateError) {
         *self.trouble.lock() = err.to_string();
+        self.acks.broke(err);
         if self.watch_ok.swap(false, Ordering::AcqRel) {
             tracing::error!(replica = %self.replica_id, %err, "lost the watch on etcd: refusing state changes");
         }
@@ -141,9 +146,9 @@ impl EtcdStore {
         let shared = Arc::new(Shared {
             etcd: Etcd::connect(&config.url)?,
             keys: Keys::new(config.url.key_prefix()),
+            acks: Acks::new(replica_id.clone(), config.ack_timeout),
             replica_id,
             replica_ttl: config.replica_ttl,
-            ack_timeout: config.ack_timeout,
             lease: AtomicI64::new(0),
             addresses: Mutex::new(StoredReplica::default()),
             lease_ok: AtomicBool::new(true),
@@ -156,11 +161,20 @@ impl EtcdStore {
         registration::register(&shared).await?;
         let (mut kvs, revision) = shared.etcd.range(shared.keys.all(), true).await?;
         records::take_over(&shared, &mut kvs).await?;
-        let snapshot = snapshot::read_state(&shared.keys, kvs, &shared.replica_id)?;
-        for (pause, written_at) in &snapshot.pause_revisions {
-            let ack = StoredAck::of(*written_at, &AbortReport::default());
-            let key = shared.keys.ack(&pause.pause_id, &shared.replica_id);
-            shared.etcd.txn(Vec::new(), vec![Write::Put { key, value: ack.encode(), lease: shared.lease() }]).await?;
+        let mut snapshot = snapshot::read_state(&shared.keys, kvs, &shared.replica_id)?;
+        shared.acks.read_at(revision, std::mem::take(&mut snapshot.registered));
+        let acks: Vec<Write> = snapshot
+            .pause_revisions
+            .iter()
+            .map(|(pause, written_at)| Write::Put {
+                key: shared.keys.ack(&pause.pause_id, &shared.replica_id),
+                value: StoredAck::of(*written_at, &AbortReport::default()).encode(),
+                lease: shared.lease(),
+            })
+            .collect();
+        // In as few transactions as etcd takes (at most MAX_TXN_OPS writes each), not one per pause.
+        for batch in acks.chunks(client::MAX_TXN_OPS) {
+            shared.etcd.txn(Vec::new(), batch.to_vec()).await?;
         }
         let (ops, queued) = mpsc::unbounded_channel();
         let (changes_out, changes) = mpsc::unbounded_channel();
@@ -229,7 +243,7 @@ impl StateStore for EtcdStore {
         let shared = self.shared.clone();
         Box::pin(async move {
             let revision = answer.await.map_err(|_| writer_gone())??;
-            acks::wait(&shared, &pause_id, revision).await
+            shared.acks.wait(&pause_id, revision).await
         })
     }
 

@@ -1,6 +1,6 @@
 //! Reading the whole state (at start, and again after a compaction) from the keys under the prefix.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use loragate_core::AdapterName;
@@ -9,11 +9,13 @@ use loragate_core::state::{FrontRecord, PauseRecord, RecordedState, StateError};
 use crate::client::KeyValue;
 use crate::keys::{Key, Keys, StoredAdapter, StoredPause, StoredRecord};
 
-/// The state as read, with the revision each pause was last written at.
+/// The state as read, with the revision each pause was last written at and the registered replicas.
 pub(crate) struct Snapshot {
     pub(crate) state: RecordedState,
     /// Each pause and the revision it was last written at (what an acknowledgement names).
     pub(crate) pause_revisions: Vec<(PauseRecord, i64)>,
+    /// The replicas registered (this one included, once it registered).
+    pub(crate) registered: BTreeSet<String>,
 }
 
 /// The recorded state the keys hold: adapters not unloaded (with their declared paths), their pauses, and the front
@@ -23,6 +25,7 @@ pub(crate) fn read_state(keys: &Keys, kvs: Vec<KeyValue>, replica: &str) -> Resu
     let mut adapters = BTreeMap::new();
     let mut declared: BTreeMap<AdapterName, PathBuf> = BTreeMap::new();
     let mut pauses = Vec::new();
+    let mut registered = BTreeSet::new();
     for kv in kvs {
         match keys.parse(&kv.key) {
             Key::Adapter(name) => {
@@ -43,7 +46,10 @@ pub(crate) fn read_state(keys: &Keys, kvs: Vec<KeyValue>, replica: &str) -> Resu
                 Ok(_) => {}
                 Err(err) => tracing::warn!(%table, %key, %err, "skipped an unreadable front record"),
             },
-            Key::Replica(_) | Key::Other => {}
+            Key::Replica(id) => {
+                registered.insert(id);
+            }
+            Key::Ack(..) | Key::Other => {}
         }
     }
     let adapters: Vec<_> = adapters
@@ -57,5 +63,5 @@ pub(crate) fn read_state(keys: &Keys, kvs: Vec<KeyValue>, replica: &str) -> Resu
     front_records.sort_by(|a, b| (&a.table, &a.key).cmp(&(&b.table, &b.key)));
     let pauses_read = pauses.iter().map(|(pause, _)| pause.clone()).collect();
     let state = RecordedState { adapters, pauses: pauses_read, global_pause: None, front_records };
-    Ok(Snapshot { state, pause_revisions: pauses })
+    Ok(Snapshot { state, pause_revisions: pauses, registered })
 }

