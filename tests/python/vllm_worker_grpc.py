@@ -13,7 +13,8 @@ ships (the Rust test finds them with `cargo metadata`), so this checks wire fide
 4. Errors: an unknown `lora_name` is NOT_FOUND; a text prompt and `num_sequences = 2` are INVALID_ARGUMENT naming
    the field.
 5. `Abort{request_ids}` ends a running stream with ABORTED after its tokens (`num_output_tokens` = tokens received).
-6. `Sleep` and `PauseGeneration(KEEP)` are UNIMPLEMENTED; `UnloadLora` removes the adapter.
+6. `Sleep` is UNIMPLEMENTED; `PauseGeneration(KEEP)` pauses until `ResumeGeneration`; `UnloadLora` removes the
+   adapter.
 
 Assumes a fresh worker on the demo model (byte-level vocabulary, adapters directory as its root). Exits non-zero with
 a message on the first failure.
@@ -145,11 +146,12 @@ def main() -> None:
     check_abort(inf, ctl, inference, control, prompt)
 
     expect_error(grpc.StatusCode.UNIMPLEMENTED, "Sleep", lambda: control.Sleep(ctl.SleepRequest()))
-    expect_error(
-        grpc.StatusCode.UNIMPLEMENTED,
-        "PAUSE_MODE_KEEP",
-        lambda: control.PauseGeneration(ctl.PauseGenerationRequest(mode=ctl.PAUSE_MODE_KEEP)),
-    )
+    control.PauseGeneration(ctl.PauseGenerationRequest(mode=ctl.PAUSE_MODE_KEEP))
+    if not control.IsPaused(ctl.IsPausedRequest()).paused:
+        fail("PauseGeneration(KEEP) should pause")
+    control.ResumeGeneration(ctl.ResumeGenerationRequest())
+    if control.IsPaused(ctl.IsPausedRequest()).paused:
+        fail("ResumeGeneration should resume")
     control.UnloadLora(ctl.UnloadLoraRequest(lora_name="meow@1"))
     if list(control.ListLoras(ctl.ListLorasRequest()).adapters):
         fail("meow@1 should be unloaded")

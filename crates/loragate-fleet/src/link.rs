@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use loragate_core::Key;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, Semaphore, mpsc};
 
 use crate::address::WorkerAddress;
 use crate::metrics::{FleetMetrics, WorkerCounters};
@@ -17,6 +17,8 @@ use crate::worker::{self, ClientSettings, WorkerClient, WorkerError};
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one batched abort call may take (the streams' own bound decides what happens after).
 const ABORT_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// How many abort calls to one worker may be in flight at once.
+const ABORT_CALLS_IN_FLIGHT: usize = 8;
 
 /// A worker's client and counters. Lives as long as the worker is in the fleet (and as long as sequences hold it);
 /// several incarnations of the same address get separate links.
@@ -131,23 +133,32 @@ impl Drop for InFlight {
     }
 }
 
-/// Sends queued aborts as one call per batch: whatever queued while the previous call ran goes together. Ends when
-/// the link (the only sender) is dropped.
+/// Sends queued aborts in calls, at most [`ABORT_CALLS_IN_FLIGHT`] at once: each call takes every abort queued
+/// until it could start, so a burst becomes a few calls, and no abort waits for an earlier call's answer while a
+/// place is free (a server such as `loragate serve` answers only once the aborted requests were handed back). Ends
+/// when the link (the only sender) is dropped; calls in flight then finish on their own, bounded by their timeout.
 async fn send_abort_batches(
     client: Arc<dyn WorkerClient>,
     mut queued: mpsc::UnboundedReceiver<String>,
     counters: WorkerCounters,
 ) {
+    let places = Arc::new(Semaphore::new(ABORT_CALLS_IN_FLIGHT));
     while let Some(first) = queued.recv().await {
+        // The semaphore is never closed. Aborts queued while every place is taken go in this call.
+        let Ok(place) = places.clone().acquire_owned().await else { return };
         let mut ids = vec![first];
         while let Ok(next) = queued.try_recv() {
             ids.push(next);
         }
         let batch = ids.len();
         counters.record_abort_call(batch);
-        if let Err(err) = client.abort(ids, ABORT_CALL_TIMEOUT).await {
-            // The streams' acknowledgement bound hands those sequences back anyway.
-            tracing::warn!(worker = %counters.worker(), batch, %err, "an abort call failed");
-        }
+        let (client, counters) = (client.clone(), counters.clone());
+        tokio::spawn(async move {
+            if let Err(err) = client.abort(ids, ABORT_CALL_TIMEOUT).await {
+                // The streams' acknowledgement bound hands those sequences back anyway.
+                tracing::warn!(worker = %counters.worker(), batch, %err, "an abort call failed");
+            }
+            drop(place);
+        });
     }
 }

@@ -183,14 +183,17 @@ impl pb::control_server::Control for ControlService {
         &self,
         request: Request<pb::PauseGenerationRequest>,
     ) -> Result<Response<pb::PauseGenerationResponse>, Status> {
-        let mode = match pb::PauseMode::try_from(request.into_inner().mode) {
-            Ok(pb::PauseMode::Unspecified | pb::PauseMode::Abort) => PauseMode::Abort,
-            Ok(pb::PauseMode::Wait) => PauseMode::Wait,
-            // The contract fixes KEEP as unimplemented on the worker (a fleet coordinator never asks for it).
-            Ok(pb::PauseMode::Keep) => return unimplemented("PAUSE_MODE_KEEP (freezing running sequences)"),
+        let (mode, kv_policy) = match pb::PauseMode::try_from(request.into_inner().mode) {
+            Ok(pb::PauseMode::Unspecified | pb::PauseMode::Abort) => (PauseMode::Abort, KvPolicy::Recompute),
+            Ok(pb::PauseMode::Wait) => (PauseMode::Wait, KvPolicy::Recompute),
+            // vLLM's keep freezes the running requests where they are, keys and values kept, until
+            // `ResumeGeneration` (`clear_cache` clears only its prefix cache): the core's keep pause, each running
+            // request stopped and continued on resume in the same stream, its keys and values kept where the
+            // engine can park them (else recomputed).
+            Ok(pb::PauseMode::Keep) => (PauseMode::Keep, KvPolicy::Reuse),
             Err(_) => return Err(WorkerError::invalid("mode", "is not a PauseMode").into()),
         };
-        self.coordinator.pause_all(mode, KvPolicy::Recompute, None).await.map_err(WorkerError::from)?;
+        self.coordinator.pause_all(mode, kv_policy, None).await.map_err(WorkerError::from)?;
         Ok(Response::new(pb::PauseGenerationResponse {}))
     }
 

@@ -13,11 +13,15 @@
 //! - `LoadLora` of a loaded name is `ALREADY_EXISTS` (a name is never reloaded in place), past `--max-loras`
 //!   `RESOURCE_EXHAUSTED`; an unknown `lora_name` is `NOT_FOUND`; adapter paths are confined to the adapter root;
 //! - `Abort{request_ids}` ends those requests with `ABORTED` after the tokens they produced; `PauseGeneration`
-//!   (`ABORT`, `WAIT`) is the coordinator's global pause in that mode, until `ResumeGeneration`;
+//!   (`ABORT`, `WAIT`, `KEEP`) is the coordinator's global pause in that mode, until `ResumeGeneration` (a kept
+//!   request continues in its stream);
 //! - with keys, `vllm.Inference` needs the API key or the admin key, `vllm.Control` the admin key; health is open.
 //!   `Shutdown` is refused unless the worker was started with `--enable-shutdown-rpc`;
 //! - connections are capped and closed when they send no request head in time or stay idle (`loragate-net`);
-//! - weight transfer, sleep and KV-event RPCs, `PAUSE_MODE_KEEP`, text prompts and sampling features the engine
+//! - with an HTTP listener ([`WorkerListeners::http`], `--http-addr`), `GET /metrics` there serves the
+//!   coordinator's metrics as `loragate serve` does (vLLM's `vllm:` request metrics and the core's `loragate_`
+//!   series);
+//! - weight transfer, sleep and KV-event RPCs, text prompts and sampling features the engine
 //!   lacks (stop strings, candidates by id, `num_sequences > 1`) are refused naming the field or RPC.
 //!
 //! ```no_run
@@ -40,8 +44,9 @@ mod control;
 mod error;
 mod inference;
 mod loras;
+mod metrics;
 mod server;
 
 pub use error::WorkerError;
 pub use inference::DEFAULT_MAX_NEW_TOKENS;
-pub use server::{WorkerConfig, WorkerServeError, serve_worker};
+pub use server::{WorkerConfig, WorkerListeners, WorkerServeError, serve_worker};

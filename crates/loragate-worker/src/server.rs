@@ -1,5 +1,6 @@
-//! Assembles the worker's gRPC server: the coordinator over the engine, and `vllm.Inference`, `vllm.Control` and
-//! `grpc.health.v1` in front of it, behind keys, on a listener with a connection cap and timeouts.
+//! Assembles the worker's servers: the coordinator over the engine, and `vllm.Inference`, `vllm.Control` and
+//! `grpc.health.v1` in front of it, behind keys, on a listener with a connection cap and timeouts; and, if the
+//! worker has an HTTP listener, its `/metrics` there (under the same cap and timeouts).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use crate::auth::RequireKey;
 use crate::control::{ControlService, ServerFacts};
 use crate::inference::InferenceService;
 use crate::loras::LoraTable;
+use crate::metrics::serve_metrics;
 
 /// How a worker serves.
 #[derive(Clone, Debug)]
@@ -67,6 +69,22 @@ impl WorkerConfig {
     }
 }
 
+/// Where a worker listens: its gRPC server, and optionally an HTTP listener serving `GET /metrics`
+/// (`--http-addr`). A bare listener is gRPC only.
+#[derive(Debug)]
+pub struct WorkerListeners {
+    /// `vllm.Inference`, `vllm.Control`, `grpc.health.v1`.
+    pub grpc: TcpListener,
+    /// `GET /metrics` (the coordinator's metrics, as `loragate serve` serves them), if given.
+    pub http: Option<TcpListener>,
+}
+
+impl From<TcpListener> for WorkerListeners {
+    fn from(grpc: TcpListener) -> Self {
+        Self { grpc, http: None }
+    }
+}
+
 /// Why the worker could not serve.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -77,16 +95,20 @@ pub enum WorkerServeError {
     /// The transport failed.
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The metrics listener failed.
+    #[error("HTTP (metrics) server: {0}")]
+    Metrics(#[source] std::io::Error),
 }
 
-/// Serves `engine` over vLLM's gRPC protocol on `listener` until `config.shutdown` is cancelled. Stopping turns
-/// health to `NOT_SERVING`, admits nothing new, aborts the running requests (each ends with `ABORTED` after its
-/// tokens) and fails the held ones, then closes.
+/// Serves `engine` over vLLM's gRPC protocol on `listeners.grpc` (and its metrics on `listeners.http`, if given)
+/// until `config.shutdown` is cancelled. Stopping turns health to `NOT_SERVING`, admits nothing new, aborts the
+/// running requests (each ends with `ABORTED` after its tokens) and fails the held ones, then closes.
 pub async fn serve_worker(
-    listener: TcpListener,
+    listeners: impl Into<WorkerListeners>,
     engine: Arc<dyn Engine>,
     config: WorkerConfig,
 ) -> Result<(), WorkerServeError> {
+    let WorkerListeners { grpc: listener, http } = listeners.into();
     if let Ok(address) = listener.local_addr()
         && exposed_without_keys(address, &config.keys)
     {
@@ -114,6 +136,15 @@ pub async fn serve_worker(
         shutdown_rpc: config.shutdown_rpc,
     };
     let loras = LoraTable::new(config.max_loras);
+    // Both listeners share one connection cap.
+    let metrics = http.map(|http| {
+        let stop = config.shutdown.clone().cancelled_owned();
+        let listener = GuardedListener::new(http, config.connections.clone());
+        let (coordinator, served_model_name) = (coordinator.clone(), served_model_name.clone());
+        async move {
+            serve_metrics(listener, coordinator, &served_model_name, stop).await.map_err(WorkerServeError::Metrics)
+        }
+    });
     let inference = InferenceServer::with_interceptor(
         InferenceService::new(coordinator.clone(), served_model_name),
         RequireKey::new(config.keys.clone(), Action::Sample),
@@ -145,7 +176,7 @@ pub async fn serve_worker(
             let (connection, _remote) = listener.accept().await;
             Some((Ok::<_, std::io::Error>(connection), listener))
         });
-    Server::builder()
+    let grpc = Server::builder()
         .http2_keepalive_interval(keepalive)
         .http2_keepalive_timeout(keepalive)
         // Outermost: a call counts as in progress on its connection from the start, refused ones included.
@@ -154,9 +185,12 @@ pub async fn serve_worker(
         .add_service(health_service)
         .add_service(inference)
         .add_service(control)
-        .serve_with_incoming_shutdown(incoming, stop)
-        .await?;
-    Ok(())
+        .serve_with_incoming_shutdown(incoming, stop);
+    let grpc = async move { grpc.await.map_err(WorkerServeError::from) };
+    match metrics {
+        Some(metrics) => tokio::try_join!(grpc, metrics).map(drop),
+        None => grpc.await,
+    }
 }
 
 /// Whether a worker on `address` with `keys` can be reached beyond this machine by anyone (no key configured).

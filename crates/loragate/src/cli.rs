@@ -229,6 +229,10 @@ pub struct WorkerArgs {
     /// The gRPC server's port (the spelling of vLLM's Rust frontend, `vllm-rs serve --grpc-port`).
     #[arg(long, value_name = "PORT")]
     pub grpc_port: Option<u16>,
+    /// Address of an HTTP server for `GET /metrics` (the worker's coordinator's metrics, as `serve` serves them;
+    /// open, like `serve`'s); HOST is an IP address or a host name. Without it, the worker serves no HTTP.
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen_addr)]
+    pub http_addr: Option<SocketAddr>,
     /// A Hugging Face model directory or a GGUF file. Without it, the built-in demo model is served (no adapter
     /// loaded: the fleet loads them).
     #[arg(long, value_name = "DIR|FILE.gguf")]
@@ -267,6 +271,7 @@ impl WorkerArgs {
         let grpc_addr = self.grpc_addr.unwrap_or_else(|| SocketAddr::new(host, self.grpc_port.unwrap_or(0)));
         WorkerSettings {
             grpc_addr,
+            http_addr: self.http_addr,
             model: self.engine.model_source(self.model),
             served_model_name: self.served_model_name,
             adapter_root: self.adapter_root,

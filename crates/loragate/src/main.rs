@@ -104,6 +104,7 @@ async fn worker(args: loragate::WorkerArgs) -> Result<(), String> {
         serde_json::json!({
             "event": "ready",
             "grpc_addr": worker.grpc_addr().to_string(),
+            "http_addr": worker.http_addr().map(|addr| addr.to_string()),
             "model": worker.served_model_name(),
         })
     );

@@ -8,7 +8,7 @@ use std::time::Duration;
 use loragate_core::{AdapterRoot, Key, Keyring, Limits, TenantKeys};
 use loragate_engine::{CandleEngine, EngineConfig};
 use loragate_net::ConnectionLimits;
-use loragate_worker::{WorkerConfig, serve_worker};
+use loragate_worker::{WorkerConfig, WorkerListeners, serve_worker};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -19,6 +19,8 @@ use crate::serve::{ModelSource, ResolvedModel, ServeError, ShutdownSignals, bind
 pub struct WorkerSettings {
     /// gRPC address (port 0 picks a free port).
     pub grpc_addr: SocketAddr,
+    /// The HTTP address serving `GET /metrics` (`--http-addr`; port 0 picks a free port), if any.
+    pub http_addr: Option<SocketAddr>,
     /// The model.
     pub model: ModelSource,
     /// The base model's served name (default: the directory's name, or `loragate-demo`).
@@ -51,6 +53,7 @@ pub struct WorkerSettings {
 /// requests end with `ABORTED` and their tokens, held ones fail, then the server closes.
 pub struct RunningWorker {
     grpc_addr: SocketAddr,
+    http_addr: Option<SocketAddr>,
     served_model_name: String,
     shutdown: CancellationToken,
     served: JoinHandle<Result<(), loragate_worker::WorkerServeError>>,
@@ -64,6 +67,15 @@ impl RunningWorker {
         let signals = ShutdownSignals::listen();
         let listener = bind(settings.grpc_addr).await?;
         let grpc_addr = local_addr(&listener, settings.grpc_addr)?;
+        let http = match settings.http_addr {
+            Some(requested) => {
+                let http = bind(requested).await?;
+                let bound = local_addr(&http, requested)?;
+                Some((http, bound))
+            }
+            None => None,
+        };
+        let http_addr = http.as_ref().map(|(_, bound)| *bound);
         let model = ResolvedModel::of(&settings.model).await?;
         let served_model_name = settings.served_model_name.clone().unwrap_or_else(|| model.name.clone());
         let adapter_root = match settings.adapter_root.clone().or_else(|| model.adapter_root.clone()) {
@@ -90,14 +102,20 @@ impl RunningWorker {
             shutdown_rpc: settings.enable_shutdown_rpc,
             shutdown: shutdown.clone(),
         };
-        let served = tokio::spawn(serve_worker(listener, Arc::new(engine), config));
-        tracing::info!(%grpc_addr, model = %served_model_name, "worker serving vLLM's gRPC protocol");
-        Ok(Self { grpc_addr, served_model_name, shutdown, served, signals })
+        let listeners = WorkerListeners { grpc: listener, http: http.map(|(http, _)| http) };
+        let served = tokio::spawn(serve_worker(listeners, Arc::new(engine), config));
+        tracing::info!(%grpc_addr, ?http_addr, model = %served_model_name, "worker serving vLLM's gRPC protocol");
+        Ok(Self { grpc_addr, http_addr, served_model_name, shutdown, served, signals })
     }
 
     /// The bound gRPC address.
     pub fn grpc_addr(&self) -> SocketAddr {
         self.grpc_addr
+    }
+
+    /// The bound HTTP address (`GET /metrics`), if the worker has one.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
     }
 
     /// The base model's served name.

@@ -29,18 +29,23 @@ use crate::address::WorkerAddress;
 const SCORING_TIMEOUT: Duration = Duration::from_secs(600);
 /// SGLang's `/health` generates a token and waits up to 20 s for the scheduler: never bound it below this.
 const MIN_HEALTH_TIMEOUT: Duration = Duration::from_secs(25);
-/// How many `/abort_request` calls of one batch run at once.
+/// How many `/abort_request` calls to one worker run at once (over every batch).
 const ABORTS_AT_ONCE: usize = 256;
 
 /// An SGLang HTTP worker.
 pub(crate) struct SglangHttpWorker {
     http: HttpEndpoint,
+    /// One place per `/abort_request` call in flight.
+    aborts_at_once: tokio::sync::Semaphore,
 }
 
 impl SglangHttpWorker {
     /// A client of the worker at `address`.
     pub(crate) fn new(address: &WorkerAddress, settings: ClientSettings) -> Result<Self, WorkerError> {
-        Ok(Self { http: HttpEndpoint::new(address, settings)? })
+        Ok(Self {
+            http: HttpEndpoint::new(address, settings)?,
+            aborts_at_once: tokio::sync::Semaphore::new(ABORTS_AT_ONCE),
+        })
     }
 
     async fn score_prompt(&self, sequence: &SequenceRequest<'_>) -> Result<SequenceEvent, WorkerError> {
@@ -138,12 +143,13 @@ impl WorkerClient for SglangHttpWorker {
 
     async fn abort(&self, ids: Vec<String>, timeout: Duration) -> Result<(), WorkerError> {
         let calls = ids.into_iter().map(|rid| async move {
+            // The semaphore is never closed.
+            let Ok(_place) = self.aborts_at_once.acquire().await else { return Ok(()) };
             // An empty rid aborts nothing; `abort_all` is never sent.
             let body = json!({"rid": rid});
             self.http.post("/abort_request", &body, timeout).await?.map(drop).map_err(Refusal::into_error)
         });
-        let outcomes: Vec<Result<(), WorkerError>> =
-            futures::stream::iter(calls).buffer_unordered(ABORTS_AT_ONCE).collect().await;
+        let outcomes = futures::future::join_all(calls).await;
         outcomes.into_iter().find(Result::is_err).unwrap_or(Ok(()))
     }
 }

@@ -15,13 +15,16 @@ use vllm_proto::control_client::ControlClient;
 use vllm_proto::finish_info::FinishReason;
 use vllm_proto::inference_client::InferenceClient;
 
-use super::{WorkerConfig, exposed_without_keys, serve_worker};
+use super::{WorkerConfig, WorkerListeners, exposed_without_keys, serve_worker};
 use crate::inference::DEFAULT_MAX_NEW_TOKENS;
 
 mod hardening;
+mod metrics;
 
 struct TestWorker {
     address: SocketAddr,
+    /// The HTTP listener's (`/metrics`).
+    http_address: SocketAddr,
     channel: Channel,
     shutdown: CancellationToken,
     served: JoinHandle<Result<(), super::WorkerServeError>>,
@@ -43,14 +46,17 @@ impl TestWorker {
         }
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address: SocketAddr = listener.local_addr().expect("addr");
+        let http = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let http_address: SocketAddr = http.local_addr().expect("addr");
         let config = configure(WorkerConfig {
             adapter_root: Some(AdapterRoot::new(root.path()).expect("root")),
             max_running_requests: 8,
             ..WorkerConfig::new("scripted")
         });
         let shutdown = config.shutdown.clone();
-        let served = tokio::spawn(serve_worker(listener, Arc::new(ScriptedEngine::new(hold_after)), config));
-        Self { address, channel: channel_to(address), shutdown, served, _root: root }
+        let listeners = WorkerListeners { grpc: listener, http: Some(http) };
+        let served = tokio::spawn(serve_worker(listeners, Arc::new(ScriptedEngine::new(hold_after)), config));
+        Self { address, http_address, channel: channel_to(address), shutdown, served, _root: root }
     }
 
     fn inference(&self) -> InferenceClient<Channel> {
@@ -277,6 +283,28 @@ async fn pause_aborts_running_requests_and_holds_new_ones_until_resume() {
     worker.control().resume_generation(pb::ResumeGenerationRequest {}).await.expect("resume");
     let released = held.await.expect("the held request");
     assert_eq!((released.reason(), released.num_tokens), (FinishReason::Length, 2));
+}
+
+#[tokio::test]
+async fn a_keep_pause_freezes_running_requests_in_their_stream_until_resume() {
+    // Each run emits one token, then holds until stopped if its budget allows more.
+    let worker = TestWorker::start(1).await;
+    let mut running = worker.stream(request("kept", "", 2)).await.expect("stream");
+    let mut received = Received::default();
+    read_until_tokens(&mut running, &mut received, 1).await;
+
+    let keep = pb::PauseGenerationRequest { mode: pb::PauseMode::Keep.into(), clear_cache: None };
+    worker.control().pause_generation(keep).await.expect("pause returns once the running ones were stopped");
+    assert!(worker.control().is_paused(pb::IsPausedRequest {}).await.expect("is paused").into_inner().paused);
+    assert!(received.finish.is_none(), "kept, not ended");
+    worker.control().resume_generation(pb::ResumeGenerationRequest {}).await.expect("resume");
+    while let Some(message) = running.message().await.expect("no error") {
+        accept(&mut received, message);
+    }
+    // An abort pause would have ended it ABORTED after one token; kept, it continued after the resume (a run of its
+    // own, whose one token is the scripted engine's first again) to its budget.
+    assert_eq!((received.reason(), received.token_ids.as_slice()), (FinishReason::Length, &[0, 0][..]));
+    assert!(!worker.control().is_paused(pb::IsPausedRequest {}).await.expect("is paused").into_inner().paused);
 }
 
 #[tokio::test]

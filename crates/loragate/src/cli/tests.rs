@@ -199,6 +199,9 @@ fn worker_needs_an_address_and_takes_the_engine_flags() {
     };
     assert_eq!(by_port(&["--grpc-port", "9002"]), "127.0.0.1:9002".parse().expect("address"));
     assert_eq!(by_port(&["--host", "0.0.0.0", "--grpc-port", "9002"]), "0.0.0.0:9002".parse().expect("address"));
+    let no_http = Cli::try_parse_from(["loragate", "worker", "--grpc-port", "9002"]).expect("parses");
+    let Command::Worker(no_http) = no_http.command else { panic!("worker") };
+    assert_eq!(no_http.into_settings().http_addr, None, "no HTTP listener unless asked for");
     for conflicting in [&["--grpc-addr", "127.0.0.1:1", "--grpc-port", "2"][..], &["--host", "0.0.0.0"][..]] {
         let err = Cli::try_parse_from([&["loragate", "worker"][..], conflicting].concat()).expect_err("refused");
         assert!(err.to_string().contains("--grpc"), "{err}");
@@ -216,11 +219,14 @@ fn worker_needs_an_address_and_takes_the_engine_flags() {
         "96",
         "--device",
         "cpu",
+        "--http-addr",
+        "localhost:9101",
     ])
     .expect("parses");
     let Command::Worker(args) = cli.command else { panic!("worker") };
     let settings = args.into_settings();
     assert_eq!(settings.grpc_addr, "127.0.0.1:9001".parse().expect("address"));
+    assert_eq!(settings.http_addr, Some("127.0.0.1:9101".parse().expect("address")), "metrics over HTTP");
     assert_eq!(settings.engine.max_batch_size, 8);
     assert_eq!(settings.engine.max_num_batched_tokens, Some(96));
     assert_eq!(settings.adapter_root.as_deref(), Some(std::path::Path::new("/a")));
