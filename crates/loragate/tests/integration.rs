@@ -24,7 +24,10 @@ fn every_test_file_of_the_directory_is_a_module_of_this_binary() {
         let path = entry.expect("a directory entry").path();
         let Some(module) = path.file_stem().and_then(|stem| stem.to_str()) else { continue };
         if path.extension().is_some_and(|extension| extension == "rs") && module != "integration" {
-            assert!(root.contains(&format!("\nmod {module};\n")), "tests/{module}.rs is not declared in integration.rs");
+            assert!(
+                root.contains(&format!("\nmod {module};\n")),
+                "tests/{module}.rs is not declared in integration.rs"
+            );
         }
     }
 }
