@@ -14,6 +14,10 @@ mod replicas;
 mod restart;
 mod vllm_interop;
 
+/// Starting the `loragate` binary, shared by the files above (`use crate::spawned`).
+#[path = "support/spawned.rs"]
+mod spawned;
+
 /// Every `.rs` file beside this one is declared above as a module, so that it runs (with `autotests = false`, a file
 /// not declared here would never be compiled).
 #[test]
