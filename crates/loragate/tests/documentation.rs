@@ -13,8 +13,7 @@
 mod doc_blocks;
 #[path = "support/doc_output.rs"]
 mod doc_output;
-#[path = "support/spawned.rs"]
-mod spawned;
+use crate::spawned;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -22,8 +22,7 @@
 //! Python client needs `$LORAGATE_PYTHON` (default `python3`) with `grpcio grpcio-tools`; the README's test command
 //! sets that up.
 
-#[path = "support/spawned.rs"]
-mod spawned;
+use crate::spawned;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -3,8 +3,7 @@
 //! body is gone once parsed, and neither the connections' read buffers nor the allocator keep its megabyte: the
 //! test measures the process (`VmRSS`), not just the request's own bytes.
 
-#[path = "support/spawned.rs"]
-mod spawned;
+use crate::spawned;
 
 use std::time::{Duration, Instant};
 

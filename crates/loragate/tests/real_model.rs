@@ -6,8 +6,7 @@
 //! `scripts/test.sh` installs the model into `.venv` (pinned) and points `$LORAGATE_PYTHON` at it; without it (plain
 //! `cargo test`) the test says so on stderr and checks nothing. `$LORAGATE_SMOLLM2_GGUF` names the file directly.
 
-#[path = "support/spawned.rs"]
-mod spawned;
+use crate::spawned;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -11,8 +11,7 @@
 //! reopens A. C is then started again for the next round. Every wait polls with a deadline; nothing sleeps to
 //! synchronise (the killer's sleep only picks the kill point).
 
-#[path = "support/spawned.rs"]
-mod spawned;
+use crate::spawned;
 
 #[path = "../../loragate-etcd/tests/support/etcd.rs"]
 mod etcd;

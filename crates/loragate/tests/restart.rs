@@ -23,8 +23,7 @@ use serde_json::{Value, json};
 use tonic::Code;
 use tonic::transport::Channel;
 
-#[path = "support/spawned.rs"]
-mod spawned;
+use crate::spawned;
 
 use spawned::Spawned;
 

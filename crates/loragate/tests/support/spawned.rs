@@ -1,6 +1,6 @@
 //! The one way the binary's tests start `loragate`: a child process (killed when dropped) whose first stdout line is
-//! its JSON ready line (`{"event": "ready", "grpc_addr", "http_addr", ...}`; logs go to stderr). Shared by the test
-//! files with `#[path = "support/spawned.rs"] mod spawned;`.
+//! its JSON ready line (`{"event": "ready", "grpc_addr", "http_addr", ...}`; logs go to stderr). Declared once in
+//! `integration.rs`; the test files `use crate::spawned`.
 
 #![allow(dead_code, unreachable_pub)]
 
