@@ -129,8 +129,6 @@ struct Scheduler {
     batch: Batch,
     /// The LoRA bank of the last pass, reused while the set of adapters in the pass does not change.
     bank: Option<Arc<LoraBank>>,
-    /// How a prompt chunk's attention counts against the step budget: the model's ([`fair::AttentionCost`]).
-    attention: fair::AttentionCost,
     /// What each step ran, for tests of the scheduler's invariants.
     #[cfg(test)]
     trace: Vec<step::StepTrace>,
@@ -143,7 +141,6 @@ impl Scheduler {
             max_num_batched_tokens: limits.max_num_batched_tokens.max(1),
         };
         let batch = Batch::new(&model, limits.max_batch_size);
-        let attention = fair::AttentionCost::new(model.config().attention_positions_per_token());
         Self {
             model,
             commands,
@@ -153,7 +150,6 @@ impl Scheduler {
             resuming: VecDeque::new(),
             batch,
             bank: None,
-            attention,
             #[cfg(test)]
             trace: Vec::new(),
         }

@@ -38,16 +38,6 @@ pub(crate) enum RopeScaling {
 }
 
 impl ModelConfig {
-    /// How many keys one prompt token must attend to for its attention (scores and weighted values over all heads) to
-    /// cost as many multiply-adds as its weight products (q, k, v, o and the MLP; LoRA and the head left out): 3,072
-    /// for SmolLM2-135M. The step scheduler charges a prefill chunk's attention in these units.
-    pub(crate) fn attention_positions_per_token(&self) -> usize {
-        let (hidden, heads, kv_heads, head_dim) = (self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim);
-        let weights =
-            2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 3 * hidden * self.intermediate_size;
-        weights / (2 * heads * head_dim).max(1)
-    }
-
     /// Reads `config.json` and, if present, `generation_config.json` from a model directory.
     pub(crate) fn from_model_dir(dir: &Path) -> Result<Self, EngineLoadError> {
         let raw: RawConfig = read_json(&dir.join("config.json"))?;

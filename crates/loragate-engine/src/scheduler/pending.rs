@@ -129,14 +129,10 @@ impl Pending {
                             remaining: submission.request.prompt().len(),
                             samples: submission.request.num_samples() as usize,
                             started: false,
-                            position: 0,
                         },
-                        Entry::Prefilling(prefill) => Queued {
-                            remaining: prefill.remaining(),
-                            samples: prefill.samples(),
-                            started: true,
-                            position: prefill.prefilled(),
-                        },
+                        Entry::Prefilling(prefill) => {
+                            Queued { remaining: prefill.remaining(), samples: prefill.samples(), started: true }
+                        }
                     })
                     .collect()
             })

@@ -77,6 +77,7 @@ impl Prefill {
     }
 
     /// The prompt positions prefilled so far.
+    #[cfg(test)]
     pub(super) fn prefilled(&self) -> usize {
         self.cache.len()
     }

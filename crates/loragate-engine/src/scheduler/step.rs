@@ -37,7 +37,6 @@ impl Scheduler {
             places_taken: decode_rows + self.pending.places_taken(),
             places: self.limits.max_batch_size,
             min_share: MIN_PREFILL_SHARE,
-            attention: self.attention,
         };
         let plan = self.pending.plan(limits);
         let mut scheduled = self.pending.take(&plan, &self.model);

@@ -38,13 +38,6 @@ impl Harness {
         Self { config, scheduler, _commands: commands }
     }
 
-    /// Prompt tokens counted alone against the step budget, their attention free: for the tests of how the budget
-    /// is split, whose figures are tokens.
-    fn counting_tokens_alone(mut self) -> Self {
-        self.scheduler.attention = super::fair::AttentionCost::FREE;
-        self
-    }
-
     fn submit_with(
         &mut self,
         raw: RawSampleRequest,

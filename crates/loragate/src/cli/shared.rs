@@ -62,9 +62,8 @@ pub struct EngineArgs {
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub max_batch_size: usize,
     /// The most tokens one engine step runs: one for each decoding sequence, the rest chunks of prompts being
-    /// prefilled; a prompt token far into a long prompt counts more, by its attention's arithmetic. It trades the
-    /// other streams' inter-token latency while long prompts (or a swap's continuations) arrive, which it bounds,
-    /// against prefill throughput, which fewer larger passes raise. Must exceed
+    /// prefilled. It trades the other streams' inter-token latency while long prompts (or a swap's continuations)
+    /// arrive, which it bounds, against prefill throughput, which fewer larger passes raise. Must exceed
     /// --max-batch-size (default: 80 on the CPU, 1024 on CUDA, raised to --max-batch-size + 16 if that is more; see
     /// docs/engine.md).
     #[arg(long, value_name = "N")]

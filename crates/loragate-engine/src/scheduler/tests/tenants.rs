@@ -25,7 +25,7 @@ fn shares(step: &step::StepTrace) -> Vec<(AdapterKey, usize)> {
 fn a_new_tenant_gets_prefill_budget_in_the_very_next_step_beside_thirty_two_waiting_continuations() {
     let config = tiny_config(vec![]);
     let (meow, woof) = (tiny_adapter(&config, 1), tiny_adapter(&config, 2));
-    let mut harness = Harness::with_budget(config, 64, 64).counting_tokens_alone();
+    let mut harness = Harness::with_budget(config, 64, 64);
     let mut stream = harness.submit(greedy("", &[1, 2, 3], 100), None);
     harness.scheduler.run_step();
     let continuations: Vec<Events> = (0..32)
@@ -60,7 +60,7 @@ fn a_new_tenant_gets_prefill_budget_in_the_very_next_step_beside_thirty_two_wait
 fn tenants_share_each_steps_budget_and_the_base_model_is_a_tenant_too() {
     let config = tiny_config(vec![]);
     let meow = tiny_adapter(&config, 1);
-    let mut harness = Harness::with_budget(config, 64, 96).counting_tokens_alone();
+    let mut harness = Harness::with_budget(config, 64, 96);
     let long: Vec<u32> = (0..400).map(|i| (i * 3) % 64).collect();
     let _meow_long = harness.submit(greedy("meow", &long, 2), Some(&meow));
     let _base_long = harness.submit(greedy("", &long, 2), None);
