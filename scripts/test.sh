@@ -38,4 +38,7 @@ export LORAGATE_PYTHON="$PWD/.venv/bin/python"
 # In-process test servers use the compute-thread count `loragate serve` picks on a 2-core machine.
 export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-1}"
 
-cargo test --workspace --locked "$@"
+# The tests and the doc-tests; the examples are left out (`cargo test` would only link them, unrun: `cargo clippy
+# --all-targets` in .ci/run checks that they compile).
+cargo test --workspace --locked --lib --bins --tests "$@"
+cargo test --workspace --locked --doc "$@"
