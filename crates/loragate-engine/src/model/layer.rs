@@ -169,9 +169,9 @@ pub(crate) struct Mlp {
 impl Mlp {
     /// `x` is `(rows·len, hidden)`.
     fn forward(&self, x: &Tensor, rows: usize, layer: usize, lora: &LoraBatch) -> Result<Tensor> {
-        let gate = self.gate.forward(x, rows, layer, lora)?.silu()?;
+        let gate = self.gate.forward(x, rows, layer, lora)?;
         let up = self.up.forward(x, rows, layer, lora)?;
-        self.down.forward(&(gate * up)?, rows, layer, lora)
+        self.down.forward(&ops::swiglu(gate, &up)?, rows, layer, lora)
     }
 }
 

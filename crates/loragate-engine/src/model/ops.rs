@@ -3,8 +3,10 @@
 //! composed from differentiable ops instead. Plus our own fused causal softmax for prefill chunks on the CPU.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, D, DType, Device, InplaceOp1, Layout, Result, Tensor};
+use candle_core::{CpuStorage, D, DType, Device, InplaceOp1, InplaceOp2, Layout, Result, Tensor};
 use rayon::prelude::*;
+
+mod vector;
 
 pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     if x.track_op() {
@@ -18,16 +20,49 @@ pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> 
 /// in that order (adding `max` and the logarithm first would round the logprobs near 0 at the logits' magnitude),
 /// the sum accumulated in f64.
 pub(crate) fn log_softmax_rows_in_place(values: &mut [f32], vocab: usize) {
-    values.par_chunks_mut(vocab.max(1)).for_each(|row| {
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let sum: f64 = row.iter().map(|&x| f64::from((x - max).exp())).sum();
-        let ln_sum = sum.ln() as f32;
-        row.iter_mut().for_each(|x| *x = (*x - max) - ln_sum);
-    });
+    values.par_chunks_mut(vocab.max(1)).for_each(vector::log_softmax_in_place);
 }
 
 pub(crate) fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
     if x.track_op() { candle_nn::ops::softmax(x, D::Minus1) } else { candle_nn::ops::softmax_last_dim(x) }
+}
+
+/// SwiGLU's `silu(gate) · up`. On the CPU, for f32 values outside autograd, one pass in place over `gate` (a fresh
+/// product nobody else holds), rows in parallel; elsewhere candle's two ops.
+pub(crate) fn swiglu(gate: Tensor, up: &Tensor) -> Result<Tensor> {
+    let fused = gate.device().is_cpu() && !gate.track_op() && !up.track_op() && gate.dims() == up.dims();
+    if fused && gate.dtype() == DType::F32 && up.dtype() == DType::F32 && gate.is_contiguous() && up.is_contiguous() {
+        gate.inplace_op2(up, &SwiGlu)?;
+        return Ok(gate);
+    }
+    gate.silu()? * up
+}
+
+/// [`swiglu`] on the CPU.
+struct SwiGlu;
+
+/// Values per parallel task of [`SwiGlu`]: a few rows of an MLP's activations, so that a decode step's handful of
+/// rows stays on one thread.
+const SWIGLU_TASK: usize = 16 * 1024;
+
+impl InplaceOp2 for SwiGlu {
+    fn name(&self) -> &'static str {
+        "swiglu"
+    }
+
+    fn cpu_fwd(&self, gate: &mut CpuStorage, gate_layout: &Layout, up: &CpuStorage, up_layout: &Layout) -> Result<()> {
+        let (CpuStorage::F32(gate), CpuStorage::F32(up)) = (gate, up) else { candle_core::bail!("swiglu of non-f32") };
+        let (Some((from, to)), Some((up_from, up_to))) =
+            (gate_layout.contiguous_offsets(), up_layout.contiguous_offsets())
+        else {
+            candle_core::bail!("swiglu of non-contiguous activations")
+        };
+        gate[from..to]
+            .par_chunks_mut(SWIGLU_TASK)
+            .zip(up[up_from..up_to].par_chunks(SWIGLU_TASK))
+            .for_each(|(gate, up)| vector::silu_mul_in_place(gate, up));
+        Ok(())
+    }
 }
 
 /// Rotates `x` `(batch, heads, len, head_dim)` (Hugging Face's non-interleaved "rotate half" layout). `cos`/`sin`
@@ -100,15 +135,7 @@ impl InplaceOp1 for CausalSoftmax {
         values[from..to].par_chunks_mut(total).enumerate().for_each(|(row, scores)| {
             let (visible, hidden) = scores.split_at_mut(self.start + row % self.len + 1);
             // NaN and infinite scores (an overflowing adapter) make the whole row NaN, as candle's softmax does.
-            let max = visible.iter().fold(f32::NEG_INFINITY, |max, &score| max.max(score));
-            let mut sum = 0.0;
-            for score in visible.iter_mut() {
-                *score = (*score - max).exp();
-                sum += *score;
-            }
-            for score in visible.iter_mut() {
-                *score /= sum;
-            }
+            vector::softmax_in_place(visible);
             hidden.fill(0.0);
         });
         Ok(())
@@ -121,7 +148,9 @@ mod tests {
 
     #[test]
     fn the_fused_causal_softmax_equals_a_masked_softmax() {
-        let scores = Tensor::randn(0f32, 3.0, (2, 3, 5, 9), &Device::Cpu).expect("scores");
+        // Deterministic scores in -5..5 (the rows of 9 put one value in each row's vector tail).
+        let values: Vec<f32> = (0..270).map(|i| ((i * 37) % 101) as f32 / 10.0 - 5.0).collect();
+        let scores = Tensor::from_vec(values, (2, 3, 5, 9), &Device::Cpu).expect("scores");
         let mask = causal_mask(4, 5, &Device::Cpu).expect("mask");
         let expected = softmax_last_dim(&scores.broadcast_add(&mask).expect("masked")).expect("softmax");
         let fused = causal_softmax(scores.copy().expect("copy")).expect("fused");
@@ -133,6 +162,20 @@ mod tests {
         nan.slice_set(&Tensor::full(f32::NAN, (2, 3, 5, 1), &Device::Cpu).expect("nan"), 3, 0).expect("set");
         let row = fused_row(&nan, 4);
         assert!(row.iter().take(9).all(|value| value.is_nan()), "a NaN score spoils its row: {row:?}");
+    }
+
+    #[test]
+    fn the_fused_swiglu_equals_candles_silu_times_up() {
+        let values = |seed: usize| -> Vec<f32> { (0..3 * 41).map(|i| ((i * seed) % 89) as f32 / 8.0 - 5.5).collect() };
+        let gate = Tensor::from_vec(values(37), (3, 41), &Device::Cpu).expect("gate");
+        let up = Tensor::from_vec(values(53), (3, 41), &Device::Cpu).expect("up");
+        let expected = (gate.silu().expect("silu") * &up).expect("product");
+        let fused = swiglu(gate.copy().expect("copy"), &up).expect("fused");
+        let diff = (fused - &expected).and_then(|d| d.abs()).and_then(|d| d.flatten_all()).and_then(|d| d.max(0));
+        assert!(diff.and_then(|d| d.to_scalar::<f32>()).expect("diff") < 1e-5);
+        let strided = swiglu(gate.t().expect("transposed"), &up.t().expect("transposed")).expect("candle's ops");
+        let diff = (strided.t().expect("back") - &expected).and_then(|d| d.abs()).and_then(|d| d.flatten_all());
+        assert!(diff.and_then(|d| d.max(0)).and_then(|d| d.to_scalar::<f32>()).expect("diff") < 1e-5);
     }
 
     #[test]
