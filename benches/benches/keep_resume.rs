@@ -3,7 +3,8 @@
 //! reloaded, and the resume is timed until every one of them has its first token from the new version. Under
 //! KV_POLICY_RECOMPUTE that is until all 32 continuations of `prompt + tokens so far` were prefilled again and
 //! decoded one step; under KV_POLICY_REUSE the 32 parked sequences rejoin the batch with their keys and values and
-//! decode at once (no prefill): the goal is one or two decode steps of the 32-row batch.
+//! decode at once (no prefill): the goal is one or two decode steps of the 32-row batch, which the third figure
+//! measures in the same rounds (the resumed batch's own step time).
 //!
 //! `RAYON_NUM_THREADS=1 cargo bench -p loragate-benches --bench keep_resume`
 
@@ -48,11 +49,22 @@ async fn start(coordinator: &Coordinator, index: usize) -> SampleStream {
     coordinator.sample(request, coordinator.gate_deadline(None)).await.expect("admitted")
 }
 
-/// Reads a stream on its own task: reports once it has `TOKENS_BEFORE_PAUSE` tokens, then once more at its first
-/// token from the version it is told about (the swap's), then drains it.
+/// New-version tokens per request after which the round's step time is read: the time from every request's first
+/// new-version token to every request's `STEP_TOKENS`-th, over `STEP_TOKENS - 1`, is the resumed 32-row batch's own
+/// decode step, the yardstick of the goal (REUSE within two of them).
+const STEP_TOKENS: usize = 9;
+
+/// What a followed stream reports: it reached its pause point, or has this many tokens of the new version.
+enum Report {
+    Paused,
+    NewTokens(usize),
+}
+
+/// Reads a stream on its own task: reports once it has `TOKENS_BEFORE_PAUSE` tokens, then at its first and its
+/// `STEP_TOKENS`-th token from the version it is told about (the swap's), then drains it.
 fn follow(
     mut stream: SampleStream,
-    reports: mpsc::UnboundedSender<()>,
+    reports: mpsc::UnboundedSender<Report>,
     mut swapped_to: mpsc::UnboundedReceiver<AdapterVersion>,
 ) {
     tokio::spawn(async move {
@@ -62,22 +74,39 @@ fn follow(
                 tokens += token_ids.len();
             }
         }
-        let _ = reports.send(());
+        let _ = reports.send(Report::Paused);
         let Some(new_version) = swapped_to.recv().await else { return };
+        let mut new_tokens = 0;
         while let Some(event) = stream.next().await {
-            if let Ok(SampleEvent::Tokens { version, .. }) = event
+            if let Ok(SampleEvent::Tokens { version, token_ids, .. }) = event
                 && version == new_version
             {
-                let _ = reports.send(());
-                break;
+                let before = new_tokens;
+                new_tokens += token_ids.len();
+                for threshold in [1, STEP_TOKENS] {
+                    if before < threshold && new_tokens >= threshold {
+                        let _ = reports.send(Report::NewTokens(threshold));
+                    }
+                }
+                if new_tokens >= STEP_TOKENS {
+                    break;
+                }
             }
         }
         while stream.next().await.is_some() {}
     });
 }
 
-/// One round: returns the time from the resume to the first token of the new weights in every kept request.
-async fn round(coordinator: &Coordinator, weights: &AdapterSource, kv_policy: KvPolicy) -> Duration {
+/// What one round measured.
+struct Round {
+    /// From the resume to the first token of the new weights in every kept request.
+    first_new_token: Duration,
+    /// The resumed batch's decode step: see [`STEP_TOKENS`].
+    decode_step: Duration,
+}
+
+/// One round: 32 requests kept, the weights reloaded, resumed.
+async fn round(coordinator: &Coordinator, weights: &AdapterSource, kv_policy: KvPolicy) -> Round {
     let meow = AdapterName::parse("meow").expect("name");
     let (reports, mut reported) = mpsc::unbounded_channel();
     let mut resume_signals = Vec::with_capacity(REQUESTS);
@@ -87,7 +116,8 @@ async fn round(coordinator: &Coordinator, weights: &AdapterSource, kv_policy: Kv
         resume_signals.push(signal);
     }
     for _ in 0..REQUESTS {
-        reported.recv().await.expect("a request reached its pause point");
+        let report = reported.recv().await.expect("a request reached its pause point");
+        assert!(matches!(report, Report::Paused), "no new version before the swap");
     }
     let keep = PauseRequest::new(PauseMode::Keep).with_kv_policy(kv_policy);
     let pause = coordinator.pause(&meow, keep, None).await.expect("keep");
@@ -99,13 +129,25 @@ async fn round(coordinator: &Coordinator, weights: &AdapterSource, kv_policy: Kv
     }
     let started = Instant::now();
     coordinator.resume(&meow, Some(pause.pause_id)).await.expect("resume");
-    for _ in 0..REQUESTS {
-        reported.recv().await.expect("a kept request produced a token of the new weights");
+    let (mut firsts, mut steps) = (0, 0);
+    let (mut all_first, mut all_step) = (None, None);
+    while all_step.is_none() {
+        match reported.recv().await.expect("a kept request produced tokens of the new weights") {
+            Report::NewTokens(1) => firsts += 1,
+            Report::NewTokens(_) => steps += 1,
+            Report::Paused => unreachable!("every request reported its pause point already"),
+        }
+        if firsts == REQUESTS && all_first.is_none() {
+            all_first = Some(started.elapsed());
+        }
+        if steps == REQUESTS {
+            all_step = Some(started.elapsed());
+        }
     }
-    let elapsed = started.elapsed();
     coordinator.abort(&meow).await.expect("end the round");
     coordinator.resume(&meow, None).await.expect("reopen");
-    elapsed
+    let (first_new_token, all_step) = (all_first.expect("all first"), all_step.expect("all steps"));
+    Round { first_new_token, decode_step: (all_step - first_new_token) / (STEP_TOKENS as u32 - 1) }
 }
 
 fn main() {
@@ -114,17 +156,19 @@ fn main() {
     let (coordinator, weights) = runtime.block_on(demo_coordinator());
     let mut group = criterion.benchmark_group("keep_resume");
     group.sample_size(10).measurement_time(Duration::from_secs(20));
-    for (name, kv_policy) in [
-        ("resume_to_first_new_token_of_32_kept_requests", KvPolicy::Recompute),
-        ("reuse_resume_to_first_new_token_of_32_parked_requests", KvPolicy::Reuse),
-    ] {
+    let figures: [(&str, KvPolicy, fn(Round) -> Duration); 3] = [
+        ("resume_to_first_new_token_of_32_kept_requests", KvPolicy::Recompute, |round| round.first_new_token),
+        ("reuse_resume_to_first_new_token_of_32_parked_requests", KvPolicy::Reuse, |round| round.first_new_token),
+        ("reuse_decode_step_of_the_32_resumed_requests", KvPolicy::Reuse, |round| round.decode_step),
+    ];
+    for (name, kv_policy, figure) in figures {
         group.bench_function(name, |b| {
             b.to_async(&runtime).iter_custom(|iterations| {
                 let (coordinator, weights) = (coordinator.clone(), weights.clone());
                 async move {
                     let mut total = Duration::ZERO;
                     for _ in 0..iterations {
-                        total += round(&coordinator, &weights, kv_policy).await;
+                        total += figure(round(&coordinator, &weights, kv_policy).await);
                     }
                     total
                 }
