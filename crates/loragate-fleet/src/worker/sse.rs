@@ -1,5 +1,6 @@
 //! Server-sent events as vLLM's and SGLang's HTTP servers stream them: `data: {json}` events separated by blank
-//! lines, ending with `data: [DONE]`.
+//! lines, ending with `data: [DONE]`. The body is read to its end before `[DONE]` is reported, so that a caller that
+//! stops at `[DONE]` leaves the connection whole: it goes back to the client's pool instead of being closed.
 
 use futures::stream::{BoxStream, StreamExt};
 
@@ -15,7 +16,8 @@ pub(crate) enum SseEvent {
 }
 
 /// Splits a response body into events. A body that ends without `[DONE]` just ends (the caller knows whether the
-/// sequence finished); a transport error mid-body is `Unavailable`.
+/// sequence finished); a transport error mid-body is `Unavailable`. `[DONE]` comes once the body ended (what follows
+/// it is read and ignored), so the connection is free for the next request when the caller sees it.
 pub(crate) fn events(response: reqwest::Response) -> BoxStream<'static, Result<SseEvent, WorkerError>> {
     let body = response.bytes_stream().map(|chunk| {
         chunk.map(|bytes| bytes.to_vec()).map_err(|err| WorkerError::Unavailable(format!("the stream broke: {err}")))
@@ -31,6 +33,14 @@ fn parse(
         Parser { body: Box::pin(body), buffer: Vec::new(), data: None, ready: Default::default(), ended: false };
     futures::stream::unfold(state, |mut state| async move {
         loop {
+            if state.ready.front().is_some_and(|event| matches!(event, Ok(SseEvent::Done))) && !state.ended {
+                // Nothing after `[DONE]` is an event: read on to the body's end.
+                match state.body.next().await {
+                    Some(Ok(_)) => {}
+                    Some(Err(_)) | None => state.ended = true,
+                }
+                continue;
+            }
             if let Some(event) = state.ready.pop_front() {
                 return Some((event, state));
             }
@@ -113,6 +123,25 @@ mod tests {
                 .await;
         let expected = [SseEvent::Data("{\"a\": 1}".into()), SseEvent::Data("2".into()), SseEvent::Done];
         assert_eq!(events.into_iter().map(Result::unwrap).collect::<Vec<_>>(), expected);
+    }
+
+    #[tokio::test]
+    async fn done_comes_once_the_body_was_read_to_its_end() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        let chunks = ["data: 1\n\n", "data: [DONE]\n\n", "data: 2\n\n", "trailing bytes"];
+        let pulled = Arc::new(AtomicUsize::new(0));
+        let counter = pulled.clone();
+        let body = futures::stream::iter(chunks).map(move |chunk| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok(chunk.as_bytes().to_vec())
+        });
+        let mut events = Box::pin(parse(body));
+        assert_eq!(events.next().await.expect("one").expect("ok"), SseEvent::Data("1".into()));
+        assert_eq!(events.next().await.expect("done").expect("ok"), SseEvent::Done);
+        assert_eq!(pulled.load(Ordering::SeqCst), chunks.len(), "the whole body was read before [DONE]");
+        assert!(events.next().await.is_none(), "nothing after [DONE] is an event");
     }
 
     #[tokio::test]
