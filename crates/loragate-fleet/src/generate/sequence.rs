@@ -1,6 +1,7 @@
 //! One sequence of a request, on one worker at a time, whatever its protocol.
 //!
-//! - Its tokens are forwarded as they arrive; its finish ends it.
+//! - Its tokens are forwarded as they arrive; its finish ends it (it is handed back then; its stream is read on to
+//!   its end, bounded, so that the worker's connection can be reused).
 //! - Cancelled: where the protocol aborts by a call, the abort is sent (batched) and the abort finish (or the
 //!   stream's end) acknowledges it; without one within the bound, the stream is dropped and the sequence ends `Abort`
 //!   with what was received. Where it aborts by disconnecting, the stream is dropped at once and the sequence ends
@@ -11,8 +12,10 @@
 //! - The worker refuses the request itself (invalid argument and the like): the request fails with that error.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use loragate_core::{EngineError, EngineEvent, FinishReason, RequestId};
 use tokio::time::Instant;
 
@@ -41,6 +44,16 @@ impl Drop for OpenPromptGate {
     fn drop(&mut self) {
         self.0.prompt_logprobs_sent.send_replace(true);
     }
+}
+
+/// How long a stream may take to end after its sequence finished (and was handed back).
+const STREAM_END_BOUND: Duration = Duration::from_secs(1);
+
+/// Reads a finished sequence's stream to its end, bounded by [`STREAM_END_BOUND`], so that its connection stays
+/// whole (an HTTP/1.1 response read to its end goes back to the client's pool, where the next sequence or abort
+/// call reuses it; one dropped midway is closed). What follows the finish is not an event of the sequence.
+async fn read_to_end(mut events: BoxStream<'static, Result<SequenceEvent, WorkerError>>) {
+    let _ = tokio::time::timeout(STREAM_END_BOUND, async { while events.next().await.is_some() {} }).await;
 }
 
 /// How one attempt on one worker ended.
@@ -149,7 +162,11 @@ impl Sequence {
                 () = route.session.cancelled() => return Outcome::failed("the worker was declared lost"),
                 event = events.next() => match event {
                     Some(Ok(event)) => {
+                        let finished = matches!(event, SequenceEvent::Finished(_));
                         if let Some(outcome) = self.accept(route, event) {
+                            if finished {
+                                read_to_end(events).await;
+                            }
                             return outcome;
                         }
                     }

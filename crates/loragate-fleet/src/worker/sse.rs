@@ -1,9 +1,16 @@
 //! Server-sent events as vLLM's and SGLang's HTTP servers stream them: `data: {json}` events separated by blank
-//! lines, ending with `data: [DONE]`.
+//! lines, ending with `data: [DONE]`. The body is read to its end before `[DONE]` is reported, so that a caller that
+//! stops at `[DONE]` leaves the connection whole: it goes back to the client's pool instead of being closed.
+
+use std::time::Duration;
 
 use futures::stream::{BoxStream, StreamExt};
+use tokio::time::Instant;
 
 use super::WorkerError;
+
+/// How long the body may take to end after `[DONE]`.
+const BODY_END_BOUND: Duration = Duration::from_secs(1);
 
 /// One event of a stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -15,7 +22,9 @@ pub(crate) enum SseEvent {
 }
 
 /// Splits a response body into events. A body that ends without `[DONE]` just ends (the caller knows whether the
-/// sequence finished); a transport error mid-body is `Unavailable`.
+/// sequence finished); a transport error mid-body is `Unavailable`. `[DONE]` comes once the body ended (what follows
+/// it is read and ignored; at most [`BODY_END_BOUND`] is waited for its end), so the connection is free for the next
+/// request when the caller sees it.
 pub(crate) fn events(response: reqwest::Response) -> BoxStream<'static, Result<SseEvent, WorkerError>> {
     let body = response.bytes_stream().map(|chunk| {
         chunk.map(|bytes| bytes.to_vec()).map_err(|err| WorkerError::Unavailable(format!("the stream broke: {err}")))
@@ -27,10 +36,26 @@ pub(crate) fn events(response: reqwest::Response) -> BoxStream<'static, Result<S
 fn parse(
     body: impl futures::Stream<Item = Result<Vec<u8>, WorkerError>> + Send + 'static,
 ) -> impl futures::Stream<Item = Result<SseEvent, WorkerError>> + Send + 'static {
-    let state =
-        Parser { body: Box::pin(body), buffer: Vec::new(), data: None, ready: Default::default(), ended: false };
+    let state = Parser {
+        body: Box::pin(body),
+        buffer: Vec::new(),
+        data: None,
+        ready: Default::default(),
+        ended: false,
+        done_deadline: None,
+    };
     futures::stream::unfold(state, |mut state| async move {
         loop {
+            if state.ready.front().is_some_and(|event| matches!(event, Ok(SseEvent::Done))) && !state.ended {
+                // Nothing after `[DONE]` is an event: read on to the body's end, bounded (a server that keeps the
+                // body open after `[DONE]` costs its connection, not the caller's wait).
+                let deadline = *state.done_deadline.get_or_insert_with(|| Instant::now() + BODY_END_BOUND);
+                match tokio::time::timeout_at(deadline, state.body.next()).await {
+                    Ok(Some(Ok(_))) => {}
+                    Ok(Some(Err(_)) | None) | Err(_) => state.ended = true,
+                }
+                continue;
+            }
             if let Some(event) = state.ready.pop_front() {
                 return Some((event, state));
             }
@@ -60,6 +85,8 @@ struct Parser {
     data: Option<String>,
     ready: std::collections::VecDeque<Result<SseEvent, WorkerError>>,
     ended: bool,
+    /// When reading on after `[DONE]` stops.
+    done_deadline: Option<Instant>,
 }
 
 impl Parser {
@@ -113,6 +140,37 @@ mod tests {
                 .await;
         let expected = [SseEvent::Data("{\"a\": 1}".into()), SseEvent::Data("2".into()), SseEvent::Done];
         assert_eq!(events.into_iter().map(Result::unwrap).collect::<Vec<_>>(), expected);
+    }
+
+    #[tokio::test]
+    async fn done_comes_once_the_body_was_read_to_its_end() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        let chunks = ["data: 1\n\n", "data: [DONE]\n\n", "data: 2\n\n", "trailing bytes"];
+        let pulled = Arc::new(AtomicUsize::new(0));
+        let counter = pulled.clone();
+        let body = futures::stream::iter(chunks).map(move |chunk| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok(chunk.as_bytes().to_vec())
+        });
+        let mut events = Box::pin(parse(body));
+        assert_eq!(events.next().await.expect("one").expect("ok"), SseEvent::Data("1".into()));
+        assert_eq!(events.next().await.expect("done").expect("ok"), SseEvent::Done);
+        assert_eq!(pulled.load(Ordering::SeqCst), chunks.len(), "the whole body was read before [DONE]");
+        assert!(events.next().await.is_none(), "nothing after [DONE] is an event");
+    }
+
+    #[tokio::test]
+    async fn a_body_left_open_after_done_is_waited_for_only_so_long() {
+        let body =
+            futures::stream::iter([Ok(b"data: 1\n\ndata: [DONE]\n\n".to_vec())]).chain(futures::stream::pending());
+        let mut events = Box::pin(parse(body));
+        assert_eq!(events.next().await.expect("one").expect("ok"), SseEvent::Data("1".into()));
+        let started = Instant::now();
+        assert_eq!(events.next().await.expect("done").expect("ok"), SseEvent::Done);
+        assert!(started.elapsed() >= BODY_END_BOUND, "[DONE] once the bound passed, not before");
+        assert!(events.next().await.is_none());
     }
 
     #[tokio::test]
