@@ -10,8 +10,10 @@
 # Usage: scripts/bench-control-plane.sh [BINARY ...]
 #   Default: target/release/loragate (built first, with the profile of the README's server command).
 #   Compare two builds: scripts/bench-control-plane.sh /tmp/loragate-main target/release/loragate
+#   A build older than the server's `--state-dir` or `--api-key` flags (before issue 13, such as 6e30807) is started
+#   without them: it is measured without keys only.
 # Environment: ROUNDS (default 3), SECONDS_EACH (default 10), POLLS (default 1000), H2LOAD_CLIENTS (default 32),
-#   H2LOAD_STREAMS (concurrent streams per connection, default 1).
+#   H2LOAD_STREAMS (concurrent streams per connection, one h2load run per value; default "1 100").
 # Needs h2load (Debian: nghttp2-client) and wrk (Debian: wrk).
 set -euo pipefail
 
@@ -20,7 +22,7 @@ ROUNDS="${ROUNDS:-3}"
 SECONDS_EACH="${SECONDS_EACH:-10}"
 POLLS="${POLLS:-1000}"
 H2LOAD_CLIENTS="${H2LOAD_CLIENTS:-32}"
-H2LOAD_STREAMS="${H2LOAD_STREAMS:-1}"
+H2LOAD_STREAMS="${H2LOAD_STREAMS:-1 100}"
 API_KEY="bench-api-key"
 ADMIN_KEY="bench-admin-key"
 
@@ -59,13 +61,18 @@ LUA
 
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 
+# serves_flag BINARY FLAG: whether `BINARY serve` knows FLAG (older builds lack --state-dir and --api-key).
+serves_flag() {
+    "$1" serve --help 2>/dev/null | grep -q -- "$2"
+}
+
 # start_server BINARY [ARGS...]: starts `BINARY serve` on free ports, sets GRPC and HTTP from its ready line.
 start_server() {
     local binary="$1"
     shift
-    local state
-    state="$(mktemp -d -p "$work")"
-    "$binary" serve --state-dir "$state" --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 "$@" \
+    local state=()
+    serves_flag "$binary" --state-dir && state=(--state-dir "$(mktemp -d -p "$work")")
+    "$binary" serve "${state[@]}" --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 "$@" \
         >"$work/ready" 2>"$work/server.log" &
     server_pid=$!
     for _ in $(seq 1200); do
@@ -88,9 +95,9 @@ grpc_status() {
 }
 
 grpc_rate() {
-    local key="$1" auth=()
+    local key="$1" streams="$2" auth=()
     [ -n "$key" ] && auth=(-H "authorization: Bearer $key")
-    h2load -t 1 -c "$H2LOAD_CLIENTS" -m "$H2LOAD_STREAMS" -D "$SECONDS_EACH" --warm-up-time 1 \
+    h2load -t 1 -c "$H2LOAD_CLIENTS" -m "$streams" -D "$SECONDS_EACH" --warm-up-time 1 \
         -H 'content-type: application/grpc' -H 'te: trailers' "${auth[@]}" -d "$work/wait.grpc" \
         "http://$GRPC/loragate.v1.LoraControl/WaitLoraUnpaused" >"$work/h2load.out" 2>&1 || true
     local rate failed
@@ -113,6 +120,10 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 for round in $(seq "$ROUNDS"); do
     for binary in "$@"; do
         for keys in without with; do
+            if [ "$keys" = with ] && ! serves_flag "$binary" --api-key; then
+                echo "round $round  $binary  keys with: not measured (this build has no --api-key)"
+                continue
+            fi
             if [ "$keys" = with ]; then
                 start_server "$binary" --api-key "$API_KEY" --admin-key "$ADMIN_KEY"
                 key="$API_KEY"
@@ -120,7 +131,9 @@ for round in $(seq "$ROUNDS"); do
                 start_server "$binary"
                 key=""
             fi
-            echo "round $round  $binary  keys $keys  grpc WaitLoraUnpaused: $(grpc_rate "$key")  [load $(load)]"
+            for streams in $H2LOAD_STREAMS; do
+                echo "round $round  $binary  keys $keys  grpc WaitLoraUnpaused -m $streams: $(grpc_rate "$key" "$streams")  [load $(load)]"
+            done
             echo "round $round  $binary  keys $keys  http wait_lora_unpaused: $(http_rate "$key")  [load $(load)]"
             if [ "$keys" = without ]; then
                 wake="$("$WAKE" --http "$HTTP" --polls "$POLLS" --rounds 3 | tail -n 1)"

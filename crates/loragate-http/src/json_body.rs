@@ -122,12 +122,26 @@ where
 }
 
 /// Parses one JSON document into `T`. Errors carry the path to the offending value and name its field.
+///
+/// A body that parses is parsed once, without tracking the path (which costs about as much again as the parse of a
+/// small control body, on every request); only a body that fails is parsed a second time with the path tracked, for
+/// the error, which is the same as that parse's.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BodyError> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut deserializer)
-        .map_err(|err| invalid_json("", err.path().clone(), err.into_inner()))?;
-    deserializer.end().map_err(|err| BodyError::Json { param: None, message: format!("invalid JSON body: {err}") })?;
-    Ok(value)
+    let unpathed = match T::deserialize(&mut deserializer) {
+        Ok(value) => {
+            deserializer
+                .end()
+                .map_err(|err| BodyError::Json { param: None, message: format!("invalid JSON body: {err}") })?;
+            return Ok(value);
+        }
+        Err(err) => err,
+    };
+    match serde_path_to_error::deserialize::<_, T>(&mut serde_json::Deserializer::from_slice(bytes)) {
+        Err(err) => Err(invalid_json("", err.path().clone(), err.into_inner())),
+        // The same bytes cannot parse the second time; should they, the first error stands, without its path.
+        Ok(_) => Err(BodyError::Json { param: None, message: format!("invalid JSON body: {unpathed}") }),
+    }
 }
 
 /// Deserializes `value` into `T`, consuming it; `at` is where the value sits in the body (`""` for the body itself,
@@ -339,6 +353,26 @@ mod tests {
         assert_eq!(param_of(r#"{"max_tokens": "ten"}"#).as_deref(), Some("max_tokens"));
         assert_eq!(param_of(r#"{"max_tokens": -1}"#).as_deref(), Some("max_tokens"));
         assert_eq!(param_of(r#"{"stop": ["a", 3]}"#).as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn a_body_that_parses_gives_its_value_and_one_that_fails_the_error_with_its_path() {
+        // A valid body is parsed once without path tracking; a failing one again with it, for the message.
+        let probe = parse_json::<Probe>(br#"{"max_tokens": 7, "stop": ["x"]}"#).expect("valid");
+        assert_eq!((probe.max_tokens, probe.stop.as_deref()), (Some(7), Some(&["x".to_owned()][..])));
+        match parse_json::<Probe>(br#"{"stop": ["a"], "max_tokens": "ten"}"#) {
+            Err(BodyError::Json { param, message }) => {
+                assert_eq!(param.as_deref(), Some("max_tokens"));
+                assert!(message.starts_with("max_tokens: invalid type: string \"ten\""), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse_json::<Probe>(br#"{"max_tokens": 7} x"#) {
+            Err(BodyError::Json { param: None, message }) => {
+                assert!(message.starts_with("invalid JSON body: trailing characters"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
