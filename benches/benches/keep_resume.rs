@@ -105,6 +105,9 @@ struct Round {
     decode_step: Duration,
 }
 
+/// Which of a round's measures a benchmark reports.
+type Figure = fn(Round) -> Duration;
+
 /// One round: 32 requests kept, the weights reloaded, resumed.
 async fn round(coordinator: &Coordinator, weights: &AdapterSource, kv_policy: KvPolicy) -> Round {
     let meow = AdapterName::parse("meow").expect("name");
@@ -156,7 +159,7 @@ fn main() {
     let (coordinator, weights) = runtime.block_on(demo_coordinator());
     let mut group = criterion.benchmark_group("keep_resume");
     group.sample_size(10).measurement_time(Duration::from_secs(20));
-    let figures: [(&str, KvPolicy, fn(Round) -> Duration); 3] = [
+    let figures: [(&str, KvPolicy, Figure); 3] = [
         ("resume_to_first_new_token_of_32_kept_requests", KvPolicy::Recompute, |round| round.first_new_token),
         ("reuse_resume_to_first_new_token_of_32_parked_requests", KvPolicy::Reuse, |round| round.first_new_token),
         ("reuse_decode_step_of_the_32_resumed_requests", KvPolicy::Reuse, |round| round.decode_step),

@@ -238,7 +238,19 @@ mod tests {
     /// and in a tail.
     fn inputs() -> Vec<f32> {
         let mut values: Vec<f32> = (0..4001).map(|i| (i as f32 - 2000.0) / 20.0).collect();
-        values.extend([0.0, -0.0, 1e-8, -1e-8, 88.0, 88.37, -87.0, -87.3, 0.693_147_2, -0.693_147_2, 3.0]);
+        values.extend([
+            0.0,
+            -0.0,
+            1e-8,
+            -1e-8,
+            88.0,
+            88.37,
+            -87.0,
+            -87.3,
+            std::f32::consts::LN_2,
+            -std::f32::consts::LN_2,
+            3.0,
+        ]);
         values
     }
 
