@@ -198,9 +198,18 @@ mod tests {
 
     use super::*;
 
+    /// Held by every test that reaches this module's tracing callsites. `tracing` caches each callsite's interest
+    /// process-wide when the callsite is first reached; while at most one dispatcher is registered it asks only the
+    /// reaching thread's subscriber. A test reaching [`AccessLog::call`] with no subscriber can therefore store
+    /// `never` just after another test's `set_default` re-evaluated every callsite, and that test's request then
+    /// writes no line. Taking turns makes each new subscriber's re-evaluation come after every earlier first reach.
+    static CALLSITES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     #[tokio::test]
     async fn passes_requests_and_answers_through_unchanged() {
         use http_body_util::BodyExt;
+
+        let _turn = CALLSITES.lock().await;
 
         let inner = tower::service_fn(|request: http::Request<()>| async move {
             let status = if request.uri().path() == "/missing" { 404 } else { 200 };
@@ -254,6 +263,7 @@ mod tests {
 
     #[test]
     fn the_layer_exists_only_where_its_lines_are_written() {
+        let _turn = CALLSITES.blocking_lock();
         let captured = Captured::default();
         let off = subscriber(&captured, tracing_subscriber::filter::LevelFilter::OFF);
         assert!(tracing::subscriber::with_default(off, AccessLogLayer::when_enabled).is_none(), "no --access-log");
@@ -265,6 +275,7 @@ mod tests {
     async fn a_request_through_the_layer_writes_one_line_when_its_body_ends() {
         use http_body_util::BodyExt;
 
+        let _turn = CALLSITES.lock().await;
         let captured = Captured::default();
         let _logging = tracing::subscriber::set_default(subscriber(&captured, tracing::Level::INFO));
         let layer = AccessLogLayer::when_enabled().expect("the access log is on for this thread");
