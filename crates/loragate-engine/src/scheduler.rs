@@ -36,8 +36,9 @@ mod tests;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use loragate_core::EngineError;
 
@@ -105,6 +106,9 @@ impl Drop for StepThread {
     }
 }
 
+/// How often an idle step thread keeping its batch's buffers for parked rows checks whether any may still come back.
+const PARKED_RECHECK: Duration = Duration::from_secs(1);
+
 /// What one step may hold.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct StepLimits {
@@ -118,8 +122,8 @@ struct Scheduler {
     model: Llama,
     commands: Receiver<Command>,
     limits: StepLimits,
-    /// This step thread's number in the process: the keys and values it parks resume only here.
-    incarnation: u64,
+    /// The handles this thread parks rows into: their rows resume only here.
+    parked: park::ParkedHandles,
     /// Requests not decoding yet: waiting, or in the middle of their prefill.
     pending: Pending,
     /// Continuations waiting for a place in the batch to resume from their parked keys and values, in arrival
@@ -145,7 +149,7 @@ impl Scheduler {
             model,
             commands,
             limits,
-            incarnation: park::next_incarnation(),
+            parked: park::ParkedHandles::new(),
             pending: Pending::default(),
             resuming: VecDeque::new(),
             batch,
@@ -169,7 +173,7 @@ impl Scheduler {
     /// Takes every pending command, blocking for one when the thread has nothing to do. False once told to stop.
     fn receive_commands(&mut self) -> bool {
         if self.is_idle() {
-            let keep_running = self.commands.recv().is_ok_and(|command| self.handle(command));
+            let keep_running = self.next_command_when_idle().is_some_and(|command| self.handle(command));
             if !keep_running {
                 return false;
             }
@@ -185,6 +189,29 @@ impl Scheduler {
                 Err(TryRecvError::Empty) => return true,
             }
         }
+    }
+
+    /// Blocks for the next command; `None` once the engine front is gone. The emptied batch keeps its buffers while
+    /// rows this thread parked may come back to them, checking every [`PARKED_RECHECK`].
+    fn next_command_when_idle(&mut self) -> Option<Command> {
+        while self.keeps_buffers_for_parked_rows() {
+            match self.commands.recv_timeout(PARKED_RECHECK) {
+                Ok(command) => return Some(command),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+        self.commands.recv().ok()
+    }
+
+    /// Whether the emptied batch keeps its buffers because a handle this thread parked a row into is alive (its
+    /// rows come back together when their adapter resumes); gives the buffers back otherwise.
+    fn keeps_buffers_for_parked_rows(&mut self) -> bool {
+        if self.parked.any_alive() && self.batch.holds_spare_buffers() {
+            return true;
+        }
+        self.batch.release_spare_buffers();
+        false
     }
 
     /// Whether nothing is decoding, waiting or being prefilled.
@@ -204,7 +231,7 @@ impl Scheduler {
 
     /// Queues a submission: to resume, if it brings parked keys and values that fit; to be prefilled otherwise.
     fn submit(&mut self, submission: Box<Submission>) {
-        match park::Resuming::accept(submission, self.incarnation, &self.model) {
+        match park::Resuming::accept(submission, &self.parked, &self.model) {
             Ok(resuming) => self.resuming.push_back(resuming),
             Err(submission) => self.pending.push(*submission),
         }

@@ -14,7 +14,10 @@
 //!   and then with one copy of the rows in use. On the CPU the buffers reserve the scheduler's batch size of rows
 //!   from the start: memory never written costs nothing there;
 //! - rows leaving are replaced by rows moved from the end (one row copy each), not by re-gathering the batch;
-//!   padding shared by every row is trimmed only once it is half the columns, or when the columns run out.
+//!   padding shared by every row is trimmed only once it is half the columns, or when the columns run out;
+//! - a batch whose last row left keeps its buffers, and rows joining it again go into them (the rows of a keep-mode
+//!   pause with KV reuse leave all at once and come back together: allocating and zeroing the buffers again would
+//!   cost about a decode step). The owner gives them back with [`BatchKvCache::release`] when none are expected.
 //!
 //! Capacities grow geometrically (columns up to the context length); a shift right adds some slack.
 //!
@@ -62,7 +65,7 @@ pub(crate) struct BatchKvCache {
 }
 
 impl BatchKvCache {
-    /// An empty cache for `num_layers` layers whose rows never exceed `max_capacity` positions.
+    /// An empty cache without buffers for `num_layers` layers whose rows never exceed `max_capacity` positions.
     pub(crate) fn new(num_layers: usize, max_capacity: usize, device: &Device, dtype: DType) -> Self {
         Self {
             layers: vec![None; num_layers],
@@ -92,13 +95,26 @@ impl BatchKvCache {
         self.pads.len()
     }
 
-    /// Keeps the rows at `keep` (indices of current rows, in their new order) and drops the others. Cheapest when
-    /// every row either stays where it is or comes from past the new end (as when the last rows fill the holes):
-    /// then only the moved rows are copied.
-    pub(crate) fn retain(&mut self, keep: &[usize]) -> Result<()> {
-        if keep.is_empty() {
+    /// Whether the cache has no rows but keeps its buffers for rows joining again.
+    pub(crate) fn holds_spare_buffers(&self) -> bool {
+        self.rows() == 0 && self.layers.iter().any(Option::is_some)
+    }
+
+    /// Gives back the buffers of a cache without rows (a cache with rows keeps them).
+    pub(crate) fn release(&mut self) {
+        if self.rows() == 0 {
             *self = Self::new(self.layers.len(), self.max_capacity, &self.device, self.dtype)
                 .reserving_rows(self.reserved_rows);
+        }
+    }
+
+    /// Keeps the rows at `keep` (indices of current rows, in their new order) and drops the others. Cheapest when
+    /// every row either stays where it is or comes from past the new end (as when the last rows fill the holes):
+    /// then only the moved rows are copied. Keeping none keeps the buffers (see [`BatchKvCache::release`]).
+    pub(crate) fn retain(&mut self, keep: &[usize]) -> Result<()> {
+        if keep.is_empty() {
+            (self.len, self.mask) = (0, None);
+            self.pads.clear();
             return Ok(());
         }
         let moves_only_from_the_end = keep.iter().enumerate().all(|(to, &from)| from == to || from >= keep.len());
@@ -153,10 +169,15 @@ impl BatchKvCache {
         let lens = joining.iter().map(|(kv, _)| kv[0].keys.dim(2)).collect::<Result<Vec<_>>>()?;
         let new_len = lens.iter().copied().fold(self.len, usize::max);
         let rows = self.rows() + joining.iter().map(|(_, copies)| copies).sum::<usize>();
+        // Spare buffers take the newcomers when they fit (`len` is 0: nothing to shift); else fresh ones do.
+        let fit_spare_buffers = new_len < self.capacity && rows <= self.row_capacity;
+        if self.holds_spare_buffers() && !fit_spare_buffers {
+            self.release();
+        }
         if self.layers[0].is_none() {
             let (heads, head_dim) = (joining[0].0[0].keys.dim(1)?, joining[0].0[0].keys.dim(3)?);
             self.allocate(rows, grown_capacity(0, new_len + 1, self.max_capacity), heads, head_dim)?;
-        } else if new_len > self.len || new_len >= self.capacity || rows > self.row_capacity {
+        } else if self.rows() > 0 && (new_len > self.len || new_len >= self.capacity || rows > self.row_capacity) {
             // A newcomer longer than the batch shifts every row right: by some slack more, so that the next
             // newcomers of about its length (the continuations of a swap, prompts of one batch) fit without another.
             let new_len = if new_len > self.len {
@@ -457,6 +478,38 @@ mod tests {
         cache.push(&[(&row, 1)]).expect("rejoin");
         assert_eq!(column_values(&cache, 3), vec![0.0, 0.0, 0.0, 2.0, 2.0], "it rejoins as it left");
         assert_eq!(column_values(&cache, 2), vec![3.0; 5]);
+    }
+
+    #[test]
+    fn an_emptied_batch_keeps_its_buffers_for_rows_that_fit_and_gives_them_back_when_told() {
+        let buffer = |cache: &BatchKvCache| cache.layers[0].as_ref().map(|layer| layer.keys.id());
+        let mut cache = BatchKvCache::new(1, 4096, &Device::Cpu, DType::F32);
+        cache.push(&[(&kv(6, 2.0), 2)]).expect("push");
+        let first = buffer(&cache).expect("buffers");
+        cache.retain(&[]).expect("every row leaves");
+        assert!(cache.holds_spare_buffers());
+        assert_eq!((cache.rows(), cache.len), (0, 0));
+
+        // Rows joining again go into the same buffers; a shorter one's padding is zeroed over what was there.
+        cache.push(&[(&kv(6, 3.0), 1), (&kv(4, 4.0), 1)]).expect("rejoin");
+        assert_eq!(buffer(&cache), Some(first), "no new buffers");
+        assert_eq!((cache.rows(), cache.len, cache.pads.clone()), (2, 6, vec![0, 2]));
+        assert_eq!(column_values(&cache, 0), vec![3.0; 6]);
+        assert_eq!(column_values(&cache, 1), vec![0.0, 0.0, 4.0, 4.0, 4.0, 4.0]);
+        cache.release();
+        assert_eq!(buffer(&cache), Some(first), "a cache with rows keeps its buffers");
+
+        // A row longer than the spare buffers' columns gets fresh buffers.
+        cache.retain(&[]).expect("every row leaves");
+        cache.push(&[(&kv(100, 5.0), 1)]).expect("a longer row");
+        assert!(buffer(&cache).is_some_and(|id| id != first), "fresh buffers");
+        assert_eq!((cache.rows(), cache.len), (1, 100));
+        assert_eq!(column_values(&cache, 0), vec![5.0; 100]);
+
+        cache.retain(&[]).expect("every row leaves");
+        cache.release();
+        assert!(!cache.holds_spare_buffers());
+        assert_eq!(buffer(&cache), None, "given back");
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use loragate_core::{EngineError, EngineEvent, FinishReason};
 
-use super::park::ParkedRow;
+use super::park::ParkedHandles;
 use super::sequence::Sequence;
 use crate::lora::AdapterWeights;
 use crate::model::{BatchKvCache, LayerKv, Llama, SequenceKv, fill_holes_from_the_end};
@@ -84,8 +84,8 @@ impl Batch {
 
     /// Ends cancelled sequences with `Abort` and drops those whose caller went away. A sequence cancelled to be
     /// parked first hands its keys and values to its caller ([`EngineEvent::Parked`], for the step thread
-    /// `incarnation`); if they cannot be copied out, it ends as a plain abort (its continuation recomputes).
-    pub(super) fn drop_abandoned(&mut self, incarnation: u64) -> candle_core::Result<()> {
+    /// `handles`); if they cannot be copied out, it ends as a plain abort (its continuation recomputes).
+    pub(super) fn drop_abandoned(&mut self, handles: &ParkedHandles) -> candle_core::Result<()> {
         if !self.rows.iter().any(Sequence::is_abandoned) {
             return Ok(());
         }
@@ -93,7 +93,7 @@ impl Batch {
             if row.request.parks() {
                 match self.cache.row(index) {
                     Ok(layers) => {
-                        let kv = ParkedRow::park(incarnation, row.tokens(), layers);
+                        let kv = handles.park(row.tokens(), layers);
                         row.request.send(EngineEvent::Parked { sequence: row.index(), kv });
                     }
                     Err(err) => tracing::warn!(error = %err, "cannot park a sequence; it will be recomputed"),
@@ -157,8 +157,19 @@ impl Batch {
         self.reset();
     }
 
+    /// Whether the batch has no rows but keeps the cache's buffers for rows joining again.
+    pub(super) fn holds_spare_buffers(&self) -> bool {
+        self.cache.holds_spare_buffers()
+    }
+
+    /// Gives back the cache's buffers if the batch has no rows.
+    pub(super) fn release_spare_buffers(&mut self) {
+        self.cache.release();
+    }
+
     fn reset(&mut self) {
         self.cache.retain(&[]).expect("emptying a cache allocates nothing");
+        self.cache.release();
     }
 
     /// Keeps the rows (and their cache rows) for which `keep` is true (called once per row, in row order). The last

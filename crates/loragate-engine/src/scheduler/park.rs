@@ -10,6 +10,7 @@
 //! the caller's provenance stays honest. Sequences still waiting or in the middle of their prefill have no complete
 //! keys and values and are simply aborted (their continuation recomputes).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use loragate_core::{EngineEvent, FinishReason, ParkedKv};
@@ -18,28 +19,42 @@ use super::sequence::{RequestContext, Sequence, Submission};
 use crate::model::{LayerKv, Llama};
 use crate::sampler::Sampler;
 
-/// A number for each step thread ever started in this process: a parked handle resumes only on its own.
-pub(super) fn next_incarnation() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    NEXT.fetch_add(1, Ordering::Relaxed)
+/// The handles one step thread parks rows into: its number in the process (a handle resumes only on the thread
+/// that parked it) and a count of the handles still alive (while some are, their rows may come back).
+pub(super) struct ParkedHandles {
+    incarnation: u64,
+    /// One strong reference here, one in each live handle.
+    alive: Arc<()>,
+}
+
+impl ParkedHandles {
+    /// The handles of a new step thread: none yet.
+    pub(super) fn new() -> Self {
+        static NEXT_INCARNATION: AtomicU64 = AtomicU64::new(0);
+        Self { incarnation: NEXT_INCARNATION.fetch_add(1, Ordering::Relaxed), alive: Arc::new(()) }
+    }
+
+    /// Parks `layers`, the keys and values of a sequence whose tokens are `tokens`.
+    pub(super) fn park(&self, tokens: Vec<u32>, layers: Vec<LayerKv>) -> ParkedKv {
+        ParkedKv::new(ParkedRow { incarnation: self.incarnation, tokens, layers, _alive: Arc::clone(&self.alive) })
+    }
+
+    /// Whether some handle this thread parked a row into is still alive (its caller may resume it).
+    pub(super) fn any_alive(&self) -> bool {
+        Arc::strong_count(&self.alive) > 1
+    }
 }
 
 /// What a [`ParkedKv`] of this engine holds: one sequence's keys and values and the tokens they belong to.
-pub(super) struct ParkedRow {
+struct ParkedRow {
     /// The step thread that parked it.
     incarnation: u64,
     /// Every token of the sequence: its prompt and what it generated. The cache holds all but the last.
     tokens: Vec<u32>,
     /// `(1, kv_heads, tokens.len() - 1, head_dim)` per layer.
     layers: Vec<LayerKv>,
-}
-
-impl ParkedRow {
-    /// Parks `layers`, the keys and values of a sequence whose tokens are `tokens`, for the step thread
-    /// `incarnation`.
-    pub(super) fn park(incarnation: u64, tokens: Vec<u32>, layers: Vec<LayerKv>) -> ParkedKv {
-        ParkedKv::new(Self { incarnation, tokens, layers })
-    }
+    /// Counts this handle among the parking thread's live ones ([`ParkedHandles::any_alive`]).
+    _alive: Arc<()>,
 }
 
 /// A continuation whose parked keys and values were accepted: it rejoins the batch when there is a place.
@@ -55,14 +70,14 @@ impl Resuming {
     /// frees the keys and values) and the reason, to be prefilled as under RECOMPUTE.
     pub(super) fn accept(
         mut submission: Box<Submission>,
-        incarnation: u64,
+        handles: &ParkedHandles,
         model: &Llama,
     ) -> Result<Self, Box<Submission>> {
         let Some(kv) = submission.resume.take() else { return Err(submission) };
         let request = &submission.request;
         let refusal = match kv.downcast_ref::<ParkedRow>() {
             None => Some("parked by another kind of engine"),
-            Some(row) if row.incarnation != incarnation => Some("parked by another engine instance"),
+            Some(row) if row.incarnation != handles.incarnation => Some("parked by another engine instance"),
             Some(_) if request.num_samples() != 1 || request.include_prompt_logprobs() => {
                 Some("the continuation asks for more than decoding on")
             }

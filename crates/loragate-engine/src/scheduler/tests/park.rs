@@ -328,5 +328,33 @@ fn random_interleavings_of_park_resume_cancel_and_unload_leave_nothing_behind() 
         for (seed, watch) in watches {
             assert!(watch.is_freed(), "seed {seed}: parked keys and values outlived their requests");
         }
+        assert!(!harness.scheduler.keeps_buffers_for_parked_rows(), "seed {seed}: no parked row can come back");
+        assert!(!harness.scheduler.batch.holds_spare_buffers(), "seed {seed}: the idle batch gave its buffers back");
     }
+}
+
+#[test]
+fn the_emptied_batch_keeps_its_buffers_while_a_parked_row_may_come_back() {
+    let config = tiny_config(vec![]);
+    let (meow, meow_v2) = (tiny_adapter(&config, 1), tiny_adapter(&config, 2));
+    let mut harness = Harness::new(config.clone(), 8);
+    let (before, parked) = park_after_some_tokens(&mut harness, &meow);
+    assert!(harness.scheduler.batch.holds_spare_buffers(), "its only row was parked");
+    assert!(harness.scheduler.keeps_buffers_for_parked_rows(), "kept while the handle is alive");
+    assert!(harness.scheduler.batch.holds_spare_buffers());
+
+    // It resumes into the kept buffers, and runs to its end.
+    let history: Vec<u32> = prompt().into_iter().chain(before.iter().copied()).collect();
+    let parking = Parking { park_on_cancel: ParkSignal::default(), resume_from: Some(parked.clone()) };
+    let continuation = greedy("meow", &history, BUDGET - BEFORE as u32);
+    let mut events =
+        harness.submit_parking(continuation, &meow_v2, AdapterVersion(2), CancellationToken::new(), parking);
+    harness.run_until_idle();
+    assert_eq!(drain(&mut events).single().finish, Some(FinishReason::Length));
+    assert!(harness.scheduler.batch.holds_spare_buffers(), "emptied again: kept while the caller holds the handle");
+    assert!(harness.scheduler.keeps_buffers_for_parked_rows());
+
+    drop(parked);
+    assert!(!harness.scheduler.keeps_buffers_for_parked_rows(), "no handle is alive");
+    assert!(!harness.scheduler.batch.holds_spare_buffers(), "the buffers were given back");
 }
