@@ -39,6 +39,18 @@ export LORAGATE_PYTHON="$PWD/.venv/bin/python"
 export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-1}"
 
 # The tests and the doc-tests; the examples are left out (`cargo test` would only link them, unrun: `cargo clippy
-# --all-targets` in .ci/run checks that they compile).
+# --all-targets` in .ci/run checks that they compile). Arguments go to both steps (`-p CRATE`, a name filter,
+# `-- --nocapture`), except that arguments selecting test targets (`--test NAME`, `--lib`, ...) run those alone:
+# `--doc` cannot be combined with them.
+run_doc_tests=1
+for arg in "$@"; do
+    case "$arg" in
+        --) break ;;
+        --lib | --bins | --bin | --bin=* | --tests | --test | --test=* | --examples | --example | --example=* | \
+            --benches | --bench | --bench=* | --all-targets) run_doc_tests=0 ;;
+    esac
+done
 cargo test --workspace --locked --lib --bins --tests "$@"
-cargo test --workspace --locked --doc "$@"
+if [ "$run_doc_tests" = 1 ]; then
+    cargo test --workspace --locked --doc "$@"
+fi
