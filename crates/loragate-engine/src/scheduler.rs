@@ -122,8 +122,6 @@ struct Scheduler {
     model: Llama,
     commands: Receiver<Command>,
     limits: StepLimits,
-    /// The handles this thread parks rows into: their rows resume only here.
-    parked: park::ParkedHandles,
     /// Requests not decoding yet: waiting, or in the middle of their prefill.
     pending: Pending,
     /// Continuations waiting for a place in the batch to resume from their parked keys and values, in arrival
@@ -149,7 +147,6 @@ impl Scheduler {
             model,
             commands,
             limits,
-            parked: park::ParkedHandles::new(),
             pending: Pending::default(),
             resuming: VecDeque::new(),
             batch,
@@ -194,7 +191,7 @@ impl Scheduler {
     /// Blocks for the next command; `None` once the engine front is gone. The emptied batch keeps its buffers while
     /// rows this thread parked may come back to them, checking every [`PARKED_RECHECK`].
     fn next_command_when_idle(&mut self) -> Option<Command> {
-        while self.keeps_buffers_for_parked_rows() {
+        while self.batch.keeps_buffers_for_parked_rows() {
             match self.commands.recv_timeout(PARKED_RECHECK) {
                 Ok(command) => return Some(command),
                 Err(RecvTimeoutError::Timeout) => {}
@@ -202,16 +199,6 @@ impl Scheduler {
             }
         }
         self.commands.recv().ok()
-    }
-
-    /// Whether the emptied batch keeps its buffers because a handle this thread parked a row into is alive (its
-    /// rows come back together when their adapter resumes); gives the buffers back otherwise.
-    fn keeps_buffers_for_parked_rows(&mut self) -> bool {
-        if self.parked.any_alive() && self.batch.holds_spare_buffers() {
-            return true;
-        }
-        self.batch.release_spare_buffers();
-        false
     }
 
     /// Whether nothing is decoding, waiting or being prefilled.
@@ -231,7 +218,7 @@ impl Scheduler {
 
     /// Queues a submission: to resume, if it brings parked keys and values that fit; to be prefilled otherwise.
     fn submit(&mut self, submission: Box<Submission>) {
-        match park::Resuming::accept(submission, &self.parked, &self.model) {
+        match park::Resuming::accept(submission, self.batch.parked(), &self.model) {
             Ok(resuming) => self.resuming.push_back(resuming),
             Err(submission) => self.pending.push(*submission),
         }

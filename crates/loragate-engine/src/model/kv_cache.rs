@@ -112,6 +112,16 @@ impl BatchKvCache {
     /// every row either stays where it is or comes from past the new end (as when the last rows fill the holes):
     /// then only the moved rows are copied. Keeping none keeps the buffers (see [`BatchKvCache::release`]).
     pub(crate) fn retain(&mut self, keep: &[usize]) -> Result<()> {
+        self.retain_rows(keep, true)
+    }
+
+    /// [`BatchKvCache::retain`] without trimming padding or giving rows back: for rows that left to come back (parked
+    /// rows), which then fit again without shifting every row right.
+    pub(crate) fn retain_keeping_layout(&mut self, keep: &[usize]) -> Result<()> {
+        self.retain_rows(keep, false)
+    }
+
+    fn retain_rows(&mut self, keep: &[usize], compact: bool) -> Result<()> {
         if keep.is_empty() {
             (self.len, self.mask) = (0, None);
             self.pads.clear();
@@ -142,7 +152,7 @@ impl BatchKvCache {
         let trim = self.shared_padding();
         // A batch down to a quarter of the rows it wrote is rebuilt, to give their memory back.
         let shrink = self.touched_rows > 16 && self.rows() * 4 <= self.touched_rows;
-        if shrink || trim * 2 >= self.len.max(1) {
+        if compact && (shrink || trim * 2 >= self.len.max(1)) {
             let row_capacity =
                 if shrink { self.reserved_rows.max(grown_rows(0, self.rows())) } else { self.row_capacity };
             self.relayout(row_capacity, self.capacity, trim)?;
@@ -219,7 +229,9 @@ impl BatchKvCache {
     }
 
     /// The keys and values of row `row`, its padding left out: what [`BatchKvCache::push`] takes back. This is how a
-    /// sequence leaves the batch with its cache (to be parked, and rejoin later without any prefill).
+    /// sequence leaves the batch with its cache (to be parked, and rejoin later without any prefill). Always a copy:
+    /// with one key/value head a row's columns are contiguous in the buffer, and a view would change as the buffer
+    /// is written, and keep the whole buffer alive.
     pub(crate) fn row(&self, row: usize) -> Result<Vec<LayerKv>> {
         let Some(&pad) = self.pads.get(row) else { candle_core::bail!("no row {row} in the batch") };
         let cached = self.len - pad;
@@ -227,7 +239,7 @@ impl BatchKvCache {
             .iter()
             .flatten()
             .map(|layer| {
-                let take = |buffer: &Tensor| buffer.narrow(0, row, 1)?.narrow(2, pad, cached)?.contiguous();
+                let take = |buffer: &Tensor| buffer.narrow(0, row, 1)?.narrow(2, pad, cached)?.force_contiguous();
                 Ok(LayerKv { keys: take(&layer.keys)?, values: take(&layer.values)? })
             })
             .collect()
@@ -510,6 +522,35 @@ mod tests {
         cache.release();
         assert!(!cache.holds_spare_buffers());
         assert_eq!(buffer(&cache), None, "given back");
+    }
+
+    #[test]
+    fn rows_leaving_to_come_back_keep_the_layout_and_return_without_a_shift() {
+        let buffer = |cache: &BatchKvCache| cache.layers[0].as_ref().map(|layer| layer.keys.id());
+        for keep_layout in [true, false] {
+            let mut cache = BatchKvCache::new(1, 4096, &Device::Cpu, DType::F32);
+            cache.push(&[(&kv(2, 1.0), 1), (&kv(40, 2.0), 2)]).expect("a short row and two long ones");
+            let parked = [cache.row(1).expect("row 1"), cache.row(2).expect("row 2")];
+            let first = buffer(&cache);
+            // The long rows leave; the short one's padding is now all but 2 of the 40 columns.
+            if keep_layout {
+                cache.retain_keeping_layout(&[0]).expect("retain");
+                assert_eq!((cache.len, cache.pads.clone()), (40, vec![38]), "no trim");
+            } else {
+                cache.retain(&[0]).expect("retain");
+                assert_eq!((cache.len, cache.pads.clone()), (2, vec![0]), "trimmed");
+            }
+            cache.push(&[(&parked[0], 1), (&parked[1], 1)]).expect("they come back");
+            assert_eq!(
+                buffer(&cache) == first,
+                keep_layout,
+                "a shift rebuilds the buffers (keep_layout {keep_layout})"
+            );
+            assert_eq!(cache.positions(), vec![2, 40, 40]);
+            let (short, long) = (column_values(&cache, 0), column_values(&cache, 2));
+            assert_eq!(short[short.len() - 2..], [1.0, 1.0]);
+            assert_eq!(long[long.len() - 40..], [2.0; 40]);
+        }
     }
 
     #[test]

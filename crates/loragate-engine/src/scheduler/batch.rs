@@ -13,12 +13,20 @@ pub(super) struct Batch {
     /// Row `i` of the cache is `rows[i]`.
     rows: Vec<Sequence>,
     cache: BatchKvCache,
+    /// The handles this batch parks rows into. While one is alive its row may come back, so the cache keeps its
+    /// layout and, emptied, its buffers.
+    parked: ParkedHandles,
 }
 
 impl Batch {
     /// An empty batch of at most `max_rows` rows.
     pub(super) fn new(model: &Llama, max_rows: usize) -> Self {
-        Self { rows: Vec::new(), cache: empty_cache(model).reserving_rows(max_rows) }
+        Self { rows: Vec::new(), cache: empty_cache(model).reserving_rows(max_rows), parked: ParkedHandles::new() }
+    }
+
+    /// The handles this batch parks rows into: only their rows resume here.
+    pub(super) fn parked(&self) -> &ParkedHandles {
+        &self.parked
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -84,8 +92,8 @@ impl Batch {
 
     /// Ends cancelled sequences with `Abort` and drops those whose caller went away. A sequence cancelled to be
     /// parked first hands its keys and values to its caller ([`EngineEvent::Parked`], for the step thread
-    /// `handles`); if they cannot be copied out, it ends as a plain abort (its continuation recomputes).
-    pub(super) fn drop_abandoned(&mut self, handles: &ParkedHandles) -> candle_core::Result<()> {
+    /// this batch); if they cannot be copied out, it ends as a plain abort (its continuation recomputes).
+    pub(super) fn drop_abandoned(&mut self) -> candle_core::Result<()> {
         if !self.rows.iter().any(Sequence::is_abandoned) {
             return Ok(());
         }
@@ -93,7 +101,7 @@ impl Batch {
             if row.request.parks() {
                 match self.cache.row(index) {
                     Ok(layers) => {
-                        let kv = handles.park(row.tokens(), layers);
+                        let kv = self.parked.park(row.tokens(), layers);
                         row.request.send(EngineEvent::Parked { sequence: row.index(), kv });
                     }
                     Err(err) => tracing::warn!(error = %err, "cannot park a sequence; it will be recomputed"),
@@ -158,13 +166,19 @@ impl Batch {
     }
 
     /// Whether the batch has no rows but keeps the cache's buffers for rows joining again.
+    #[cfg(test)]
     pub(super) fn holds_spare_buffers(&self) -> bool {
         self.cache.holds_spare_buffers()
     }
 
-    /// Gives back the cache's buffers if the batch has no rows.
-    pub(super) fn release_spare_buffers(&mut self) {
+    /// Whether the emptied batch keeps its buffers because a handle it parked a row into is alive (its rows come
+    /// back together when their adapter resumes); gives the buffers back otherwise.
+    pub(super) fn keeps_buffers_for_parked_rows(&mut self) -> bool {
+        if self.parked.any_alive() && self.cache.holds_spare_buffers() {
+            return true;
+        }
         self.cache.release();
+        false
     }
 
     fn reset(&mut self) {
@@ -179,7 +193,7 @@ impl Batch {
         let order = fill_holes_from_the_end(&kept);
         let mut rows: Vec<Option<Sequence>> = std::mem::take(&mut self.rows).into_iter().map(Some).collect();
         self.rows = order.iter().map(|&index| rows[index].take().expect("every kept row is taken once")).collect();
-        self.cache.retain(&order)
+        if self.parked.any_alive() { self.cache.retain_keeping_layout(&order) } else { self.cache.retain(&order) }
     }
 }
 

@@ -69,7 +69,7 @@ impl Scheduler {
 
     fn drop_abandoned(&mut self) {
         self.pending.drop_abandoned();
-        if let Err(err) = self.batch.drop_abandoned(&self.parked) {
+        if let Err(err) = self.batch.drop_abandoned() {
             self.batch.fail_all(&format!("cannot shrink the batch: {err}"));
         }
         let mut waiting = VecDeque::with_capacity(self.resuming.len());

@@ -328,7 +328,7 @@ fn random_interleavings_of_park_resume_cancel_and_unload_leave_nothing_behind() 
         for (seed, watch) in watches {
             assert!(watch.is_freed(), "seed {seed}: parked keys and values outlived their requests");
         }
-        assert!(!harness.scheduler.keeps_buffers_for_parked_rows(), "seed {seed}: no parked row can come back");
+        assert!(!harness.scheduler.batch.keeps_buffers_for_parked_rows(), "seed {seed}: no parked row can come back");
         assert!(!harness.scheduler.batch.holds_spare_buffers(), "seed {seed}: the idle batch gave its buffers back");
     }
 }
@@ -340,7 +340,7 @@ fn the_emptied_batch_keeps_its_buffers_while_a_parked_row_may_come_back() {
     let mut harness = Harness::new(config.clone(), 8);
     let (before, parked) = park_after_some_tokens(&mut harness, &meow);
     assert!(harness.scheduler.batch.holds_spare_buffers(), "its only row was parked");
-    assert!(harness.scheduler.keeps_buffers_for_parked_rows(), "kept while the handle is alive");
+    assert!(harness.scheduler.batch.keeps_buffers_for_parked_rows(), "kept while the handle is alive");
     assert!(harness.scheduler.batch.holds_spare_buffers());
 
     // It resumes into the kept buffers, and runs to its end.
@@ -352,9 +352,9 @@ fn the_emptied_batch_keeps_its_buffers_while_a_parked_row_may_come_back() {
     harness.run_until_idle();
     assert_eq!(drain(&mut events).single().finish, Some(FinishReason::Length));
     assert!(harness.scheduler.batch.holds_spare_buffers(), "emptied again: kept while the caller holds the handle");
-    assert!(harness.scheduler.keeps_buffers_for_parked_rows());
+    assert!(harness.scheduler.batch.keeps_buffers_for_parked_rows());
 
     drop(parked);
-    assert!(!harness.scheduler.keeps_buffers_for_parked_rows(), "no handle is alive");
+    assert!(!harness.scheduler.batch.keeps_buffers_for_parked_rows(), "no handle is alive");
     assert!(!harness.scheduler.batch.holds_spare_buffers(), "the buffers were given back");
 }
