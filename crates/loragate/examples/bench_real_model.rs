@@ -6,8 +6,8 @@
 //! `.venv`, builds loragate in release and passes everything here. Both servers stay loaded for the whole run; only
 //! one is sent requests at a time, and the order alternates from round to round.
 //!
-//! Then, on loragate alone, the isolation scenes of `scenes` (`swap`, `head-of-line`); `--scenes` picks among
-//! `throughput`, `swap` and `head-of-line` (default: all three).
+//! Then, on loragate alone, the isolation scenes of `scenes` (`swap`, `swap-reuse`, `head-of-line`); `--scenes`
+//! picks among `throughput` and those (default: all four).
 
 #[path = "bench_real_model/scenes.rs"]
 mod scenes;
@@ -52,8 +52,9 @@ struct Args {
     /// An extra argument for `loragate serve` (repeatable), e.g. `--loragate-arg=--quantized-weights=hybrid`.
     #[arg(long = "loragate-arg", allow_hyphen_values = true)]
     loragate_args: Vec<String>,
-    /// What to run: `throughput` (both servers), `swap` and `head-of-line` (loragate), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "throughput,swap,head-of-line")]
+    /// What to run: `throughput` (both servers), `swap`, `swap-reuse` and `head-of-line` (loragate),
+    /// comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "throughput,swap,swap-reuse,head-of-line")]
     scenes: Vec<String>,
 }
 
@@ -233,6 +234,9 @@ async fn main() {
     let target = scenes::Target { client: &client, base_url: &loragate.base_url, model: &loragate.model };
     if args.runs("swap") {
         scenes::swap(&target).await;
+    }
+    if args.runs("swap-reuse") {
+        scenes::swap_reuse(&target).await;
     }
     if args.runs("head-of-line") {
         scenes::head_of_line(&target).await;

@@ -3,6 +3,9 @@
 //! - **swap**: 32 requests of an adapter (100-token prompts) decode beside a base-model stream; the adapter is swapped
 //!   with KEEP (`load_inplace`): the stream's largest gap during the swap against its p99 before, and each kept
 //!   request's first token of the new version, against prefilling all their tokens in one batch;
+//! - **swap-reuse**: the same 32 requests paused with KEEP and `kv_policy: reuse` (their keys and values parked), the
+//!   adapter's next version loaded, and the pause released: each kept request's first token of the new version after
+//!   the resume, against the batch's decode step before the pause (the goal: within 2 steps, with no prefill);
 //! - **head of line**: a 3,000-token prompt arrives while 16 base-model streams decode: their largest gap during its
 //!   prefill against their p99 before, and its prefill time beside them and alone.
 
@@ -145,6 +148,82 @@ pub(crate) async fn swap(target: &Target<'_>) {
     );
     println!("| their tokens prefilled in one batch (32 requests at once, 1 token each) | {} |", secs(one_batch));
     println!("| all new-version tokens / one batch | {:.2} |", all_new.as_secs_f64() / one_batch.as_secs_f64());
+}
+
+/// The swap-reuse scene; prints its figures.
+pub(crate) async fn swap_reuse(target: &Target<'_>) {
+    let story = json!("Tell me a very long story about the sea.");
+    let (base, base_task) = target.spawn_stream(target.model, story, BACKGROUND_MAX_TOKENS);
+    base.reached(WARM_UP_TOKENS).await;
+    let kept: Vec<_> = (0..KEPT_REQUESTS)
+        .map(|index| {
+            let prompt = json!(prompt_ids(KEPT_PROMPT_TOKENS, index));
+            target.spawn_stream(SWAPPED_ADAPTER, prompt, KEPT_MAX_TOKENS)
+        })
+        .collect();
+    for (progress, _) in &kept {
+        progress.reached(WARM_UP_TOKENS).await;
+    }
+    let window_opens = Instant::now();
+    for (progress, _) in &kept {
+        progress.reached(WARM_UP_TOKENS + BEFORE_WINDOW_TOKENS).await;
+    }
+    let control = |path: &str, body: Value| {
+        let request = target.client.post(format!("{}{path}", target.base_url)).json(&body);
+        async move {
+            let answer: Value = request.send().await.expect("sent").json().await.expect("a JSON answer");
+            answer
+        }
+    };
+    let paused_at = Instant::now();
+    let pause = control(
+        "/skyrl/v1/abort_lora_requests",
+        json!({"lora_name": SWAPPED_ADAPTER, "mode": "keep", "kv_policy": "reuse"}),
+    )
+    .await;
+    assert_eq!(pause["kv_policy"], "reuse", "the embedded engine parks: {pause}");
+    let load = control("/v1/load_lora_adapter", json!({"lora_name": SWAPPED_ADAPTER, "lora_path": NEXT_VERSION_DIR}));
+    let new_version = load.await["version"].as_u64().expect("the next version loaded");
+    let resumed_at = Instant::now();
+    let resume =
+        control("/skyrl/v1/resume_lora_requests", json!({"lora_name": SWAPPED_ADAPTER, "pause_id": pause["pause_id"]}));
+    assert_eq!(resume.await["still_paused"], false, "the swap's pause was the only one");
+    let (mut steps_before, mut first_new_tokens) = (Vec::new(), Vec::new());
+    for (progress, task) in kept {
+        let finished = task.await.expect("a kept request");
+        let times = progress.times();
+        steps_before.extend(gaps_between(&times, window_opens, paused_at));
+        let start = finished["segments"].as_array().into_iter().flatten().find_map(|segment| {
+            (segment["lora_version"].as_u64() == Some(new_version)).then(|| segment["start"].as_u64()).flatten()
+        });
+        if let Some(start) = start {
+            let arrived = times.get(start as usize).expect("a time for every streamed token");
+            first_new_tokens.push(*arrived - resumed_at);
+        }
+    }
+    base_task.abort();
+    let step = quantile(&steps_before, 0.5);
+    let all_new = first_new_tokens.iter().max().copied().unwrap_or_default();
+    let millis = |duration: Duration| format!("{:.1} ms", duration.as_secs_f64() * 1e3);
+    println!(
+        "\nswap with KEEP and KV reuse of {KEPT_REQUESTS} requests ({KEPT_PROMPT_TOKENS}-token prompts) beside a \
+         base-model stream: pause (kept_count {}), load, resume",
+        pause["kept_count"]
+    );
+    println!("| figure | value |");
+    println!("| --- | --- |");
+    println!(
+        "| kept requests: decode step before the pause (median gap, {} gaps) | {} |",
+        steps_before.len(),
+        millis(step)
+    );
+    println!("| kept requests with a new-version token | {} of {KEPT_REQUESTS} |", first_new_tokens.len());
+    println!(
+        "| first new-version token after the resume: median / all | {} / {} |",
+        millis(quantile(&first_new_tokens, 0.5)),
+        millis(all_new)
+    );
+    println!("| all first new-version tokens, in decode steps | {:.2} |", all_new.as_secs_f64() / step.as_secs_f64());
 }
 
 /// The head-of-line scene; prints its figures.
