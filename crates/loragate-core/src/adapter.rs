@@ -260,17 +260,13 @@ impl AdapterHandle {
         Ok(report)
     }
 
-    /// Aborts, without pausing, the admitted requests whose id is in `ids` (every admitted request for `None`);
-    /// returns when each was handed back, or when `ack_timeout` passes.
-    pub(crate) async fn abort_requests(
+    /// Cancels, without pausing, the admitted requests whose id is in `ids` (every admitted request for `None`);
+    /// returns once the actor cancelled them, with what to wait on for their hand-backs.
+    pub(crate) async fn cancel_requests(
         &self,
         ids: Option<Arc<HashSet<RequestId>>>,
-        ack_timeout: Duration,
-    ) -> Result<AbortReport, CoreError> {
-        let pending = self.call(|reply| AdapterMsg::AbortRequests { ids: ids.clone(), reply }).await?;
-        let report = pending.wait(ack_timeout).await;
-        report.warn_if_unacknowledged(self.key(), "abort by request id");
-        Ok(report)
+    ) -> Result<PendingHandBacks, CoreError> {
+        self.call(|reply| AdapterMsg::AbortRequests { ids: ids.clone(), reply }).await
     }
 
     /// Long-poll: `Ok(false)` as soon as the gate is open (at once if it is), `Ok(true)` if it is still closed after

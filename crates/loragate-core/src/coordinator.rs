@@ -2,7 +2,6 @@
 //! finds the adapter, admits through its gate, starts the engine, and routes control operations to the adapter's
 //! actor or the manager.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -24,7 +23,7 @@ use crate::auth::Keyring;
 use crate::engine::{Engine, ModelInfo, Parking};
 use crate::error::{CoreError, Field};
 use crate::gate_deadline::GateDeadline;
-use crate::ids::{AdapterKey, AdapterName, AdapterVersion, RequestId};
+use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
 use crate::limits::{Limits, LoadSnapshot, ServerLoad};
 use crate::manager::{AdapterManager, AdapterMap, ManagerArgs, ManagerMsg};
 use crate::metrics::CoreMetrics;
@@ -32,9 +31,11 @@ use crate::sample_stream::{Driver, SampleStream};
 use crate::sampling::{RawSampleRequest, SampleRequest};
 use crate::state::{MemoryStore, Recording, StateStore};
 
+mod abort;
 mod follow;
 mod restore;
 
+pub use self::abort::AbortsRequested;
 pub use self::restore::{Reconciled, RestoreReport, StartError};
 
 /// Tunables of the coordinator.
@@ -360,31 +361,6 @@ impl Coordinator {
             Ok(CallResult::Success(adapters)) => Ok(adapters),
             _ => Err(CoreError::ShuttingDown),
         }
-    }
-
-    /// Aborts the admitted requests with these ids, whatever their adapter, without pausing anything (SGLang's
-    /// `/abort_request`); returns when each was handed back. Requests a pause keeps are not reached.
-    pub async fn abort_requests(&self, ids: &[RequestId]) -> AbortReport {
-        let ids: Arc<HashSet<RequestId>> = Arc::new(ids.iter().cloned().collect());
-        self.abort_each(Some(ids)).await
-    }
-
-    /// Aborts every admitted request of every adapter without pausing anything (SGLang's `abort_all`).
-    pub async fn abort_all_requests(&self) -> AbortReport {
-        self.abort_each(None).await
-    }
-
-    async fn abort_each(&self, ids: Option<Arc<HashSet<RequestId>>>) -> AbortReport {
-        let handles: Vec<AdapterHandle> = self.inner.published.iter().map(|entry| entry.value().clone()).collect();
-        let ack_timeout = self.inner.config.abort_ack_timeout;
-        let reports = join_all(handles.iter().map(|handle| handle.abort_requests(ids.clone(), ack_timeout))).await;
-        let mut total = AbortReport::default();
-        for report in reports.into_iter().flatten() {
-            total.aborted.extend(report.aborted);
-            total.kept.extend(report.kept);
-            total.unacknowledged.extend(report.unacknowledged);
-        }
-        total
     }
 
     /// The atomic swap: pauses `name` in `mode` under a pause of its own, loads `source`, and releases that pause

@@ -70,7 +70,9 @@ pub use adapter_source::{AdapterRoot, AdapterSource};
 pub use auth::{
     Action, AdapterPattern, Key, KeyConfigError, Keyring, MAX_KEY_LEN, Principal, Tenant, TenantKeys, bearer_token,
 };
-pub use coordinator::{Coordinator, CoordinatorConfig, Reconciled, RestoreReport, StartError, SwapReport};
+pub use coordinator::{
+    AbortsRequested, Coordinator, CoordinatorConfig, Reconciled, RestoreReport, StartError, SwapReport,
+};
 pub use engine::{
     Engine, EngineError, EngineEvent, EngineStream, ModelInfo, ParkSignal, ParkedKv, ParkedKvWatch, Parking,
 };

@@ -41,6 +41,7 @@ pub struct ScriptedEngine {
     load_permits: Option<Arc<Semaphore>>,
     source_permits: HashMap<PathBuf, Arc<Semaphore>>,
     on_generate: Option<GenerateHook>,
+    abort_permits: Option<Arc<Semaphore>>,
     linger: bool,
 }
 
@@ -57,6 +58,7 @@ impl ScriptedEngine {
             load_permits: None,
             source_permits: HashMap::new(),
             on_generate: None,
+            abort_permits: None,
             linger: false,
         }
     }
@@ -65,6 +67,13 @@ impl ScriptedEngine {
     /// streams late; the coordinator must not wait for that).
     pub fn with_lingering_streams(mut self) -> Self {
         self.linger = true;
+        self
+    }
+
+    /// Makes every request cancelled while it waits end (with `Abort`) only once it took a permit from `permits`
+    /// (to hold aborted requests before their hand-back).
+    pub fn with_abort_permits(mut self, permits: Arc<Semaphore>) -> Self {
+        self.abort_permits = Some(permits);
         self
     }
 
@@ -121,7 +130,7 @@ impl Engine for ScriptedEngine {
             hook(&request, &cancel);
         }
         let (events, receiver) = mpsc::unbounded_channel();
-        let (hold_after, linger) = (self.hold_after, self.linger);
+        let (hold_after, linger, abort_permits) = (self.hold_after, self.linger, self.abort_permits.clone());
         tokio::spawn(async move {
             let budget = request.params().max_tokens();
             let emit = budget.min(hold_after);
@@ -153,9 +162,16 @@ impl Engine for ScriptedEngine {
                 FinishReason::Length
             } else {
                 tokio::select! {
-                    () = cancel.cancelled() => FinishReason::Abort,
+                    () = cancel.cancelled() => {}
                     () = events.closed() => return,
                 }
+                if let Some(permits) = abort_permits {
+                    tokio::select! {
+                        permit = permits.acquire() => permit.map(|permit| permit.forget()).unwrap_or(()),
+                        () = events.closed() => return,
+                    }
+                }
+                FinishReason::Abort
             };
             for sequence in 0..request.num_samples() {
                 let _ = events.send(Ok(EngineEvent::Finished { sequence, reason }));

@@ -3,7 +3,8 @@
 //! request (its id the caller's `rid`), sampled through `Coordinator::sample`, so a request for a paused adapter is
 //! held at its gate; an aborted one answers 200 with its partial `output_ids`, its logprobs and
 //! `finish_reason {"type": "abort"}`. `/abort_request` aborts requests by `rid` (or all of them) without pausing any
-//! adapter: new requests keep being admitted.
+//! adapter (new requests keep being admitted) and answers once the cancel was requested, not once the request was
+//! handed back.
 //!
 //! `max_new_tokens` unset means up to the context length (SGLang's own default is 128), as everywhere in loragate.
 
@@ -141,24 +142,28 @@ pub(crate) struct AbortBody {
 }
 
 /// `POST /abort_request`: aborts the request `rid` (or, with `abort_all`, every admitted request of every adapter)
-/// and answers 200 with an empty body once each was handed back, as SGLang does. Nothing is paused: an aborted
-/// `/generate` answers `abort` with its tokens, and its resubmission is admitted at once. An unknown `rid` aborts
-/// nothing.
+/// and answers 200 with an empty body once the cancel was requested, as SGLang does (its handler forwards the abort
+/// to the scheduler and answers at once): the aborted `/generate` acknowledges it by answering `abort` with its
+/// tokens. Nothing is paused: its resubmission is admitted at once. An unknown `rid` aborts nothing.
 pub(crate) async fn abort_request(
     State(state): State<AppState>,
     OptionalJsonBody(body): OptionalJsonBody<AbortBody>,
 ) -> Result<StatusCode, HttpError> {
     let coordinator = state.front().coordinator();
-    let report = if body.abort_all.unwrap_or(false) {
-        coordinator.abort_all_requests().await
+    let requested = if body.abort_all.unwrap_or(false) {
+        coordinator.request_abort_all().await
     } else {
         let Some(rid) = body.rid.filter(|rid| !rid.is_empty()) else {
             return Ok(StatusCode::OK);
         };
         let id = RequestId::parse_or_generate(&rid).map_err(|err| HttpError::in_api(err, Api::Sglang))?;
-        coordinator.abort_requests(&[id]).await
+        coordinator.request_aborts(&[id]).await
     };
-    tracing::debug!(aborted = ?report.aborted, kept = ?report.kept, "abort_request");
+    // The hand-backs are awaited off the answer's path, only to log those that never come.
+    tokio::spawn(async move {
+        let report = requested.handed_back().await;
+        tracing::debug!(aborted = ?report.aborted, kept = ?report.kept, "abort_request");
+    });
     Ok(StatusCode::OK)
 }
 

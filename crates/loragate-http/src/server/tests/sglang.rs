@@ -2,6 +2,7 @@
 //! list), logprob triples, finish reasons, aborts with their tokens, and the gate in `Coordinator::sample`.
 
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 use super::*;
 
@@ -113,6 +114,40 @@ async fn a_stream_sends_the_whole_output_so_far_in_every_chunk() {
     assert_eq!(last["meta_info"]["finish_reason"]["type"], "length");
     let lengths: Vec<usize> = chunks.iter().map(|chunk| chunk["output_ids"].as_array().map_or(0, Vec::len)).collect();
     assert!(lengths.windows(2).all(|pair| pair[0] <= pair[1]), "cumulative: {lengths:?}");
+}
+
+/// Answers `/abort_request` for `rid` (or `abort_all`) while the aborted request is still held before its hand-back,
+/// checking that its cancel was requested; then lets it end and checks it answers `abort` with its tokens.
+async fn answers_before_the_hand_back(abort: Value, rid: &str) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(0));
+    let cancels: Arc<std::sync::Mutex<Vec<CancellationToken>>> = Arc::default();
+    let seen = cancels.clone();
+    let engine = ScriptedEngine::new(HOLD_AFTER)
+        .with_abort_permits(permits.clone())
+        .with_generate_hook(Box::new(move |_, cancel| seen.lock().expect("lock").push(cancel.clone())));
+    // Waiting for the hand-back would outlast the test.
+    let config = CoordinatorConfig { abort_ack_timeout: Duration::from_secs(3600), ..CoordinatorConfig::default() };
+    let harness = serve_engine(engine, config, &["meow"]).await;
+    let body = json!({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 50}, "lora_path": "meow", "rid": rid});
+    let generate = harness.spawn_post("/generate", body, "x");
+    eventually("it runs", || async { harness.status_of("meow").await.in_flight == 1 }).await;
+    let answered = tokio::time::timeout(Duration::from_secs(60), harness.post_empty("/abort_request", abort.clone()));
+    let (status, answer) = answered.await.expect("answered without waiting for the hand-back");
+    assert_eq!((status, answer.as_str()), (StatusCode::OK, ""), "{abort}");
+    let cancelled: Vec<bool> = cancels.lock().expect("lock").iter().map(CancellationToken::is_cancelled).collect();
+    assert_eq!(cancelled, [true], "the cancel was requested before the answer ({abort})");
+    assert_eq!(harness.status_of("meow").await.in_flight, 1, "answered before the hand-back ({abort})");
+    permits.add_permits(1);
+    let (status, aborted) = generate.await.expect("task");
+    assert_eq!((status, &aborted["meta_info"]["finish_reason"]["type"]), (StatusCode::OK, &json!("abort")));
+    assert_eq!(aborted["output_ids"], json!([0, 1, 2]), "handed back with its tokens");
+    eventually("handed back", || async { harness.status_of("meow").await.in_flight == 0 }).await;
+}
+
+#[tokio::test]
+async fn abort_request_answers_once_the_cancel_was_requested_not_once_handed_back() {
+    answers_before_the_hand_back(json!({"rid": "held-rid"}), "held-rid").await;
+    answers_before_the_hand_back(json!({"abort_all": true}), "held-rid").await;
 }
 
 #[tokio::test]
