@@ -91,8 +91,8 @@ impl Batch {
     }
 
     /// Ends cancelled sequences with `Abort` and drops those whose caller went away. A sequence cancelled to be
-    /// parked first hands its keys and values to its caller ([`EngineEvent::Parked`], for the step thread
-    /// this batch); if they cannot be copied out, it ends as a plain abort (its continuation recomputes).
+    /// parked first hands its keys and values to its caller ([`EngineEvent::Parked`], a handle of this batch's); if
+    /// they cannot be copied out, it ends as a plain abort (its continuation recomputes).
     pub(super) fn drop_abandoned(&mut self) -> candle_core::Result<()> {
         if !self.rows.iter().any(Sequence::is_abandoned) {
             return Ok(());
