@@ -75,20 +75,43 @@ impl Target<'_> {
     }
 }
 
+/// A base-model stream and the swap scenes' kept requests of [`SWAPPED_ADAPTER`], all past their warm-up tokens.
+struct KeptScene {
+    base: Progress,
+    base_task: tokio::task::JoinHandle<Value>,
+    kept: Vec<(Progress, tokio::task::JoinHandle<Value>)>,
+}
+
+impl KeptScene {
+    async fn start(target: &Target<'_>) -> Self {
+        let story = json!("Tell me a very long story about the sea.");
+        let (base, base_task) = target.spawn_stream(target.model, story, BACKGROUND_MAX_TOKENS);
+        base.reached(WARM_UP_TOKENS).await;
+        let kept: Vec<_> = (0..KEPT_REQUESTS)
+            .map(|index| {
+                let prompt = json!(prompt_ids(KEPT_PROMPT_TOKENS, index));
+                target.spawn_stream(SWAPPED_ADAPTER, prompt, KEPT_MAX_TOKENS)
+            })
+            .collect();
+        for (progress, _) in &kept {
+            progress.reached(WARM_UP_TOKENS).await;
+        }
+        Self { base, base_task, kept }
+    }
+}
+
+/// When the first token of adapter version `version` of a finished kept request arrived: its `segments` say where
+/// that version starts, `times` when each token arrived.
+fn first_token_of_version(finished: &Value, times: &[Instant], version: u64) -> Option<Instant> {
+    let start = finished["segments"].as_array().into_iter().flatten().find_map(|segment| {
+        (segment["lora_version"].as_u64() == Some(version)).then(|| segment["start"].as_u64()).flatten()
+    })?;
+    Some(*times.get(start as usize).expect("a time for every streamed token"))
+}
+
 /// The swap scene; prints its figures.
 pub(crate) async fn swap(target: &Target<'_>) {
-    let story = json!("Tell me a very long story about the sea.");
-    let (base, base_task) = target.spawn_stream(target.model, story, BACKGROUND_MAX_TOKENS);
-    base.reached(WARM_UP_TOKENS).await;
-    let kept: Vec<_> = (0..KEPT_REQUESTS)
-        .map(|index| {
-            let prompt = json!(prompt_ids(KEPT_PROMPT_TOKENS, index));
-            target.spawn_stream(SWAPPED_ADAPTER, prompt, KEPT_MAX_TOKENS)
-        })
-        .collect();
-    for (progress, _) in &kept {
-        progress.reached(WARM_UP_TOKENS).await;
-    }
+    let KeptScene { base, base_task, kept } = KeptScene::start(target).await;
     let window_opens = Instant::now();
     let base_at_open = base.count();
     base.reached(base_at_open + BEFORE_WINDOW_TOKENS).await;
@@ -110,12 +133,8 @@ pub(crate) async fn swap(target: &Target<'_>) {
     for (progress, task) in kept {
         let finished = task.await.expect("a kept request");
         let times = progress.times();
-        let start = finished["segments"].as_array().into_iter().flatten().find_map(|segment| {
-            (segment["lora_version"].as_u64() == Some(new_version)).then(|| segment["start"].as_u64()).flatten()
-        });
-        if let Some(start) = start {
-            let arrived = times.get(start as usize).expect("a time for every streamed token");
-            first_new_tokens.push(*arrived - swap_started);
+        if let Some(arrived) = first_token_of_version(&finished, &times, new_version) {
+            first_new_tokens.push(arrived - swap_started);
         }
     }
     let all_new = first_new_tokens.iter().max().copied().unwrap_or_default();
@@ -152,18 +171,7 @@ pub(crate) async fn swap(target: &Target<'_>) {
 
 /// The swap-reuse scene; prints its figures.
 pub(crate) async fn swap_reuse(target: &Target<'_>) {
-    let story = json!("Tell me a very long story about the sea.");
-    let (base, base_task) = target.spawn_stream(target.model, story, BACKGROUND_MAX_TOKENS);
-    base.reached(WARM_UP_TOKENS).await;
-    let kept: Vec<_> = (0..KEPT_REQUESTS)
-        .map(|index| {
-            let prompt = json!(prompt_ids(KEPT_PROMPT_TOKENS, index));
-            target.spawn_stream(SWAPPED_ADAPTER, prompt, KEPT_MAX_TOKENS)
-        })
-        .collect();
-    for (progress, _) in &kept {
-        progress.reached(WARM_UP_TOKENS).await;
-    }
+    let KeptScene { base: _, base_task, kept } = KeptScene::start(target).await;
     let window_opens = Instant::now();
     for (progress, _) in &kept {
         progress.reached(WARM_UP_TOKENS + BEFORE_WINDOW_TOKENS).await;
@@ -193,12 +201,8 @@ pub(crate) async fn swap_reuse(target: &Target<'_>) {
         let finished = task.await.expect("a kept request");
         let times = progress.times();
         steps_before.extend(gaps_between(&times, window_opens, paused_at));
-        let start = finished["segments"].as_array().into_iter().flatten().find_map(|segment| {
-            (segment["lora_version"].as_u64() == Some(new_version)).then(|| segment["start"].as_u64()).flatten()
-        });
-        if let Some(start) = start {
-            let arrived = times.get(start as usize).expect("a time for every streamed token");
-            first_new_tokens.push(*arrived - resumed_at);
+        if let Some(arrived) = first_token_of_version(&finished, &times, new_version) {
+            first_new_tokens.push(arrived - resumed_at);
         }
     }
     base_task.abort();
