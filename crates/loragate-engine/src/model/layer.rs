@@ -134,8 +134,14 @@ impl Attention {
         for chunk in chunks {
             let (k, v) = (sequence(k, offset, chunk.len)?, sequence(v, offset, chunk.len)?);
             let (keys, values) = chunk.cache.append(layer, &k, &v)?;
-            let output = self.attend(&sequence(q, offset, chunk.len)?, &keys, &values, Visible::Causal)?;
-            outputs.push(output.reshape((chunk.len, 1, self.num_heads, self.head_dim))?);
+            let output =
+                match ops::causal_chunk_attention(q, offset, chunk.len, &keys, &values)? {
+                    Some(output) => output,
+                    None => self
+                        .attend(&sequence(q, offset, chunk.len)?, &keys, &values, Visible::Causal)?
+                        .reshape((chunk.len, 1, self.num_heads, self.head_dim))?,
+                };
+            outputs.push(output);
             offset += chunk.len;
         }
         if outputs.len() == 1 { Ok(outputs.remove(0)) } else { Tensor::cat(&outputs, 0) }

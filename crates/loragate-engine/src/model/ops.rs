@@ -6,7 +6,10 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, D, DType, Device, InplaceOp1, InplaceOp2, Layout, Result, Tensor};
 use rayon::prelude::*;
 
+mod chunk_attention;
 mod vector;
+
+pub(crate) use chunk_attention::causal_chunk_attention;
 
 pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     if x.track_op() {
