@@ -134,31 +134,51 @@ impl QuantizedMatrix {
 
     /// `x·Wᵀ` for `x` `(m, cols)`, row-major: `(m, rows)`, row-major.
     pub(crate) fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
-        let input = QuantizedInput::new(x, m, self.cols);
-        // Computed transposed, `(padded rows, m)`, so that threads own contiguous slices of output features.
         let padded_rows = self.padded_rows();
-        let mut out_t = vec![0f32; padded_rows * m];
-        let blocks = padded_rows * self.blocks_per_row() * m;
         let threads = rayon::current_num_threads();
-        if threads > 1 && blocks >= PARALLEL_FROM_BLOCKS {
-            let rows_per_chunk = padded_rows.div_ceil(threads * 4).max(16).next_multiple_of(ROW_GROUP);
-            out_t.par_chunks_mut(rows_per_chunk * m).enumerate().for_each(|(chunk, out)| {
-                self.dot_rows(&input, chunk * rows_per_chunk, out);
-            });
-        } else {
-            self.dot_rows(&input, 0, &mut out_t);
-        }
+        let parallel = threads > 1 && padded_rows * self.blocks_per_row() * m >= PARALLEL_FROM_BLOCKS;
+        let input = QuantizedInput::new(x, m, self.cols, parallel);
         if m == 1 {
-            out_t.truncate(self.rows);
-            return out_t;
+            let mut out = vec![0f32; padded_rows];
+            self.products(&input, &mut out, parallel, threads);
+            out.truncate(self.rows);
+            return out;
         }
+        // Computed transposed, `(padded rows, m)`, so that threads own contiguous slices of output features, into a
+        // buffer this thread keeps for its next product (taken out: a product of another engine's pass that this
+        // thread picks up while it waits just allocates its own).
+        let mut out_t = TRANSPOSED_PRODUCT.take();
+        out_t.clear();
+        out_t.resize(padded_rows * m, 0.0);
+        self.products(&input, &mut out_t, parallel, threads);
         let mut out = vec![0f32; m * self.rows];
-        for (row, values) in out_t.chunks_exact(m).take(self.rows).enumerate() {
-            for (input_row, value) in values.iter().enumerate() {
-                out[input_row * self.rows + row] = *value;
+        let transpose = |(input_row, out): (usize, &mut [f32])| {
+            for (row, value) in out.iter_mut().enumerate() {
+                *value = out_t[row * m + input_row];
             }
+        };
+        if parallel {
+            out.par_chunks_mut(self.rows).enumerate().for_each(transpose);
+        } else {
+            out.chunks_mut(self.rows).enumerate().for_each(transpose);
+        }
+        if out_t.capacity() <= KEPT_PRODUCT_VALUES {
+            TRANSPOSED_PRODUCT.set(out_t);
         }
         out
+    }
+
+    /// Fills `out_t` (`(padded rows, m)`) with the products, split over the pool's threads when `parallel`.
+    fn products(&self, input: &QuantizedInput, out_t: &mut [f32], parallel: bool, threads: usize) {
+        let m = input.rows;
+        if parallel {
+            let rows_per_chunk = self.padded_rows().div_ceil(threads * 4).max(16).next_multiple_of(ROW_GROUP);
+            out_t.par_chunks_mut(rows_per_chunk * m).enumerate().for_each(|(chunk, out)| {
+                self.dot_rows(input, chunk * rows_per_chunk, out);
+            });
+        } else {
+            self.dot_rows(input, 0, out_t);
+        }
     }
 
     /// Fills `out_t` (`(rows, m)` from weight row `first_row` on, both whole groups) with the dot products of those
@@ -178,6 +198,19 @@ impl QuantizedMatrix {
 
 /// Below this many block products a matmul runs on the calling thread: waking the pool costs more.
 const PARALLEL_FROM_BLOCKS: usize = 16 * 1024;
+
+/// The largest transposed product a thread keeps for its next one (4 MiB: every product of a prefill chunk's
+/// layers; a chunk's logits over a whole vocabulary are allocated each time instead of held).
+const KEPT_PRODUCT_VALUES: usize = 1024 * 1024;
+
+/// Input rows quantized per parallel task.
+const QUANTIZE_TASK_ROWS: usize = 16;
+
+thread_local! {
+    /// [`QuantizedMatrix::matmul`]'s transposed product, kept for the next product on this thread: a prefill
+    /// chunk's are hundreds of KB, above glibc's mmap threshold, so a fresh one is fresh pages every time.
+    static TRANSPOSED_PRODUCT: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
 
 /// Input rows the multi-row kernel reads together: one weight block is unpacked once for all of them.
 pub(crate) const INPUT_TILE: usize = 4;
@@ -204,7 +237,8 @@ pub(crate) struct TileBlock {
 }
 
 impl QuantizedInput {
-    pub(crate) fn new(x: &[f32], rows: usize, cols: usize) -> Self {
+    /// Quantizes the `rows` rows of `x`, [`QUANTIZE_TASK_ROWS`] at a time on the pool's threads when `parallel`.
+    pub(crate) fn new(x: &[f32], rows: usize, cols: usize, parallel: bool) -> Self {
         let blocks_per_row = cols / BLOCK;
         let blocks = rows * blocks_per_row;
         let mut input = Self {
@@ -216,22 +250,39 @@ impl QuantizedInput {
             tiles: Vec::new(),
         };
         let x = &x[..rows * cols];
-        let blocks =
-            avx2::quantize_blocks(x, &mut input.values).unwrap_or_else(|| quantize_blocks_scalar(x, &mut input.values));
-        for (d, sum) in blocks {
+        let quantize = |(x, values): (&[f32], &mut [i8])| {
+            avx2::quantize_blocks(x, values).unwrap_or_else(|| quantize_blocks_scalar(x, values))
+        };
+        let task = QUANTIZE_TASK_ROWS * cols;
+        let blocks: Vec<Vec<(f32, i32)>> = if parallel {
+            x.par_chunks(task).zip(input.values.par_chunks_mut(task)).map(quantize).collect()
+        } else {
+            vec![quantize((x, &mut input.values))]
+        };
+        for (d, sum) in blocks.into_iter().flatten() {
             input.scales.push(f16::from_f32(d).to_f32());
             input.sums.push(f16::from_f32(sum as f32 * d).to_f32());
         }
         if rows >= INPUT_TILE {
             input.tiles = vec![TileBlock::default(); rows.div_ceil(INPUT_TILE) * blocks_per_row];
-            for (block, values) in input.values.chunks_exact(BLOCK).enumerate() {
-                let (row, column) = (block / blocks_per_row, block % blocks_per_row);
-                let tile = &mut input.tiles[row / INPUT_TILE * blocks_per_row + column];
-                let lane = row % INPUT_TILE;
-                tile.values[lane].copy_from_slice(values);
-                tile.scales[lane] = input.scales[block];
-                tile.sums[lane] = input.sums[block];
+            let fill = |(tile_row, tiles): (usize, &mut [TileBlock])| {
+                for lane in 0..INPUT_TILE.min(rows - tile_row * INPUT_TILE) {
+                    let row = tile_row * INPUT_TILE + lane;
+                    for (column, tile) in tiles.iter_mut().enumerate() {
+                        let block = row * blocks_per_row + column;
+                        tile.values[lane].copy_from_slice(&input.values[block * BLOCK..][..BLOCK]);
+                        tile.scales[lane] = input.scales[block];
+                        tile.sums[lane] = input.sums[block];
+                    }
+                }
+            };
+            let mut tiles = std::mem::take(&mut input.tiles);
+            if parallel {
+                tiles.par_chunks_mut(blocks_per_row).enumerate().for_each(fill);
+            } else {
+                tiles.chunks_mut(blocks_per_row).enumerate().for_each(fill);
             }
+            input.tiles = tiles;
         }
         input
     }

@@ -34,7 +34,7 @@ fn the_kernel_computes_the_product_with_inputs_quantized_to_8_bits_per_block() {
                 assert!((got - want).abs() < 0.25, "{format:?}, {rows} rows, #{index}: {got} vs {want}");
             }
             // The vectorised kernel and the scalar reference add the same integer sums in another order.
-            let input = QuantizedInput::new(&values, rows, 96);
+            let input = QuantizedInput::new(&values, rows, 96, false);
             // The kernels fill whole row groups: 72 rows, the last two zero.
             let mut reference = vec![0f32; matrix.padded_rows() * rows];
             dot_rows_scalar(&matrix, &input, 0, &mut reference);
@@ -64,8 +64,9 @@ fn the_candle_op_checks_its_input_and_gives_rows_by_output_features() {
 fn large_products_split_over_threads_give_the_same_values() {
     let weights = QTensor::quantize(&random(1536, 576, 7), GgmlDType::Q4_1).expect("quantize");
     let matrix = QuantizedMatrix::from_qtensor(&weights).expect("read").expect("served");
-    // 2 rows: one at a time; 6: a tile and a padded one.
-    for rows in [2, 6] {
+    // 2 rows: one at a time; 6: a tile and a padded one; 37: inputs quantized in three parallel tasks, the last one
+    // short, into tiles of which the last is padded. The second product on each thread reuses its kept buffer.
+    for rows in [2, 6, 37, 37] {
         let x = random(rows, 576, 8);
         let values: Vec<f32> = x.flatten_all().and_then(|x| x.to_vec1()).expect("values");
         let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
