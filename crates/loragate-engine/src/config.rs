@@ -220,10 +220,10 @@ impl EngineConfig {
     pub const DEFAULT_MAX_ADAPTER_BYTES: u64 = 1 << 30;
     /// The default [`EngineConfig::adapter_load_timeout`].
     pub const DEFAULT_ADAPTER_LOAD_TIMEOUT: Duration = Duration::from_secs(120);
-    /// The default step budget on the CPU: a step with a full prefill chunk costs about two decode steps of a 135M
-    /// model's full batch on two cores, and stays under the one-second gap that other tenants may see (measured:
-    /// see `docs/engine.md`). It equals `max_batch_size + MIN_PREFILL_TOKENS_PER_STEP` at the default batch size.
-    pub const DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU: usize = 80;
+    /// The default step budget on the CPU: a step with a full prefill chunk costs about three decode steps of a
+    /// 135M model's 33-row batch on two cores, and stays well under the one-second gap that other tenants may see,
+    /// while a swap's continuations refill within 2× one batch's time (measured: see `docs/engine.md`).
+    pub const DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU: usize = 128;
     /// The default step budget on CUDA: measured on an H200 (`docs/benchmarks.md`, CUDA), a step with a full
     /// 1,024-token chunk beside 16 decoding streams costs about 4 decode steps (4.2 on a model of Llama-3.2-1B's
     /// shape, 4.3 on SmolLM2-135M's, bf16) and prefills within 2–4 % of 2,048's speed, whose steps cost 6.4–7.7.
@@ -332,7 +332,7 @@ mod tests {
     fn the_step_budget_defaults_per_device_and_must_exceed_the_batch() {
         let cpu = candle_core::Device::Cpu;
         let limits = EngineConfig::default().step_limits(&cpu).expect("defaults");
-        assert_eq!((limits.max_batch_size, limits.max_num_batched_tokens), (64, 80));
+        assert_eq!((limits.max_batch_size, limits.max_num_batched_tokens), (64, 128));
         let wide = EngineConfig { max_batch_size: 256, ..EngineConfig::default() };
         assert_eq!(wide.step_limits(&cpu).expect("wide").max_num_batched_tokens, 272, "room for prompts");
         let explicit = EngineConfig { max_num_batched_tokens: Some(65), ..EngineConfig::default() };

@@ -24,6 +24,10 @@ use super::vector;
 /// model is 45 tasks to share among the pool's threads.
 const BLOCK: usize = 16;
 
+/// The largest transposed keys kept for the next layer: 8 MiB (SmolLM2-135M's 3 key/value heads up to 10,000
+/// positions); a longer context or a larger model allocates them per layer instead of holding them for good.
+const KEPT_TRANSPOSED_VALUES: usize = 2 * 1024 * 1024;
+
 thread_local! {
     /// One task's scores, kept for the next task on this thread.
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -126,7 +130,9 @@ pub(crate) fn causal_chunk_attention(
             shape.attend_block(queries, &keys, &values, head, block * BLOCK, rows);
         });
     });
-    KEYS_TRANSPOSED.set(transposed);
+    if transposed.capacity() <= KEPT_TRANSPOSED_VALUES {
+        KEYS_TRANSPOSED.set(transposed);
+    }
     drop((q_storage, k_storage, v_storage));
     let output = Tensor::from_vec(output, (heads, len, head_dim), q.device())?;
     output.transpose(0, 1)?.contiguous()?.reshape((len, 1, heads, head_dim)).map(Some)
