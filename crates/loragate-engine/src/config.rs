@@ -195,7 +195,8 @@ pub struct EngineConfig {
     /// sequence, then chunks of prompts up to this budget, so a long prompt is prefilled over several steps while
     /// every stream keeps decoding. Smaller keeps other streams' inter-token latency low while prompts arrive (a step
     /// costs at most this many tokens' work); larger prefills prompts with fewer, more efficient passes. Must exceed
-    /// `max_batch_size`. `None`: [`EngineConfig::DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU`] or
+    /// `max_batch_size`. `None`: [`EngineConfig::DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU`] (or
+    /// [`EngineConfig::DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU_QUANTIZED`] for weights multiplied quantized) or
     /// [`EngineConfig::DEFAULT_MAX_NUM_BATCHED_TOKENS_CUDA`] for the device (raised to `max_batch_size` +
     /// [`EngineConfig::MIN_PREFILL_TOKENS_PER_STEP`] if that is more).
     pub max_num_batched_tokens: Option<usize>,
@@ -220,10 +221,16 @@ impl EngineConfig {
     pub const DEFAULT_MAX_ADAPTER_BYTES: u64 = 1 << 30;
     /// The default [`EngineConfig::adapter_load_timeout`].
     pub const DEFAULT_ADAPTER_LOAD_TIMEOUT: Duration = Duration::from_secs(120);
-    /// The default step budget on the CPU: a step with a full prefill chunk costs about three decode steps of a
-    /// 135M model's 33-row batch on two cores, and stays well under the one-second gap that other tenants may see,
-    /// while a swap's continuations refill within 2× one batch's time (measured: see `docs/engine.md`).
-    pub const DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU: usize = 128;
+    /// The default step budget on the CPU for dense weights: a step with a full prefill chunk costs about two
+    /// decode steps of a 135M model's full batch on two cores, and stays under the one-second gap that other tenants
+    /// may see (measured: see `docs/engine.md`). It equals `max_batch_size + MIN_PREFILL_TOKENS_PER_STEP` at the
+    /// default batch size.
+    pub const DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU: usize = 80;
+    /// The default step budget on the CPU for weights multiplied quantized (a GGUF file's, without dense copies):
+    /// their prefill chunks cost less per token, so a step with a full chunk of 128 costs about three decode steps
+    /// of a 135M model's 33-row batch, well under the one-second gap, and a swap's continuations refill within 2×
+    /// one batch's time, which at 80 they did not (measured: see `docs/engine.md`).
+    pub const DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU_QUANTIZED: usize = 128;
     /// The default step budget on CUDA: measured on an H200 (`docs/benchmarks.md`, CUDA), a step with a full
     /// 1,024-token chunk beside 16 decoding streams costs about 4 decode steps (4.2 on a model of Llama-3.2-1B's
     /// shape, 4.3 on SmolLM2-135M's, bf16) and prefills within 2–4 % of 2,048's speed, whose steps cost 6.4–7.7.
@@ -247,9 +254,14 @@ impl EngineConfig {
         }
     }
 
-    /// The step limits these settings give on `device`; an explicit step budget that does not exceed
-    /// `max_batch_size` is an [`EngineLoadError::Settings`] (a full batch would leave no token for any prompt).
-    pub(crate) fn step_limits(&self, device: &candle_core::Device) -> Result<StepLimits, EngineLoadError> {
+    /// The step limits these settings give on `device`, for a model whose weights are multiplied quantized only or
+    /// not; an explicit step budget that does not exceed `max_batch_size` is an [`EngineLoadError::Settings`] (a full
+    /// batch would leave no token for any prompt).
+    pub(crate) fn step_limits(
+        &self,
+        device: &candle_core::Device,
+        quantized_only: bool,
+    ) -> Result<StepLimits, EngineLoadError> {
         let max_batch_size = self.max_batch_size.max(1);
         let max_num_batched_tokens = match self.max_num_batched_tokens {
             Some(tokens) if tokens <= max_batch_size => {
@@ -262,6 +274,8 @@ impl EngineConfig {
             None => {
                 let device_default = if device.is_cuda() {
                     Self::DEFAULT_MAX_NUM_BATCHED_TOKENS_CUDA
+                } else if quantized_only {
+                    Self::DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU_QUANTIZED
                 } else {
                     Self::DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU
                 };
@@ -331,14 +345,16 @@ mod tests {
     #[test]
     fn the_step_budget_defaults_per_device_and_must_exceed_the_batch() {
         let cpu = candle_core::Device::Cpu;
-        let limits = EngineConfig::default().step_limits(&cpu).expect("defaults");
-        assert_eq!((limits.max_batch_size, limits.max_num_batched_tokens), (64, 128));
+        let limits = EngineConfig::default().step_limits(&cpu, false).expect("defaults");
+        assert_eq!((limits.max_batch_size, limits.max_num_batched_tokens), (64, 80));
+        let quantized = EngineConfig::default().step_limits(&cpu, true).expect("defaults, quantized");
+        assert_eq!(quantized.max_num_batched_tokens, 128, "a GGUF file's weights kept quantized");
         let wide = EngineConfig { max_batch_size: 256, ..EngineConfig::default() };
-        assert_eq!(wide.step_limits(&cpu).expect("wide").max_num_batched_tokens, 272, "room for prompts");
+        assert_eq!(wide.step_limits(&cpu, false).expect("wide").max_num_batched_tokens, 272, "room for prompts");
         let explicit = EngineConfig { max_num_batched_tokens: Some(65), ..EngineConfig::default() };
-        assert_eq!(explicit.step_limits(&cpu).expect("explicit").max_num_batched_tokens, 65);
+        assert_eq!(explicit.step_limits(&cpu, false).expect("explicit").max_num_batched_tokens, 65);
         let tight = EngineConfig { max_num_batched_tokens: Some(64), ..EngineConfig::default() };
-        let err = tight.step_limits(&cpu).expect_err("no room for prompts");
+        let err = tight.step_limits(&cpu, false).expect_err("no room for prompts");
         assert!(
             matches!(&err, EngineLoadError::Settings(reason) if reason.contains("max_num_batched_tokens")),
             "{err}"

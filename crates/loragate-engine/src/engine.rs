@@ -84,7 +84,7 @@ impl CandleEngine {
             eos_token_ids: model_config.eos_token_ids.clone(),
         };
         let (device, dtype) = (model.device().clone(), model.dtype());
-        let limits = config.step_limits(model.device())?;
+        let limits = config.step_limits(model.device(), model.multiplies_quantized_only())?;
         let step_thread = StepThread::spawn(model, limits).map_err(EngineLoadError::Thread)?;
         Ok(Self {
             info,

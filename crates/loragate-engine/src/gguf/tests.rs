@@ -276,6 +276,11 @@ fn quantized_matrices_compute_the_dequantized_model_up_to_the_inputs_8_bit_round
     assert!(max_abs_diff(&hybrid, &dense) < 1e-5);
     let below = logits(&load(QuantizedWeights::Hybrid { dense_from_rows: 25 }), &tokens);
     assert_eq!(max_abs_diff(&below, &quantized), 0.0, "fewer rows stay quantized");
+
+    // What picks the CPU's default step budget.
+    assert!(load(QuantizedWeights::Quantized).multiplies_quantized_only());
+    assert!(!load(QuantizedWeights::Dequantized).multiplies_quantized_only());
+    assert!(!load(QuantizedWeights::Hybrid { dense_from_rows: 25 }).multiplies_quantized_only());
 }
 
 #[test]

@@ -68,6 +68,11 @@ impl Linear {
         Ok(Self::Quantized(QuantizedLinear { weight, dense, dtype }))
     }
 
+    /// Whether every input, however many rows, is multiplied by the quantized kernels (no dense copy).
+    pub(crate) fn multiplies_quantized_only(&self) -> bool {
+        matches!(self, Self::Quantized(QuantizedLinear { dense: None, .. }))
+    }
+
     /// `(rows, in) → (rows, out)`.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {

@@ -64,8 +64,8 @@ pub struct EngineArgs {
     /// The most tokens one engine step runs: one for each decoding sequence, the rest chunks of prompts being
     /// prefilled. It trades the other streams' inter-token latency while long prompts (or a swap's continuations)
     /// arrive, which it bounds, against prefill throughput, which fewer larger passes raise. Must exceed
-    /// --max-batch-size (default: 128 on the CPU, 1024 on CUDA, raised to --max-batch-size + 16 if that is more; see
-    /// docs/engine.md).
+    /// --max-batch-size (default: 80 on the CPU, 128 there for a GGUF file's weights kept quantized, 1024 on CUDA,
+    /// raised to --max-batch-size + 16 if that is more; see docs/engine.md).
     #[arg(long, value_name = "N")]
     pub max_num_batched_tokens: Option<usize>,
     /// CPU threads for the engine's tensor operations (default: $RAYON_NUM_THREADS, else half the cores, at least
