@@ -229,10 +229,9 @@ impl AdapterHandle {
             }
         };
         // Other replicas' hand-backs (a shared state store) count in the answer.
-        let AbortReport { mut aborted, mut kept, mut unacknowledged } = report;
-        aborted.extend(remote.aborted);
-        kept.extend(remote.kept);
-        unacknowledged.extend(remote.unacknowledged);
+        let mut report = report;
+        report.absorb(remote);
+        let AbortReport { aborted, kept, unacknowledged } = report;
         Ok(PauseReport { pause_id, mode, aborted, kept, unacknowledged, kv_policy })
     }
 

@@ -220,6 +220,13 @@ pub struct AbortReport {
 }
 
 impl AbortReport {
+    /// Adds `other`'s requests to this report's (the reports of several adapters, or of other replicas, as one).
+    pub(crate) fn absorb(&mut self, other: AbortReport) {
+        self.aborted.extend(other.aborted);
+        self.kept.extend(other.kept);
+        self.unacknowledged.extend(other.unacknowledged);
+    }
+
     /// Logs the requests that were not handed back in time, once, for whichever operation cancelled them (the one
     /// place this warning is written; fronts only report the ids).
     pub(crate) fn warn_if_unacknowledged(&self, adapter: &AdapterKey, operation: &str) {

@@ -35,11 +35,7 @@ impl AbortsRequested {
         }))
         .await;
         let mut total = AbortReport::default();
-        for report in reports {
-            total.aborted.extend(report.aborted);
-            total.kept.extend(report.kept);
-            total.unacknowledged.extend(report.unacknowledged);
-        }
+        reports.into_iter().for_each(|report| total.absorb(report));
         total
     }
 }
