@@ -14,6 +14,7 @@ mod ops;
 mod packed;
 mod quantized;
 mod rope;
+mod scratch;
 #[cfg(test)]
 mod tests;
 mod weights;

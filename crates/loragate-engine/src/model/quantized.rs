@@ -22,6 +22,8 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use half::f16;
 use rayon::prelude::*;
 
+use super::scratch;
+
 /// Values per block, in every format served here.
 pub(crate) const BLOCK: usize = 32;
 
@@ -145,11 +147,8 @@ impl QuantizedMatrix {
             return out;
         }
         // Computed transposed, `(padded rows, m)`, so that threads own contiguous slices of output features, into a
-        // buffer this thread keeps for its next product (taken out: a product of another engine's pass that this
-        // thread picks up while it waits just allocates its own).
-        let mut out_t = TRANSPOSED_PRODUCT.take();
-        out_t.clear();
-        out_t.resize(padded_rows * m, 0.0);
+        // buffer this thread keeps for its next product.
+        let mut out_t = scratch::take_zeroed(&TRANSPOSED_PRODUCT, padded_rows * m);
         self.products(&input, &mut out_t, parallel, threads);
         let mut out = vec![0f32; m * self.rows];
         let transpose = |(input_row, out): (usize, &mut [f32])| {
@@ -162,9 +161,7 @@ impl QuantizedMatrix {
         } else {
             out.chunks_mut(self.rows).enumerate().for_each(transpose);
         }
-        if out_t.capacity() <= KEPT_PRODUCT_VALUES {
-            TRANSPOSED_PRODUCT.set(out_t);
-        }
+        scratch::keep(&TRANSPOSED_PRODUCT, out_t, KEPT_PRODUCT_VALUES);
         out
     }
 
@@ -207,8 +204,7 @@ const KEPT_PRODUCT_VALUES: usize = 1024 * 1024;
 const QUANTIZE_TASK_ROWS: usize = 16;
 
 thread_local! {
-    /// [`QuantizedMatrix::matmul`]'s transposed product, kept for the next product on this thread: a prefill
-    /// chunk's are hundreds of KB, above glibc's mmap threshold, so a fresh one is fresh pages every time.
+    /// [`QuantizedMatrix::matmul`]'s transposed product, kept for the next product on this thread ([`scratch`]).
     static TRANSPOSED_PRODUCT: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 

@@ -19,6 +19,7 @@ use candle_core::{CpuStorage, Layout, Result, Storage, Tensor};
 use rayon::prelude::*;
 
 use super::vector;
+use crate::model::scratch;
 
 /// Query positions per task: enough rows for the GEMMs' kernels, few enough that an 80-token chunk of a 9-head
 /// model is 45 tasks to share among the pool's threads.
@@ -112,11 +113,8 @@ pub(crate) fn causal_chunk_attention(
 
     // The keys transposed, `(kv_heads, d, total)`: gemm reads an operand whose rows are contiguous by gathering
     // it value by value, once for every task; transposed here, once per key/value head, each task's keys are
-    // read as they lie. The buffer is kept for the next layer (taken out, so a task of another engine's pass that
-    // this thread picks up meanwhile just allocates its own).
-    let mut transposed = KEYS_TRANSPOSED.take();
-    transposed.clear();
-    transposed.resize(kv_heads * head_dim * total, 0.0);
+    // read as they lie. The buffer is kept for the next layer.
+    let mut transposed = scratch::take_zeroed(&KEYS_TRANSPOSED, kv_heads * head_dim * total);
     transposed.par_chunks_mut(head_dim * total).enumerate().for_each(|(head, columns)| {
         transpose(keys.rows(head, total), head_dim, total, columns);
     });
@@ -130,9 +128,7 @@ pub(crate) fn causal_chunk_attention(
             shape.attend_block(queries, &keys, &values, head, block * BLOCK, rows);
         });
     });
-    if transposed.capacity() <= KEPT_TRANSPOSED_VALUES {
-        KEYS_TRANSPOSED.set(transposed);
-    }
+    scratch::keep(&KEYS_TRANSPOSED, transposed, KEPT_TRANSPOSED_VALUES);
     drop((q_storage, k_storage, v_storage));
     let output = Tensor::from_vec(output, (heads, len, head_dim), q.device())?;
     output.transpose(0, 1)?.contiguous()?.reshape((len, 1, heads, head_dim)).map(Some)
