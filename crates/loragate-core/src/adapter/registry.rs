@@ -154,8 +154,15 @@ impl InFlightRegistry {
     }
 
     /// Cancels, for `cause`, the requests whose id is in `ids`; returns what to wait on for each.
+    ///
+    /// One id (SGLang's `/abort_request` names one `rid` per call, and a fleet sends one such call per sequence) is
+    /// compared with each entry's id rather than looked up: looking it up hashes every entry's id, which made a
+    /// burst of such calls quadratic in hashing.
     pub(crate) fn cancel_matching(&mut self, ids: &HashSet<RequestId>, cause: StopCause) -> PendingHandBacks {
-        self.cancel_where(cause, |entry| ids.contains(&entry.request_id))
+        match ids.iter().next() {
+            Some(only) if ids.len() == 1 => self.cancel_where(cause, |entry| entry.request_id == *only),
+            _ => self.cancel_where(cause, |entry| ids.contains(&entry.request_id)),
+        }
     }
 
     /// What to wait on for every request not yet handed back, cancelling nothing (a pause that lets them finish).
@@ -375,6 +382,25 @@ mod tests {
         assert_eq!(report.aborted, vec![id("live")], "an abandoned request is not reported as aborted");
         assert!(report.unacknowledged.is_empty());
         assert_eq!(registry.len(), 0);
+    }
+
+    #[test]
+    fn an_abort_by_id_cancels_exactly_the_named_requests_whether_one_or_several() {
+        let mut registry = InFlightRegistry::default();
+        let admitted: Vec<Admission> =
+            ["a", "b", "c", "b", "d"].iter().map(|raw| registry.admit(id(raw), AdapterVersion(1))).collect();
+        let cancelled = |admitted: &[Admission]| -> Vec<bool> {
+            admitted.iter().map(|admission| admission.cancel_token().is_cancelled()).collect()
+        };
+        // One id (compared, not looked up): both requests that share it, nothing else.
+        registry.cancel_matching(&HashSet::from([id("b")]), StopCause::Targeted);
+        assert_eq!(cancelled(&admitted), [false, true, false, true, false]);
+        // Several ids (looked up), one of them unknown.
+        registry.cancel_matching(&HashSet::from([id("a"), id("d"), id("zz")]), StopCause::Targeted);
+        assert_eq!(cancelled(&admitted), [true, true, false, true, true]);
+        // An unknown id alone cancels nothing.
+        registry.cancel_matching(&HashSet::from([id("zz")]), StopCause::Targeted);
+        assert_eq!(cancelled(&admitted), [true, true, false, true, true]);
     }
 
     #[test]
