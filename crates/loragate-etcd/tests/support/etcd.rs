@@ -123,7 +123,8 @@ impl EtcdServer {
                 self.child = None;
                 return Started::Exited(log());
             }
-            // Asked only while the child runs: an answer then is etcd's, not another process's on a stolen port.
+            // Asked only while the child runs, and only etcd's own health document counts: another process on a
+            // stolen port answers something else (or nothing), and etcd, unable to bind, exits.
             if answers_health(self.client_port) {
                 return Started::Healthy;
             }
