@@ -201,7 +201,7 @@ impl AdapterHandle {
                 return Err(err.into());
             }
         };
-        let report = match mode {
+        let mut report = match mode {
             PauseMode::Abort | PauseMode::Keep => {
                 let report = pending.wait(ack_timeout).await;
                 report.warn_if_unacknowledged(self.key(), "pause");
@@ -229,7 +229,6 @@ impl AdapterHandle {
             }
         };
         // Other replicas' hand-backs (a shared state store) count in the answer.
-        let mut report = report;
         report.absorb(remote);
         let AbortReport { aborted, kept, unacknowledged } = report;
         Ok(PauseReport { pause_id, mode, aborted, kept, unacknowledged, kv_policy })
