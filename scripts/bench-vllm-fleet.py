@@ -202,6 +202,21 @@ def post_async(url, body):
     return asyncio.to_thread(post, url, body)
 
 
+async def abort_held(streams, abort, what):
+    """Holds `streams` until each produced a token, then awaits `abort(ids)` (the `request_id` each stream reported)
+    and waits for every stream to end, each with `abort`. Answers (the abort's answer, its seconds, the seconds until
+    the last stream ended), both from the abort's start."""
+    all_seen, tasks = await hold(streams)
+    ids = await all_seen
+    started = time.monotonic()
+    answer = await abort(ids)
+    call = time.monotonic() - started
+    ended = await asyncio.gather(*tasks)
+    if any(reason != "abort" for reason, _ in ended):
+        sys.exit(f"the abort {what}: the streams ended {[reason for reason, _ in ended]}")
+    return answer, call, max(at for _, at in ended) - started
+
+
 async def abort_round(through, straight, model, count, tokens, round_index):
     """One round of each path: (through: the abort call's s, until the streams ended s; straight: until ended s)."""
     prompt = {"temperature": 0.0, "ignore_eos": True, "max_tokens": tokens}
@@ -210,32 +225,20 @@ async def abort_round(through, straight, model, count, tokens, round_index):
         *(open_stream(through, "/v1/completions", {"model": model, "prompt": PROMPT, "stream": True, **prompt})
           for _ in range(count))
     )
-    all_seen, tasks = await hold(streams)
-    await all_seen
-    started = time.monotonic()
-    answer = await post_async(f"{through}/skyrl/v1/abort_lora_requests", {"lora_name": model})
-    call = time.monotonic() - started
-    ended = await asyncio.gather(*tasks)
-    if answer["count"] != count or any(reason != "abort" for reason, _ in ended):
-        sys.exit(f"the abort through the coordinator: {answer['count']} aborted, reasons {[r for r, _ in ended]}")
-    through_ended = max(at for _, at in ended) - started
+    abort = lambda _: post_async(f"{through}/skyrl/v1/abort_lora_requests", {"lora_name": model})
+    answer, call, through_ended = await abort_held(streams, abort, "through the coordinator")
+    if answer["count"] != count:
+        sys.exit(f"the abort through the coordinator aborted {answer['count']} samples, not {count}")
     await post_async(f"{through}/skyrl/v1/resume_lora_requests", {"lora_name": model})
 
     # Straight to vLLM: what the fleet sends, then one abort call with the ids vLLM reported, as the fleet does.
-    ids = [f"bench-abort-{round_index}-{index}" for index in range(count)]
-    body = lambda request_id: {
-        "request_id": request_id, "model": f"{model}@1", "token_ids": PROMPT, "stream": True,
+    body = lambda index: {
+        "request_id": f"bench-abort-{round_index}-{index}", "model": f"{model}@1", "token_ids": PROMPT, "stream": True,
         "sampling_params": {**prompt, "top_p": 1.0, "logprobs": 0},
     }
-    streams = await asyncio.gather(*(open_stream(straight, "/inference/v1/generate", body(i)) for i in ids))
-    all_seen, tasks = await hold(streams)
-    server_ids = await all_seen
-    started = time.monotonic()
-    await post_async(f"{straight}/inference/v1/abort_requests", {"request_ids": server_ids})
-    ended = await asyncio.gather(*tasks)
-    if any(reason != "abort" for reason, _ in ended):
-        sys.exit(f"the abort straight to vLLM: reasons {[r for r, _ in ended]}")
-    straight_ended = max(at for _, at in ended) - started
+    streams = await asyncio.gather(*(open_stream(straight, "/inference/v1/generate", body(i)) for i in range(count)))
+    abort = lambda ids: post_async(f"{straight}/inference/v1/abort_requests", {"request_ids": ids})
+    _, _, straight_ended = await abort_held(streams, abort, "straight to vLLM")
     return call, through_ended, straight_ended
 
 

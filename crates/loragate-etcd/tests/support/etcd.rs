@@ -106,7 +106,7 @@ impl EtcdServer {
                 Started::Healthy => return server,
                 Started::Exited(log) if log.contains("address already in use") && Instant::now() < deadline => {
                     // What it wrote names the old ports.
-                    let _ = std::fs::remove_dir_all(server.data.path().join("data"));
+                    let _ = std::fs::remove_dir_all(server.data_dir());
                 }
                 Started::Exited(log) => panic!("etcd exited at its start:\n{log}"),
                 Started::TimedOut(log) => panic!("etcd did not answer /health within {START_WAIT:?}:\n{log}"),
@@ -116,7 +116,8 @@ impl EtcdServer {
 
     /// Waits until this etcd answers `/health` on its client port, or exits, or `deadline` passes.
     fn wait_healthy(&mut self, deadline: Instant) -> Started {
-        let log = || std::fs::read_to_string(self.data.path().join("etcd.log")).unwrap_or_default();
+        let log_path = self.log_path();
+        let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
         loop {
             let child = self.child.as_mut().expect("started");
             if child.try_wait().expect("etcd's status").is_some() {
@@ -135,6 +136,16 @@ impl EtcdServer {
         }
     }
 
+    /// etcd's own data directory (inside the temporary one).
+    fn data_dir(&self) -> PathBuf {
+        self.data.path().join("data")
+    }
+
+    /// Where etcd's stderr goes; each (re)start begins it anew.
+    fn log_path(&self) -> PathBuf {
+        self.data.path().join("etcd.log")
+    }
+
     /// `HOST:PORT` for clients.
     pub(crate) fn endpoint(&self) -> String {
         format!("127.0.0.1:{}", self.client_port)
@@ -145,10 +156,10 @@ impl EtcdServer {
         assert!(self.child.is_none(), "already running");
         let client = format!("http://127.0.0.1:{}", self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let log = std::fs::File::create(self.data.path().join("etcd.log")).expect("a log file");
+        let log = std::fs::File::create(self.log_path()).expect("a log file");
         let child = Command::new(&self.binary)
             .arg("--name=test")
-            .arg(format!("--data-dir={}", self.data.path().join("data").display()))
+            .arg(format!("--data-dir={}", self.data_dir().display()))
             .arg(format!("--listen-client-urls={client}"))
             .arg(format!("--advertise-client-urls={client}"))
             .arg(format!("--listen-peer-urls={peer}"))
