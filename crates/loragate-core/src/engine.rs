@@ -245,6 +245,18 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// What kind of failure this is (see [`CoreError::class`](crate::CoreError::class)).
+    pub fn class(&self) -> crate::ErrorClass {
+        use crate::ErrorClass;
+        match self {
+            Self::AdapterFiles(_) => ErrorClass::Invalid,
+            Self::AdapterIncompatible(_) => ErrorClass::Precondition,
+            Self::AdapterNotLoaded(_) => ErrorClass::NotFound,
+            Self::Stopped | Self::Unavailable(_) => ErrorClass::Unavailable,
+            Self::NonFiniteOutput(_) | Self::Internal(_) => ErrorClass::Internal,
+        }
+    }
+
     /// A stable, low-cardinality label for metrics and logs.
     pub fn kind(&self) -> &'static str {
         match self {

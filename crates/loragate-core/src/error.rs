@@ -1,4 +1,5 @@
-//! The core's one error enum. Fronts map it to transport codes in exactly one place each (gRPC status, HTTP status).
+//! The core's one error enum and its one classification. Each error says its [`ErrorClass`] here, in one place;
+//! each transport maps a class to its code in one small table (gRPC status, HTTP status).
 
 use std::fmt;
 use std::time::Duration;
@@ -98,6 +99,39 @@ impl fmt::Display for Field {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.grpc_path())
     }
+}
+
+/// What kind of failure an error is: the one classification of the core's errors. Every front maps a class to its
+/// transport's code in one small table, so the same error answers the same way on every front.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorClass {
+    /// The request itself is wrong (a field, or files the caller named); retrying it unchanged cannot succeed.
+    Invalid,
+    /// What the request names does not exist (an adapter, a worker).
+    NotFound,
+    /// The server cannot do it now (a gate held too long, an actor restarting, shutting down, a store or engine
+    /// out of reach); retrying later may succeed.
+    Unavailable,
+    /// The operation's own deadline passed before it could finish (a wait-mode pause's drain).
+    Timeout,
+    /// Another operation ended this one (a kept request ended by an abort-mode pause).
+    Conflict,
+    /// What the request would create exists already (a worker of that address).
+    AlreadyExists,
+    /// A resource limit is reached: refused at once, nothing kept; retrying later may succeed.
+    Overloaded,
+    /// No key was presented, or an unknown one.
+    Unauthenticated,
+    /// The caller's key does not allow this.
+    Forbidden,
+    /// Well-formed, but it does not fit the server (adapter files that do not fit the base model, a fleet call to
+    /// a server with no fleet); retrying cannot help.
+    Precondition,
+    /// The adapter exists but cannot serve until an operator acts: the weights recorded for it could not be loaded.
+    NotServing,
+    /// The server failed.
+    Internal,
 }
 
 /// Everything that can go wrong in the coordinator, per request. None of these stops the server.
@@ -204,6 +238,25 @@ impl CoreError {
     /// An [`CoreError::InvalidArgument`] for `field`.
     pub fn invalid(field: Field, reason: impl Into<String>) -> Self {
         Self::InvalidArgument { field, reason: reason.into() }
+    }
+
+    /// What kind of failure this is: the one place a core error is classified. A failed swap is classified as its
+    /// load's failure.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::InvalidArgument { .. } => ErrorClass::Invalid,
+            Self::UnknownAdapter(_) => ErrorClass::NotFound,
+            Self::GateHoldExpired { .. } | Self::AdapterUnavailable(_) | Self::ShuttingDown => ErrorClass::Unavailable,
+            Self::DrainTimedOut { .. } => ErrorClass::Timeout,
+            Self::SwapFailed { source, .. } => source.class(),
+            Self::AbortedWhileKept(_) => ErrorClass::Conflict,
+            Self::Overloaded { .. } => ErrorClass::Overloaded,
+            Self::Unauthenticated(_) => ErrorClass::Unauthenticated,
+            Self::PermissionDenied { .. } => ErrorClass::Forbidden,
+            Self::Engine(engine) => engine.class(),
+            Self::WeightsMissing { .. } => ErrorClass::NotServing,
+            Self::State(state) => state.class(),
+        }
     }
 
     /// A stable, low-cardinality label for metrics and logs.

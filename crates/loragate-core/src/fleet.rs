@@ -102,6 +102,21 @@ pub enum FleetControlError {
     Unavailable(String),
 }
 
+impl FleetControlError {
+    /// What kind of failure this is (see [`CoreError::class`](crate::CoreError::class)).
+    pub fn class(&self) -> crate::ErrorClass {
+        use crate::ErrorClass;
+        match self {
+            Self::InvalidArgument { .. } => ErrorClass::Invalid,
+            Self::UnknownWorker(_) => ErrorClass::NotFound,
+            Self::WorkerExists(_) => ErrorClass::AlreadyExists,
+            Self::TooManyWorkers { .. } => ErrorClass::Overloaded,
+            Self::NoFleet => ErrorClass::Precondition,
+            Self::Unavailable(_) => ErrorClass::Unavailable,
+        }
+    }
+}
+
 /// The membership of a fleet, as the `Fleet` service drives it. Implemented by the fleet engine.
 #[async_trait::async_trait]
 pub trait FleetControl: Send + Sync + 'static {

@@ -76,7 +76,7 @@ pub use coordinator::{
 pub use engine::{
     Engine, EngineError, EngineEvent, EngineStream, ModelInfo, ParkSignal, ParkedKv, ParkedKvWatch, Parking,
 };
-pub use error::{CoreError, Field};
+pub use error::{CoreError, ErrorClass, Field};
 pub use fleet::{FleetControl, FleetControlError, FleetSnapshot, MetricsSource, WorkerSnapshot, WorkerState};
 pub use gate_deadline::GateDeadline;
 pub use ids::{AdapterKey, AdapterName, AdapterVersion, MAX_ADAPTER_NAME_LEN, MAX_REQUEST_ID_LEN, RequestId};

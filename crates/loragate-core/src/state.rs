@@ -185,6 +185,16 @@ pub enum StateError {
     Unavailable(String),
 }
 
+impl StateError {
+    /// What kind of failure this is (see [`CoreError::class`](crate::CoreError::class)).
+    pub fn class(&self) -> crate::ErrorClass {
+        match self {
+            Self::Failed(_) => crate::ErrorClass::Internal,
+            Self::Unavailable(_) => crate::ErrorClass::Unavailable,
+        }
+    }
+}
+
 /// A change another replica made to a shared store, for this replica to apply to its own engine and gates (without
 /// recording it again).
 #[derive(Debug)]
