@@ -11,7 +11,6 @@ mod cell;
 mod gate;
 mod pauses;
 mod registry;
-mod status;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -21,34 +20,22 @@ use ractor::RpcReplyPort;
 use ractor::rpc::CallResult;
 use tokio::time::Instant;
 
-pub(crate) use self::actor::{AdapterActor, AdapterArgs, AdapterMsg, ReleaseTarget, Retired};
+pub(crate) use self::actor::{AdapterActor, AdapterArgs, AdapterMsg, ReleaseTarget, Retired, Supervisor};
 use self::actor::{AdmitReply, PauseTicket};
 pub(crate) use self::cell::AdapterCell;
 pub(crate) use self::gate::Counted;
-pub use self::gate::{GateState, Retirement};
 use self::gate::{GateWait, wait_until_open};
-pub use self::pauses::{KvPolicy, MAX_LEASE, MAX_OWNER_LEN, PauseId, PauseInfo, PauseMode, PauseOwner, PauseRequest};
+pub use self::registry::Admission;
 pub(crate) use self::registry::PendingHandBacks;
-pub use self::registry::{AbortReport, Admission, Ending, StopCause};
-pub use self::status::{AdapterStatus, PauseReport, ResumeReport};
-use crate::error::{CoreError, Field};
-use crate::ids::{AdapterKey, AdapterVersion, RequestId};
+use crate::contract::{
+    AbortReport, AdapterKey, AdapterStatus, AdapterVersion, CoreError, GateState, PauseId, PauseMode, PauseReport,
+    PauseRequest, RequestId, ResumeReport, Retirement,
+};
 use crate::limits::Occupancy;
 use crate::state::PauseRecord;
 
-/// The longest `WaitLoraUnpaused` timeout honoured; longer ones are shortened to it.
-pub const MAX_WAIT_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
-
 /// How long a call waits for a crashed actor's next incarnation before giving up.
 const RESTART_WAIT: Duration = Duration::from_secs(5);
-
-/// Parses a `timeout_s`: finite and non-negative; values over [`MAX_WAIT_TIMEOUT`] are shortened to it.
-pub fn parse_timeout_s(raw: f64) -> Result<Duration, CoreError> {
-    if !raw.is_finite() || raw < 0.0 {
-        return Err(CoreError::invalid(Field::TimeoutS, format!("must be finite and >= 0, got {raw}")));
-    }
-    Ok(Duration::from_secs_f64(raw.min(MAX_WAIT_TIMEOUT.as_secs_f64())))
-}
 
 /// Who waits at a closed gate in an admission.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,11 +4,10 @@
 //! source only through [`AdapterSource::open_file`], which refuses anything but a regular file and, for a source
 //! inside a root, a file whose real path leaves the root (a symlinked file pointing out).
 
+use crate::contract::{CoreError, Field};
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
-
-use crate::error::{CoreError, Field};
 
 /// A directory of adapter files the engine may read (PEFT: `adapter_config.json` + `adapter_model.safetensors`).
 #[derive(Clone, Debug, PartialEq, Eq)]

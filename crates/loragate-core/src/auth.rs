@@ -32,35 +32,11 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use crate::contract::{Action, AdapterKey, AdapterName, CoreError};
 use serde::Deserialize;
-
-use crate::error::CoreError;
-use crate::ids::{AdapterKey, AdapterName};
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 512;
-
-/// What a caller wants to do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Action {
-    /// Sample, long-poll an adapter's pause state, list adapters.
-    Sample,
-    /// Pause (abort), resume, load or unload an adapter.
-    Control,
-    /// Anything not about one adapter: fleet changes and server-wide operations.
-    Admin,
-}
-
-impl fmt::Display for Action {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Sample => "sample",
-            Self::Control => "control (pause, resume, load, unload)",
-            Self::Admin => "administer the server",
-        })
-    }
-}
 
 /// A secret key: printable ASCII without spaces (so that it fits in a header), at most [`MAX_KEY_LEN`] bytes.
 /// Its `Debug` output is redacted.

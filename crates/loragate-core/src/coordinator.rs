@@ -3,31 +3,26 @@
 //! actor or the manager.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
 use futures::future::join_all;
-use ractor::rpc::CallResult;
-use ractor::{Actor, ActorRef};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::adapter::{
-    AbortReport, AdapterHandle, AdapterStatus, Ending, KvPolicy, PauseId, PauseMode, PauseOwner, PauseRelease,
-    PauseReport, PauseRequest, ReleaseTarget, ResumeReport, Retirement,
-};
+use crate::adapter::{AdapterHandle, PauseRelease, ReleaseTarget};
 use crate::adapter_source::{AdapterRoot, AdapterSource};
 use crate::auth::Keyring;
-use crate::engine::{Engine, ModelInfo, Parking};
-use crate::error::{CoreError, Field};
+use crate::contract::{
+    AbortReport, AdapterKey, AdapterName, AdapterStatus, AdapterVersion, CoreError, Ending, Field, KvPolicy, ModelInfo,
+    PauseId, PauseMode, PauseOwner, PauseReport, PauseRequest, ResumeReport, Retirement,
+};
+use crate::engine::{Engine, Parking};
 use crate::gate_deadline::GateDeadline;
-use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
 use crate::limits::{Limits, LoadSnapshot, ServerLoad};
-use crate::manager::{AdapterManager, AdapterMap, ManagerArgs, ManagerMsg};
+use crate::manager::{AdapterManager, AdapterMap, ManagerArgs, ManagerHandle};
 use crate::metrics::CoreMetrics;
-use crate::sample_stream::{Driver, SampleStream};
+use crate::sample_stream::{Driver, LiveRequests, SampleStream};
 use crate::sampling::{RawSampleRequest, SampleRequest};
 use crate::state::{MemoryStore, Recording, StateStore};
 
@@ -86,7 +81,7 @@ struct Inner {
     engine: Arc<dyn Engine>,
     config: CoordinatorConfig,
     published: AdapterMap,
-    manager: ActorRef<ManagerMsg>,
+    manager: ManagerHandle,
     shutting_down: CancellationToken,
     live: Arc<LiveRequests>,
     metrics: Arc<CoreMetrics>,
@@ -97,7 +92,7 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.manager.stop(Some("coordinator dropped".into()));
+        self.manager.stop("coordinator dropped");
     }
 }
 
@@ -116,7 +111,7 @@ impl Coordinator {
             server_load: load.clone(),
             state: config.state.clone(),
         };
-        let (manager, _join) = Actor::spawn(None, AdapterManager, args).await?;
+        let manager = AdapterManager::start(args).await?;
         let inner = Inner {
             engine,
             config,
@@ -347,20 +342,14 @@ impl Coordinator {
 
     /// Whether the global pause is set.
     pub async fn is_paused_globally(&self) -> Result<bool, CoreError> {
-        match self.inner.manager.call(|reply| ManagerMsg::IsGloballyPaused { reply }, None).await {
-            Ok(CallResult::Success(paused)) => Ok(paused),
-            _ => Err(CoreError::ShuttingDown),
-        }
+        self.inner.manager.is_globally_paused().await
     }
 
     async fn set_global_pause(
         &self,
         pause: Option<PauseRequest>,
     ) -> Result<(Vec<AdapterHandle>, Recording), CoreError> {
-        match self.inner.manager.call(|reply| ManagerMsg::SetGlobalPause { pause, reply }, None).await {
-            Ok(CallResult::Success(adapters)) => Ok(adapters),
-            _ => Err(CoreError::ShuttingDown),
-        }
+        self.inner.manager.set_global_pause(pause).await
     }
 
     /// The atomic swap: pauses `name` in `mode` under a pause of its own, loads `source`, and releases that pause
@@ -447,12 +436,7 @@ impl Coordinator {
         }
         self.check_loadable_name(name)?;
         self.inner.config.state.check_available()?;
-        let key = AdapterKey::Lora(name.clone());
-        let name = name.clone();
-        match self.inner.manager.call(|reply| ManagerMsg::Load { name, source, reply }, None).await {
-            Ok(CallResult::Success(result)) => result,
-            _ => Err(CoreError::AdapterUnavailable(key)),
-        }
+        self.inner.manager.load(name.clone(), source).await
     }
 
     /// Loads weights under `name` from `requested_path` (resolved against the adapter root, see
@@ -485,14 +469,7 @@ impl Coordinator {
     /// [`Coordinator::unload_adapter`], recording the unload unless another replica did (`record` false).
     async fn unload(&self, name: &AdapterName, record: bool) -> Result<(), CoreError> {
         let key = AdapterKey::Lora(name.clone());
-        let unload = {
-            let name = name.clone();
-            self.inner.manager.call(|reply| ManagerMsg::Unload { name, record, reply }, None).await
-        };
-        let unloading = match unload {
-            Ok(CallResult::Success(result)) => result?,
-            _ => return Err(CoreError::AdapterUnavailable(key)),
-        };
+        let unloading = self.inner.manager.unload(name.clone(), record).await?;
         // The rest runs on its own task, so a caller that goes away midway leaves no weights behind.
         let (engine, metrics) = (self.inner.engine.clone(), self.inner.metrics.clone());
         let (ack_timeout, name) = (self.inner.config.abort_ack_timeout, name.clone());
@@ -555,7 +532,7 @@ impl Coordinator {
             }
         }))
         .await;
-        let _ = self.inner.manager.stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(5))).await;
+        self.inner.manager.stop_and_wait("shutdown", Duration::from_secs(5)).await;
         if let Err(err) = self.inner.config.state.leave().await {
             tracing::warn!(%err, "could not leave the replicas sharing the state; they stop counting this one later");
         }
@@ -573,41 +550,6 @@ pub struct SwapReport {
     pub kept: usize,
     /// The KV policy applied to the kept requests.
     pub kv_policy: KvPolicy,
-}
-
-/// Counts sampling requests between arrival and their stream's end, so shutdown can wait for them.
-#[derive(Default)]
-pub(crate) struct LiveRequests {
-    count: AtomicUsize,
-    idle: Notify,
-}
-
-impl LiveRequests {
-    fn enter(this: &Arc<Self>) -> LiveRequest {
-        this.count.fetch_add(1, Ordering::AcqRel);
-        LiveRequest(this.clone())
-    }
-
-    async fn all_done(&self) {
-        loop {
-            let idle = self.idle.notified();
-            if self.count.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            idle.await;
-        }
-    }
-}
-
-/// One live sampling request (see [`LiveRequests`]).
-pub(crate) struct LiveRequest(Arc<LiveRequests>);
-
-impl Drop for LiveRequest {
-    fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.idle.notify_waiters();
-        }
-    }
 }
 
 #[cfg(test)]

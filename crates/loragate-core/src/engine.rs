@@ -12,20 +12,8 @@ use futures::stream::BoxStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::adapter_source::AdapterSource;
-use crate::ids::{AdapterName, AdapterVersion};
-use crate::output::{FinishReason, TopLogprobs};
+use crate::contract::{AdapterName, AdapterVersion, EngineError, FinishReason, ModelInfo, TopLogprobs};
 use crate::sampling::SampleRequest;
-
-/// What the coordinator must know about the served model to validate requests.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ModelInfo {
-    /// Token ids must be below this.
-    pub vocab_size: u32,
-    /// Prompt plus generated tokens may not exceed this.
-    pub context_length: u32,
-    /// The model's end-of-sequence tokens (generation stops after one unless `ignore_eos`).
-    pub eos_token_ids: Vec<u32>,
-}
 
 /// One step of a request's output, in the order the engine produced it.
 #[derive(Clone, Debug, PartialEq)]
@@ -213,60 +201,4 @@ pub trait Engine: Send + Sync + 'static {
     /// Removes `name`'s weights for sequences started from now on if their version is `version` or older; newer
     /// weights of `name` stay. Unknown names are fine.
     async fn unload_adapter(&self, name: &AdapterName, version: AdapterVersion) -> Result<(), EngineError>;
-}
-
-/// What an engine can fail with.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum EngineError {
-    /// The adapter's files are missing, unreadable or malformed.
-    #[error("bad adapter files: {0}")]
-    AdapterFiles(String),
-    /// The adapter's files are well-formed but do not fit the base model (unknown target modules, wrong shapes).
-    #[error("adapter does not fit the base model: {0}")]
-    AdapterIncompatible(String),
-    /// The engine holds no weights of that name (it was unloaded meanwhile).
-    #[error("adapter '{0}' is not loaded in the engine")]
-    AdapterNotLoaded(AdapterName),
-    /// The engine has stopped and serves nothing more.
-    #[error("the engine has stopped")]
-    Stopped,
-    /// The engine cannot serve this now but may later (a remote engine with no healthy worker for the request);
-    /// the reason says what is missing.
-    #[error("the engine is unavailable: {0}")]
-    Unavailable(String),
-    /// A sequence's logits became NaN or infinite (an adapter's values overflowed the model's arithmetic): the
-    /// sequence was stopped rather than sampled from garbage. Other sequences are unaffected.
-    #[error("the model's output became non-finite (NaN or infinite logits) {0}; nothing was sampled from it")]
-    NonFiniteOutput(String),
-    /// Anything else (a model computation failed).
-    #[error("engine failure: {0}")]
-    Internal(String),
-}
-
-impl EngineError {
-    /// What kind of failure this is (see [`CoreError::class`](crate::CoreError::class)).
-    pub fn class(&self) -> crate::ErrorClass {
-        use crate::ErrorClass;
-        match self {
-            Self::AdapterFiles(_) => ErrorClass::Invalid,
-            Self::AdapterIncompatible(_) => ErrorClass::Precondition,
-            Self::AdapterNotLoaded(_) => ErrorClass::NotFound,
-            Self::Stopped | Self::Unavailable(_) => ErrorClass::Unavailable,
-            Self::NonFiniteOutput(_) | Self::Internal(_) => ErrorClass::Internal,
-        }
-    }
-
-    /// A stable, low-cardinality label for metrics and logs.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::AdapterFiles(_) => "adapter_files",
-            Self::AdapterIncompatible(_) => "adapter_incompatible",
-            Self::AdapterNotLoaded(_) => "adapter_not_loaded",
-            Self::Stopped => "engine_stopped",
-            Self::Unavailable(_) => "engine_unavailable",
-            Self::NonFiniteOutput(_) => "non_finite_output",
-            Self::Internal(_) => "engine_internal",
-        }
-    }
 }

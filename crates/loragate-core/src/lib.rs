@@ -11,6 +11,16 @@
 //! A manager actor supervises them and is the single writer of the name → [`AdapterHandle`] map that request paths
 //! read. A failed actor is restarted on the same durable cell, keeping its pause and version.
 //!
+//! # Floors
+//!
+//! The crate is built in floors; a module imports only from its own floor or the ones below:
+//!
+//! 1. [`contract`] — the shared words: ids, errors and their classification, pause words, reports, outputs.
+//! 2. Requests and policy — validated sampling requests, adapter sources, the keyring, the limits, deadlines.
+//! 3. The seams to the backends — the [`Engine`] and [`StateStore`] traits, the fleet's control, metrics.
+//! 4. The actors — one per adapter, their manager, and the sample streams that drive requests through them.
+//! 5. The [`Coordinator`], the facade every front calls.
+//!
 //! The model itself sits behind the [`Engine`] trait, defined here so that this crate and the fronts are tested
 //! without candle. Requests cross into this crate only as validated types ([`SampleRequest`], [`AdapterName`]);
 //! errors leave it only as [`CoreError`], which each front maps to its transport in one place.
@@ -41,51 +51,61 @@
 //! # }
 //! ```
 
-mod adapter;
+// Floor 1: the shared words.
+pub mod contract;
+
+// Floor 2: requests and policy.
 mod adapter_source;
 mod auth;
-mod coordinator;
-mod engine;
-mod error;
-mod fleet;
 mod gate_deadline;
-mod ids;
 mod limits;
-mod manager;
-mod metrics;
-mod output;
 mod request_facts;
-mod sample_stream;
 mod sampling;
+
+// Floor 3: the seams to the backends (engine, state stores, fleet) and metrics.
+mod engine;
+mod fleet;
+mod metrics;
 pub mod state;
+
+// Floor 4: the actors.
+mod adapter;
+mod manager;
+mod sample_stream;
+
+// Floor 5: the facade.
+mod coordinator;
+
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use adapter::{
-    AbortReport, AdapterHandle, AdapterStatus, Admission, Ending, GateState, KvPolicy, MAX_LEASE, MAX_OWNER_LEN,
-    MAX_WAIT_TIMEOUT, PauseId, PauseInfo, PauseMode, PauseOwner, PauseReport, PauseRequest, ResumeReport, Retirement,
-    StopCause, parse_timeout_s,
+pub use contract::{
+    AbortReport, Action, AdapterKey, AdapterName, AdapterStatus, AdapterVersion, CoreError, Ending, EngineError,
+    ErrorClass, Field, FinishReason, GateState, KvPolicy, Limit, MAX_ADAPTER_NAME_LEN, MAX_LEASE, MAX_OWNER_LEN,
+    MAX_REQUEST_ID_LEN, MAX_WAIT_TIMEOUT, ModelInfo, PauseId, PauseInfo, PauseMode, PauseOwner, PauseReport,
+    PauseRequest, RequestId, ResumeReport, Retirement, SampleOutput, Segment, SegmentsBuilder, SequenceOutput,
+    StateError, StopCause, TopLogprobs, parse_timeout_s,
 };
+
 pub use adapter_source::{AdapterRoot, AdapterSource};
 pub use auth::{
-    Action, AdapterPattern, Key, KeyConfigError, Keyring, MAX_KEY_LEN, Principal, Tenant, TenantKeys, bearer_token,
+    AdapterPattern, Key, KeyConfigError, Keyring, MAX_KEY_LEN, Principal, Tenant, TenantKeys, bearer_token,
 };
-pub use coordinator::{
-    AbortsRequested, Coordinator, CoordinatorConfig, Reconciled, RestoreReport, StartError, SwapReport,
-};
-pub use engine::{
-    Engine, EngineError, EngineEvent, EngineStream, ModelInfo, ParkSignal, ParkedKv, ParkedKvWatch, Parking,
-};
-pub use error::{CoreError, ErrorClass, Field};
-pub use fleet::{FleetControl, FleetControlError, FleetSnapshot, MetricsSource, WorkerSnapshot, WorkerState};
 pub use gate_deadline::GateDeadline;
-pub use ids::{AdapterKey, AdapterName, AdapterVersion, MAX_ADAPTER_NAME_LEN, MAX_REQUEST_ID_LEN, RequestId};
-pub use limits::{DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Limit, Limits, LoadSnapshot};
-pub use metrics::{AdapterLabels, AdapterVersionLabels, CoreMetrics};
-pub use output::{FinishReason, SampleOutput, Segment, SegmentsBuilder, SequenceOutput, TopLogprobs};
+pub use limits::{DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Limits, LoadSnapshot};
 pub use request_facts::{Facts, RequestFacts};
-pub use sample_stream::{SampleEvent, SampleStream};
 pub use sampling::{
     MAX_NUM_SAMPLES, MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, RawSampleRequest, SampleRequest, SamplingParams,
 };
-pub use state::{MemoryStore, RemoteChange, ReplicaRecord, StateError, StateStore};
+
+pub use engine::{Engine, EngineEvent, EngineStream, ParkSignal, ParkedKv, ParkedKvWatch, Parking};
+pub use fleet::{FleetControl, FleetControlError, FleetSnapshot, MetricsSource, WorkerSnapshot, WorkerState};
+pub use metrics::{AdapterLabels, AdapterVersionLabels, CoreMetrics};
+pub use state::{MemoryStore, RemoteChange, ReplicaRecord, StateStore};
+
+pub use adapter::{AdapterHandle, Admission};
+pub use sample_stream::{SampleEvent, SampleStream};
+
+pub use coordinator::{
+    AbortsRequested, Coordinator, CoordinatorConfig, Reconciled, RestoreReport, StartError, SwapReport,
+};

@@ -10,11 +10,9 @@
 //! The per-adapter caps keep one busy tenant from taking the whole server's budget; by default only the server-wide
 //! caps apply.
 
+use crate::contract::{AdapterKey, CoreError, Limit};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-
-use crate::error::CoreError;
-use crate::ids::AdapterKey;
 
 /// The default of [`Limits::max_in_flight`] (`--max-in-flight`).
 pub const DEFAULT_MAX_IN_FLIGHT: u32 = 1024;
@@ -41,52 +39,6 @@ impl Default for Limits {
             max_held: DEFAULT_MAX_HELD,
             max_in_flight_per_adapter: None,
             max_held_per_adapter: None,
-        }
-    }
-}
-
-/// Which limit a request ran into.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Limit {
-    /// [`Limits::max_in_flight`].
-    InFlight,
-    /// [`Limits::max_held`].
-    Held,
-    /// [`Limits::max_in_flight_per_adapter`].
-    InFlightPerAdapter,
-    /// [`Limits::max_held_per_adapter`].
-    HeldPerAdapter,
-}
-
-impl Limit {
-    /// The command-line flag that sets this limit.
-    pub fn flag(self) -> &'static str {
-        match self {
-            Self::InFlight => "--max-in-flight",
-            Self::Held => "--max-held",
-            Self::InFlightPerAdapter => "--max-in-flight-per-adapter",
-            Self::HeldPerAdapter => "--max-held-per-adapter",
-        }
-    }
-
-    /// What the limit counts, in words.
-    pub fn counts(self) -> &'static str {
-        match self {
-            Self::InFlight => "admitted requests in all",
-            Self::Held => "requests held at paused gates in all",
-            Self::InFlightPerAdapter => "admitted requests per adapter",
-            Self::HeldPerAdapter => "requests held at one adapter's gate",
-        }
-    }
-
-    /// A stable, low-cardinality label for metrics.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::InFlight => "max_in_flight",
-            Self::Held => "max_held",
-            Self::InFlightPerAdapter => "max_in_flight_per_adapter",
-            Self::HeldPerAdapter => "max_held_per_adapter",
         }
     }
 }
@@ -214,7 +166,7 @@ impl AdapterLoad {
     }
 
     /// Counts one request as `occupancy` whatever the caps (it was accepted before; see
-    /// [`AdapterCell::occupy_uncapped`](crate::adapter::AdapterCell::occupy_uncapped)).
+    /// `AdapterCell::occupy_uncapped`).
     pub(crate) fn count(self: &Arc<Self>, occupancy: Occupancy) -> Slot {
         self.counter(occupancy).count.fetch_add(1, Ordering::AcqRel);
         self.server.counter(occupancy).count.fetch_add(1, Ordering::AcqRel);

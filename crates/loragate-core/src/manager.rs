@@ -1,6 +1,10 @@
 //! The adapter manager: supervisor of every adapter actor and the single writer of the name → handle map that
 //! request paths read. It publishes an adapter once its first load succeeded, retires it on unload, and restarts a
-//! failed actor on the same durable cell, so the restart keeps the adapter's pause and version.
+//! failed actor on the same durable cell, so the restart keeps the adapter's pause and version. Callers hold a
+//! [`ManagerHandle`].
+
+mod commands;
+mod handle;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,21 +13,20 @@ use dashmap::DashMap;
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::oneshot;
 
-use crate::adapter::{
-    AdapterActor, AdapterArgs, AdapterCell, AdapterHandle, AdapterMsg, PauseRequest, Retired, Retirement,
-};
+use crate::adapter::{AdapterActor, AdapterArgs, AdapterCell, AdapterHandle, AdapterMsg, Retired};
 use crate::adapter_source::AdapterSource;
+use crate::contract::{AdapterKey, AdapterName, AdapterVersion, CoreError, PauseRequest, StateError};
 use crate::engine::Engine;
-use crate::error::CoreError;
-use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
 use crate::limits::ServerLoad;
 use crate::metrics::CoreMetrics;
-use crate::state::{PauseRecord, Recording, StateChange, StateError, StateStore};
+use crate::state::{Recording, StateStore};
+
+pub(crate) use self::handle::{ManagerHandle, RestoredAdapter};
 
 /// The published adapters, read lock-free by request paths. Written only by the manager.
 pub(crate) type AdapterMap = Arc<DashMap<AdapterKey, AdapterHandle>>;
 
-/// The commands the manager serves. Only the coordinator and adapter actors build them.
+/// The commands the manager serves. Only its [`ManagerHandle`] builds them.
 pub(crate) enum ManagerMsg {
     /// Loads weights under `name`, creating the adapter (unpublished until the load succeeds) if it is new.
     Load { name: AdapterName, source: AdapterSource, reply: RpcReplyPort<Result<AdapterVersion, CoreError>> },
@@ -39,13 +42,7 @@ pub(crate) enum ManagerMsg {
     /// Creates and publishes `name` as recorded before a restart, or as another replica installed it: at `version`
     /// (its weights already loaded in the engine, or, with `weights_error`, not), with its recorded pauses put back
     /// before it is published. An adapter that exists already only moves to `version` if that is newer.
-    Restore {
-        name: AdapterName,
-        version: AdapterVersion,
-        weights_error: Option<String>,
-        pauses: Vec<PauseRecord>,
-        reply: RpcReplyPort<Result<(), CoreError>>,
-    },
+    Restore { adapter: RestoredAdapter, reply: RpcReplyPort<Result<(), CoreError>> },
     /// Unpublishes `name`, seals its versions, marks it removed and cancels its admitted requests; the actor stops
     /// once it has answered.
     /// The unload's record is queued unless another replica unloaded it (`record` false).
@@ -102,6 +99,14 @@ pub(crate) struct ManagerState {
     global_pause: Option<PauseRequest>,
 }
 
+impl AdapterManager {
+    /// Spawns the manager (and the base model's actor) and hands back its typed handle.
+    pub(crate) async fn start(args: ManagerArgs) -> Result<ManagerHandle, ractor::SpawnErr> {
+        let (actor, _join) = Actor::spawn(None, AdapterManager, args).await?;
+        Ok(ManagerHandle::new(actor))
+    }
+}
+
 impl Actor for AdapterManager {
     type Msg = ManagerMsg;
     type State = ManagerState;
@@ -135,104 +140,16 @@ impl Actor for AdapterManager {
         state: &mut ManagerState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            ManagerMsg::Load { name, source, reply } => {
-                let key = AdapterKey::Lora(name.clone());
-                if !state.supervised.contains_key(&key) {
-                    // Its versions come from the state store, above every version issued for the name before.
-                    if let Err(err) = state.spawn(&myself, key.clone(), AdapterVersion::BASE).await {
-                        tracing::error!(adapter = %name, %err, "could not start the adapter's actor");
-                        let _ = reply.send(Err(CoreError::AdapterUnavailable(key)));
-                        return Ok(());
-                    }
-                }
-                if let Some(adapter) = state.supervised.get_mut(&key) {
-                    adapter.loads_outstanding += 1;
-                    if let Err(ractor::MessagingErr::SendErr(AdapterMsg::Load { reply, .. })) =
-                        adapter.actor.cast(AdapterMsg::Load { source, reply })
-                    {
-                        adapter.loads_outstanding -= 1;
-                        let _ = reply.send(Err(CoreError::AdapterUnavailable(key)));
-                    }
-                }
-            }
+            ManagerMsg::Load { name, source, reply } => state.load(&myself, name, source, reply).await,
             ManagerMsg::LoadSettled { key, result, recorded, reply } => {
-                if let Some(adapter) = state.supervised.get_mut(&key) {
-                    adapter.loads_outstanding = adapter.loads_outstanding.saturating_sub(1);
-                    if result.is_ok() && !adapter.published {
-                        state.publish(&key);
-                    } else if !adapter.published && adapter.loads_outstanding == 0 {
-                        // Every load of a new name failed: forget it, as if it had never been asked for.
-                        state.discard(&key);
-                    }
-                }
-                let _ = reply.send(result.and_then(|version| recorded.map(|()| version).map_err(CoreError::from)));
+                state.load_settled(key, result, recorded, reply);
             }
-            ManagerMsg::Restore { name, version, weights_error, pauses, reply } => {
-                let key = AdapterKey::Lora(name);
-                if let Some(adapter) = state.supervised.get(&key) {
-                    // Created here meanwhile (another replica's install racing this replica's first load): it serves
-                    // the version if it is newer than what it has.
-                    let (installed, _) = oneshot::channel();
-                    let _ = adapter.actor.cast(AdapterMsg::InstallRemote { version, reply: installed.into() });
-                    let _ = reply.send(Ok(()));
-                    return Ok(());
-                }
-                if let Err(err) = state.spawn(&myself, key.clone(), version).await {
-                    tracing::error!(adapter = %key, %err, "could not start the adapter's actor");
-                    let _ = reply.send(Err(CoreError::AdapterUnavailable(key)));
-                    return Ok(());
-                }
-                if let Some(adapter) = state.supervised.get(&key) {
-                    if let Some(reason) = &weights_error {
-                        adapter.cell.set_weights_missing(reason);
-                    }
-                    // Queued before any request can reach the actor (it is not published yet).
-                    let _ = adapter.actor.cast(AdapterMsg::Adopt { pauses });
-                }
-                state.publish(&key);
-                let _ = reply.send(Ok(()));
-            }
-            ManagerMsg::SetGlobalPause { pause, reply } => {
-                let recorded =
-                    state.state.record(vec![StateChange::GlobalPause(pause.as_ref().map(|pause| pause.mode))]);
-                state.global_pause = pause;
-                let adapters =
-                    state.supervised.values().map(|adapter| AdapterHandle::new(adapter.cell.clone())).collect();
-                let _ = reply.send((adapters, recorded));
-            }
+            ManagerMsg::Restore { adapter, reply } => state.restore(&myself, adapter, reply).await,
+            ManagerMsg::SetGlobalPause { pause, reply } => state.set_global_pause(pause, reply),
             ManagerMsg::IsGloballyPaused { reply } => {
                 let _ = reply.send(state.global_pause.is_some());
             }
-            ManagerMsg::Unload { name, record, reply } => {
-                let key = AdapterKey::Lora(name.clone());
-                match state.supervised.get(&key) {
-                    Some(adapter) if adapter.published => {
-                        let (actor, cell) = (adapter.actor.clone(), adapter.cell.clone());
-                        let last_version = adapter.cell.seal_versions();
-                        state.discard(&key);
-                        // Retire, then drain: the actor answers Retire (and anything queued before it, a finished
-                        // load's record included, so the unload's record comes after it) and stops. If it is
-                        // already gone, nothing runs to wait on and the record's removal is queued here.
-                        let (retire_reply, retired) = oneshot::channel();
-                        let retire =
-                            AdapterMsg::Retire { why: Retirement::Unloaded, record, reply: retire_reply.into() };
-                        if let Err(ractor::MessagingErr::SendErr(AdapterMsg::Retire { reply, .. })) = actor.cast(retire)
-                        {
-                            let recorded = if record {
-                                state.state.record(vec![StateChange::Unloaded { name: name.clone() }])
-                            } else {
-                                crate::state::nothing_to_record()
-                            };
-                            let _ = reply.send(Ok(Retired { pending: Default::default(), recorded }));
-                        }
-                        let _ = actor.drain();
-                        let _ = reply.send(Ok(Unloading { last_version, retired, cell }));
-                    }
-                    _ => {
-                        let _ = reply.send(Err(CoreError::UnknownAdapter(key)));
-                    }
-                }
-            }
+            ManagerMsg::Unload { name, record, reply } => state.unload(name, record, reply),
         }
         Ok(())
     }
@@ -303,7 +220,8 @@ impl ManagerState {
         manager: &ActorRef<ManagerMsg>,
         cell: &Arc<AdapterCell>,
     ) -> Result<ActorRef<AdapterMsg>, ActorProcessingErr> {
-        let args = AdapterArgs { cell: cell.clone(), engine: self.engine.clone(), manager: manager.clone() };
+        let supervisor = Arc::new(ManagerHandle::new(manager.clone()));
+        let args = AdapterArgs { cell: cell.clone(), engine: self.engine.clone(), manager: supervisor };
         let (actor, _join) = Actor::spawn_linked(None, AdapterActor, args, manager.get_cell()).await?;
         self.keys_by_actor.insert(actor.get_id(), cell.key().clone());
         cell.set_actor(Some(actor.clone()));

@@ -20,9 +20,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
 use self::requests::RequestMetrics;
-use crate::adapter::AdapterStatus;
-use crate::ids::{AdapterKey, AdapterVersion};
-use crate::limits::Limit;
+use crate::contract::{AdapterKey, AdapterStatus, AdapterVersion, Limit};
 
 /// Labels of per-adapter metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -336,7 +334,7 @@ impl CoreMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::AdapterName;
+    use crate::contract::AdapterName;
 
     fn exposition(metrics: &CoreMetrics) -> String {
         let mut registry = Registry::default();
@@ -486,7 +484,7 @@ mod tests {
             let stream = coordinator.sample(request, coordinator.gate_deadline(None)).await.expect("admitted");
             stream.collect_output().await.expect("sampled");
             coordinator.abort(&name).await.expect("pause");
-            let keep = crate::adapter::PauseRequest::parse(crate::adapter::PauseMode::Keep, "trainer", 60.0)
+            let keep = crate::contract::PauseRequest::parse(crate::contract::PauseMode::Keep, "trainer", 60.0)
                 .expect("a keep pause with a lease");
             coordinator.pause(&name, keep, None).await.expect("pause in keep mode");
             coordinator.resume(&name, None).await.expect("resume");

@@ -9,6 +9,7 @@
 //! leaves the registry.
 
 mod driver;
+mod live;
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -18,12 +19,13 @@ use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::adapter::Admission;
-use crate::engine::{EngineError, EngineStream};
-use crate::error::CoreError;
-use crate::ids::{AdapterVersion, RequestId};
-use crate::output::{FinishReason, SampleOutput, Segment, SequenceOutput, TopLogprobs};
+use crate::contract::{
+    AdapterVersion, CoreError, EngineError, FinishReason, RequestId, SampleOutput, Segment, SequenceOutput, TopLogprobs,
+};
+use crate::engine::EngineStream;
 
 pub(crate) use self::driver::Driver;
+pub(crate) use self::live::{LiveRequest, LiveRequests};
 
 /// One step of a request's output.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,11 +1,7 @@
 //! Sampling requests: the raw form fronts fill in, and the validated form everything past the edge accepts.
 
+use crate::contract::{AdapterKey, CoreError, Field, FinishReason, ModelInfo, RequestId};
 use std::sync::Arc;
-
-use crate::engine::ModelInfo;
-use crate::error::{CoreError, Field};
-use crate::ids::{AdapterKey, RequestId};
-use crate::output::FinishReason;
 
 /// The most sequences one request may ask for.
 pub const MAX_NUM_SAMPLES: u32 = 64;

@@ -35,13 +35,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::SystemTime;
 
+pub use crate::contract::StateError;
+use crate::contract::{AbortReport, AdapterName, AdapterVersion, PauseId, PauseMode};
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot};
 
 pub use self::memory::MemoryStore;
-use crate::adapter::{AbortReport, PauseId, PauseMode};
-use crate::ids::{AdapterName, AdapterVersion};
 
 /// A change queued in a [`StateStore`]: resolves once it is durable (or failed). Dropping it does not cancel the
 /// change.
@@ -170,29 +170,6 @@ pub enum StateChange {
         /// Its key.
         key: String,
     },
-}
-
-/// What a store can fail with.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum StateError {
-    /// The store could not read or write its records (an I/O error, a damaged file).
-    #[error("the state store failed: {0}")]
-    Failed(String),
-    /// The store is not reachable now (stopped, or, for a shared backend, its servers are unreachable); retrying
-    /// later may succeed.
-    #[error("the state store is unavailable: {0}")]
-    Unavailable(String),
-}
-
-impl StateError {
-    /// What kind of failure this is (see [`CoreError::class`](crate::CoreError::class)).
-    pub fn class(&self) -> crate::ErrorClass {
-        match self {
-            Self::Failed(_) => crate::ErrorClass::Internal,
-            Self::Unavailable(_) => crate::ErrorClass::Unavailable,
-        }
-    }
 }
 
 /// A change another replica made to a shared store, for this replica to apply to its own engine and gates (without

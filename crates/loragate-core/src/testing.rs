@@ -13,9 +13,8 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::adapter_source::AdapterSource;
-use crate::engine::{Engine, EngineError, EngineEvent, EngineStream, ModelInfo};
-use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
-use crate::output::{FinishReason, TopLogprobs};
+use crate::contract::{AdapterKey, AdapterName, AdapterVersion, EngineError, FinishReason, ModelInfo, TopLogprobs};
+use crate::engine::{Engine, EngineEvent, EngineStream};
 use crate::sampling::SampleRequest;
 
 /// Called on every `generate` with the request and its cancellation token, before anything is emitted.

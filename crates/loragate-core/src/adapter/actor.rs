@@ -9,15 +9,13 @@ use std::sync::Arc;
 use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
 
 use super::cell::AdapterCell;
-use super::gate::Retirement;
-use super::pauses::{KvPolicy, PauseId, PauseMode, PauseOwner, PauseRequest};
-use super::registry::{AbortReport, Admission, InFlightRegistry, PendingHandBacks, StopCause};
-use super::status::{AdapterStatus, ResumeReport};
+use super::registry::{Admission, InFlightRegistry, PendingHandBacks};
 use crate::adapter_source::AdapterSource;
+use crate::contract::{
+    AbortReport, AdapterKey, AdapterName, AdapterStatus, AdapterVersion, CoreError, KvPolicy, PauseId, PauseMode,
+    PauseOwner, PauseRequest, RequestId, ResumeReport, Retirement, StateError, StopCause,
+};
 use crate::engine::Engine;
-use crate::error::CoreError;
-use crate::ids::{AdapterKey, AdapterName, AdapterVersion, RequestId};
-use crate::manager::ManagerMsg;
 use crate::state::{PauseRecord, RecordedSource, Recording, StateChange, nothing_to_record};
 
 /// The commands an adapter actor serves. Only [`super::AdapterHandle`] and the manager build them.
@@ -112,6 +110,20 @@ pub(crate) enum AdmitReply {
     Retired(Retirement),
 }
 
+/// What an adapter actor tells the manager that supervises it. Defined here, where it is used (the manager's handle
+/// implements it), so that the adapter's floor does not import the manager's.
+pub(crate) trait Supervisor: Send + Sync + 'static {
+    /// One load of `key` finished: the supervisor updates its bookkeeping, then answers the load's caller on
+    /// `reply` (with `result`, unless its record failed). If the supervisor is gone, the caller is answered at once.
+    fn load_settled(
+        &self,
+        key: AdapterKey,
+        result: Result<AdapterVersion, CoreError>,
+        recorded: Result<(), StateError>,
+        reply: RpcReplyPort<Result<AdapterVersion, CoreError>>,
+    );
+}
+
 /// The actor's behaviour (stateless; its state is [`AdapterState`]).
 pub(crate) struct AdapterActor;
 
@@ -119,7 +131,7 @@ pub(crate) struct AdapterActor;
 pub(crate) struct AdapterArgs {
     pub(crate) cell: Arc<AdapterCell>,
     pub(crate) engine: Arc<dyn Engine>,
-    pub(crate) manager: ActorRef<ManagerMsg>,
+    pub(crate) manager: Arc<dyn Supervisor>,
 }
 
 /// One incarnation's state. The durable part (gate, version) lives in the cell; the registry dies with the
@@ -127,7 +139,7 @@ pub(crate) struct AdapterArgs {
 pub(crate) struct AdapterState {
     cell: Arc<AdapterCell>,
     engine: Arc<dyn Engine>,
-    manager: ActorRef<ManagerMsg>,
+    manager: Arc<dyn Supervisor>,
     registry: InFlightRegistry,
     loads: LoadQueue,
 }
@@ -332,12 +344,7 @@ impl AdapterState {
         let (manager, key) = (self.manager.clone(), self.cell.key().clone());
         tokio::spawn(async move {
             let recorded = recorded.await;
-            let settled = ManagerMsg::LoadSettled { key, result, recorded, reply };
-            if let Err(MessagingErr::SendErr(ManagerMsg::LoadSettled { result, recorded, reply, .. })) =
-                manager.cast(settled)
-            {
-                let _ = reply.send(result.and_then(|version| recorded.map(|()| version).map_err(CoreError::from)));
-            }
+            manager.load_settled(key, result, recorded, reply);
         });
         self.start_next_load();
     }

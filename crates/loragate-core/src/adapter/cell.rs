@@ -13,12 +13,11 @@ use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::actor::AdapterMsg;
-use super::gate::{GateState, Retirement};
-use super::pauses::{PauseBook, PauseId, PauseMode, PauseOwner, PauseRequest, Paused};
-use super::registry::AbortReport;
-use super::status::{AdapterStatus, ResumeReport};
-use crate::error::CoreError;
-use crate::ids::{AdapterKey, AdapterVersion};
+use super::pauses::{PauseBook, Paused};
+use crate::contract::{
+    AbortReport, AdapterKey, AdapterStatus, AdapterVersion, CoreError, GateState, PauseId, PauseMode, PauseOwner,
+    PauseRequest, ResumeReport, Retirement,
+};
 use crate::limits::{AdapterLoad, Occupancy, ServerLoad, Slot};
 use crate::metrics::{AdapterLabels, CoreMetrics};
 use crate::state::{PauseRecord, Recording, StateChange, StateStore, nothing_to_record};

@@ -3,34 +3,9 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::contract::{GateState, Retirement};
 use tokio::sync::watch;
 use tokio::time::Instant;
-
-use crate::ids::AdapterVersion;
-
-/// What every observer of an adapter's gate sees. It outlives actor restarts: a restarted actor reads it back, so a
-/// pause is never lost (a lost pause is a torn swap).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GateState {
-    /// The gate is closed: nothing of this adapter is admitted.
-    pub paused: bool,
-    /// The adapter's current weights version.
-    pub version: AdapterVersion,
-    /// Set once the adapter stops serving (unloaded, or the server is shutting down); waiters give up.
-    pub retired: Option<Retirement>,
-    /// How many abort-mode pauses the adapter has had. A kept request waiting to continue gives up (it ends `abort`,
-    /// with its tokens) when this grows: an abort-mode pause hands back every request of the adapter, kept ones too.
-    pub abort_pauses: u64,
-}
-
-/// Why an adapter stopped serving.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Retirement {
-    /// `UnloadLoraAdapter` removed it.
-    Unloaded,
-    /// The server is shutting down.
-    ShuttingDown,
-}
 
 /// How a wait at the gate ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +72,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::contract::AdapterVersion;
 
     fn gate(paused: bool) -> (watch::Sender<GateState>, watch::Receiver<GateState>) {
         watch::channel(GateState { paused, version: AdapterVersion(1), retired: None, abort_pauses: 0 })

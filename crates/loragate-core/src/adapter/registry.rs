@@ -10,40 +10,9 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::contract::{AbortReport, AdapterVersion, Ending, RequestId, StopCause};
 use crate::engine::ParkSignal;
-use crate::ids::{AdapterKey, AdapterVersion, RequestId};
 use crate::limits::Slot;
-
-/// How an admitted request ended, as seen by whoever waits for it to be handed back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ending {
-    /// Handed back finished (stop or length).
-    Completed,
-    /// Handed back with `FINISH_REASON_ABORT` and its partial output.
-    Aborted,
-    /// Stopped in the engine by a pause that keeps it: the core holds its tokens and continues it when the adapter
-    /// reopens (its caller sees only a delay).
-    Kept,
-    /// Handed back as an error.
-    Failed,
-    /// The caller went away (or a task panicked) before anything was handed back.
-    Abandoned,
-}
-
-/// Why an admitted request was cancelled: set once, by whoever cancels it first, before its token fires, so the
-/// request's driver knows whether to hand an aborted sequence back or to keep and continue it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StopCause {
-    /// A pause in abort mode: handed back with `FINISH_REASON_ABORT` (continued by the core only for requests that
-    /// asked for it).
-    Paused,
-    /// A pause in keep mode: kept by the core and continued when the adapter reopens.
-    Kept,
-    /// Aborted by request id (or all of an adapter's requests) without a pause: handed back, never continued.
-    Targeted,
-    /// The adapter stopped serving (unloaded, or the server is shutting down): handed back, never continued.
-    Retired,
-}
 
 /// Where a request's ending is settled once, by its [`Admission`], and read by the registry and by aborts.
 #[derive(Default)]
@@ -213,37 +182,6 @@ impl Drop for InFlightRegistry {
 #[derive(Default)]
 pub(crate) struct PendingHandBacks {
     pending: Vec<(RequestId, Arc<HandBack>)>,
-}
-
-/// What an abort did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct AbortReport {
-    /// Requests handed back with `FINISH_REASON_ABORT`.
-    pub aborted: Vec<RequestId>,
-    /// Requests stopped in the engine and kept by the core, to be continued when the adapter reopens.
-    pub kept: Vec<RequestId>,
-    /// Requests cancelled but not handed back within the acknowledgement timeout. They will still end as aborted.
-    pub unacknowledged: Vec<RequestId>,
-}
-
-impl AbortReport {
-    /// Adds `other`'s requests to this report's (the reports of several adapters, or of other replicas, as one).
-    pub(crate) fn absorb(&mut self, other: AbortReport) {
-        self.aborted.extend(other.aborted);
-        self.kept.extend(other.kept);
-        self.unacknowledged.extend(other.unacknowledged);
-    }
-
-    /// Logs the requests that were not handed back in time, once, for whichever operation cancelled them (the one
-    /// place this warning is written; fronts only report the ids).
-    pub(crate) fn warn_if_unacknowledged(&self, adapter: &AdapterKey, operation: &str) {
-        if !self.unacknowledged.is_empty() {
-            tracing::warn!(
-                %adapter, operation, unacknowledged = ?self.unacknowledged,
-                "requests were not handed back within the acknowledgement timeout; they will still end aborted"
-            );
-        }
-    }
 }
 
 impl PendingHandBacks {

@@ -12,8 +12,8 @@ use std::time::Duration;
 use futures::future::join_all;
 
 use super::Coordinator;
-use crate::adapter::{AbortReport, AdapterHandle, PendingHandBacks};
-use crate::ids::RequestId;
+use crate::adapter::{AdapterHandle, PendingHandBacks};
+use crate::contract::{AbortReport, RequestId};
 
 /// Aborts whose cancel was requested: what to wait on for their hand-backs. Dropping it waits for nothing; the
 /// cancelled requests still end aborted.

@@ -7,15 +7,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
 use futures::future::BoxFuture;
-use ractor::rpc::CallResult;
 use tokio::sync::mpsc;
 
 use super::{Coordinator, Inner};
-use crate::adapter::{AbortReport, PauseId, PauseOwner, ReleaseTarget};
+use crate::adapter::ReleaseTarget;
 use crate::adapter_source::AdapterSource;
-use crate::error::CoreError;
-use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
-use crate::manager::ManagerMsg;
+use crate::contract::{AbortReport, AdapterKey, AdapterName, AdapterVersion, CoreError, PauseId, PauseOwner};
+use crate::manager::RestoredAdapter;
 use crate::state::{PauseRecord, RecordedSource, RecordedState, RemoteChange, ReplicaRecord};
 
 impl Coordinator {
@@ -123,21 +121,8 @@ impl Coordinator {
                         source.path.display()
                     )
                 });
-                let restored = self
-                    .inner
-                    .manager
-                    .call(
-                        |reply| ManagerMsg::Restore {
-                            name: name.clone(),
-                            version,
-                            weights_error: weights_error.clone(),
-                            pauses: pauses.clone(),
-                            reply,
-                        },
-                        None,
-                    )
-                    .await;
-                if !matches!(restored, Ok(CallResult::Success(Ok(())))) {
+                let restored = RestoredAdapter { name: name.clone(), version, weights_error, pauses };
+                if self.inner.manager.restore(restored).await.is_err() {
                     tracing::warn!(adapter = %name, "could not publish another replica's new adapter");
                 }
             }

@@ -8,14 +8,11 @@ use std::path::Path;
 
 use futures::StreamExt;
 use ractor::SpawnErr;
-use ractor::rpc::CallResult;
 
 use super::Coordinator;
-use crate::adapter::KvPolicy;
 use crate::adapter_source::AdapterSource;
-use crate::error::CoreError;
-use crate::ids::{AdapterName, AdapterVersion};
-use crate::manager::ManagerMsg;
+use crate::contract::{AdapterName, AdapterVersion, CoreError, KvPolicy};
+use crate::manager::RestoredAdapter;
 use crate::state::{AdapterRecord, PauseRecord, StateChange};
 
 /// How many recorded adapters are loaded into the engine at once at start.
@@ -92,25 +89,9 @@ impl Coordinator {
             report.adapters += 1;
             report.without_weights += usize::from(weights_error.is_some());
             report.pauses += adapter_pauses.len();
-            let (name, version) = (record.name, record.version);
-            let restored = self
-                .inner
-                .manager
-                .call(
-                    |reply| ManagerMsg::Restore {
-                        name: name.clone(),
-                        version,
-                        weights_error: weights_error.clone(),
-                        pauses: adapter_pauses.clone(),
-                        reply,
-                    },
-                    None,
-                )
-                .await;
-            match restored {
-                Ok(CallResult::Success(result)) => result?,
-                _ => return Err(CoreError::AdapterUnavailable(name.into())),
-            }
+            let restored =
+                RestoredAdapter { name: record.name, version: record.version, weights_error, pauses: adapter_pauses };
+            self.inner.manager.restore(restored).await?;
         }
         if let Some(mode) = recorded.global_pause {
             // Nothing runs yet: this only closes every gate again under the global owner.

@@ -14,10 +14,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::*;
-use crate::adapter::{AdapterMsg, parse_timeout_s};
-use crate::engine::EngineError;
-use crate::ids::RequestId;
-use crate::output::{FinishReason, SampleOutput, Segment, TopLogprobs};
+use crate::adapter::AdapterMsg;
+use crate::contract::{EngineError, FinishReason, RequestId, SampleOutput, Segment, TopLogprobs, parse_timeout_s};
 use crate::testing::{ScriptedEngine, coordinator_with_adapters, eventually};
 
 mod interleavings;
@@ -542,7 +540,7 @@ async fn the_base_models_served_name_cannot_become_an_adapter() {
     let config = CoordinatorConfig { reserved_names: vec!["demo".into()], ..CoordinatorConfig::default() };
     let coordinator = coordinator_with_adapters(ScriptedEngine::new(HOLD_AFTER), config, &[]).await;
     let err = coordinator.load_adapter(&name("demo"), AdapterSource::trusted("/a/demo")).await.expect_err("reserved");
-    assert!(matches!(err, CoreError::InvalidArgument { field: crate::error::Field::LoraName, .. }), "{err}");
+    assert!(matches!(err, CoreError::InvalidArgument { field: crate::contract::Field::LoraName, .. }), "{err}");
     let err = coordinator.load_adapter_at(&name("demo"), "no/such/path").await.expect_err("reserved");
     assert!(err.to_string().starts_with("lora_name"), "the name is checked before the path: {err}");
     assert!(coordinator.list_adapters().await.is_empty(), "nothing was created");

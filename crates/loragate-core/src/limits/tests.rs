@@ -6,9 +6,8 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use super::*;
+use crate::contract::{AdapterName, SampleOutput};
 use crate::coordinator::{Coordinator, CoordinatorConfig};
-use crate::ids::AdapterName;
-use crate::output::SampleOutput;
 use crate::sampling::RawSampleRequest;
 use crate::testing::{ScriptedEngine, coordinator_with_adapters, eventually};
 
@@ -154,7 +153,7 @@ async fn held_requests_over_the_servers_cap_are_refused_at_once() {
 
 #[tokio::test]
 async fn kept_requests_come_back_even_over_the_cap_and_count_against_it() {
-    use crate::adapter::{PauseMode, PauseRequest};
+    use crate::contract::{PauseMode, PauseRequest};
 
     let coordinator = coordinator(Limits { max_in_flight: 2, ..Limits::default() }).await;
     let meow = AdapterName::parse("meow").expect("name");

@@ -13,7 +13,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::AdapterLabels;
-use crate::adapter::AdapterStatus;
+use crate::contract::AdapterStatus;
 
 type HistogramFamily = Family<AdapterLabels, Histogram, fn() -> Histogram>;
 

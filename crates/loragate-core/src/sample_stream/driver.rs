@@ -21,14 +21,13 @@ use futures::StreamExt;
 use futures::stream::select_all;
 use tokio::sync::mpsc;
 
-use super::unfinished_error;
-use crate::adapter::{AdapterHandle, Admission, Counted, Ending, StopCause};
-use crate::coordinator::LiveRequest;
-use crate::engine::{Engine, EngineError, EngineEvent, EngineStream, ParkedKv, Parking};
-use crate::error::CoreError;
+use super::{LiveRequest, unfinished_error};
+use crate::adapter::{AdapterHandle, Admission, Counted};
+use crate::contract::{
+    AdapterName, AdapterVersion, CoreError, Ending, EngineError, FinishReason, SegmentsBuilder, StopCause,
+};
+use crate::engine::{Engine, EngineEvent, EngineStream, ParkedKv, Parking};
 use crate::gate_deadline::GateDeadline;
-use crate::ids::{AdapterName, AdapterVersion};
-use crate::output::{FinishReason, SegmentsBuilder};
 use crate::request_facts::RequestFacts;
 use crate::sample_stream::SampleEvent;
 use crate::sampling::{Continuation, SampleRequest};

@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use parking_lot::Mutex;
 
-use super::{AdapterRecord, FrontRecord, PauseRecord, RecordedState, Recording, StateChange, StateError, StateStore};
-use crate::adapter::{PauseId, PauseMode};
-use crate::ids::{AdapterName, AdapterVersion};
+use super::{AdapterRecord, FrontRecord, PauseRecord, RecordedState, Recording, StateChange, StateStore};
+use crate::contract::StateError;
+use crate::contract::{AdapterName, AdapterVersion, PauseId, PauseMode};
 
 /// Records kept in memory; cheap to clone (clones share the records).
 #[derive(Clone, Debug, Default)]

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicUsize;
 use futures::StreamExt;
 
 use super::*;
-use crate::adapter::{KvPolicy, PauseId, PauseMode, PauseOwner, PauseRequest};
+use crate::contract::{KvPolicy, PauseId, PauseMode, PauseOwner, PauseRequest};
 use crate::sample_stream::SampleEvent;
 use crate::testing::GenerateHook;
 

@@ -6,9 +6,9 @@
 use tokio::sync::{mpsc, oneshot};
 
 use super::*;
+use crate::contract::StateError;
 use crate::state::{
-    MemoryStore, PauseRecord, RecordedSource, RecordedState, Recording, RemoteChange, StateChange, StateError,
-    StateStore,
+    MemoryStore, PauseRecord, RecordedSource, RecordedState, Recording, RemoteChange, StateChange, StateStore,
 };
 
 /// A memory store that hands out a feed of remote changes and counts what this replica records.

@@ -6,9 +6,8 @@ use std::path::PathBuf;
 use std::time::SystemTime;
 
 use super::*;
-use crate::state::{
-    MemoryStore, PauseRecord, RecordedSource, RecordedState, Recording, StateChange, StateError, StateStore,
-};
+use crate::contract::StateError;
+use crate::state::{MemoryStore, PauseRecord, RecordedSource, RecordedState, Recording, StateChange, StateStore};
 
 /// A coordinator over a fresh scripted engine (a restarted process has nothing loaded) on `store`.
 async fn started_on(store: &Arc<dyn StateStore>) -> (Coordinator, Arc<ScriptedEngine>) {

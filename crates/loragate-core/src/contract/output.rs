@@ -1,6 +1,6 @@
 //! What a sampling request produces: finish reasons, version segments (token provenance), finished sequences.
 
-use crate::ids::{AdapterVersion, RequestId};
+use super::ids::{AdapterVersion, RequestId};
 
 /// Why a sequence ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

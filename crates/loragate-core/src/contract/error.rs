@@ -4,11 +4,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::auth::Action;
-use crate::engine::EngineError;
-use crate::ids::{AdapterKey, AdapterName, AdapterVersion};
-use crate::limits::Limit;
-use crate::state::StateError;
+use super::action::Action;
+use super::backend_error::{EngineError, StateError};
+use super::ids::{AdapterKey, AdapterName, AdapterVersion};
+use super::limit::Limit;
 
 /// A request field that failed validation. Its [`Display`](fmt::Display) is the field's path in the gRPC contract
 /// (`sampling_params.max_tokens`); fronts with other wire names (OpenAI's `max_tokens`, `prompt`) rename it where

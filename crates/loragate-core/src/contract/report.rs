@@ -1,7 +1,8 @@
-//! Snapshots of an adapter's state, as `ListLoraAdapters` reports them.
+//! What the control operations answer: an adapter's state (as `ListLoraAdapters` reports it), and what a pause, a
+//! resume and an abort did.
 
-use super::pauses::{KvPolicy, PauseInfo, PauseMode};
-use crate::ids::{AdapterKey, AdapterVersion, RequestId};
+use super::ids::{AdapterKey, AdapterVersion, RequestId};
+use super::pause::{KvPolicy, PauseId, PauseInfo, PauseMode};
 
 /// One adapter's state at the moment of the snapshot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,7 +34,7 @@ pub struct AdapterStatus {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PauseReport {
     /// The pause that holds the gate (the owner's existing pause if this call renewed it).
-    pub pause_id: super::pauses::PauseId,
+    pub pause_id: PauseId,
     /// The mode it was made in.
     pub mode: PauseMode,
     /// Requests handed back with `FINISH_REASON_ABORT` (abort mode).
@@ -54,4 +55,35 @@ pub struct ResumeReport {
     pub was_paused: bool,
     /// Whether another pause still holds it closed.
     pub still_paused: bool,
+}
+
+/// What an abort did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AbortReport {
+    /// Requests handed back with `FINISH_REASON_ABORT`.
+    pub aborted: Vec<RequestId>,
+    /// Requests stopped in the engine and kept by the core, to be continued when the adapter reopens.
+    pub kept: Vec<RequestId>,
+    /// Requests cancelled but not handed back within the acknowledgement timeout. They will still end as aborted.
+    pub unacknowledged: Vec<RequestId>,
+}
+
+impl AbortReport {
+    /// Adds `other`'s requests to this report's (the reports of several adapters, or of other replicas, as one).
+    pub(crate) fn absorb(&mut self, other: AbortReport) {
+        self.aborted.extend(other.aborted);
+        self.kept.extend(other.kept);
+        self.unacknowledged.extend(other.unacknowledged);
+    }
+
+    /// Logs the requests that were not handed back in time, once, for whichever operation cancelled them (the one
+    /// place this warning is written; fronts only report the ids).
+    pub(crate) fn warn_if_unacknowledged(&self, adapter: &AdapterKey, operation: &str) {
+        if !self.unacknowledged.is_empty() {
+            tracing::warn!(
+                %adapter, operation, unacknowledged = ?self.unacknowledged,
+                "requests were not handed back within the acknowledgement timeout; they will still end aborted"
+            );
+        }
+    }
 }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::error::{CoreError, Field};
+use super::error::{CoreError, Field};
 
 /// The longest adapter name accepted, in bytes.
 pub const MAX_ADAPTER_NAME_LEN: usize = 128;
