@@ -184,6 +184,8 @@ impl SampleRun<'_> {
                 }),
                 num_samples: 1,
                 include_prompt_logprobs: false,
+                min_lora_version: self.original.min_lora_version,
+                cache_salt: self.original.cache_salt.clone(),
             };
             let attempt = match self.submit(continuation).await {
                 Ok(mut response) if response.sequences.len() == 1 => response.sequences.remove(0),

@@ -135,7 +135,7 @@ impl LoraControl for Scripted {
         if let Some(status) = lock(&self.0.load_error).take() {
             return Err(status);
         }
-        Ok(Response::new(pb::LoadLoraAdapterResponse { version: 7 }))
+        Ok(Response::new(pb::LoadLoraAdapterResponse { version: 7, ..Default::default() }))
     }
 
     async fn swap_lora_adapter(
@@ -163,6 +163,20 @@ impl LoraControl for Scripted {
         &self,
         _request: Request<pb::ListReplicasRequest>,
     ) -> Result<Response<pb::ListReplicasResponse>, Status> {
+        Err(Status::unimplemented("not scripted"))
+    }
+
+    async fn push_lora_adapter(
+        &self,
+        _request: Request<tonic::Streaming<pb::PushLoraAdapterRequest>>,
+    ) -> Result<Response<pb::PushLoraAdapterResponse>, Status> {
+        Err(Status::unimplemented("not scripted"))
+    }
+
+    async fn set_lora_staleness(
+        &self,
+        _request: Request<pb::SetLoraStalenessRequest>,
+    ) -> Result<Response<pb::SetLoraStalenessResponse>, Status> {
         Err(Status::unimplemented("not scripted"))
     }
 }

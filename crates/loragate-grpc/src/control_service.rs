@@ -93,6 +93,7 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
             aborted_count: count(swap.aborted),
             kept_count: count(swap.kept),
             kv_policy: wire_kv_policy(swap.kv_policy).into(),
+            ..Default::default()
         }))
     }
 
@@ -113,7 +114,7 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
     ) -> Result<Response<pb::LoadLoraAdapterResponse>, Status> {
         let name = self.authorized(&request, &request.get_ref().lora_name, Action::Control)?;
         let loaded = self.coordinator.load_adapter_at(&name, &request.get_ref().path).await;
-        answer(loaded.map(|version| pb::LoadLoraAdapterResponse { version: version.0 }))
+        answer(loaded.map(|version| pb::LoadLoraAdapterResponse { version: version.0, ..Default::default() }))
     }
 
     async fn unload_lora_adapter(
@@ -153,5 +154,21 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
                     .collect(),
             }
         }))
+    }
+
+    // Work in progress (issues 31 and 32): the wire messages are fixed by the contract; the server side lands with
+    // the adapter store and the staleness gate.
+    async fn push_lora_adapter(
+        &self,
+        _request: Request<tonic::Streaming<pb::PushLoraAdapterRequest>>,
+    ) -> Result<Response<pb::PushLoraAdapterResponse>, Status> {
+        Err(Status::unimplemented("PushLoraAdapter is not served by this build yet"))
+    }
+
+    async fn set_lora_staleness(
+        &self,
+        _request: Request<pb::SetLoraStalenessRequest>,
+    ) -> Result<Response<pb::SetLoraStalenessResponse>, Status> {
+        Err(Status::unimplemented("SetLoraStaleness is not served by this build yet"))
     }
 }

@@ -103,6 +103,7 @@ pub(crate) fn adapter_status(status: AdapterStatus) -> pb::LoraAdapterStatus {
         kept: status.kept,
         pauses: status.pauses.into_iter().map(pause_info).collect(),
         weights_error: status.weights_error.unwrap_or_default(),
+        ..Default::default()
     }
 }
 
