@@ -1,11 +1,12 @@
-//! `loragate worker`: the candle engine and a coordinator behind vLLM's own gRPC protocol, one worker of a fleet.
+//! `loragate worker`: the candle engine and a coordinator behind vLLM's own gRPC protocol, one worker of a fleet. The
+//! binary builds the coordinator; `loragate-worker`'s front only translates vLLM's calls into calls on it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use loragate_core::{AdapterRoot, Key, Keyring, Limits, TenantKeys};
+use loragate_core::{AdapterRoot, Coordinator, CoordinatorConfig, Key, Keyring, Limits, TenantKeys};
 use loragate_engine::{CandleEngine, EngineConfig};
 use loragate_net::ConnectionLimits;
 use loragate_worker::{WorkerConfig, WorkerListeners, serve_worker};
@@ -61,8 +62,8 @@ pub struct RunningWorker {
 }
 
 impl RunningWorker {
-    /// Binds the address (first, so that a port clash fails before the model loads), loads the model and starts
-    /// serving.
+    /// Binds the address (first, so that a port clash fails before the model loads), loads the model, starts the
+    /// coordinator over it and serves it.
     pub async fn start(settings: WorkerSettings) -> Result<Self, ServeError> {
         let signals = ShutdownSignals::listen();
         let listener = bind(settings.grpc_addr).await?;
@@ -85,25 +86,30 @@ impl RunningWorker {
         let keys = Keyring::new(settings.api_key.clone(), settings.admin_key.clone(), TenantKeys::default())?;
         let (path, engine_config) = (model.path.clone(), settings.engine.clone());
         let engine = blocking(move || CandleEngine::load(&path, engine_config)).await??;
+        let coordinator_config = CoordinatorConfig {
+            max_gate_hold: settings.gate_max_wait,
+            adapter_root,
+            limits: settings.limits,
+            auth: keys,
+            reserved_names: vec![served_model_name.clone()],
+            ..CoordinatorConfig::default()
+        };
+        let coordinator = Coordinator::start(Arc::new(engine), coordinator_config).await?;
         let shutdown = CancellationToken::new();
         let config = WorkerConfig {
             served_model_name: served_model_name.clone(),
-            adapter_root,
             max_running_requests: settings.engine.max_batch_size as u64,
-            gate_max_wait: settings.gate_max_wait,
-            limits: settings.limits,
             connections: ConnectionLimits::new(
                 settings.max_connections,
                 settings.header_read_timeout,
                 settings.idle_timeout,
             ),
-            keys,
             max_loras: settings.max_loras,
             shutdown_rpc: settings.enable_shutdown_rpc,
             shutdown: shutdown.clone(),
         };
         let listeners = WorkerListeners { grpc: listener, http: http.map(|(http, _)| http) };
-        let served = tokio::spawn(serve_worker(listeners, Arc::new(engine), config));
+        let served = tokio::spawn(serve_worker(listeners, coordinator, config));
         tracing::info!(%grpc_addr, ?http_addr, model = %served_model_name, "worker serving vLLM's gRPC protocol");
         Ok(Self { grpc_addr, http_addr, served_model_name, shutdown, served, signals })
     }
