@@ -24,17 +24,20 @@ impl ThreadWorker {
         listener.set_nonblocking(true).expect("non-blocking");
         let port = listener.local_addr().expect("address").port();
         let kill = tokio_util::sync::CancellationToken::new();
-        let config = loragate_worker::WorkerConfig {
+        let coordinator_config = CoordinatorConfig {
             adapter_root: Some(loragate_core::AdapterRoot::new(adapter_root).expect("adapter root")),
-            ..loragate_worker::WorkerConfig::new("bench")
+            reserved_names: vec!["bench".into()],
+            ..CoordinatorConfig::default()
         };
+        let config = loragate_worker::WorkerConfig::new("bench");
         let killed = kill.clone();
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                let coordinator = Coordinator::start(engine, coordinator_config).await.expect("the coordinator starts");
                 tokio::select! {
-                    served = loragate_worker::serve_worker(listener, engine, config) => served.expect("serves"),
+                    served = loragate_worker::serve_worker(listener, coordinator, config) => served.expect("serves"),
                     () = killed.cancelled() => {}
                 }
             });

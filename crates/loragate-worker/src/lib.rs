@@ -1,10 +1,11 @@
 //! `loragate worker`: a loragate coordinator behind vLLM's own gRPC protocol, so that a fleet of workers is fronted
 //! exactly like a fleet of vLLM servers (`vllm-rs serve MODEL --grpc-port PORT`).
 //!
-//! The worker is a thin front: it starts a [`loragate_core::Coordinator`] over any [`loragate_core::Engine`] (the
-//! candle engine in the binary; a scripted engine in tests) and serves `vllm.Inference` (`Generate`,
-//! `GenerateStream`), `vllm.Control` and `grpc.health.v1` from the pinned `vllm-proto` crate as calls on it, with
-//! vLLM's semantics where the proto is silent:
+//! The worker is a thin front: it serves `vllm.Inference` (`Generate`, `GenerateStream`), `vllm.Control` and
+//! `grpc.health.v1` from the pinned `vllm-proto` crate as calls on a [`loragate_core::Coordinator`] its owner built
+//! (over the candle engine in the binary, `loragate worker`; over a scripted engine in tests), with the
+//! coordinator's keys, adapter root, gate deadline and admission limits, and with vLLM's semantics where the proto
+//! is silent:
 //!
 //! - `StoppingCriteria.max_new_tokens = 0` means 20 tokens; `temperature` unset is greedy; `output_token_ids` and
 //!   `output_logprobs` default to false; an empty `lora_name` is the base model;
@@ -26,15 +27,18 @@
 //!
 //! ```no_run
 //! # async fn run(engine: std::sync::Arc<dyn loragate_core::Engine>) -> Result<(), Box<dyn std::error::Error>> {
+//! use loragate_core::{AdapterRoot, Coordinator, CoordinatorConfig};
 //! use loragate_worker::{WorkerConfig, serve_worker};
 //!
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:9001").await?;
-//! let config = WorkerConfig {
-//!     adapter_root: Some(loragate_core::AdapterRoot::new("/adapters")?),
-//!     max_loras: Some(64),
-//!     ..WorkerConfig::new("loragate-demo")
-//! };
-//! serve_worker(listener, engine, config).await?;
+//! let coordinator = Coordinator::start(engine, CoordinatorConfig {
+//!     adapter_root: Some(AdapterRoot::new("/adapters")?),
+//!     reserved_names: vec!["loragate-demo".into()],
+//!     ..CoordinatorConfig::default()
+//! })
+//! .await?;
+//! let config = WorkerConfig { max_loras: Some(64), ..WorkerConfig::new("loragate-demo") };
+//! serve_worker(listener, coordinator, config).await?;
 //! # Ok(())
 //! # }
 //! ```

@@ -1,12 +1,12 @@
-//! Assembles the worker's servers: the coordinator over the engine, and `vllm.Inference`, `vllm.Control` and
-//! `grpc.health.v1` in front of it, behind keys, on a listener with a connection cap and timeouts; and, if the
+//! Assembles the worker's servers: `vllm.Inference`, `vllm.Control` and `grpc.health.v1` in front of a coordinator
+//! its owner started, behind the coordinator's keys, on a listener with a connection cap and timeouts; and, if the
 //! worker has an HTTP listener, its `/metrics` there (under the same cap and timeouts).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use loragate_core::{Action, AdapterRoot, Coordinator, CoordinatorConfig, Engine, Keyring, Limits, StartError};
+use loragate_core::{Action, Coordinator, Keyring};
 use loragate_net::{AccessLogLayer, ActivityLayer, ConnectionLimits, GuardedListener};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -22,25 +22,18 @@ use crate::inference::InferenceService;
 use crate::loras::LoraTable;
 use crate::metrics::serve_metrics;
 
-/// How a worker serves.
+/// How a worker's front serves. What the coordinator decides (the adapter root, the gate deadline, the admission
+/// limits, the keys) is the coordinator's configuration, made by whoever starts it.
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
     /// The base model's name: what `GenerateRequest.model` may name (empty works too) and `GetModelInfo` reports.
-    /// No adapter may be loaded under it.
+    /// The coordinator should reserve it (`CoordinatorConfig::reserved_names`), so that no adapter is loaded under
+    /// it.
     pub served_model_name: String,
-    /// The only directory `LoadLora` may read adapters from (relative paths are taken from it); `None` refuses
-    /// every load with `FAILED_PRECONDITION`, as vLLM does when LoRA is disabled.
-    pub adapter_root: Option<AdapterRoot>,
     /// What `GetServerInfo.max_running_requests` reports (the engine's batch size).
     pub max_running_requests: u64,
-    /// The longest a request waits while generation is paused before `UNAVAILABLE` (`--gate-max-wait`).
-    pub gate_max_wait: Duration,
-    /// Caps on admitted and held requests (`--max-in-flight`, `--max-held`): more are `RESOURCE_EXHAUSTED`.
-    pub limits: Limits,
     /// The connection cap and timeouts (`--max-connections`, `--header-read-timeout`, `--idle-timeout`).
     pub connections: ConnectionLimits,
-    /// Who may call what: the API key `vllm.Inference`, the admin key everything (off with [`Keyring::open`]).
-    pub keys: Keyring,
     /// The most adapters loaded (or loading) at once (`--max-loras`); `None`: no cap.
     pub max_loras: Option<usize>,
     /// Whether the `Shutdown` RPC may stop the worker (`--enable-shutdown-rpc`); refused otherwise.
@@ -50,18 +43,13 @@ pub struct WorkerConfig {
 }
 
 impl WorkerConfig {
-    /// A worker serving `served_model_name` with `serve`'s default limits, connection limits and timeouts, no keys,
-    /// no adapter root, no `--max-loras` and the `Shutdown` RPC disabled.
+    /// A worker front serving `served_model_name` with `serve`'s default connection limits and timeouts, no
+    /// `--max-loras` and the `Shutdown` RPC disabled.
     pub fn new(served_model_name: impl Into<String>) -> Self {
-        let defaults = CoordinatorConfig::default();
         Self {
             served_model_name: served_model_name.into(),
-            adapter_root: None,
             max_running_requests: 64,
-            gate_max_wait: defaults.max_gate_hold,
-            limits: defaults.limits,
             connections: ConnectionLimits::default(),
-            keys: Keyring::open(),
             max_loras: None,
             shutdown_rpc: false,
             shutdown: CancellationToken::new(),
@@ -89,9 +77,6 @@ impl From<TcpListener> for WorkerListeners {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WorkerServeError {
-    /// The coordinator could not start.
-    #[error("starting the worker's coordinator: {0}")]
-    Coordinator(#[from] StartError),
     /// The transport failed.
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
@@ -100,17 +85,20 @@ pub enum WorkerServeError {
     Metrics(#[source] std::io::Error),
 }
 
-/// Serves `engine` over vLLM's gRPC protocol on `listeners.grpc` (and its metrics on `listeners.http`, if given)
-/// until `config.shutdown` is cancelled. Stopping turns health to `NOT_SERVING`, admits nothing new, aborts the
-/// running requests (each ends with `ABORTED` after its tokens) and fails the held ones, then closes.
+/// Serves `coordinator` over vLLM's gRPC protocol on `listeners.grpc` (and its metrics on `listeners.http`, if
+/// given) until `config.shutdown` is cancelled, with the coordinator's keys: the API key may call `vllm.Inference`,
+/// the admin key everything; loads are refused (`FAILED_PRECONDITION`) when the coordinator has no adapter root.
+/// Stopping turns health to `NOT_SERVING`, admits nothing new, aborts the running requests (each ends with `ABORTED`
+/// after its tokens) and fails the held ones, then closes.
 pub async fn serve_worker(
     listeners: impl Into<WorkerListeners>,
-    engine: Arc<dyn Engine>,
+    coordinator: Coordinator,
     config: WorkerConfig,
 ) -> Result<(), WorkerServeError> {
     let WorkerListeners { grpc: listener, http } = listeners.into();
+    let keys = coordinator.auth().clone();
     if let Ok(address) = listener.local_addr()
-        && exposed_without_keys(address, &config.keys)
+        && exposed_without_keys(address, &keys)
     {
         tracing::warn!(
             %address,
@@ -118,21 +106,12 @@ pub async fn serve_worker(
              unload adapters and abort requests; start it with --api-key and --admin-key (see docs/security.md)"
         );
     }
-    let coordinator_config = CoordinatorConfig {
-        max_gate_hold: config.gate_max_wait,
-        adapter_root: config.adapter_root.clone(),
-        limits: config.limits,
-        auth: config.keys.clone(),
-        reserved_names: vec![config.served_model_name.clone()],
-        ..CoordinatorConfig::default()
-    };
-    let coordinator = Coordinator::start(engine, coordinator_config).await?;
     let served_model_name: Arc<str> = config.served_model_name.into();
     let facts = ServerFacts {
         served_model_name: served_model_name.clone(),
         instance_id: format!("loragate-{:016x}", rand_id()),
         max_running_requests: config.max_running_requests,
-        supports_lora: config.adapter_root.is_some(),
+        supports_lora: coordinator.config().adapter_root.is_some(),
         shutdown_rpc: config.shutdown_rpc,
     };
     let loras = LoraTable::new(config.max_loras);
@@ -147,11 +126,11 @@ pub async fn serve_worker(
     });
     let inference = InferenceServer::with_interceptor(
         InferenceService::new(coordinator.clone(), served_model_name),
-        RequireKey::new(config.keys.clone(), Action::Sample),
+        RequireKey::new(keys.clone(), Action::Sample),
     );
     let control = ControlServer::with_interceptor(
         ControlService::new(coordinator.clone(), loras, facts, config.shutdown.clone()),
-        RequireKey::new(config.keys, Action::Admin),
+        RequireKey::new(keys, Action::Admin),
     );
 
     let (health, health_service) = tonic_health::server::health_reporter();

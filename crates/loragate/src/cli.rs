@@ -5,20 +5,22 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use loragate_core::{AdapterName, Key, Limits};
-use loragate_fleet::WorkerAddress;
-use loragate_tinker::{RetentionLimits, TinkerConfig};
+use loragate_core::{AdapterName, Limits};
 
 use crate::duration_arg::parse_duration;
 use crate::listen_addr::{parse_host, parse_listen_addr};
 use crate::logging::LogFormat;
-use crate::serve::{Authentication, InitialAdapter, ServeConfig};
+use crate::model::InitialAdapter;
+use crate::serve::ServeConfig;
+use crate::settings::{Authentication, GateDeadlines};
 use crate::state_dir::StateLocation;
 use crate::worker::WorkerSettings;
 
+mod serve_only;
 mod shared;
 
-pub use self::shared::{EngineArgs, FrontLimitArgs, KeyArgs};
+pub use self::serve_only::{FleetArgs, TinkerArgs};
+pub use self::shared::{AdmissionArgs, ConnectionArgs, EngineArgs, GateArgs, KeyArgs};
 
 /// loragate: swap LoRA adapter weights while rollouts keep sampling, safely and per adapter.
 #[derive(Debug, Parser)]
@@ -128,38 +130,18 @@ pub struct ServeArgs {
     /// On SIGINT/SIGTERM, how long running requests may finish before the rest are aborted.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
-    /// A worker to front instead of running the model in-process. Its URL's scheme names its protocol:
-    /// `grpc://HOST:PORT` (vLLM's gRPC: `loragate worker`, vLLM's `vllm-rs serve MODEL --grpc-port PORT`; `http://` is
-    /// an alias), `vllm+http://HOST:PORT` (vLLM's OpenAI server) or `sglang+http://HOST:PORT` (SGLang's server).
-    /// Repeatable, protocols mixed. With workers, --model supplies only the config and tokenizer, and adapter paths
-    /// are sent to the workers absolute (see --worker-adapter-root).
-    #[arg(long = "worker", value_name = "URL", value_parser = WorkerUrlParser)]
-    pub workers: Vec<WorkerAddress>,
-    /// How often each worker's health is checked, in seconds.
-    #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = parse_duration)]
-    pub worker_health_interval: Duration,
-    /// Failures in a row after which a worker's health checks back off exponentially, and it must pass this many
-    /// checks in a row before it gets traffic again.
-    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
-    pub worker_failure_threshold: u32,
-    /// How long a fleet coordinator waits at start for a first worker to be ready (workers started after it are
-    /// waited for), in seconds.
-    #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = parse_duration)]
-    pub worker_wait: Duration,
-    /// The most workers a fleet holds (--worker and AddWorker together); more are refused.
-    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_workers: u64,
-    /// Where the workers mount the adapter root: adapter paths inside --adapter-root are sent to the workers under
-    /// this directory instead (default: the same path as here).
-    #[arg(long, value_name = "DIR")]
-    pub worker_adapter_root: Option<PathBuf>,
-    /// The key presented to the workers (as `authorization: Bearer KEY`): a `loragate worker`'s --admin-key, or
-    /// the --api-key of a vLLM or SGLang server.
-    #[arg(long, value_name = "KEY", env = "LORAGATE_WORKER_KEY", hide_env_values = true)]
-    pub worker_key: Option<Key>,
-    /// Admission limits, the gate deadline and connection limits (shared with `worker`).
+    /// The workers to front instead of the in-process engine.
     #[command(flatten)]
-    pub limits: FrontLimitArgs,
+    pub fleet: FleetArgs,
+    /// The gate's deadline (shared with `worker`).
+    #[command(flatten)]
+    pub gate: GateArgs,
+    /// Admission limits (shared with `worker`).
+    #[command(flatten)]
+    pub admission: AdmissionArgs,
+    /// Connection limits (shared with `worker`).
+    #[command(flatten)]
+    pub connections: ConnectionArgs,
     /// The most sampling requests admitted at once for any one adapter (default: only --max-in-flight applies).
     #[arg(long, value_name = "N")]
     pub max_in_flight_per_adapter: Option<u32>,
@@ -192,18 +174,9 @@ pub struct ServeArgs {
     /// seconds, at least 2 (etcd's shortest lease); a pause waits --abort-ack-timeout plus this for the replicas.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_replica_lease, requires = "state")]
     pub replica_lease: Duration,
-    /// Tinker API: the longest a sample waits for its paused adapter before its future fails (keep it below the
-    /// SDK's 120-minute stuck detection).
-    #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
-    pub tinker_max_pause_wait: Duration,
-    /// Tinker API: the most samples pending at once; past it `asample` answers 429 and the SDK resubmits after a
-    /// back-off.
-    #[arg(long, value_name = "N", default_value_t = RetentionLimits::default().max_pending)]
-    pub tinker_max_pending: usize,
-    /// Tinker API: how long a `retrieve_future` long-poll is held before answering `try_again` (below the SDK's
-    /// 45 s timeout).
-    #[arg(long, value_name = "DURATION", default_value = "25s", value_parser = parse_duration)]
-    pub tinker_poll_hold: Duration,
+    /// The Tinker API front.
+    #[command(flatten)]
+    pub tinker: TinkerArgs,
     /// How the model runs in-process (with --worker, only --max-context-length and --cache-dir apply).
     #[command(flatten)]
     pub engine: EngineArgs,
@@ -252,9 +225,15 @@ pub struct WorkerArgs {
     /// Let the Shutdown RPC stop the worker (with keys, it needs the admin key); without this flag it is refused.
     #[arg(long)]
     pub enable_shutdown_rpc: bool,
-    /// Admission limits, the gate deadline and connection limits, as `serve` takes them.
+    /// The gate's deadline, as `serve` takes it.
     #[command(flatten)]
-    pub limits: FrontLimitArgs,
+    pub gate: GateArgs,
+    /// Admission limits, as `serve` takes them.
+    #[command(flatten)]
+    pub admission: AdmissionArgs,
+    /// Connection limits, as `serve` takes them.
+    #[command(flatten)]
+    pub connections: ConnectionArgs,
     /// The keys: the API key may call vllm.Inference, the admin key everything (the coordinator's --worker-key).
     #[command(flatten)]
     pub keys: KeyArgs,
@@ -275,17 +254,10 @@ impl WorkerArgs {
             model: self.engine.model_source(self.model),
             served_model_name: self.served_model_name,
             adapter_root: self.adapter_root,
-            gate_max_wait: self.limits.gate_max_wait,
-            limits: Limits {
-                max_in_flight: self.limits.max_in_flight,
-                max_held: self.limits.max_held,
-                ..Limits::default()
-            },
-            max_connections: self.limits.max_connections,
-            header_read_timeout: self.limits.header_read_timeout,
-            idle_timeout: self.limits.idle_timeout,
-            api_key: self.keys.api_key,
-            admin_key: self.keys.admin_key,
+            deadlines: self.gate.deadlines(),
+            limits: self.admission.limits(),
+            connections: self.connections.connection_limits(),
+            authentication: self.keys.authentication(),
             max_loras: self.max_loras.map(|max| usize::try_from(max).unwrap_or(usize::MAX)),
             enable_shutdown_rpc: self.enable_shutdown_rpc,
             engine: self.engine.engine_config(),
@@ -307,41 +279,25 @@ impl ServeArgs {
             served_model_name: self.served_model_name,
             adapters,
             adapter_root: self.adapter_root,
-            gate_max_wait: self.limits.gate_max_wait,
+            deadlines: GateDeadlines {
+                abort_ack_timeout: self.abort_ack_timeout,
+                max_pause_drain: self.max_pause_drain,
+                ..self.gate.deadlines()
+            },
+            shutdown_grace: self.shutdown_grace,
             limits: Limits {
-                max_in_flight: self.limits.max_in_flight,
-                max_held: self.limits.max_held,
                 max_in_flight_per_adapter: self.max_in_flight_per_adapter,
                 max_held_per_adapter: self.max_held_per_adapter,
+                ..self.admission.limits()
             },
-            max_connections: self.limits.max_connections,
-            header_read_timeout: self.limits.header_read_timeout,
-            idle_timeout: self.limits.idle_timeout,
-            authentication: Authentication {
-                api_key: self.keys.api_key,
-                admin_key: self.keys.admin_key,
-                tenant_keys: self.tenant_keys,
-            },
-            abort_ack_timeout: self.abort_ack_timeout,
-            max_pause_drain: self.max_pause_drain,
-            shutdown_grace: self.shutdown_grace,
+            connections: self.connections.connection_limits(),
+            authentication: Authentication { tenant_keys: self.tenant_keys, ..self.keys.authentication() },
             engine: self.engine.engine_config(),
-            workers: self.workers,
-            worker_health_interval: self.worker_health_interval,
-            worker_failure_threshold: self.worker_failure_threshold,
-            worker_wait: self.worker_wait,
-            max_workers: usize::try_from(self.max_workers).unwrap_or(usize::MAX),
-            worker_adapter_root: self.worker_adapter_root,
-            worker_key: self.worker_key,
+            fleet: self.fleet.into_settings(),
             state: self.state.or(self.state_dir).unwrap_or(StateLocation::UserDefault),
             replica_lease: self.replica_lease,
             log_stats_interval: (!self.log_stats_interval.is_zero()).then_some(self.log_stats_interval),
-            tinker: TinkerConfig {
-                max_pause_wait: self.tinker_max_pause_wait,
-                poll_hold: self.tinker_poll_hold,
-                retention: RetentionLimits { max_pending: self.tinker_max_pending, ..RetentionLimits::default() },
-                ..TinkerConfig::default()
-            },
+            tinker: self.tinker.tinker_config(),
         }
     }
 }
@@ -359,28 +315,6 @@ fn parse_replica_lease(raw: &str) -> Result<Duration, String> {
 /// Parses `--state`.
 fn parse_shared_state(raw: &str) -> Result<StateLocation, String> {
     loragate_etcd::EtcdUrl::parse(raw).map(StateLocation::Shared).map_err(|err| err.to_string())
-}
-
-/// Parses `--worker`. Its errors never quote the value as given (clap's own errors would): an address may carry a
-/// credential, which must not reach a terminal or a log.
-#[derive(Clone, Copy, Debug)]
-struct WorkerUrlParser;
-
-impl clap::builder::TypedValueParser for WorkerUrlParser {
-    type Value = WorkerAddress;
-
-    fn parse_ref(
-        &self,
-        cmd: &clap::Command,
-        _arg: Option<&clap::Arg>,
-        value: &std::ffi::OsStr,
-    ) -> Result<WorkerAddress, clap::Error> {
-        let invalid = |why: String| {
-            clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("--worker: {why}\n")).with_cmd(cmd)
-        };
-        let raw = value.to_str().ok_or_else(|| invalid("is not UTF-8".into()))?;
-        WorkerAddress::parse(raw).map_err(|err| invalid(err.to_string()))
-    }
 }
 
 fn parse_initial_adapter(raw: &str) -> Result<InitialAdapter, String> {

@@ -1,18 +1,22 @@
-//! `loragate worker`: the candle engine and a coordinator behind vLLM's own gRPC protocol, one worker of a fleet.
+//! `loragate worker`: the candle engine and a coordinator behind vLLM's own gRPC protocol, one worker of a fleet. The
+//! binary builds the coordinator (with the setting groups it shares with `serve`); `loragate-worker`'s front only
+//! translates vLLM's calls into calls on it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use loragate_core::{AdapterRoot, Key, Keyring, Limits, TenantKeys};
-use loragate_engine::{CandleEngine, EngineConfig};
+use loragate_core::{Coordinator, Limits};
+use loragate_engine::EngineConfig;
 use loragate_net::ConnectionLimits;
 use loragate_worker::{WorkerConfig, WorkerListeners, serve_worker};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::serve::{ModelSource, ResolvedModel, ServeError, ShutdownSignals, bind, blocking, join_error, local_addr};
+use crate::error::ServeError;
+use crate::model::{ModelSource, ResolvedModel};
+use crate::settings::{Authentication, GateDeadlines, coordinator_config};
+use crate::startup::{ShutdownSignals, bind, join_error, load_engine};
 
 /// Everything `loragate worker` needs.
 #[derive(Clone, Debug)]
@@ -27,20 +31,16 @@ pub struct WorkerSettings {
     pub served_model_name: Option<String>,
     /// The only directory `LoadLora` may read from (default for the demo: its adapters directory).
     pub adapter_root: Option<PathBuf>,
-    /// The longest a request waits while generation is paused (`--gate-max-wait`).
-    pub gate_max_wait: Duration,
+    /// The longest a request waits while generation is paused (`--gate-max-wait`); the pause deadlines, which the
+    /// worker's command line does not set, are the coordinator's defaults there.
+    pub deadlines: GateDeadlines,
     /// Caps on admitted and held requests (`--max-in-flight`, `--max-held`).
     pub limits: Limits,
-    /// The most connections open at once.
-    pub max_connections: usize,
-    /// How long a new connection may take to send its first request head.
-    pub header_read_timeout: Duration,
-    /// How long a connection may stay without a request in progress.
-    pub idle_timeout: Duration,
-    /// May call `vllm.Inference`.
-    pub api_key: Option<Key>,
-    /// May call everything (the fleet coordinator's `--worker-key`).
-    pub admin_key: Option<Key>,
+    /// The connection cap and timeouts (`--max-connections`, `--header-read-timeout`, `--idle-timeout`).
+    pub connections: ConnectionLimits,
+    /// The keys: the API key may call `vllm.Inference`, the admin key everything (the fleet coordinator's
+    /// `--worker-key`). The worker's command line takes no tenant keys.
+    pub authentication: Authentication,
     /// The most adapters loaded at once (`--max-loras`; `None`: no cap).
     pub max_loras: Option<usize>,
     /// Whether the `Shutdown` RPC may stop the worker.
@@ -61,49 +61,35 @@ pub struct RunningWorker {
 }
 
 impl RunningWorker {
-    /// Binds the address (first, so that a port clash fails before the model loads), loads the model and starts
-    /// serving.
+    /// Binds the addresses (first, so that a port clash fails before the model loads), loads the model, starts the
+    /// coordinator over it and serves it.
     pub async fn start(settings: WorkerSettings) -> Result<Self, ServeError> {
         let signals = ShutdownSignals::listen();
-        let listener = bind(settings.grpc_addr).await?;
-        let grpc_addr = local_addr(&listener, settings.grpc_addr)?;
+        let (grpc, grpc_addr) = bind(settings.grpc_addr).await?;
         let http = match settings.http_addr {
-            Some(requested) => {
-                let http = bind(requested).await?;
-                let bound = local_addr(&http, requested)?;
-                Some((http, bound))
-            }
+            Some(requested) => Some(bind(requested).await?),
             None => None,
         };
         let http_addr = http.as_ref().map(|(_, bound)| *bound);
         let model = ResolvedModel::of(&settings.model).await?;
         let served_model_name = settings.served_model_name.clone().unwrap_or_else(|| model.name.clone());
-        let adapter_root = match settings.adapter_root.clone().or_else(|| model.adapter_root.clone()) {
-            Some(path) => Some(AdapterRoot::new(&path).map_err(|source| ServeError::AdapterRoot { path, source })?),
-            None => None,
-        };
-        let keys = Keyring::new(settings.api_key.clone(), settings.admin_key.clone(), TenantKeys::default())?;
-        let (path, engine_config) = (model.path.clone(), settings.engine.clone());
-        let engine = blocking(move || CandleEngine::load(&path, engine_config)).await??;
+        let adapter_root = model.adapter_root(settings.adapter_root.clone(), false)?;
+        let keys = settings.authentication.keyring()?;
+        let engine = load_engine(&model.path, settings.engine.clone()).await?;
+        let coordinator_config =
+            coordinator_config(settings.deadlines, settings.limits, keys, adapter_root, &served_model_name);
+        let coordinator = Coordinator::start(Arc::new(engine), coordinator_config).await?;
         let shutdown = CancellationToken::new();
         let config = WorkerConfig {
             served_model_name: served_model_name.clone(),
-            adapter_root,
             max_running_requests: settings.engine.max_batch_size as u64,
-            gate_max_wait: settings.gate_max_wait,
-            limits: settings.limits,
-            connections: ConnectionLimits::new(
-                settings.max_connections,
-                settings.header_read_timeout,
-                settings.idle_timeout,
-            ),
-            keys,
+            connections: settings.connections,
             max_loras: settings.max_loras,
             shutdown_rpc: settings.enable_shutdown_rpc,
             shutdown: shutdown.clone(),
         };
-        let listeners = WorkerListeners { grpc: listener, http: http.map(|(http, _)| http) };
-        let served = tokio::spawn(serve_worker(listeners, Arc::new(engine), config));
+        let listeners = WorkerListeners { grpc, http: http.map(|(http, _)| http) };
+        let served = tokio::spawn(serve_worker(listeners, coordinator, config));
         tracing::info!(%grpc_addr, ?http_addr, model = %served_model_name, "worker serving vLLM's gRPC protocol");
         Ok(Self { grpc_addr, http_addr, served_model_name, shutdown, served, signals })
     }

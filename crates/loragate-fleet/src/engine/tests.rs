@@ -47,15 +47,21 @@ impl TestWorker {
         listener.set_nonblocking(true).expect("non-blocking");
         let port = listener.local_addr().expect("addr").port();
         let kill = CancellationToken::new();
-        let config =
-            WorkerConfig { adapter_root: Some(AdapterRoot::new(root).expect("root")), ..WorkerConfig::new("scripted") };
+        let coordinator_config = CoordinatorConfig {
+            adapter_root: Some(AdapterRoot::new(root).expect("root")),
+            reserved_names: vec!["scripted".into()],
+            ..CoordinatorConfig::default()
+        };
         let killed = kill.clone();
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                let coordinator = Coordinator::start(engine, coordinator_config).await.expect("the coordinator starts");
                 tokio::select! {
-                    served = serve_worker(listener, engine, config) => served.expect("the worker serves"),
+                    served = serve_worker(listener, coordinator, WorkerConfig::new("scripted")) => {
+                        served.expect("the worker serves");
+                    }
                     () = killed.cancelled() => {}
                 }
             });

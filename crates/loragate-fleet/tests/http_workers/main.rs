@@ -46,11 +46,13 @@ impl GrpcWorker {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.set_nonblocking(true).expect("non-blocking");
         let port = listener.local_addr().expect("address").port();
-        let config = loragate_worker::WorkerConfig {
+        let coordinator_config = CoordinatorConfig {
             adapter_root: Some(AdapterRoot::new(root).expect("root")),
-            keys,
-            ..loragate_worker::WorkerConfig::new("scripted")
+            auth: keys,
+            reserved_names: vec!["scripted".into()],
+            ..CoordinatorConfig::default()
         };
+        let config = loragate_worker::WorkerConfig::new("scripted");
         let kill = CancellationToken::new();
         let killed = kill.clone();
         let thread = std::thread::spawn(move || {
@@ -58,8 +60,9 @@ impl GrpcWorker {
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
                 let engine = Arc::new(ScriptedEngine::new(HOLD_AFTER));
+                let coordinator = Coordinator::start(engine, coordinator_config).await.expect("the coordinator starts");
                 tokio::select! {
-                    served = loragate_worker::serve_worker(listener, engine, config) => served.expect("serves"),
+                    served = loragate_worker::serve_worker(listener, coordinator, config) => served.expect("serves"),
                     () = killed.cancelled() => {}
                 }
             });

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use loragate_core::testing::{ScriptedEngine, eventually};
-use loragate_core::{AdapterRoot, Limits};
+use loragate_core::{AdapterRoot, Coordinator, CoordinatorConfig, Limits};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -21,6 +21,13 @@ use crate::inference::DEFAULT_MAX_NEW_TOKENS;
 mod hardening;
 mod metrics;
 
+/// What a test worker starts with: its coordinator's configuration (which the binary makes in production) and its
+/// front's.
+struct Setup {
+    coordinator: CoordinatorConfig,
+    front: WorkerConfig,
+}
+
 struct TestWorker {
     address: SocketAddr,
     /// The HTTP listener's (`/metrics`).
@@ -35,11 +42,11 @@ impl TestWorker {
     /// A worker over a scripted engine whose requests emit `hold_after` tokens and then wait to be cancelled if
     /// their budget allows more. Its adapter root holds `meow/` and `bad/` (which the engine refuses to load).
     async fn start(hold_after: u32) -> Self {
-        Self::start_with(hold_after, |config| config).await
+        Self::start_with(hold_after, |setup| setup).await
     }
 
-    /// [`TestWorker::start`] with the configuration `configure` makes of the default one.
-    async fn start_with(hold_after: u32, configure: impl FnOnce(WorkerConfig) -> WorkerConfig) -> Self {
+    /// [`TestWorker::start`] with the configurations `configure` makes of the default ones.
+    async fn start_with(hold_after: u32, configure: impl FnOnce(Setup) -> Setup) -> Self {
         let root = tempfile::tempdir().expect("temp dir");
         for adapter in ["meow", "bad"] {
             std::fs::create_dir(root.path().join(adapter)).expect("adapter dir");
@@ -48,14 +55,19 @@ impl TestWorker {
         let address: SocketAddr = listener.local_addr().expect("addr");
         let http = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let http_address: SocketAddr = http.local_addr().expect("addr");
-        let config = configure(WorkerConfig {
-            adapter_root: Some(AdapterRoot::new(root.path()).expect("root")),
-            max_running_requests: 8,
-            ..WorkerConfig::new("scripted")
+        let setup = configure(Setup {
+            coordinator: CoordinatorConfig {
+                adapter_root: Some(AdapterRoot::new(root.path()).expect("root")),
+                reserved_names: vec!["scripted".into()],
+                ..CoordinatorConfig::default()
+            },
+            front: WorkerConfig { max_running_requests: 8, ..WorkerConfig::new("scripted") },
         });
-        let shutdown = config.shutdown.clone();
+        let engine = Arc::new(ScriptedEngine::new(hold_after));
+        let coordinator = Coordinator::start(engine, setup.coordinator).await.expect("the coordinator starts");
+        let shutdown = setup.front.shutdown.clone();
         let listeners = WorkerListeners { grpc: listener, http: Some(http) };
-        let served = tokio::spawn(serve_worker(listeners, Arc::new(ScriptedEngine::new(hold_after)), config));
+        let served = tokio::spawn(serve_worker(listeners, coordinator, setup.front));
         Self { address, http_address, channel: channel_to(address), shutdown, served, _root: root }
     }
 
@@ -230,9 +242,12 @@ async fn abort_ends_requests_with_aborted_after_their_tokens_and_ids_are_reusabl
 
 #[tokio::test]
 async fn a_client_that_leaves_leaves_nothing_behind() {
-    let worker = TestWorker::start_with(3, |config| WorkerConfig {
-        limits: Limits { max_in_flight: 1, ..Limits::default() },
-        ..config
+    let worker = TestWorker::start_with(3, |setup| Setup {
+        coordinator: CoordinatorConfig {
+            limits: Limits { max_in_flight: 1, ..Limits::default() },
+            ..setup.coordinator
+        },
+        ..setup
     })
     .await;
     let mut stream = worker.stream(request("leaver", "", 100)).await.expect("stream");
@@ -346,7 +361,11 @@ async fn the_shutdown_rpc_is_refused_unless_enabled() {
 
 #[tokio::test]
 async fn the_shutdown_rpc_stops_the_worker_when_enabled() {
-    let worker = TestWorker::start_with(100, |config| WorkerConfig { shutdown_rpc: true, ..config }).await;
+    let worker = TestWorker::start_with(100, |setup| Setup {
+        front: WorkerConfig { shutdown_rpc: true, ..setup.front },
+        ..setup
+    })
+    .await;
     worker.control().shutdown(pb::ShutdownRequest {}).await.expect("shutdown accepted");
     let served = tokio::time::timeout(std::time::Duration::from_secs(10), worker.served).await;
     assert!(matches!(served, Ok(Ok(Ok(())))), "the worker stops cleanly: {served:?}");

@@ -1,22 +1,38 @@
-//! The flag groups `serve` and `worker` share: how the model runs, admission and connection limits, and keys.
+//! The flag groups `serve` and `worker` share, each declared once and each making one setting group: the gate's
+//! deadline, admission limits, connection limits, keys, and how the model runs.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use loragate_core::{DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Key};
+use loragate_core::{DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Key, Limits};
 use loragate_engine::{DType, Device, EngineConfig, QuantizedWeights};
+use loragate_net::ConnectionLimits;
 
 use crate::duration_arg::parse_duration;
-use crate::serve::ModelSource;
+use crate::model::ModelSource;
+use crate::settings::{Authentication, GateDeadlines};
 
-/// Admission limits, the gate deadline and connection limits: `serve`'s flags, which `worker` takes too.
+/// The gate's deadline: `serve`'s flag, which `worker` takes too.
 #[derive(Debug, Args)]
-pub struct FrontLimitArgs {
+pub struct GateArgs {
     /// The longest a sampling request waits at a paused adapter's gate (or a paused worker) before UNAVAILABLE /
     /// 503.
     #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
     pub gate_max_wait: Duration,
+}
+
+impl GateArgs {
+    /// The deadlines: this gate deadline, and the coordinator's default pause deadlines (`serve` sets those with
+    /// flags of its own).
+    pub fn deadlines(&self) -> GateDeadlines {
+        GateDeadlines { gate_max_wait: self.gate_max_wait, ..GateDeadlines::default() }
+    }
+}
+
+/// Admission limits over every adapter: `serve`'s flags, which `worker` takes too.
+#[derive(Debug, Args)]
+pub struct AdmissionArgs {
     /// The most sampling requests admitted at once (queued or running), over every adapter and the base model;
     /// more are refused with RESOURCE_EXHAUSTED / 429.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
@@ -25,6 +41,18 @@ pub struct FrontLimitArgs {
     /// RESOURCE_EXHAUSTED / 429.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_HELD)]
     pub max_held: u32,
+}
+
+impl AdmissionArgs {
+    /// The limits: these, and no per-adapter cap (`serve` sets those with flags of its own).
+    pub fn limits(&self) -> Limits {
+        Limits { max_in_flight: self.max_in_flight, max_held: self.max_held, ..Limits::default() }
+    }
+}
+
+/// Connection limits: `serve`'s flags, which `worker` takes too.
+#[derive(Debug, Args)]
+pub struct ConnectionArgs {
     /// The most connections open at once (over every listener); more wait to be accepted.
     #[arg(long, value_name = "N", default_value_t = loragate_net::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
@@ -37,6 +65,13 @@ pub struct FrontLimitArgs {
     pub idle_timeout: Duration,
 }
 
+impl ConnectionArgs {
+    /// The limits (one cap, shared by every listener given them).
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        ConnectionLimits::new(self.max_connections, self.header_read_timeout, self.idle_timeout)
+    }
+}
+
 /// The API and admin keys: any one turns authentication on.
 #[derive(Debug, Args)]
 pub struct KeyArgs {
@@ -47,6 +82,13 @@ pub struct KeyArgs {
     /// Turns authentication on: this key may do everything (pause, resume, load, unload, and sample).
     #[arg(long, value_name = "KEY", env = "LORAGATE_ADMIN_KEY", hide_env_values = true)]
     pub admin_key: Option<Key>,
+}
+
+impl KeyArgs {
+    /// The authentication: these keys, and no tenant keys (`serve` takes those with a flag of its own).
+    pub fn authentication(self) -> Authentication {
+        Authentication { api_key: self.api_key, admin_key: self.admin_key, tenant_keys: None }
+    }
 }
 
 /// How the model runs: the flags `serve` and `worker` share.

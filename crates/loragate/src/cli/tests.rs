@@ -1,9 +1,11 @@
 //! The command line's parsing: defaults, flags, and what reaches the configurations.
 
+use loragate_core::Key;
 use loragate_engine::Device;
+use loragate_fleet::WorkerAddress;
 
 use super::*;
-use crate::serve::ModelSource;
+use crate::model::ModelSource;
 
 #[test]
 fn serve_defaults_match_the_contract() {
@@ -86,7 +88,7 @@ fn adapters_are_name_equals_dir_and_repeatable() {
     let Command::Serve(args) = cli.command else { panic!("serve") };
     let names: Vec<_> = args.adapters.iter().map(|a| a.name.to_string()).collect();
     assert_eq!(names, vec!["meow", "woof"]);
-    assert_eq!(args.limits.gate_max_wait, Duration::from_secs(5));
+    assert_eq!(args.gate.gate_max_wait, Duration::from_secs(5));
     assert_eq!(args.engine.device, Device::Cuda(1));
     let engine = args.into_config().engine;
     assert_eq!((engine.max_lora_rank, engine.max_adapter_bytes), (16, 1_000_000));
@@ -102,8 +104,11 @@ fn limits_connections_and_keys_have_the_issues_defaults_and_flags() {
     let config = args.into_config();
     assert_eq!(config.limits, Limits::default());
     assert_eq!((config.limits.max_in_flight, config.limits.max_held), (1024, 4096));
-    assert_eq!(config.max_connections, 4096);
-    assert_eq!((config.header_read_timeout, config.idle_timeout), (Duration::from_secs(10), Duration::from_secs(60)));
+    assert_eq!(config.connections.max_connections, 4096);
+    assert_eq!(
+        (config.connections.header_read_timeout, config.connections.idle_timeout),
+        (Duration::from_secs(10), Duration::from_secs(60))
+    );
     assert!(config.authentication.api_key.is_none() || std::env::var_os("LORAGATE_API_KEY").is_some());
 
     let cli = Cli::try_parse_from([
@@ -136,7 +141,7 @@ fn limits_connections_and_keys_have_the_issues_defaults_and_flags() {
     let expected =
         Limits { max_in_flight: 8, max_held: 16, max_in_flight_per_adapter: Some(2), max_held_per_adapter: Some(4) };
     assert_eq!(config.limits, expected);
-    assert_eq!((config.max_connections, config.idle_timeout), (32, Duration::from_secs(5)));
+    assert_eq!((config.connections.max_connections, config.connections.idle_timeout), (32, Duration::from_secs(5)));
     assert_eq!(config.authentication.api_key, Some(Key::parse("k-api").expect("key")));
     assert!(!format!("{config:?}").contains("k-admin"), "keys are redacted from Debug output");
     assert!(Cli::try_parse_from(["loragate", "serve", "--api-key", "has space"]).is_err());
@@ -145,8 +150,8 @@ fn limits_connections_and_keys_have_the_issues_defaults_and_flags() {
 #[test]
 fn serve_fronts_repeated_workers_and_checks_them_every_interval() {
     let Cli { command: Command::Serve(args), .. } = Cli::parse_from(["loragate", "serve"]) else { panic!("serve") };
-    assert!(args.workers.is_empty(), "no worker: the in-process engine");
-    assert_eq!(args.worker_health_interval, Duration::from_secs(2), "the default interval");
+    assert!(args.fleet.workers.is_empty(), "no worker: the in-process engine");
+    assert_eq!(args.fleet.worker_health_interval, Duration::from_secs(2), "the default interval");
     let cli = Cli::try_parse_from([
         "loragate",
         "serve",
@@ -170,12 +175,12 @@ fn serve_fronts_repeated_workers_and_checks_them_every_interval() {
     .expect("parses");
     let Command::Serve(args) = cli.command else { panic!("serve") };
     let config = args.into_config();
-    let workers: Vec<&str> = config.workers.iter().map(WorkerAddress::as_str).collect();
+    let workers: Vec<&str> = config.fleet.workers.iter().map(WorkerAddress::as_str).collect();
     assert_eq!(workers, ["grpc://127.0.0.1:9001", "vllm+http://127.0.0.1:9002", "sglang+http://worker-3:9003"]);
-    assert_eq!(config.worker_health_interval, Duration::from_millis(500));
-    assert_eq!((config.worker_failure_threshold, config.worker_wait), (5, Duration::from_secs(10)));
-    assert_eq!(config.max_workers, 8);
-    assert_eq!(config.worker_adapter_root.as_deref(), Some(std::path::Path::new("/mnt/adapters")));
+    assert_eq!(config.fleet.health_interval, Duration::from_millis(500));
+    assert_eq!((config.fleet.failure_threshold, config.fleet.join_timeout), (5, Duration::from_secs(10)));
+    assert_eq!(config.fleet.max_workers, 8);
+    assert_eq!(config.fleet.worker_adapter_root.as_deref(), Some(std::path::Path::new("/mnt/adapters")));
     let bad = Cli::try_parse_from(["loragate", "serve", "--worker", "127.0.0.1:9001"]).expect_err("not a URL");
     assert!(bad.to_string().contains("--worker"), "{bad}");
     let secret = Cli::try_parse_from(["loragate", "serve", "--worker", "http://u:hunter2@h:1"]).expect_err("creds");
@@ -184,7 +189,7 @@ fn serve_fronts_repeated_workers_and_checks_them_every_interval() {
     let Command::Serve(args) = defaults.command else { panic!("serve") };
     let config = args.into_config();
     assert_eq!(
-        (config.worker_wait, config.max_workers, config.worker_failure_threshold),
+        (config.fleet.join_timeout, config.fleet.max_workers, config.fleet.failure_threshold),
         (Duration::from_secs(60), 256, 3)
     );
 }
@@ -232,7 +237,7 @@ fn worker_needs_an_address_and_takes_the_engine_flags() {
     assert_eq!(settings.adapter_root.as_deref(), Some(std::path::Path::new("/a")));
     assert!(matches!(settings.model, ModelSource::Demo { .. }));
     assert_eq!((settings.max_loras, settings.enable_shutdown_rpc), (None, false), "no cap, no Shutdown RPC");
-    assert_eq!((settings.limits, settings.max_connections), (Limits::default(), 4096), "serve's defaults");
+    assert_eq!((settings.limits, settings.connections.max_connections), (Limits::default(), 4096), "serve's defaults");
 }
 
 #[test]
@@ -265,18 +270,21 @@ fn worker_takes_serves_limit_connection_and_key_flags() {
     .expect("parses");
     let Command::Worker(args) = cli.command else { panic!("worker") };
     let settings = args.into_settings();
-    assert_eq!(settings.gate_max_wait, Duration::from_secs(3));
+    assert_eq!(settings.deadlines.gate_max_wait, Duration::from_secs(3));
     assert_eq!((settings.limits.max_in_flight, settings.limits.max_held), (8, 16));
-    assert_eq!(settings.max_connections, 32);
-    assert_eq!((settings.header_read_timeout, settings.idle_timeout), (Duration::from_secs(2), Duration::from_secs(5)));
-    assert_eq!(settings.admin_key, Some(Key::parse("k-admin").expect("key")));
-    assert_eq!(settings.api_key, Some(Key::parse("k-api").expect("key")));
+    assert_eq!(settings.connections.max_connections, 32);
+    assert_eq!(
+        (settings.connections.header_read_timeout, settings.connections.idle_timeout),
+        (Duration::from_secs(2), Duration::from_secs(5))
+    );
+    assert_eq!(settings.authentication.admin_key, Some(Key::parse("k-admin").expect("key")));
+    assert_eq!(settings.authentication.api_key, Some(Key::parse("k-api").expect("key")));
     assert_eq!((settings.max_loras, settings.enable_shutdown_rpc), (Some(4), true));
     assert!(Cli::try_parse_from(["loragate", "worker", "--grpc-addr", "127.0.0.1:1", "--max-loras", "0"]).is_err());
 
     let cli = Cli::try_parse_from(["loragate", "serve", "--worker", "grpc://h:1", "--worker-key", "k-admin"]);
     let Command::Serve(args) = cli.expect("parses").command else { panic!("serve") };
-    assert_eq!(args.into_config().worker_key, Some(Key::parse("k-admin").expect("key")));
+    assert_eq!(args.into_config().fleet.worker_key, Some(Key::parse("k-admin").expect("key")));
 }
 
 #[test]

@@ -20,10 +20,13 @@ const NEW_NAMES: usize = 500;
 
 #[tokio::test]
 async fn calls_arriving_while_paused_are_bounded_by_the_held_cap_and_the_gate_deadline() {
-    let worker = TestWorker::start_with(3, |config| WorkerConfig {
-        gate_max_wait: Duration::from_secs(1),
-        limits: Limits { max_held: 32, ..Limits::default() },
-        ..config
+    let worker = TestWorker::start_with(3, |setup| Setup {
+        coordinator: CoordinatorConfig {
+            max_gate_hold: Duration::from_secs(1),
+            limits: Limits { max_held: 32, ..Limits::default() },
+            ..setup.coordinator
+        },
+        ..setup
     })
     .await;
     let pause = pb::PauseGenerationRequest { mode: pb::PauseMode::Abort.into(), clear_cache: None };
@@ -64,7 +67,8 @@ async fn calls_arriving_while_paused_are_bounded_by_the_held_cap_and_the_gate_de
 async fn connections_that_send_only_the_http2_preface_are_closed_by_the_header_timeout() {
     let connections = ConnectionLimits::new(64, Duration::from_millis(300), Duration::from_secs(60));
     let limits = connections.clone();
-    let worker = TestWorker::start_with(3, |config| WorkerConfig { connections, ..config }).await;
+    let worker =
+        TestWorker::start_with(3, |setup| Setup { front: WorkerConfig { connections, ..setup.front }, ..setup }).await;
     let address = worker.address;
     // More than the cap: those past it wait in the backlog, are accepted as others close, and are closed in turn.
     let silent = (0..200).map(|_| async move {
@@ -82,7 +86,9 @@ async fn connections_that_send_only_the_http2_preface_are_closed_by_the_header_t
 
 #[tokio::test]
 async fn loads_under_new_names_are_bounded_by_max_loras_and_an_unload_frees_a_place() {
-    let worker = TestWorker::start_with(3, |config| WorkerConfig { max_loras: Some(8), ..config }).await;
+    let worker =
+        TestWorker::start_with(3, |setup| Setup { front: WorkerConfig { max_loras: Some(8), ..setup.front }, ..setup })
+            .await;
     let loads = (0..NEW_NAMES).map(|i| {
         let mut control = worker.control();
         async move {
@@ -138,7 +144,11 @@ async fn with_keys_only_the_admin_key_controls_and_the_api_key_samples() {
         TenantKeys::default(),
     )
     .expect("keys");
-    let worker = TestWorker::start_with(3, |config| WorkerConfig { keys, shutdown_rpc: true, ..config }).await;
+    let worker = TestWorker::start_with(3, |setup| Setup {
+        coordinator: CoordinatorConfig { auth: keys, ..setup.coordinator },
+        front: WorkerConfig { shutdown_rpc: true, ..setup.front },
+    })
+    .await;
     let mut control = worker.control();
     let load = || pb::LoadLoraRequest { lora_name: "meow@1".into(), source_path: "meow".into() };
     let abort = || pb::AbortRequest { request_ids: vec!["victim".into()] };

@@ -1,0 +1,81 @@
+//! Everything `loragate serve` needs, in the setting groups it shares with `worker`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use loragate_core::Limits;
+use loragate_engine::EngineConfig;
+use loragate_net::ConnectionLimits;
+use loragate_tinker::TinkerConfig;
+
+use crate::model::{InitialAdapter, ModelSource};
+use crate::settings::{Authentication, FleetSettings, GateDeadlines};
+use crate::state_dir::StateLocation;
+
+/// Everything `loragate serve` needs.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// gRPC address (port 0 picks a free port).
+    pub grpc_addr: SocketAddr,
+    /// HTTP address (port 0 picks a free port).
+    pub http_addr: SocketAddr,
+    /// The model.
+    pub model: ModelSource,
+    /// The base model's name over HTTP (default: the directory's name or the GGUF file's stem, or `loragate-demo`).
+    pub served_model_name: Option<String>,
+    /// Adapters to load at start.
+    pub adapters: Vec<InitialAdapter>,
+    /// The only directory `LoadLoraAdapter` may read from (default for the demo: its adapters directory).
+    pub adapter_root: Option<PathBuf>,
+    /// The longest hold at a paused adapter's gate, and how long pauses wait for running requests.
+    pub deadlines: GateDeadlines,
+    /// How long running requests may finish on shutdown before the rest are aborted.
+    pub shutdown_grace: Duration,
+    /// Caps on admitted and held sampling requests.
+    pub limits: Limits,
+    /// The connection cap and timeouts, both fronts together. Clones share the cap: servers started from clones of
+    /// one configuration count their connections against one cap, as the listeners of one server do.
+    pub connections: ConnectionLimits,
+    /// Who may do what (off unless some key is given).
+    pub authentication: Authentication,
+    /// How the engine runs.
+    pub engine: EngineConfig,
+    /// Workers to front instead of running the engine in-process (`--worker`); none for the in-process engine.
+    pub fleet: FleetSettings,
+    /// Where adapters, versions and pauses are recorded to survive a restart (`--state-dir`), or shared with other
+    /// replicas (`--state etcd://…`).
+    pub state: StateLocation,
+    /// With a shared state: the TTL of this replica's registration (`--replica-lease`), how long after its death
+    /// pauses stop waiting for it.
+    pub replica_lease: Duration,
+    /// The Tinker API front's settings (its routes share the HTTP listener).
+    pub tinker: TinkerConfig,
+    /// How often the stats line is logged (`--log-stats-interval`); `None` for never.
+    pub log_stats_interval: Option<Duration>,
+}
+
+impl ServeConfig {
+    /// The demo model on the contract's default addresses, with its state in memory only.
+    pub fn demo(cache_dir: PathBuf) -> Self {
+        Self {
+            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            http_addr: SocketAddr::from(([127, 0, 0, 1], 8000)),
+            model: ModelSource::Demo { cache_dir },
+            served_model_name: None,
+            adapters: Vec::new(),
+            adapter_root: None,
+            deadlines: GateDeadlines::default(),
+            shutdown_grace: Duration::from_secs(10),
+            limits: Limits::default(),
+            connections: ConnectionLimits::default(),
+            authentication: Authentication::default(),
+            engine: EngineConfig::default(),
+            fleet: FleetSettings::default(),
+            state: StateLocation::Memory,
+            replica_lease: Duration::from_secs(5),
+            tinker: TinkerConfig::default(),
+            log_stats_interval: None,
+        }
+    }
+}
