@@ -126,7 +126,7 @@ async fn round(coordinator: &Coordinator, weights: &AdapterSource, kv_policy: Kv
     let pause = coordinator.pause(&meow, keep, None).await.expect("keep");
     assert_eq!(pause.kept.len(), REQUESTS, "every request was kept: {:?}", pause.kept);
     assert_eq!(pause.kv_policy, kv_policy, "the candle engine applies either policy");
-    let new_version = coordinator.load_adapter(&meow, weights.clone()).await.expect("the new weights");
+    let new_version = coordinator.load_adapter(&meow, weights.clone()).await.expect("the new weights").version;
     for signal in &resume_signals {
         let _ = signal.send(new_version);
     }

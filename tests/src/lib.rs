@@ -40,7 +40,7 @@ impl DemoServer {
         let mut config = ServeConfig::demo(cache_dir);
         config.grpc_addr = "127.0.0.1:0".parse().expect("address");
         config.http_addr = "127.0.0.1:0".parse().expect("address");
-        config.adapter_root = Some(adapter_root.to_path_buf());
+        config.adapters.root = Some(adapter_root.to_path_buf());
         configure(&mut config);
         let server = RunningServer::start(config).await.expect("the demo server starts");
         let channel = Channel::from_shared(format!("http://{}", server.grpc_addr()))

@@ -11,6 +11,8 @@ mod cell;
 mod gate;
 mod pauses;
 mod registry;
+mod staleness;
+mod versions;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -20,16 +22,19 @@ use ractor::RpcReplyPort;
 use ractor::rpc::CallResult;
 use tokio::time::Instant;
 
-pub(crate) use self::actor::{AdapterActor, AdapterArgs, AdapterMsg, ReleaseTarget, Retired, Supervisor};
+pub(crate) use self::actor::{
+    AdapterActor, AdapterArgs, AdapterMsg, Admitted, ReleaseTarget, Retired, Supervisor, servable,
+};
 use self::actor::{AdmitReply, PauseTicket};
-pub(crate) use self::cell::AdapterCell;
+pub(crate) use self::cell::{AdapterCell, StalenessTicket, VersionPin};
 pub(crate) use self::gate::Counted;
-use self::gate::{GateWait, wait_until_open};
+use self::gate::{GateWait, wait_until_open, wait_until_ready};
 pub use self::registry::Admission;
 pub(crate) use self::registry::PendingHandBacks;
+pub(crate) use self::versions::Servable;
 use crate::contract::{
-    AbortReport, AdapterKey, AdapterStatus, AdapterVersion, CoreError, GateState, PauseId, PauseMode, PauseReport,
-    PauseRequest, RequestId, ResumeReport, Retirement,
+    AbortReport, AdapterKey, AdapterName, AdapterStatus, AdapterVersion, CoreError, GateState, PauseId, PauseMode,
+    PauseReport, PauseRequest, RequestId, ResumeReport, Retirement, StalenessPolicy, VersionWanted,
 };
 use crate::limits::Occupancy;
 use crate::state::PauseRecord;
@@ -74,13 +79,29 @@ impl AdapterHandle {
         self.cell.gate_state()
     }
 
-    /// Registers a request. While the gate is closed the caller is held (and counted as held) until it opens, the
-    /// adapter is removed, or `hold_until` passes ([`CoreError::GateHoldExpired`]).
+    /// Registers a request of `sequences` sequences that wants `wanted` versions, with the pin on its exact version
+    /// and its places under the staleness bound. The caller is held (and counted as
+    /// held) while the gate is closed, while the version it wants has not arrived, and while the staleness bound has
+    /// no room for its sequences — until that changes, the adapter is removed, or `hold_until` passes
+    /// ([`CoreError::GateHoldExpired`], [`CoreError::VersionNotReached`], [`CoreError::StalenessHoldExpired`]). A
+    /// pinned version no longer served is refused at once ([`CoreError::VersionRetired`]).
     ///
     /// An admitted request counts against the in-flight limits until its [`Admission`] ends; a request over a
     /// limit is refused at once with [`CoreError::Overloaded`].
+    pub(crate) async fn admit_request(
+        &self,
+        request_id: RequestId,
+        wanted: VersionWanted,
+        sequences: u32,
+        hold_until: Instant,
+    ) -> Result<Admitted, CoreError> {
+        self.admit_as(Waiter::Held, request_id, wanted, sequences, hold_until).await
+    }
+
+    /// Registers a request of one sequence on whatever version is current, held as
+    /// [`AdapterHandle::admit_request`] says (what benchmarks of admission measure).
     pub async fn admit(&self, request_id: RequestId, hold_until: Instant) -> Result<Admission, CoreError> {
-        self.admit_as(Waiter::Held, request_id, hold_until).await
+        Ok(self.admit_request(request_id, VersionWanted::Any, 1, hold_until).await?.admission)
     }
 
     /// [`AdapterHandle::admit`] for a request the core kept across a pause (its driver counts it as kept meanwhile,
@@ -89,21 +110,27 @@ impl AdapterHandle {
     /// With `abort_pauses_seen` (the adapter's count of abort-mode pauses when the request was admitted), an
     /// abort-mode pause since then ends the wait with [`CoreError::AbortedWhileKept`]: such a pause hands back every request of
     /// the adapter, kept ones included. Requests that continue through abort pauses pass `None`.
+    ///
+    /// A kept request keeps its pinned version (its driver holds the pin) and is not counted again by the staleness
+    /// bound: it is admitted on any version.
     pub(crate) async fn readmit_kept(
         &self,
         request_id: RequestId,
         hold_until: Instant,
         abort_pauses_seen: Option<u64>,
     ) -> Result<Admission, CoreError> {
-        self.admit_as(Waiter::Kept { abort_pauses_seen }, request_id, hold_until).await
+        let waiter = Waiter::Kept { abort_pauses_seen };
+        Ok(self.admit_as(waiter, request_id, VersionWanted::Any, 0, hold_until).await?.admission)
     }
 
     async fn admit_as(
         &self,
         waiter: Waiter,
         request_id: RequestId,
+        wanted: VersionWanted,
+        sequences: u32,
         hold_until: Instant,
-    ) -> Result<Admission, CoreError> {
+    ) -> Result<Admitted, CoreError> {
         loop {
             // Held requests are not in flight: wait at a closed gate first (this returns at once on an open one).
             self.wait_while_paused(waiter, hold_until).await?;
@@ -112,11 +139,73 @@ impl AdapterHandle {
                 // Accepted before its pause: counted in flight again, never refused.
                 Waiter::Kept { .. } => self.cell.occupy_uncapped(Occupancy::InFlight),
             };
-            match self.call(|reply| AdapterMsg::Admit { request_id: request_id.clone(), reply }).await? {
-                AdmitReply::Admitted(admission) => return Ok(admission.occupying(slot)),
+            let admit = |reply| AdapterMsg::Admit { request_id: request_id.clone(), wanted, sequences, reply };
+            match self.call(admit).await? {
+                AdmitReply::Admitted(admitted) => {
+                    let admission = admitted.admission.occupying(slot);
+                    return Ok(Admitted { admission, ..admitted });
+                }
                 AdmitReply::Paused => {} // Closed again meanwhile: wait again.
+                AdmitReply::NotYet(version) => {
+                    drop(slot);
+                    self.hold_until_version(version, hold_until).await?;
+                }
+                AdmitReply::Released(retained) => {
+                    let (adapter, requested) = (self.lora_name(), wanted.least().unwrap_or_default());
+                    return Err(CoreError::VersionRetired { adapter, requested, retained });
+                }
+                AdmitReply::AtCapacity { capacity, epoch } => {
+                    drop(slot);
+                    self.hold_for_capacity(capacity, epoch, hold_until).await?;
+                }
                 AdmitReply::Retired(why) => return Err(self.retired_error(why)),
             }
+        }
+    }
+
+    /// Holds the caller (counted as held) until the adapter is at `version`, it is removed, or `hold_until` passes.
+    async fn hold_until_version(&self, version: AdapterVersion, hold_until: Instant) -> Result<(), CoreError> {
+        let started = Instant::now();
+        let _held = self.cell.occupy(Occupancy::Held)?;
+        let outcome = wait_until_ready(self.cell.subscribe_gate(), hold_until, |gate| gate.version >= version).await;
+        let held_for = started.elapsed();
+        self.cell.metrics.record_gate_hold(&self.cell.labels, held_for, outcome == GateWait::TimedOut);
+        match outcome {
+            GateWait::TimedOut => {
+                let current = self.cell.gate_state().version;
+                Err(CoreError::VersionNotReached { adapter: self.key().clone(), current, requested: version, held_for })
+            }
+            GateWait::Retired(why) => Err(self.retired_error(why)),
+            GateWait::Open | GateWait::AbortPaused => Ok(()),
+        }
+    }
+
+    /// Holds the caller (counted as held, and as held at the staleness bound) until the bound may admit more than
+    /// when it was found full at admission epoch `epoch` (a new version, a new policy, places given back), the
+    /// adapter is removed, or `hold_until` passes.
+    async fn hold_for_capacity(&self, capacity: u64, epoch: u64, hold_until: Instant) -> Result<(), CoreError> {
+        let started = Instant::now();
+        let _held = self.cell.occupy(Occupancy::Held)?;
+        let _at_bound = Counted::new(&self.cell.staleness_held);
+        let version = self.cell.gate_state().version;
+        let loosened = |gate: &GateState| gate.admission_epoch != epoch || gate.version != version;
+        let outcome = wait_until_ready(self.cell.subscribe_gate(), hold_until, loosened).await;
+        let held_for = started.elapsed();
+        self.cell.metrics.record_gate_hold(&self.cell.labels, held_for, outcome == GateWait::TimedOut);
+        match outcome {
+            GateWait::TimedOut => {
+                Err(CoreError::StalenessHoldExpired { adapter: self.key().clone(), capacity, held_for })
+            }
+            GateWait::Retired(why) => Err(self.retired_error(why)),
+            GateWait::Open | GateWait::AbortPaused => Ok(()),
+        }
+    }
+
+    /// The adapter's name (the base model has none: its key's wire form, empty, would not parse).
+    fn lora_name(&self) -> AdapterName {
+        match self.key() {
+            AdapterKey::Lora(name) => name.clone(),
+            AdapterKey::Base => AdapterName::parse("base").unwrap_or_else(|_| unreachable!("a valid name")),
         }
     }
 
@@ -227,9 +316,23 @@ impl AdapterHandle {
         self.call(|reply| AdapterMsg::AdoptRemote { record: record.clone(), reply }).await
     }
 
-    /// Serves `version`, which another replica installed and this replica's engine has loaded.
-    pub(crate) async fn install_remote(&self, version: AdapterVersion) -> Result<(), CoreError> {
-        self.call(|reply| AdapterMsg::InstallRemote { version, reply }).await
+    /// Serves a version another replica installed (or one recorded before a restart), which this replica's engine
+    /// has loaded.
+    pub(crate) async fn install_remote(&self, servable: Servable) -> Result<(), CoreError> {
+        self.call(|reply| AdapterMsg::InstallRemote { servable: servable.clone(), reply }).await
+    }
+
+    /// Sets (or, with `None`, clears) the adapter's staleness bound, at its current version (see
+    /// [`crate::StalenessPolicy`]); requests held at the old bound ask again.
+    pub async fn set_staleness(&self, policy: Option<StalenessPolicy>) -> Result<(), CoreError> {
+        let recorded = self.call(|reply| AdapterMsg::SetStaleness { policy, record: true, reply }).await?;
+        recorded.await?;
+        Ok(())
+    }
+
+    /// Applies a staleness bound another replica set (and recorded).
+    pub(crate) async fn follow_staleness(&self, policy: Option<StalenessPolicy>) -> Result<(), CoreError> {
+        self.call(|reply| AdapterMsg::SetStaleness { policy, record: false, reply }).await.map(drop)
     }
 
     /// Releases the pause `pause_id`, or every pause for `None`, reopening the gate (releasing every held

@@ -4,10 +4,18 @@
 //! source only through [`AdapterSource::open_file`], which refuses anything but a regular file and, for a source
 //! inside a root, a file whose real path leaves the root (a symlinked file pointing out).
 
-use crate::contract::{CoreError, Field};
 use std::fs::File;
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
+
+use sha2::Digest;
+
+use crate::contract::{CoreError, Field, Sha256, VersionOrigin};
+
+/// The weights file of a PEFT adapter directory, whose SHA-256 is an adapter version's content identity.
+pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
+/// The configuration file of a PEFT adapter directory.
+pub const CONFIG_FILE: &str = "adapter_config.json";
 
 /// A directory of adapter files the engine may read (PEFT: `adapter_config.json` + `adapter_model.safetensors`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -15,13 +23,55 @@ pub struct AdapterSource {
     dir: PathBuf,
     /// The root every file must lie in (canonical), for a source resolved from a request.
     root: Option<PathBuf>,
+    /// For weights pushed into the adapter store: their digest and size, known since they were received.
+    pushed: Option<(Sha256, u64)>,
 }
 
 impl AdapterSource {
     /// A directory named by the operator (command line or configuration), trusted as is: its files may be symlinks
     /// anywhere (a Hugging Face cache snapshot is), but must still be regular files.
     pub fn trusted(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into(), root: None }
+        Self { dir: dir.into(), root: None, pushed: None }
+    }
+
+    /// A directory of the adapter store holding pushed weights whose `adapter_model.safetensors` has `sha256` and
+    /// `bytes` (checked as they were received; the store never changes a file once it is in place).
+    pub fn pushed(dir: impl Into<PathBuf>, sha256: Sha256, bytes: u64) -> Self {
+        Self { dir: dir.into(), root: None, pushed: Some((sha256, bytes)) }
+    }
+
+    /// Whether these are pushed weights in the adapter store.
+    pub fn is_pushed(&self) -> bool {
+        self.pushed.is_some()
+    }
+
+    /// Where the weights come from: the directory, or a push.
+    pub fn origin(&self) -> VersionOrigin {
+        match self.pushed {
+            Some(_) => VersionOrigin::Push,
+            None => VersionOrigin::Path(self.dir.clone()),
+        }
+    }
+
+    /// The SHA-256 and size of the weights file: known for pushed weights, else read from the directory (blocking:
+    /// call it off the async runtime). The file is opened as the engine opens it ([`AdapterSource::open_file`]).
+    pub fn digest(&self) -> io::Result<(Sha256, u64)> {
+        if let Some(known) = self.pushed {
+            return Ok(known);
+        }
+        let (mut file, _) = self.open_file(WEIGHTS_FILE)?;
+        let mut hasher = sha2::Sha256::new();
+        let mut buffer = vec![0u8; 1 << 20];
+        let mut bytes = 0u64;
+        loop {
+            let read = file.read(&mut buffer)?;
+            if read == 0 {
+                break;
+            }
+            hasher.update(&buffer[..read]);
+            bytes += read as u64;
+        }
+        Ok((Sha256(hasher.finalize().into()), bytes))
     }
 
     /// The directory.
@@ -144,13 +194,13 @@ impl AdapterRoot {
             if has_parent_component(requested) || !joined.starts_with(&self.root) {
                 return Err(not_inside());
             }
-            return Ok(AdapterSource { dir: joined, root: Some(self.root.clone()) });
+            return Ok(AdapterSource { dir: joined, root: Some(self.root.clone()), pushed: None });
         }
         let canonical = tokio::fs::canonicalize(self.root.join(requested)).await.map_err(|_| not_inside())?;
         if !canonical.starts_with(&self.root) || !tokio::fs::metadata(&canonical).await.is_ok_and(|m| m.is_dir()) {
             return Err(not_inside());
         }
-        Ok(AdapterSource { dir: canonical, root: Some(self.root.clone()) })
+        Ok(AdapterSource { dir: canonical, root: Some(self.root.clone()), pushed: None })
     }
 }
 

@@ -14,6 +14,8 @@ mod model;
 mod output;
 mod pause;
 mod report;
+mod staleness;
+mod version;
 
 pub use self::action::Action;
 pub use self::backend_error::{EngineError, StateError};
@@ -28,3 +30,5 @@ pub use self::pause::{
     parse_timeout_s,
 };
 pub use self::report::{AbortReport, AdapterStatus, PauseReport, ResumeReport};
+pub use self::staleness::{MAX_STALENESS_VALUE, StalenessPolicy, StalenessStatus};
+pub use self::version::{Sha256, VersionInfo, VersionOrigin, VersionWanted};

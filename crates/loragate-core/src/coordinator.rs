@@ -10,12 +10,13 @@ use futures::future::join_all;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::adapter::{AdapterHandle, PauseRelease, ReleaseTarget};
+use crate::adapter::{AdapterHandle, Admitted, PauseRelease, ReleaseTarget};
 use crate::adapter_source::{AdapterRoot, AdapterSource};
 use crate::auth::Keyring;
 use crate::contract::{
-    AbortReport, AdapterKey, AdapterName, AdapterStatus, AdapterVersion, CoreError, Ending, Field, KvPolicy, ModelInfo,
-    PauseId, PauseMode, PauseOwner, PauseReport, PauseRequest, ResumeReport, Retirement,
+    AbortReport, AdapterKey, AdapterName, AdapterStatus, CoreError, Ending, Field, KvPolicy, ModelInfo, PauseId,
+    PauseMode, PauseOwner, PauseReport, PauseRequest, ResumeReport, Retirement, StalenessPolicy, StalenessStatus,
+    VersionInfo,
 };
 use crate::engine::{Engine, Parking};
 use crate::gate_deadline::GateDeadline;
@@ -54,6 +55,9 @@ pub struct CoordinatorConfig {
     /// Where adapters, versions and pauses are recorded to survive a restart (see [`crate::state`]); in memory by
     /// default.
     pub state: Arc<dyn StateStore>,
+    /// How many versions of each adapter stay loaded and servable to exact pins (`NAME@V`): the current one and
+    /// `retain_versions − 1` older ones (`--retain-versions`; at least 1).
+    pub retain_versions: usize,
 }
 
 impl Default for CoordinatorConfig {
@@ -67,6 +71,7 @@ impl Default for CoordinatorConfig {
             auth: Keyring::open(),
             reserved_names: Vec::new(),
             state: Arc::new(MemoryStore::new()),
+            retain_versions: 1,
         }
     }
 }
@@ -110,6 +115,7 @@ impl Coordinator {
             metrics: metrics.clone(),
             server_load: load.clone(),
             state: config.state.clone(),
+            retain_versions: config.retain_versions,
         };
         let manager = AdapterManager::start(args).await?;
         let inner = Inner {
@@ -170,7 +176,15 @@ impl Coordinator {
 
     /// Validates a raw sampling request against the served model.
     pub fn parse_sample(&self, raw: RawSampleRequest) -> Result<SampleRequest, CoreError> {
-        SampleRequest::parse(raw, self.model_info())
+        let request = SampleRequest::parse(raw, self.model_info())?;
+        // `NAME@V` pins version V of NAME, unless an adapter is loaded under that very name (a fleet's worker holds
+        // its versions as `NAME@V` adapters).
+        match request.pin_spelled() {
+            Some((name, version)) if self.adapter(request.adapter()).is_err() && self.lora(&name).is_ok() => {
+                request.pinned(name, version)
+            }
+            _ => Ok(request),
+        }
     }
 
     /// The adapter (or base model) `key` names.
@@ -197,11 +211,14 @@ impl Coordinator {
         let arrived = std::time::Instant::now();
         let live = LiveRequests::enter(&self.inner.live);
         let adapter = self.adapter(request.adapter())?;
-        let admission = adapter.admit(request.id().clone(), deadline.hold_until()).await?;
+        let (id, wanted, sequences) = (request.id().clone(), request.wanted(), request.num_samples());
+        let Admitted { admission, pin, staleness } =
+            adapter.admit_request(id, wanted, sequences, deadline.hold_until()).await?;
         let parking = Parking { park_on_cancel: admission.park_signal().clone(), resume_from: None };
         match self.inner.engine.generate_parking(request.clone(), admission.cancel_token().clone(), parking).await {
             Ok(events) => {
-                let driver = Driver::new(self.inner.engine.clone(), adapter, request, deadline, live, arrived);
+                let driver = Driver::new(self.inner.engine.clone(), adapter, request, deadline, live, arrived)
+                    .holding(pin, staleness);
                 Ok(SampleStream::spawn(driver, admission, events))
             }
             Err(err) => {
@@ -209,6 +226,19 @@ impl Coordinator {
                 Err(err.into())
             }
         }
+    }
+
+    /// Sets (or, with `None`, clears) `name`'s staleness bound at its current version (see
+    /// [`crate::StalenessPolicy`]); answers with the bound's state. Recorded like a pause.
+    pub async fn set_staleness(
+        &self,
+        name: &AdapterName,
+        policy: Option<StalenessPolicy>,
+    ) -> Result<Option<StalenessStatus>, CoreError> {
+        self.inner.config.state.check_available()?;
+        let adapter = self.lora(name)?;
+        adapter.set_staleness(policy).await?;
+        Ok(adapter.status().await?.staleness)
     }
 
     /// Pauses `name` (see [`AdapterHandle::pause`]). A wait-mode pause waits until the caller's `client_deadline`,
@@ -369,27 +399,32 @@ impl Coordinator {
         let adapter = match self.lora(name) {
             Ok(adapter) => adapter,
             Err(CoreError::UnknownAdapter(_)) => {
-                let version = self.load_adapter(name, source).await?;
-                return Ok(SwapReport { version, aborted: 0, kept: 0, kv_policy });
+                let installed = self.load_adapter(name, source).await?;
+                return Ok(SwapReport { installed, aborted: 0, kept: 0, kv_policy });
             }
             Err(err) => return Err(err),
         };
         let request = PauseRequest { mode, owner: PauseOwner::new_swap(), lease: None, kv_policy };
         let pause = self.pause(name, request, client_deadline).await?;
         let reopen = PauseRelease::new(adapter.clone(), pause.pause_id.clone());
+        let started = std::time::Instant::now();
         let loaded = self.install(name, source).await;
         reopen.release().await?;
         match loaded {
-            Ok(version) => {
+            Ok(installed) => {
                 let report = SwapReport {
-                    version,
+                    installed,
                     aborted: pause.aborted.len(),
                     kept: pause.kept.len(),
                     kv_policy: pause.kv_policy,
                 };
                 tracing::info!(
                     adapter = %name,
-                    %version,
+                    version = %report.installed.version,
+                    source = %report.installed.origin,
+                    sha256 = %report.installed.sha256.map(|sha| sha.to_hex()).unwrap_or_default(),
+                    bytes = report.installed.bytes.unwrap_or_default(),
+                    load_ms = started.elapsed().as_millis(),
                     mode = mode.as_str(),
                     kv_policy = report.kv_policy.as_str(),
                     aborted = report.aborted,
@@ -422,15 +457,25 @@ impl Coordinator {
         }
     }
 
-    /// Loads weights under `name` (new, or a swap); returns the new version. On error the old weights stay served.
-    pub async fn load_adapter(&self, name: &AdapterName, source: AdapterSource) -> Result<AdapterVersion, CoreError> {
-        let version = self.install(name, source).await?;
-        tracing::info!(adapter = %name, %version, "adapter loaded");
-        Ok(version)
+    /// Loads weights under `name` (new, or a swap); returns the new version with its identity. On error the old
+    /// weights stay served.
+    pub async fn load_adapter(&self, name: &AdapterName, source: AdapterSource) -> Result<VersionInfo, CoreError> {
+        let started = std::time::Instant::now();
+        let installed = self.install(name, source).await?;
+        tracing::info!(
+            adapter = %name,
+            version = %installed.version,
+            source = %installed.origin,
+            sha256 = %installed.sha256.map(|sha| sha.to_hex()).unwrap_or_default(),
+            bytes = installed.bytes.unwrap_or_default(),
+            load_ms = started.elapsed().as_millis(),
+            "adapter loaded"
+        );
+        Ok(installed)
     }
 
     /// [`Coordinator::load_adapter`] without its log line (a swap logs itself).
-    async fn install(&self, name: &AdapterName, source: AdapterSource) -> Result<AdapterVersion, CoreError> {
+    async fn install(&self, name: &AdapterName, source: AdapterSource) -> Result<VersionInfo, CoreError> {
         if self.inner.shutting_down.is_cancelled() {
             return Err(CoreError::ShuttingDown);
         }
@@ -441,7 +486,7 @@ impl Coordinator {
 
     /// Loads weights under `name` from `requested_path` (resolved against the adapter root, see
     /// [`Coordinator::resolve_adapter_path`]); what `LoadLoraAdapter` does. The name is checked before the path.
-    pub async fn load_adapter_at(&self, name: &AdapterName, requested_path: &str) -> Result<AdapterVersion, CoreError> {
+    pub async fn load_adapter_at(&self, name: &AdapterName, requested_path: &str) -> Result<VersionInfo, CoreError> {
         self.check_loadable_name(name)?;
         let source = self.resolve_adapter_path(requested_path).await?;
         self.load_adapter(name, source).await
@@ -540,10 +585,10 @@ impl Coordinator {
 }
 
 /// What a swap did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SwapReport {
-    /// The adapter's version after the swap.
-    pub version: AdapterVersion,
+    /// The adapter's version after the swap, with its identity.
+    pub installed: VersionInfo,
     /// Requests the swap's pause handed back aborted.
     pub aborted: usize,
     /// Requests the swap's pause kept (they continue on the new weights).

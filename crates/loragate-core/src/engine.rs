@@ -153,11 +153,13 @@ pub type EngineStream = BoxStream<'static, Result<EngineEvent, EngineError>>;
 ///   NaN or infinite logits.
 /// - A sequence keeps the adapter weights it started with until it ends, even if the adapter is reloaded or unloaded
 ///   meanwhile, and stamps each token with their version.
-/// - Weights belong to a (name, version) pair. `load_adapter` installs its version only over an older one (a load
-///   that finishes after a newer version of the name was installed changes nothing and succeeds);
-///   `unload_adapter(name, version)` removes the name's weights only if their version is `version` or older. So an
-///   unload, or the clean-up of a load that finished after its adapter was unloaded, never removes weights that a
-///   later load of the same name installed.
+/// - Weights belong to a (name, version) pair, and an engine may hold several versions of a name. A request runs on
+///   its pinned version ([`SampleRequest::pinned_version`], an exact pin `NAME@V`) or, unpinned, on the newest
+///   version of its adapter the engine holds. `load_adapter` adds its version (a load that finishes after a newer
+///   version of the name was installed leaves the newer one serving unpinned requests); older versions stay
+///   servable to pins until [`Engine::release_version`] removes them one by one. `unload_adapter(name, version)`
+///   removes every version of the name up to `version`. So an unload, or the clean-up of a load that finished after
+///   its adapter was unloaded, never removes weights that a later load of the same name installed.
 /// - `load_adapter` validates everything before installing: on error the previously installed weights of that name
 ///   stay in service. It returns within a bounded time: a load that cannot finish (a hung file system) fails and
 ///   installs nothing, ever.
@@ -201,4 +203,9 @@ pub trait Engine: Send + Sync + 'static {
     /// Removes `name`'s weights for sequences started from now on if their version is `version` or older; newer
     /// weights of `name` stay. Unknown names are fine.
     async fn unload_adapter(&self, name: &AdapterName, version: AdapterVersion) -> Result<(), EngineError>;
+
+    /// Removes exactly `version` of `name`, which the coordinator no longer serves (`--retain-versions`): sequences
+    /// started from now on can no longer pin it; those running on it keep its weights until they end. The newest
+    /// version of `name` the engine holds is never removed this way. Unknown names and versions are fine.
+    async fn release_version(&self, name: &AdapterName, version: AdapterVersion) -> Result<(), EngineError>;
 }

@@ -36,7 +36,7 @@
 //! // reopen: each kept request continues on them, and its tokens say which version produced them.
 //! # let new_weights = loragate_core::AdapterSource::trusted("/adapters/meow-step-2");
 //! let swap = coordinator.swap_adapter(&meow, new_weights, PauseMode::Keep, KvPolicy::Recompute, None).await?;
-//! println!("kept {} requests across the swap to {}", swap.kept, swap.version);
+//! println!("kept {} requests across the swap to {}", swap.kept, swap.installed.version);
 //!
 //! // The same by hand, in abort mode: aborted requests are handed back with their partial tokens.
 //! let pause = coordinator.abort(&meow).await?;
@@ -82,12 +82,13 @@ pub mod testing;
 pub use contract::{
     AbortReport, Action, AdapterKey, AdapterName, AdapterStatus, AdapterVersion, CoreError, Ending, EngineError,
     ErrorClass, Field, FinishReason, GateState, KvPolicy, Limit, MAX_ADAPTER_NAME_LEN, MAX_LEASE, MAX_OWNER_LEN,
-    MAX_REQUEST_ID_LEN, MAX_WAIT_TIMEOUT, ModelInfo, PauseId, PauseInfo, PauseMode, PauseOwner, PauseReport,
-    PauseRequest, RequestId, ResumeReport, Retirement, SampleOutput, Segment, SegmentsBuilder, SequenceOutput,
-    StateError, StopCause, TopLogprobs, parse_timeout_s,
+    MAX_REQUEST_ID_LEN, MAX_STALENESS_VALUE, MAX_WAIT_TIMEOUT, ModelInfo, PauseId, PauseInfo, PauseMode, PauseOwner,
+    PauseReport, PauseRequest, RequestId, ResumeReport, Retirement, SampleOutput, Segment, SegmentsBuilder,
+    SequenceOutput, Sha256, StalenessPolicy, StalenessStatus, StateError, StopCause, TopLogprobs, VersionInfo,
+    VersionOrigin, VersionWanted, parse_timeout_s,
 };
 
-pub use adapter_source::{AdapterRoot, AdapterSource};
+pub use adapter_source::{AdapterRoot, AdapterSource, CONFIG_FILE, WEIGHTS_FILE};
 pub use auth::{
     AdapterPattern, Key, KeyConfigError, Keyring, MAX_KEY_LEN, Principal, Tenant, TenantKeys, bearer_token,
 };

@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 
 use crate::adapter::{AdapterActor, AdapterArgs, AdapterCell, AdapterHandle, AdapterMsg, Retired};
 use crate::adapter_source::AdapterSource;
-use crate::contract::{AdapterKey, AdapterName, AdapterVersion, CoreError, PauseRequest, StateError};
+use crate::contract::{AdapterKey, AdapterName, AdapterVersion, CoreError, PauseRequest, StateError, VersionInfo};
 use crate::engine::Engine;
 use crate::limits::ServerLoad;
 use crate::metrics::CoreMetrics;
@@ -29,15 +29,15 @@ pub(crate) type AdapterMap = Arc<DashMap<AdapterKey, AdapterHandle>>;
 /// The commands the manager serves. Only its [`ManagerHandle`] builds them.
 pub(crate) enum ManagerMsg {
     /// Loads weights under `name`, creating the adapter (unpublished until the load succeeds) if it is new.
-    Load { name: AdapterName, source: AdapterSource, reply: RpcReplyPort<Result<AdapterVersion, CoreError>> },
+    Load { name: AdapterName, source: AdapterSource, reply: RpcReplyPort<Result<VersionInfo, CoreError>> },
     /// An adapter actor finished one load. The manager updates its bookkeeping (publishing a new adapter on its
     /// first success) before answering the load's caller, so a caller told "loaded" finds the adapter.
     /// The caller's answer is the load's result unless its record failed (`recorded`).
     LoadSettled {
         key: AdapterKey,
-        result: Result<AdapterVersion, CoreError>,
+        result: Result<VersionInfo, CoreError>,
         recorded: Result<(), StateError>,
-        reply: RpcReplyPort<Result<AdapterVersion, CoreError>>,
+        reply: RpcReplyPort<Result<VersionInfo, CoreError>>,
     },
     /// Creates and publishes `name` as recorded before a restart, or as another replica installed it: at `version`
     /// (its weights already loaded in the engine, or, with `weights_error`, not), with its recorded pauses put back
@@ -76,6 +76,8 @@ pub(crate) struct ManagerArgs {
     pub(crate) metrics: Arc<CoreMetrics>,
     pub(crate) server_load: Arc<ServerLoad>,
     pub(crate) state: Arc<dyn StateStore>,
+    /// How many versions of each adapter stay servable (`--retain-versions`).
+    pub(crate) retain_versions: usize,
 }
 
 /// One adapter under supervision.
@@ -93,6 +95,7 @@ pub(crate) struct ManagerState {
     metrics: Arc<CoreMetrics>,
     server_load: Arc<ServerLoad>,
     state: Arc<dyn StateStore>,
+    retain_versions: usize,
     supervised: HashMap<AdapterKey, Supervised>,
     keys_by_actor: HashMap<ActorId, AdapterKey>,
     /// The global pause, which every new adapter starts with while it is set.
@@ -123,6 +126,7 @@ impl Actor for AdapterManager {
             metrics: args.metrics,
             server_load: args.server_load,
             state: args.state,
+            retain_versions: args.retain_versions,
             supervised: HashMap::new(),
             keys_by_actor: HashMap::new(),
             global_pause: None,
@@ -200,6 +204,7 @@ impl ManagerState {
         let cell = Arc::new(AdapterCell::new(
             key.clone(),
             last_version,
+            self.retain_versions,
             self.metrics.clone(),
             &self.server_load,
             self.state.clone(),

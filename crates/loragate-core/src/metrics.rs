@@ -367,6 +367,8 @@ mod tests {
             kept: 2,
             pauses: Vec::new(),
             weights_error: None,
+            versions: Vec::new(),
+            staleness: None,
         }]);
         let text = exposition(&metrics);
         for line in [

@@ -1,6 +1,8 @@
 //! Sampling requests: the raw form fronts fill in, and the validated form everything past the edge accepts.
 
-use crate::contract::{AdapterKey, CoreError, Field, FinishReason, ModelInfo, RequestId};
+use crate::contract::{
+    AdapterKey, AdapterName, AdapterVersion, CoreError, Field, FinishReason, ModelInfo, RequestId, VersionWanted,
+};
 use std::sync::Arc;
 
 /// The most sequences one request may ask for.
@@ -59,6 +61,8 @@ pub struct RawSampleRequest {
     /// Also report, for each prompt token, its rank and this many most likely tokens at its position (implies
     /// prompt logprobs).
     pub prompt_top_logprobs: Option<u32>,
+    /// The oldest adapter version that may serve the request; 0 for any.
+    pub min_lora_version: u64,
 }
 
 /// Validated sampling parameters.
@@ -168,6 +172,8 @@ pub struct SampleRequest {
     include_prompt_logprobs: bool,
     prompt_top_logprobs: Option<u32>,
     continue_through_abort_pauses: bool,
+    /// Which versions of the adapter may serve it.
+    wanted: VersionWanted,
 }
 
 /// What follows a sequence the core stopped for a pause: a request that continues it, or its end.
@@ -184,6 +190,16 @@ impl SampleRequest {
     pub fn parse(raw: RawSampleRequest, model: &ModelInfo) -> Result<Self, CoreError> {
         let id = RequestId::parse_or_generate(&raw.request_id)?;
         let adapter = AdapterKey::parse(&raw.lora_name)?;
+        let wanted = match (raw.min_lora_version, &adapter) {
+            (0, _) => VersionWanted::Any,
+            (_, AdapterKey::Base) => {
+                return Err(CoreError::invalid(
+                    Field::MinLoraVersion,
+                    "the base model has no versions; set it only with an adapter's lora_name",
+                ));
+            }
+            (min, AdapterKey::Lora(_)) => VersionWanted::AtLeast(AdapterVersion(min)),
+        };
         let prompt = parse_prompt(raw.prompt_token_ids, model)?;
         let max_tokens = parse_max_tokens(raw.max_tokens, prompt.len(), model)?;
         let params = SamplingParams {
@@ -219,7 +235,45 @@ impl SampleRequest {
             include_prompt_logprobs: raw.include_prompt_logprobs || prompt_top_logprobs.is_some(),
             prompt_top_logprobs,
             continue_through_abort_pauses: false,
+            wanted,
         })
+    }
+
+    /// The pin `lora_name` may spell, `NAME@V` (V ≥ 1), as the adapter `NAME` and the version `V`. Whether it is a
+    /// pin or the name of an adapter containing `@` is decided by what is loaded ([`SampleRequest::pinned`]).
+    pub fn pin_spelled(&self) -> Option<(AdapterName, AdapterVersion)> {
+        let name = self.adapter.adapter_name()?.as_str();
+        let (base, version) = name.rsplit_once('@')?;
+        let version = version.parse::<u64>().ok().filter(|version| *version > 0 && !base.is_empty())?;
+        Some((AdapterName::parse(base).ok()?, AdapterVersion(version)))
+    }
+
+    /// The same request as a pin of `name` at exactly `version` (what `NAME@V` asks for). A `min_lora_version` above
+    /// the pinned version can never be met and is refused.
+    pub fn pinned(self, name: AdapterName, version: AdapterVersion) -> Result<Self, CoreError> {
+        if let VersionWanted::AtLeast(least) = self.wanted
+            && least > version
+        {
+            return Err(CoreError::invalid(
+                Field::MinLoraVersion,
+                format!("is {least}, above the version {version} that lora_name pins; nothing could serve it"),
+            ));
+        }
+        Ok(Self { adapter: AdapterKey::Lora(name), wanted: VersionWanted::Exactly(version), ..self })
+    }
+
+    /// Which versions of the adapter may serve the request.
+    pub fn wanted(&self) -> VersionWanted {
+        self.wanted
+    }
+
+    /// The exact version the engine must serve the request with, for a pinned request (`NAME@V`); `None`: the
+    /// newest version it holds.
+    pub fn pinned_version(&self) -> Option<AdapterVersion> {
+        match self.wanted {
+            VersionWanted::Exactly(version) => Some(version),
+            VersionWanted::Any | VersionWanted::AtLeast(_) => None,
+        }
     }
 
     /// Asks the core to continue this request's sequences itself after an abort-mode pause too (as it always does
@@ -272,6 +326,7 @@ impl SampleRequest {
             include_prompt_logprobs: false,
             prompt_top_logprobs: None,
             continue_through_abort_pauses: self.continue_through_abort_pauses,
+            wanted: self.wanted,
         })
     }
 

@@ -36,7 +36,7 @@ use std::path::PathBuf;
 use std::time::SystemTime;
 
 pub use crate::contract::StateError;
-use crate::contract::{AbortReport, AdapterName, AdapterVersion, PauseId, PauseMode};
+use crate::contract::{AbortReport, AdapterName, AdapterVersion, PauseId, PauseMode, Sha256, StalenessPolicy};
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot};
@@ -53,14 +53,29 @@ pub(crate) fn nothing_to_record() -> Recording {
 }
 
 /// Where an adapter's weights were loaded from, as recorded.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecordedSource {
-    /// The adapter directory.
+    /// The adapter directory (for pushed weights: their directory in the adapter store).
     pub path: PathBuf,
     /// Whether the path came from a request (`LoadLoraAdapter`): it is resolved against the adapter root again when
     /// it is loaded at start, so a root that changed since confines it as it would a new request. Paths named by
     /// the operator (`--adapter`) are trusted as they are.
     pub confined: bool,
+    /// The SHA-256 of the weights file, when it was known (absent in records written before it was recorded).
+    pub sha256: Option<Sha256>,
+    /// The size of the weights file in bytes, when it was known.
+    pub bytes: Option<u64>,
+    /// Whether the weights were pushed (they live in the adapter store, under `path`).
+    pub pushed: bool,
+}
+
+/// One servable version of an adapter other than its current one, as recorded (`--retain-versions`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VersionRecord {
+    /// The version.
+    pub version: AdapterVersion,
+    /// Where its weights came from.
+    pub source: RecordedSource,
 }
 
 /// One loaded adapter, as recorded.
@@ -75,6 +90,10 @@ pub struct AdapterRecord {
     /// The path its `--adapter` flag named when the flag was last reconciled, if it was ever given one: a restart with
     /// the same flag keeps whatever was loaded since (see `docs/state.md`).
     pub declared_path: Option<PathBuf>,
+    /// The older versions still servable to exact pins when it was recorded, oldest first.
+    pub retained: Vec<VersionRecord>,
+    /// Its staleness bound, if one is set.
+    pub staleness: Option<StalenessPolicy>,
 }
 
 /// One live pause with a named owner, as recorded.
@@ -129,6 +148,15 @@ pub enum StateChange {
         version: AdapterVersion,
         /// Where the weights came from.
         source: RecordedSource,
+        /// The older versions that stay servable to exact pins, oldest first (they replace the recorded ones).
+        retained: Vec<VersionRecord>,
+    },
+    /// `name`'s staleness bound was set, or cleared (`None`).
+    Staleness {
+        /// The adapter.
+        name: AdapterName,
+        /// The policy.
+        policy: Option<StalenessPolicy>,
     },
     /// The operator's `--adapter` flag for `name` named `path` (see [`AdapterRecord::declared_path`]).
     Declared {
@@ -205,6 +233,13 @@ pub enum RemoteChange {
         adapter: AdapterName,
         /// The pause.
         pause_id: PauseId,
+    },
+    /// Another replica set or cleared `name`'s staleness bound.
+    Staleness {
+        /// The adapter.
+        name: AdapterName,
+        /// The policy (`None`: cleared).
+        policy: Option<StalenessPolicy>,
     },
     /// The store could not follow the others' changes for a while (it was unreachable) and read everything again:
     /// make this replica match it (pauses adopted or released, newer versions loaded, unloaded adapters removed).

@@ -1,7 +1,7 @@
 //! Test support (the `testing` feature, for dev-dependencies and benchmarks only): [`ScriptedEngine`], an engine
 //! without a model whose behaviour tests can predict exactly.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -25,7 +25,8 @@ pub type GenerateHook = Box<dyn Fn(&SampleRequest, &CancellationToken) + Send + 
 /// most `hold_after` it then ends with `Length`; otherwise it waits until cancelled and ends with `Abort`. A request
 /// cancelled before it starts ends with `Abort` and no tokens. Loads from a directory named `bad` fail with
 /// `AdapterIncompatible`; other loads succeed without reading anything. Versions follow the [`Engine`] contract: a
-/// load installs only over an older version, an unload removes only its version or older.
+/// load adds its version (the newest serves unpinned requests, older ones serve pins until released), an unload
+/// removes only its version or older.
 ///
 /// Logprobs on request: prompt token `i ≥ 1` has logprob `-0.1 * i` (the first NaN), and ranks **2**: its
 /// alternatives are `(t + 1) % 256` with its logprob + 0.5, then the prompt token `t` itself, then `(t + j) % 256`
@@ -34,7 +35,7 @@ pub type GenerateHook = Box<dyn Fn(&SampleRequest, &CancellationToken) + Send + 
 pub struct ScriptedEngine {
     info: ModelInfo,
     hold_after: u32,
-    versions: Mutex<HashMap<AdapterName, AdapterVersion>>,
+    versions: Mutex<HashMap<AdapterName, BTreeSet<AdapterVersion>>>,
     loads: AtomicU32,
     loads_started: AtomicU32,
     load_permits: Option<Arc<Semaphore>>,
@@ -108,7 +109,12 @@ impl ScriptedEngine {
 
     /// The version of `name` whose weights the engine serves new requests with, if any.
     pub fn installed(&self, name: &AdapterName) -> Option<AdapterVersion> {
-        self.versions.lock().get(name).copied()
+        self.versions.lock().get(name).and_then(|held| held.last().copied())
+    }
+
+    /// Every version of `name` the engine holds weights of, oldest first.
+    pub fn held(&self, name: &AdapterName) -> Vec<AdapterVersion> {
+        self.versions.lock().get(name).map(|held| held.iter().copied().collect()).unwrap_or_default()
     }
 }
 
@@ -122,7 +128,13 @@ impl Engine for ScriptedEngine {
         let version = match request.adapter() {
             AdapterKey::Base => AdapterVersion::BASE,
             AdapterKey::Lora(name) => {
-                *self.versions.lock().get(name).ok_or_else(|| EngineError::AdapterNotLoaded(name.clone()))?
+                let versions = self.versions.lock();
+                let held = versions.get(name);
+                let version = match request.pinned_version() {
+                    Some(pinned) => held.and_then(|held| held.get(&pinned)).copied(),
+                    None => held.and_then(|held| held.last()).copied(),
+                };
+                version.ok_or_else(|| EngineError::AdapterNotLoaded(name.clone()))?
             }
         };
         if let Some(hook) = &self.on_generate {
@@ -197,17 +209,26 @@ impl Engine for ScriptedEngine {
         if source.dir().ends_with("bad") {
             return Err(EngineError::AdapterIncompatible(format!("{} has the wrong shapes", source.dir().display())));
         }
-        let mut versions = self.versions.lock();
-        if versions.get(name).is_none_or(|installed| *installed < version) {
-            versions.insert(name.clone(), version);
-        }
+        self.versions.lock().entry(name.clone()).or_default().insert(version);
         Ok(())
     }
 
     async fn unload_adapter(&self, name: &AdapterName, version: AdapterVersion) -> Result<(), EngineError> {
         let mut versions = self.versions.lock();
-        if versions.get(name).is_some_and(|installed| *installed <= version) {
-            versions.remove(name);
+        if let Some(held) = versions.get_mut(name) {
+            held.retain(|held| *held > version);
+            if held.is_empty() {
+                versions.remove(name);
+            }
+        }
+        Ok(())
+    }
+
+    async fn release_version(&self, name: &AdapterName, version: AdapterVersion) -> Result<(), EngineError> {
+        if let Some(held) = self.versions.lock().get_mut(name)
+            && held.last() != Some(&version)
+        {
+            held.remove(&version);
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! [`CandleEngine`]: the [`Engine`] the coordinator drives. It keeps the installed adapters and hands requests to
 //! the step thread; the model itself lives on that thread.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,20 +35,17 @@ pub struct CandleEngine {
     model_config: Arc<ModelConfig>,
     device: candle_core::Device,
     dtype: candle_core::DType,
-    adapters: RwLock<HashMap<AdapterName, InstalledAdapter>>,
+    adapters: RwLock<HashMap<AdapterName, InstalledVersions>>,
     adapter_limits: AdapterLimits,
     adapter_load_timeout: Duration,
     tokenizer: Option<Tokenizer>,
     step_thread: StepThread,
 }
 
-/// The weights served under an adapter name. Running sequences hold their own `Arc` to the weights they started
-/// with, so replacing or removing this entry never touches them.
-#[derive(Clone)]
-struct InstalledAdapter {
-    version: AdapterVersion,
-    weights: Arc<AdapterWeights>,
-}
+/// The weights served under an adapter name, by version: the newest serves unpinned requests, older ones serve exact
+/// pins until the coordinator releases them. Running sequences hold their own `Arc` to the weights they started with,
+/// so removing an entry never touches them.
+type InstalledVersions = BTreeMap<AdapterVersion, Arc<AdapterWeights>>;
 
 impl CandleEngine {
     /// Loads the model at `path` and starts the step thread: a Hugging Face directory (`config.json`,
@@ -104,12 +101,20 @@ impl CandleEngine {
         self.tokenizer.as_ref()
     }
 
-    /// The names and versions of the installed adapters, sorted by name.
+    /// The names and newest versions of the installed adapters, sorted by name.
     pub fn adapters(&self) -> Vec<(AdapterName, AdapterVersion)> {
-        let mut adapters: Vec<_> =
-            self.adapters.read().iter().map(|(name, installed)| (name.clone(), installed.version)).collect();
-        adapters.sort();
-        adapters
+        let adapters = self.adapters.read();
+        let mut newest: Vec<_> = adapters
+            .iter()
+            .filter_map(|(name, versions)| Some((name.clone(), *versions.last_key_value()?.0)))
+            .collect();
+        newest.sort();
+        newest
+    }
+
+    /// Every version of `name` the engine holds weights of, oldest first.
+    pub fn versions_of(&self, name: &AdapterName) -> Vec<AdapterVersion> {
+        self.adapters.read().get(name).map(|versions| versions.keys().copied().collect()).unwrap_or_default()
     }
 }
 
@@ -152,9 +157,14 @@ impl Engine for CandleEngine {
         let (adapter, version) = match request.adapter() {
             AdapterKey::Base => (None, AdapterVersion::BASE),
             AdapterKey::Lora(name) => {
-                let installed = self.adapters.read().get(name).cloned();
-                let installed = installed.ok_or_else(|| EngineError::AdapterNotLoaded(name.clone()))?;
-                (Some(installed.weights), installed.version)
+                let adapters = self.adapters.read();
+                let versions = adapters.get(name);
+                let chosen = match request.pinned_version() {
+                    Some(pinned) => versions.and_then(|held| held.get_key_value(&pinned)),
+                    None => versions.and_then(|held| held.last_key_value()),
+                };
+                let (version, weights) = chosen.ok_or_else(|| EngineError::AdapterNotLoaded(name.clone()))?;
+                (Some(weights.clone()), *version)
             }
         };
         let (events, receiver) = outbox();
@@ -183,20 +193,9 @@ impl Engine for CandleEngine {
             }
             Err(err) => return Err(EngineError::Internal(format!("loading the adapter failed: {err}"))),
         };
-        let installed = InstalledAdapter { version, weights: Arc::new(weights) };
-        let replaced = {
-            let mut adapters = self.adapters.write();
-            match adapters.get(name) {
-                Some(newer) if newer.version >= version => {
-                    let installed = newer.version;
-                    tracing::debug!(adapter = %name, %version, %installed, "adapter superseded before it was installed");
-                    return Ok(());
-                }
-                _ => adapters.insert(name.clone(), installed),
-            }
-        };
-        // Old weights still used by running sequences live on in their `Arc`s; otherwise they are freed here,
-        // outside the lock.
+        let replaced = self.adapters.write().entry(name.clone()).or_default().insert(version, Arc::new(weights));
+        // Weights a repeated load of the same version replaced are freed here, outside the lock (or live on in the
+        // `Arc`s of sequences running on them).
         drop(replaced);
         // The coordinator logs the load (once, at INFO); this says when the engine installed it.
         tracing::debug!(adapter = %name, %version, "adapter installed");
@@ -206,13 +205,31 @@ impl Engine for CandleEngine {
     async fn unload_adapter(&self, name: &AdapterName, version: AdapterVersion) -> Result<(), EngineError> {
         let removed = {
             let mut adapters = self.adapters.write();
-            match adapters.get(name) {
-                Some(installed) if installed.version <= version => adapters.remove(name),
-                _ => None,
+            let Some(versions) = adapters.get_mut(name) else { return Ok(()) };
+            let newer = versions.split_off(&version.next());
+            let removed = std::mem::replace(versions, newer);
+            if versions.is_empty() {
+                adapters.remove(name);
             }
+            removed
         };
-        if let Some(removed) = removed {
-            tracing::debug!(adapter = %name, version = %removed.version, "adapter unloaded");
+        if let Some((newest, _)) = removed.last_key_value() {
+            tracing::debug!(adapter = %name, version = %newest, "adapter unloaded");
+        }
+        Ok(())
+    }
+
+    async fn release_version(&self, name: &AdapterName, version: AdapterVersion) -> Result<(), EngineError> {
+        let released = {
+            let mut adapters = self.adapters.write();
+            let Some(versions) = adapters.get_mut(name) else { return Ok(()) };
+            if versions.last_key_value().is_some_and(|(newest, _)| *newest == version) {
+                return Ok(());
+            }
+            versions.remove(&version)
+        };
+        if released.is_some() {
+            tracing::debug!(adapter = %name, %version, "replaced adapter version released");
         }
         Ok(())
     }

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::Shared;
 use crate::client::{Event, EventType, Watched, Write};
-use crate::keys::{Key, StoredAck, StoredAdapter, StoredPause};
+use crate::keys::{Key, StoredAck, StoredAdapter, StoredPause, StoredStaleness};
 use crate::snapshot::read_state;
 
 /// The first wait before opening a broken watch again; it doubles up to [`MAX_RETRY`].
@@ -89,7 +89,7 @@ fn dispatch(shared: &Arc<Shared>, event: Event, changes: &mpsc::UnboundedSender<
             Ok(stored) if stored.by == shared.replica_id => return,
             Ok(stored) if stored.unloaded => RemoteChange::Unloaded { name },
             Ok(stored) => {
-                let record = stored.record(name, None);
+                let record = stored.record(name, None, None);
                 let Some(record) = record else { return };
                 RemoteChange::Installed { name: record.name, version: record.version, source: record.source }
             }
@@ -132,6 +132,16 @@ fn dispatch(shared: &Arc<Shared>, event: Event, changes: &mpsc::UnboundedSender<
             RemoteChange::Paused { record, acknowledge }
         }
         (Key::Pause(adapter, pause_id), true) => RemoteChange::PauseEnded { adapter, pause_id },
+        (Key::Staleness(name), false) => match StoredStaleness::decode(&kv.value) {
+            Ok(stored) if stored.by == shared.replica_id => return,
+            Ok(stored) => RemoteChange::Staleness { name, policy: Some(stored.policy()) },
+            Err(err) => {
+                tracing::warn!(%err, "skipped an unreadable staleness bound");
+                return;
+            }
+        },
+        // A delete carries no value, so no writer: applying this replica's own clearing again changes nothing.
+        (Key::Staleness(name), true) => RemoteChange::Staleness { name, policy: None },
         (Key::Ack(pause_id, replica), false) => {
             match StoredAck::decode(&kv.value) {
                 Ok(ack) => shared.acks.acknowledged(&pause_id, &replica, &ack),

@@ -2,7 +2,8 @@
 //!
 //! | key | value |
 //! | --- | --- |
-//! | `adapters/NAME` | `{"version", "path", "confined", "by"}`; an unloaded adapter is `{"unloaded": true, "by"}` |
+//! | `adapters/NAME` | `{"version", "path", "confined", "sha256", "bytes", "pushed", "retained": [{"version", "path", "confined", "sha256", "bytes", "pushed"}], "by"}`; an unloaded adapter is `{"unloaded": true, "by"}` |
+//! | `staleness/NAME` | `{"max_staleness", "batch_size", "by"}`: the adapter's staleness bound (no key: none) |
 //! | `declared/NAME` | the path its `--adapter` flag last named (JSON string) |
 //! | `issued/NAME` | the highest version ever issued for the name (decimal; kept after an unload) |
 //! | `pauses/NAME/PAUSE_ID` | `{"owner", "mode", "lease_expires_at_ms", "by"}`, under an etcd lease when it has one |
@@ -15,8 +16,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use loragate_core::state::{AdapterRecord, PauseRecord, RecordedSource, StateError};
-use loragate_core::{AbortReport, AdapterName, AdapterVersion, PauseId, PauseMode, RequestId};
+use loragate_core::state::{AdapterRecord, PauseRecord, RecordedSource, StateError, VersionRecord};
+use loragate_core::{
+    AbortReport, AdapterName, AdapterVersion, Field, PauseId, PauseMode, RequestId, Sha256, StalenessPolicy,
+};
 use serde::{Deserialize, Serialize};
 
 /// The keys of one state (one `/PREFIX/`).
@@ -30,6 +33,8 @@ pub(crate) struct Keys {
 pub(crate) enum Key {
     Adapter(AdapterName),
     Declared(AdapterName),
+    /// An adapter's staleness bound.
+    Staleness(AdapterName),
     Pause(AdapterName, PauseId),
     /// A replica's acknowledgement of a pause: the pause and the replica.
     Ack(PauseId, String),
@@ -56,6 +61,10 @@ impl Keys {
 
     pub(crate) fn declared(&self, name: &AdapterName) -> String {
         format!("{}declared/{}", self.prefix, segment(name.as_str()))
+    }
+
+    pub(crate) fn staleness(&self, name: &AdapterName) -> String {
+        format!("{}staleness/{}", self.prefix, segment(name.as_str()))
     }
 
     pub(crate) fn issued(&self, name: &AdapterName) -> String {
@@ -104,6 +113,8 @@ impl Keys {
             name(raw).map(Key::Adapter)
         } else if let Some(raw) = rest.strip_prefix("declared/") {
             name(raw).map(Key::Declared)
+        } else if let Some(raw) = rest.strip_prefix("staleness/") {
+            name(raw).map(Key::Staleness)
         } else if let Some(raw) = rest.strip_prefix("pauses/") {
             raw.split_once('/').and_then(|(adapter, id)| {
                 let id = unsegment(id).and_then(|id| PauseId::parse(&id).ok().flatten())?;
@@ -154,11 +165,85 @@ pub(crate) struct StoredAdapter {
     pub(crate) unloaded: bool,
     #[serde(default)]
     pub(crate) version: u64,
-    #[serde(default)]
-    pub(crate) path: PathBuf,
-    #[serde(default)]
-    pub(crate) confined: bool,
+    #[serde(flatten)]
+    pub(crate) source: StoredSource,
+    /// Older versions still servable to exact pins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) retained: Vec<StoredVersion>,
     pub(crate) by: String,
+}
+
+/// Where a version's weights came from (the fields after `confined` are absent in records of older replicas).
+#[derive(Default, Serialize, Deserialize)]
+pub(crate) struct StoredSource {
+    #[serde(default)]
+    path: PathBuf,
+    #[serde(default)]
+    confined: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pushed: bool,
+}
+
+impl StoredSource {
+    pub(crate) fn of(source: &RecordedSource) -> Self {
+        Self {
+            path: source.path.clone(),
+            confined: source.confined,
+            sha256: source.sha256.map(|sha| sha.to_hex()),
+            bytes: source.bytes,
+            pushed: source.pushed,
+        }
+    }
+
+    fn recorded(self) -> RecordedSource {
+        // An unreadable digest is dropped (the version's identity is then unknown), not fatal.
+        let sha256 = self.sha256.and_then(|hex| Sha256::parse_hex(&hex, Field::Sha256).ok());
+        RecordedSource { path: self.path, confined: self.confined, sha256, bytes: self.bytes, pushed: self.pushed }
+    }
+}
+
+/// One retained version in `adapters/NAME`.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct StoredVersion {
+    version: u64,
+    #[serde(flatten)]
+    source: StoredSource,
+}
+
+impl StoredVersion {
+    pub(crate) fn of(record: &VersionRecord) -> Self {
+        Self { version: record.version.0, source: StoredSource::of(&record.source) }
+    }
+}
+
+/// `staleness/NAME`.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct StoredStaleness {
+    max_staleness: u32,
+    batch_size: u32,
+    pub(crate) by: String,
+}
+
+impl StoredStaleness {
+    pub(crate) fn of(policy: StalenessPolicy, by: &str) -> Self {
+        Self { max_staleness: policy.max_staleness, batch_size: policy.batch_size, by: by.to_owned() }
+    }
+
+    pub(crate) fn decode(value: &[u8]) -> Result<Self, StateError> {
+        serde_json::from_slice(value).map_err(|err| failed("staleness bound", err))
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub(crate) fn policy(&self) -> StalenessPolicy {
+        StalenessPolicy { max_staleness: self.max_staleness, batch_size: self.batch_size }
+    }
 }
 
 impl StoredAdapter {
@@ -171,12 +256,24 @@ impl StoredAdapter {
     }
 
     /// The record, unless the adapter is unloaded.
-    pub(crate) fn record(self, name: AdapterName, declared_path: Option<PathBuf>) -> Option<AdapterRecord> {
+    pub(crate) fn record(
+        self,
+        name: AdapterName,
+        declared_path: Option<PathBuf>,
+        staleness: Option<StalenessPolicy>,
+    ) -> Option<AdapterRecord> {
+        let retained = self
+            .retained
+            .into_iter()
+            .map(|older| VersionRecord { version: AdapterVersion(older.version), source: older.source.recorded() })
+            .collect();
         (!self.unloaded).then_some(AdapterRecord {
             name,
-            source: RecordedSource { path: self.path, confined: self.confined },
+            source: self.source.recorded(),
             version: AdapterVersion(self.version),
             declared_path,
+            retained,
+            staleness,
         })
     }
 }

@@ -3,11 +3,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use loragate_core::AdapterName;
 use loragate_core::state::{FrontRecord, PauseRecord, RecordedState, StateError};
+use loragate_core::{AdapterName, StalenessPolicy};
 
 use crate::client::KeyValue;
-use crate::keys::{Key, Keys, StoredAdapter, StoredPause, StoredRecord};
+use crate::keys::{Key, Keys, StoredAdapter, StoredPause, StoredRecord, StoredStaleness};
 
 /// The state as read, with the revision each pause was last written at and the registered replicas.
 pub(crate) struct Snapshot {
@@ -24,6 +24,7 @@ pub(crate) fn read_state(keys: &Keys, kvs: Vec<KeyValue>, replica: &str) -> Resu
     let mut front_records = Vec::new();
     let mut adapters = BTreeMap::new();
     let mut declared: BTreeMap<AdapterName, PathBuf> = BTreeMap::new();
+    let mut staleness: BTreeMap<AdapterName, StalenessPolicy> = BTreeMap::new();
     let mut pauses = Vec::new();
     let mut registered = BTreeSet::new();
     for kv in kvs {
@@ -35,6 +36,9 @@ pub(crate) fn read_state(keys: &Keys, kvs: Vec<KeyValue>, replica: &str) -> Resu
                 let path = serde_json::from_slice(&kv.value)
                     .map_err(|err| StateError::Failed(format!("etcd holds an unreadable declared path: {err}")))?;
                 declared.insert(name, path);
+            }
+            Key::Staleness(name) => {
+                staleness.insert(name, StoredStaleness::decode(&kv.value)?.policy());
             }
             Key::Pause(adapter, pause_id) => {
                 pauses.push((StoredPause::decode(&kv.value)?.record(adapter, pause_id)?, kv.mod_revision));
@@ -56,7 +60,8 @@ pub(crate) fn read_state(keys: &Keys, kvs: Vec<KeyValue>, replica: &str) -> Resu
         .into_iter()
         .filter_map(|(name, stored)| {
             let declared_path = declared.remove(&name);
-            stored.record(name, declared_path)
+            let bound = staleness.remove(&name);
+            stored.record(name, declared_path, bound)
         })
         .collect();
     pauses.retain(|(pause, _): &(PauseRecord, i64)| adapters.iter().any(|adapter| adapter.name == pause.adapter));

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::Shared;
 use crate::client::{Guard, Write};
-use crate::keys::{StoredAdapter, StoredPause, StoredRecord, lease_left};
+use crate::keys::{StoredAdapter, StoredPause, StoredRecord, StoredSource, StoredStaleness, StoredVersion, lease_left};
 
 /// How often a compare-and-swap is retried when another replica wrote the key meanwhile.
 const CAS_ATTEMPTS: usize = 64;
@@ -44,17 +44,25 @@ async fn apply(shared: &Shared, changes: Vec<StateChange>) -> Result<i64, StateE
     let mut revision = 0;
     for change in changes {
         match change {
-            StateChange::Installed { name, version, source } => {
+            StateChange::Installed { name, version, source, retained } => {
                 revision = revision.max(flush(shared, &mut writes).await?);
                 let stored = StoredAdapter {
                     unloaded: false,
                     version: version.0,
-                    path: source.path,
-                    confined: source.confined,
+                    source: StoredSource::of(&source),
+                    retained: retained.iter().map(StoredVersion::of).collect(),
                     by: shared.replica_id.clone(),
                 };
                 revision = revision.max(install(shared, &name, stored).await?);
             }
+            StateChange::Staleness { name, policy } => writes.push(match policy {
+                Some(policy) => Write::Put {
+                    key: keys.staleness(&name),
+                    value: StoredStaleness::of(policy, &shared.replica_id).encode(),
+                    lease: 0,
+                },
+                None => Write::Delete { key: keys.staleness(&name), prefix: false },
+            }),
             StateChange::VersionReturned { name, version } => {
                 revision = revision.max(flush(shared, &mut writes).await?);
                 revision = revision.max(give_back(shared, &name, version).await?);
@@ -68,12 +76,13 @@ async fn apply(shared: &Shared, changes: Vec<StateChange>) -> Result<i64, StateE
                 let tombstone = StoredAdapter {
                     unloaded: true,
                     version: 0,
-                    path: Default::default(),
-                    confined: false,
+                    source: StoredSource::default(),
+                    retained: Vec::new(),
                     by: shared.replica_id.clone(),
                 };
                 writes.push(Write::Put { key: keys.adapter(&name), value: tombstone.encode(), lease: 0 });
                 writes.push(Write::Delete { key: keys.declared(&name), prefix: false });
+                writes.push(Write::Delete { key: keys.staleness(&name), prefix: false });
                 writes.push(Write::Delete { key: keys.pauses_of(&name), prefix: true });
             }
             StateChange::Paused(record) => {

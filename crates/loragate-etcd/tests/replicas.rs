@@ -121,7 +121,7 @@ impl Replica {
 
     async fn load(&self, lora: &str) -> Result<u64, CoreError> {
         let source = AdapterSource::trusted(format!("/adapters/{lora}"));
-        self.coordinator.load_adapter(&name(lora), source).await.map(|version| version.0)
+        self.coordinator.load_adapter(&name(lora), source).await.map(|installed| installed.version.0)
     }
 }
 

@@ -17,7 +17,7 @@ use crate::generate;
 use crate::membership::{FailurePolicy, Membership, MembershipSettings};
 use crate::metrics::FleetMetrics;
 use crate::staging::stage;
-use crate::versions::{Installed, Versions};
+use crate::versions::Versions;
 
 /// How a fleet runs.
 #[derive(Clone, Debug)]
@@ -147,13 +147,13 @@ impl Engine for FleetEngine {
     }
 
     async fn generate(&self, request: SampleRequest, cancel: CancellationToken) -> Result<EngineStream, EngineError> {
-        let pin = self.versions.pin(request.adapter())?;
+        let pin = self.versions.pin(request.adapter(), request.pinned_version())?;
         generate::start(request, cancel, pin, self.membership.clone(), self.config.abort_ack_timeout)
     }
 
     /// Stages `NAME@version` on every READY worker and installs it only if all succeeded (else rolls back and
-    /// fails with a per-worker report; the previous version keeps serving). The previous version is unloaded from
-    /// the workers once no running request is pinned to it.
+    /// fails with a per-worker report; the previous version keeps serving). Older versions stay staged, serving exact
+    /// pins, until the coordinator releases them ([`Engine::release_version`]).
     async fn load_adapter(
         &self,
         name: &AdapterName,
@@ -166,16 +166,16 @@ impl Engine for FleetEngine {
         self.metrics.record_stage(staged.is_ok());
         staged?;
         let unavailable = |err: FleetError| EngineError::Unavailable(err.to_string());
-        match self.versions.install(name, version) {
-            Installed::Replaced { retire_now } => {
-                self.membership.install(engine_name.clone(), source_path).await.map_err(unavailable)?;
-                if let Some(replaced) = retire_now {
-                    self.membership.retire_later(replaced);
-                }
-                tracing::info!(adapter = %engine_name, "adapter version staged on every ready worker and installed");
-            }
-            // A newer version was installed meanwhile: the copies just staged serve nothing.
-            Installed::Superseded => self.membership.retire(engine_name).await.map_err(unavailable)?,
+        self.membership.install(engine_name.clone(), source_path).await.map_err(unavailable)?;
+        self.versions.install(name, version);
+        tracing::info!(adapter = %engine_name, "adapter version staged on every ready worker and installed");
+        Ok(())
+    }
+
+    /// `version` of `name` stops serving exact pins; it is unloaded from the workers as soon as nothing runs on it.
+    async fn release_version(&self, name: &AdapterName, version: AdapterVersion) -> Result<(), EngineError> {
+        if let Some(engine_name) = self.versions.release(name, version) {
+            self.membership.retire_later(engine_name);
         }
         Ok(())
     }

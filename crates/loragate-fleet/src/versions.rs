@@ -1,12 +1,13 @@
 //! Which version of each adapter new requests get, and how many running requests are pinned to each version.
 //!
-//! A request pins the adapter's installed version when it starts ([`Versions::pin`]) and holds the [`Pin`] until
-//! its last sequence ended. Installing version V retires V-1; a retired version is unloaded from the workers as soon
-//! as its pin count reaches zero (a count, not a timer): at once if nothing runs on it, else when the last pinned
-//! request ends. Reading the installed version and pinning it happen under one lock with installing, so a request can
-//! never pin a version whose unload has begun.
+//! A request pins the version it runs on when it starts ([`Versions::pin`]: its exact pin `NAME@V`, or the newest
+//! installed) and holds the [`Pin`] until its last sequence ended. Installed versions stay servable until the
+//! coordinator releases them (`--retain-versions`, [`Versions::release`]); a released version is unloaded from the
+//! workers as soon as its pin count reaches zero (a count, not a timer): at once if nothing runs on it, else when the
+//! last pinned request ends. Reading the installed versions and pinning happen under one lock with releasing, so a
+//! request can never pin a version whose unload has begun.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use loragate_core::{AdapterKey, AdapterName, AdapterVersion, EngineError};
@@ -16,7 +17,8 @@ use crate::address::versioned_name;
 
 #[derive(Default)]
 struct Table {
-    installed: HashMap<AdapterName, AdapterVersion>,
+    /// The servable versions of each adapter: the newest serves unpinned requests, older ones serve exact pins.
+    installed: HashMap<AdapterName, BTreeSet<AdapterVersion>>,
     pinned: HashMap<(AdapterName, AdapterVersion), Pinned>,
 }
 
@@ -40,8 +42,9 @@ impl Versions {
         Arc::new(Self { table: Mutex::default(), on_drained })
     }
 
-    /// Pins the installed version of `key` (the base model needs no pin).
-    pub(crate) fn pin(self: &Arc<Self>, key: &AdapterKey) -> Result<Pin, EngineError> {
+    /// Pins the version of `key` a request runs on: `exact` if it asked for one (`NAME@V`), else the newest
+    /// installed (the base model needs no pin).
+    pub(crate) fn pin(self: &Arc<Self>, key: &AdapterKey, exact: Option<AdapterVersion>) -> Result<Pin, EngineError> {
         let AdapterKey::Lora(name) = key else {
             return Ok(Pin {
                 versions: self.clone(),
@@ -51,7 +54,12 @@ impl Versions {
             });
         };
         let mut table = self.table.lock();
-        let version = *table.installed.get(name).ok_or_else(|| EngineError::AdapterNotLoaded(name.clone()))?;
+        let installed = table.installed.get(name);
+        let version = match exact {
+            Some(exact) => installed.and_then(|held| held.get(&exact)),
+            None => installed.and_then(|held| held.last()),
+        };
+        let version = *version.ok_or_else(|| EngineError::AdapterNotLoaded(name.clone()))?;
         table.pinned.entry((name.clone(), version)).or_insert(Pinned { count: 0, retired: false }).count += 1;
         Ok(Pin {
             versions: self.clone(),
@@ -61,19 +69,24 @@ impl Versions {
         })
     }
 
-    /// Makes `version` the one new requests of `name` get, unless a newer one is installed already.
-    pub(crate) fn install(&self, name: &AdapterName, version: AdapterVersion) -> Installed {
-        let mut table = self.table.lock();
-        match table.installed.get(name) {
-            Some(current) if *current > version => Installed::Superseded,
-            _ => match table.installed.insert(name.clone(), version) {
-                Some(replaced) => Installed::Replaced { retire_now: retire(&mut table, name, replaced) },
-                None => Installed::Replaced { retire_now: None },
-            },
-        }
+    /// Makes `version` of `name` servable: the one new unpinned requests get unless a newer one is installed, and
+    /// one exact pins may ask for until it is released ([`Versions::release`]).
+    pub(crate) fn install(&self, name: &AdapterName, version: AdapterVersion) {
+        self.table.lock().installed.entry(name.clone()).or_default().insert(version);
     }
 
-    /// Stops serving versions `up_to` and older of `name` (if the installed one is among them, new requests get
+    /// Stops serving exactly `version` of `name` unless it is the newest installed. Returns its engine-side name if
+    /// nothing is pinned to it (retire it now); a pinned one is retired when its last pin goes.
+    pub(crate) fn release(&self, name: &AdapterName, version: AdapterVersion) -> Option<String> {
+        let mut table = self.table.lock();
+        let held = table.installed.get_mut(name)?;
+        if held.last() == Some(&version) || !held.remove(&version) {
+            return None;
+        }
+        retire(&mut table, name, version)
+    }
+
+    /// Stops serving versions `up_to` and older of `name` (if the newest is among them, new requests get
     /// `AdapterNotLoaded`). Returns the engine-side names of those versions nothing is pinned to (retire them now);
     /// pinned ones are retired when their last pin goes. Newer versions stay.
     pub(crate) fn remove(&self, name: &AdapterName, up_to: AdapterVersion) -> Vec<String> {
@@ -84,8 +97,12 @@ impl Versions {
             .filter(|(pinned, version)| pinned == name && *version <= up_to)
             .map(|(_, version)| *version)
             .collect();
-        if table.installed.get(name).is_some_and(|installed| *installed <= up_to) {
-            versions.extend(table.installed.remove(name));
+        if let Some(held) = table.installed.get_mut(name) {
+            let kept = held.split_off(&up_to.next());
+            versions.extend(std::mem::replace(held, kept));
+            if held.is_empty() {
+                table.installed.remove(name);
+            }
         }
         versions.sort_unstable();
         versions.dedup();
@@ -106,16 +123,6 @@ impl Versions {
             }
         }
     }
-}
-
-/// What [`Versions::install`] did.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Installed {
-    /// The version is installed. The one it replaced, if nothing is pinned to it, is to be retired now (a pinned one
-    /// is retired when its last pin goes).
-    Replaced { retire_now: Option<String> },
-    /// A newer version was installed already: this one serves nothing.
-    Superseded,
 }
 
 /// Marks `version` of `name` retired; answers its engine-side name if it can be unloaded now.
@@ -172,22 +179,22 @@ mod tests {
     }
 
     #[test]
-    fn a_replaced_version_is_retired_when_its_last_pin_goes_and_not_before() {
+    fn a_released_version_is_retired_when_its_last_pin_goes_and_not_before() {
         let (versions, drained) = table();
         let name = AdapterName::parse("meow").expect("name");
-        assert!(matches!(versions.pin(&meow()), Err(EngineError::AdapterNotLoaded(_))));
-        assert_eq!(versions.install(&name, AdapterVersion(1)), Installed::Replaced { retire_now: None });
-        let first = versions.pin(&meow()).expect("pin v1");
-        let second = versions.pin(&meow()).expect("pin v1 again");
+        assert!(matches!(versions.pin(&meow(), None), Err(EngineError::AdapterNotLoaded(_))));
+        versions.install(&name, AdapterVersion(1));
+        let first = versions.pin(&meow(), None).expect("pin v1");
+        let second = versions.pin(&meow(), Some(AdapterVersion(1))).expect("pin v1 exactly");
         assert_eq!((first.engine_name(), first.version()), ("meow@1", AdapterVersion(1)));
 
-        assert_eq!(
-            versions.install(&name, AdapterVersion(2)),
-            Installed::Replaced { retire_now: None },
-            "v1 is pinned"
-        );
-        let newer = versions.pin(&meow()).expect("pin v2");
+        versions.install(&name, AdapterVersion(2));
+        let newer = versions.pin(&meow(), None).expect("pin v2");
         assert_eq!(newer.engine_name(), "meow@2", "new requests get the new version");
+        let older = versions.pin(&meow(), Some(AdapterVersion(1))).expect("v1 serves pins until released");
+        drop(older);
+        assert_eq!(versions.release(&name, AdapterVersion(1)), None, "v1 is pinned");
+        assert!(matches!(versions.pin(&meow(), Some(AdapterVersion(1))), Err(EngineError::AdapterNotLoaded(_))));
         drop(first);
         assert!(drained.lock().is_empty(), "one request still runs on v1");
         drop(second);
@@ -195,10 +202,10 @@ mod tests {
 
         drop(newer);
         assert_eq!(drained.lock().len(), 1, "v2 is installed: its pins going retires nothing");
-        let retire_now = Some("meow@2".to_owned());
-        assert_eq!(versions.install(&name, AdapterVersion(3)), Installed::Replaced { retire_now }, "unpinned");
-        assert_eq!(versions.install(&name, AdapterVersion(2)), Installed::Superseded, "never over a newer version");
-        assert_eq!(versions.pin(&meow()).expect("pin").engine_name(), "meow@3");
+        assert_eq!(versions.release(&name, AdapterVersion(2)), None, "the newest is never released");
+        versions.install(&name, AdapterVersion(3));
+        assert_eq!(versions.release(&name, AdapterVersion(2)), Some("meow@2".to_owned()), "unpinned: retired now");
+        assert_eq!(versions.pin(&meow(), None).expect("pin").engine_name(), "meow@3");
     }
 
     #[test]
@@ -206,11 +213,11 @@ mod tests {
         let (versions, drained) = table();
         let name = AdapterName::parse("meow").expect("name");
         versions.install(&name, AdapterVersion(1));
-        let old = versions.pin(&meow()).expect("pin v1");
+        let old = versions.pin(&meow(), None).expect("pin v1");
         versions.install(&name, AdapterVersion(2));
-        let current = versions.pin(&meow()).expect("pin v2");
+        let current = versions.pin(&meow(), None).expect("pin v2");
         assert!(versions.remove(&name, AdapterVersion(2)).is_empty(), "both versions are pinned");
-        assert!(matches!(versions.pin(&meow()), Err(EngineError::AdapterNotLoaded(_))));
+        assert!(matches!(versions.pin(&meow(), None), Err(EngineError::AdapterNotLoaded(_))));
         drop(current);
         drop(old);
         let mut names = drained.lock().clone();
@@ -219,20 +226,20 @@ mod tests {
 
         versions.install(&name, AdapterVersion(3));
         versions.install(&name, AdapterVersion(4));
-        assert!(versions.remove(&name, AdapterVersion(2)).is_empty(), "v4 is newer than the unload: it stays");
-        assert_eq!(versions.pin(&meow()).expect("pin").engine_name(), "meow@4");
+        assert_eq!(versions.remove(&name, AdapterVersion(3)), vec!["meow@3".to_owned()], "v4 is newer: it stays");
+        assert_eq!(versions.pin(&meow(), None).expect("pin").engine_name(), "meow@4");
         assert_eq!(versions.remove(&name, AdapterVersion(4)), vec!["meow@4".to_owned()], "unpinned: retired at once");
     }
 
     #[test]
     fn the_base_model_needs_no_pin() {
         let (versions, _) = table();
-        let pin = versions.pin(&AdapterKey::Base).expect("base");
+        let pin = versions.pin(&AdapterKey::Base, None).expect("base");
         assert_eq!((pin.engine_name(), pin.version()), ("", AdapterVersion::BASE));
     }
 
     #[test]
-    fn pins_and_installs_race_without_losing_a_retirement() {
+    fn pins_and_releases_race_without_losing_a_retirement() {
         let (versions, drained) = table();
         let name = AdapterName::parse("meow").expect("name");
         versions.install(&name, AdapterVersion(1));
@@ -243,16 +250,14 @@ mod tests {
                     let versions = versions.clone();
                     scope.spawn(move || {
                         for _ in 0..2_000 {
-                            drop(versions.pin(&meow()).expect("some version is installed"));
+                            drop(versions.pin(&meow(), None).expect("some version is installed"));
                         }
                     })
                 })
                 .collect();
             for version in 2..=200 {
-                if let Installed::Replaced { retire_now: Some(name) } = versions.install(&name, AdapterVersion(version))
-                {
-                    retired_now.push(name);
-                }
+                versions.install(&name, AdapterVersion(version));
+                retired_now.extend(versions.release(&name, AdapterVersion(version - 1)));
             }
             for pinner in pinners {
                 pinner.join().expect("pinner");

@@ -2,13 +2,14 @@
 //! replicas sharing the state.
 
 use loragate_core::{
-    Action, AdapterKey, AdapterName, Coordinator, CoreError, PauseId, PauseMode, PauseRequest, parse_timeout_s,
+    Action, AdapterKey, AdapterName, Coordinator, CoreError, PauseId, PauseMode, PauseRequest, StalenessPolicy,
+    parse_timeout_s,
 };
 use loragate_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::auth::caller_of;
-use crate::convert::{adapter_status, kv_policy, pause_mode, wire_kv_policy};
+use crate::convert::{adapter_status, kv_policy, pause_mode, sha256, staleness, wire_kv_policy};
 use crate::grpc_timeout::client_deadline;
 use crate::status::status_from_core;
 
@@ -89,11 +90,11 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         let source = self.coordinator.resolve_adapter_path(&wire.path).await.map_err(status_from_core)?;
         let swapped = self.coordinator.swap_adapter(&name, source, mode, kv_policy, deadline).await;
         answer(swapped.map(|swap| pb::SwapLoraAdapterResponse {
-            version: swap.version.0,
+            version: swap.installed.version.0,
             aborted_count: count(swap.aborted),
             kept_count: count(swap.kept),
             kv_policy: wire_kv_policy(swap.kv_policy).into(),
-            ..Default::default()
+            sha256: sha256(&swap.installed),
         }))
     }
 
@@ -114,7 +115,9 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
     ) -> Result<Response<pb::LoadLoraAdapterResponse>, Status> {
         let name = self.authorized(&request, &request.get_ref().lora_name, Action::Control)?;
         let loaded = self.coordinator.load_adapter_at(&name, &request.get_ref().path).await;
-        answer(loaded.map(|version| pb::LoadLoraAdapterResponse { version: version.0, ..Default::default() }))
+        answer(
+            loaded.map(|version| pb::LoadLoraAdapterResponse { version: version.version.0, sha256: sha256(&version) }),
+        )
     }
 
     async fn unload_lora_adapter(
@@ -156,8 +159,8 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         }))
     }
 
-    // Work in progress (issues 31 and 32): the wire messages are fixed by the contract; the server side lands with
-    // the adapter store and the staleness gate.
+    // Work in progress (issue 31): the wire messages are fixed by the contract; the server side lands with the
+    // adapter store.
     async fn push_lora_adapter(
         &self,
         _request: Request<tonic::Streaming<pb::PushLoraAdapterRequest>>,
@@ -167,8 +170,12 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
 
     async fn set_lora_staleness(
         &self,
-        _request: Request<pb::SetLoraStalenessRequest>,
+        request: Request<pb::SetLoraStalenessRequest>,
     ) -> Result<Response<pb::SetLoraStalenessResponse>, Status> {
-        Err(Status::unimplemented("SetLoraStaleness is not served by this build yet"))
+        let name = self.authorized(&request, &request.get_ref().lora_name, Action::Control)?;
+        let wire = request.into_inner();
+        let policy = StalenessPolicy::parse(wire.max_staleness, wire.batch_size).map_err(status_from_core)?;
+        let set = self.coordinator.set_staleness(&name, policy).await;
+        answer(set.map(|status| pb::SetLoraStalenessResponse { staleness: status.map(staleness) }))
     }
 }

@@ -3,7 +3,7 @@
 
 use loragate_core::{
     AdapterStatus, CoreError, Field, FinishReason, KvPolicy, PauseInfo, PauseMode, RawSampleRequest, SampleEvent,
-    SampleOutput, Segment,
+    SampleOutput, Segment, StalenessStatus, VersionInfo,
 };
 use loragate_proto::v1 as pb;
 
@@ -31,6 +31,7 @@ pub(crate) fn raw_sample_request(request: pb::SampleRequest) -> RawSampleRequest
         // This API reports no alternatives.
         top_logprobs: 0,
         prompt_top_logprobs: None,
+        min_lora_version: request.min_lora_version,
     }
 }
 
@@ -103,7 +104,34 @@ pub(crate) fn adapter_status(status: AdapterStatus) -> pb::LoraAdapterStatus {
         kept: status.kept,
         pauses: status.pauses.into_iter().map(pause_info).collect(),
         weights_error: status.weights_error.unwrap_or_default(),
-        ..Default::default()
+        sha256: status.versions.last().map(sha256).unwrap_or_default(),
+        staleness: status.staleness.map(staleness),
+        versions: status.versions.iter().map(version_info).collect(),
+    }
+}
+
+/// The hex SHA-256 of a version's weights, empty where unknown.
+pub(crate) fn sha256(version: &VersionInfo) -> String {
+    version.sha256.map(|sha| sha.to_hex()).unwrap_or_default()
+}
+
+fn version_info(version: &VersionInfo) -> pb::LoraAdapterVersion {
+    pb::LoraAdapterVersion {
+        version: version.version.0,
+        sha256: sha256(version),
+        bytes: version.bytes.unwrap_or_default(),
+        source: version.origin.to_string(),
+    }
+}
+
+/// A staleness bound's state on the wire.
+pub(crate) fn staleness(status: StalenessStatus) -> pb::LoraStaleness {
+    pb::LoraStaleness {
+        max_staleness: status.policy.max_staleness,
+        batch_size: status.policy.batch_size,
+        started: status.started,
+        capacity: status.capacity,
+        held: status.held,
     }
 }
 

@@ -201,21 +201,22 @@ async fn load(
     let kv_policy = parse_kv_policy(body.kv_policy.as_deref())?;
     let path = body.lora_path.ok_or(HttpError::MissingField("lora_path"))?;
     let source = coordinator.resolve_adapter_path(&path).await.map_err(HttpError::control)?;
-    let (version, kept, aborted, kv_policy) = match swap {
+    let (installed, kept, aborted, kv_policy) = match swap {
         Some(mode) => {
             let swap =
                 coordinator.swap_adapter(&name, source, mode, kv_policy, None).await.map_err(HttpError::control)?;
-            (swap.version, swap.kept, swap.aborted, swap.kv_policy)
+            (swap.installed, swap.kept, swap.aborted, swap.kv_policy)
         }
         None => {
-            let version = coordinator.load_adapter(&name, source).await.map_err(HttpError::control)?;
-            (version, 0, 0, KvPolicy::Recompute)
+            let installed = coordinator.load_adapter(&name, source).await.map_err(HttpError::control)?;
+            (installed, 0, 0, KvPolicy::Recompute)
         }
     };
     Ok(Json(json!({
         "status": "ok",
         "lora_name": name.as_str(),
-        "version": version.0,
+        "version": installed.version.0,
+        "sha256": installed.sha256.map(|sha| sha.to_hex()),
         "kept_count": kept,
         "aborted_count": aborted,
         "kv_policy": kv_policy.as_str(),

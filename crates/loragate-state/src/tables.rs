@@ -3,7 +3,7 @@
 //!
 //! | table | key | value |
 //! | --- | --- | --- |
-//! | `adapters` | name | `{"path", "confined", "version", "declared_path"}` |
+//! | `adapters` | name | `{"path", "confined", "version", "declared_path", "sha256", "bytes", "pushed", "retained": [{"version", "path", "confined", "sha256", "bytes", "pushed"}], "staleness": {"max_staleness", "batch_size"}}` |
 //! | `issued_versions` | name | the highest version ever issued for the name (kept after an unload) |
 //! | `pauses` | (adapter, pause id) | `{"owner", "mode", "lease_expires_at_ms"}` (wall clock, ms since the epoch) |
 //! | `meta` | `schema`, `last_pause_number`, `global_pause` | numbers (`global_pause`: 0 none, 1 abort, 2 wait, 3 keep) |
@@ -13,9 +13,9 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use loragate_core::state::{
-    AdapterRecord, FrontRecord, PauseRecord, RecordedSource, RecordedState, StateChange, StateError,
+    AdapterRecord, FrontRecord, PauseRecord, RecordedSource, RecordedState, StateChange, StateError, VersionRecord,
 };
-use loragate_core::{AdapterName, AdapterVersion, PauseId, PauseMode};
+use loragate_core::{AdapterName, AdapterVersion, Field, PauseId, PauseMode, Sha256, StalenessPolicy};
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
@@ -33,10 +33,71 @@ const GLOBAL_PAUSE_KEY: &str = "global_pause";
 
 #[derive(Serialize, Deserialize)]
 struct StoredAdapter {
-    path: PathBuf,
-    confined: bool,
+    #[serde(flatten)]
+    source: StoredSource,
     version: u64,
     declared_path: Option<PathBuf>,
+    /// Older versions still servable to exact pins (absent in files written before versions were retained).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    retained: Vec<StoredVersion>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    staleness: Option<StoredStaleness>,
+}
+
+/// Where a version's weights came from (the fields after `confined` are absent in older files).
+#[derive(Serialize, Deserialize)]
+struct StoredSource {
+    path: PathBuf,
+    confined: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pushed: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredVersion {
+    version: u64,
+    #[serde(flatten)]
+    source: StoredSource,
+}
+
+#[derive(Clone, Copy, Serialize, Deserialize)]
+struct StoredStaleness {
+    max_staleness: u32,
+    batch_size: u32,
+}
+
+impl StoredSource {
+    fn of(source: &RecordedSource) -> Self {
+        Self {
+            path: source.path.clone(),
+            confined: source.confined,
+            sha256: source.sha256.map(|sha| sha.to_hex()),
+            bytes: source.bytes,
+            pushed: source.pushed,
+        }
+    }
+
+    fn recorded(self, what: &str) -> Result<RecordedSource, StateError> {
+        let sha256 = self
+            .sha256
+            .map(|hex| Sha256::parse_hex(&hex, Field::Sha256).map_err(|err| damaged(what, err)))
+            .transpose()?;
+        Ok(RecordedSource { path: self.path, confined: self.confined, sha256, bytes: self.bytes, pushed: self.pushed })
+    }
+}
+
+impl StoredStaleness {
+    fn of(policy: StalenessPolicy) -> Self {
+        Self { max_staleness: policy.max_staleness, batch_size: policy.batch_size }
+    }
+
+    fn policy(self) -> StalenessPolicy {
+        StalenessPolicy { max_staleness: self.max_staleness, batch_size: self.batch_size }
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -73,19 +134,36 @@ pub(crate) fn prepare(txn: &WriteTransaction) -> Result<(), StateError> {
 /// Applies one change.
 pub(crate) fn apply(txn: &WriteTransaction, change: &StateChange) -> Result<(), StateError> {
     match change {
-        StateChange::Installed { name, version, source } => {
+        StateChange::Installed { name, version, source, retained } => {
             let mut adapters = txn.open_table(ADAPTERS).map_err(failed)?;
-            let declared_path = match adapters.get(name.as_str()).map_err(failed)? {
-                Some(old) => parse_adapter(name.as_str(), old.value())?.declared_path,
-                None => None,
+            let (declared_path, staleness) = match adapters.get(name.as_str()).map_err(failed)? {
+                Some(old) => {
+                    let old = parse_adapter(name.as_str(), old.value())?;
+                    (old.declared_path, old.staleness)
+                }
+                None => (None, None),
             };
+            let retained = retained
+                .iter()
+                .map(|older| StoredVersion { version: older.version.0, source: StoredSource::of(&older.source) })
+                .collect();
             let stored = StoredAdapter {
-                path: source.path.clone(),
-                confined: source.confined,
+                source: StoredSource::of(source),
                 version: version.0,
                 declared_path,
+                retained,
+                staleness,
             };
             adapters.insert(name.as_str(), json(&stored)?.as_slice()).map_err(failed)?;
+        }
+        StateChange::Staleness { name, policy } => {
+            let mut adapters = txn.open_table(ADAPTERS).map_err(failed)?;
+            let old = adapters.get(name.as_str()).map_err(failed)?.map(|old| old.value().to_vec());
+            if let Some(old) = old {
+                let mut stored = parse_adapter(name.as_str(), &old)?;
+                stored.staleness = policy.map(StoredStaleness::of);
+                adapters.insert(name.as_str(), json(&stored)?.as_slice()).map_err(failed)?;
+            }
         }
         StateChange::Declared { name, path } => {
             let mut adapters = txn.open_table(ADAPTERS).map_err(failed)?;
@@ -177,11 +255,21 @@ pub(crate) fn read_all(txn: &ReadTransaction) -> Result<(RecordedState, u64), St
     for entry in txn.open_table(ADAPTERS).map_err(failed)?.iter().map_err(failed)? {
         let (name, value) = entry.map_err(failed)?;
         let stored = parse_adapter(name.value(), value.value())?;
+        let what = format!("adapter {:?}", name.value());
+        let retained = stored
+            .retained
+            .into_iter()
+            .map(|older| {
+                Ok(VersionRecord { version: AdapterVersion(older.version), source: older.source.recorded(&what)? })
+            })
+            .collect::<Result<_, StateError>>()?;
         state.adapters.push(AdapterRecord {
             name: parse_name(name.value())?,
-            source: RecordedSource { path: stored.path, confined: stored.confined },
+            source: stored.source.recorded(&what)?,
             version: AdapterVersion(stored.version),
             declared_path: stored.declared_path,
+            retained,
+            staleness: stored.staleness.map(StoredStaleness::policy),
         });
     }
     let mut last_pause = 0;

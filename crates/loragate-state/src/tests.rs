@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use loragate_core::state::{FrontRecord, PauseRecord, RecordedSource, StateChange, StateStore};
-use loragate_core::{AdapterName, AdapterVersion, PauseMode};
+use loragate_core::state::{FrontRecord, PauseRecord, RecordedSource, StateChange, StateStore, VersionRecord};
+use loragate_core::{AdapterName, AdapterVersion, PauseMode, Sha256, StalenessPolicy};
 use rand::Rng;
 
 use super::*;
@@ -18,9 +18,12 @@ fn name(raw: &str) -> AdapterName {
 }
 
 fn installed(adapter: &str, version: u64) -> StateChange {
-    let source =
-        RecordedSource { path: PathBuf::from(format!("/a/{adapter}/{version}")), confined: version.is_multiple_of(2) };
-    StateChange::Installed { name: name(adapter), version: AdapterVersion(version), source }
+    let source = RecordedSource {
+        path: PathBuf::from(format!("/a/{adapter}/{version}")),
+        confined: version.is_multiple_of(2),
+        ..Default::default()
+    };
+    StateChange::Installed { name: name(adapter), version: AdapterVersion(version), source, retained: Vec::new() }
 }
 
 fn pause(store: &EmbeddedStore, adapter: &str, owner: &str, lease: Option<Duration>) -> PauseRecord {
@@ -31,6 +34,42 @@ fn pause(store: &EmbeddedStore, adapter: &str, owner: &str, lease: Option<Durati
         mode: PauseMode::Keep,
         lease_expires_at: lease.map(|lease| SystemTime::now() + lease),
     }
+}
+
+/// A version's identity, its retained predecessors and the staleness bound survive a reopen; an install keeps the
+/// bound, an unload drops everything.
+#[tokio::test]
+async fn identities_retained_versions_and_the_staleness_bound_are_read_back() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pushed = RecordedSource {
+        path: PathBuf::from("/state/adapters/ab"),
+        confined: false,
+        sha256: Some(Sha256([0xab; 32])),
+        bytes: Some(4096),
+        pushed: true,
+    };
+    let policy = StalenessPolicy { max_staleness: 2, batch_size: 16 };
+    {
+        let store = EmbeddedStore::open(dir.path()).expect("opens");
+        store.record(vec![installed("meow", 1)]).await.expect("recorded");
+        store.record(vec![StateChange::Staleness { name: name("meow"), policy: Some(policy) }]).await.expect("ok");
+        let older = VersionRecord { version: AdapterVersion(1), source: RecordedSource::default() };
+        let change = StateChange::Installed {
+            name: name("meow"),
+            version: AdapterVersion(2),
+            source: pushed.clone(),
+            retained: vec![older.clone()],
+        };
+        store.record(vec![change]).await.expect("recorded");
+    }
+    let store = EmbeddedStore::open(dir.path()).expect("reopens");
+    let recorded = store.recorded().await.expect("reads");
+    let meow = &recorded.adapters[0];
+    assert_eq!((meow.version, &meow.source), (AdapterVersion(2), &pushed));
+    assert_eq!(meow.retained, vec![VersionRecord { version: AdapterVersion(1), source: RecordedSource::default() }]);
+    assert_eq!(meow.staleness, Some(policy), "an install keeps the bound");
+    store.record(vec![StateChange::Staleness { name: name("meow"), policy: None }]).await.expect("cleared");
+    assert_eq!(store.recorded().await.expect("reads").adapters[0].staleness, None);
 }
 
 #[tokio::test]

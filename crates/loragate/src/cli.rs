@@ -12,7 +12,7 @@ use crate::listen_addr::{parse_host, parse_listen_addr};
 use crate::logging::LogFormat;
 use crate::model::InitialAdapter;
 use crate::serve::ServeConfig;
-use crate::settings::{Authentication, GateDeadlines};
+use crate::settings::{AdapterSettings, Authentication, GateDeadlines};
 use crate::state_dir::StateLocation;
 use crate::worker::WorkerSettings;
 
@@ -120,6 +120,11 @@ pub struct ServeArgs {
     /// of it are refused). Default for the demo: its adapters directory; otherwise loading by path is disabled.
     #[arg(long, value_name = "DIR")]
     pub adapter_root: Option<PathBuf>,
+    /// How many versions of each adapter stay loaded and servable to exact pins (`lora_name` / `model` = NAME@V):
+    /// the current one and N − 1 older ones, released oldest first (a version still running a pinned request is
+    /// released when it ends). 1 keeps only the current version.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub retain_versions: u32,
     /// How long an abort waits for its requests to be handed back before reporting the stragglers.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub abort_ack_timeout: Duration,
@@ -270,15 +275,18 @@ impl ServeArgs {
     pub fn into_config(self) -> ServeConfig {
         let model = self.engine.model_source(self.model);
         let host = self.host.unwrap_or(IpAddr::from([127, 0, 0, 1]));
-        let mut adapters = self.adapters;
-        adapters.extend(self.lora_modules);
+        let mut initial = self.adapters;
+        initial.extend(self.lora_modules);
         ServeConfig {
             grpc_addr: self.grpc_addr.unwrap_or_else(|| SocketAddr::new(host, self.grpc_port.unwrap_or(50051))),
             http_addr: self.http_addr.unwrap_or_else(|| SocketAddr::new(host, self.port.unwrap_or(8000))),
             model,
             served_model_name: self.served_model_name,
-            adapters,
-            adapter_root: self.adapter_root,
+            adapters: AdapterSettings {
+                initial,
+                root: self.adapter_root,
+                retain_versions: usize::try_from(self.retain_versions).unwrap_or(1),
+            },
             deadlines: GateDeadlines {
                 abort_ack_timeout: self.abort_ack_timeout,
                 max_pause_drain: self.max_pause_drain,

@@ -52,6 +52,6 @@ pub use logging::{LogFormat, init_logging};
 pub use loragate_engine::{DemoFiles, default_cache_dir, ensure_demo_files};
 pub use model::{InitialAdapter, ModelSource};
 pub use serve::{RunningServer, ServeConfig};
-pub use settings::{Authentication, FleetSettings, GateDeadlines};
+pub use settings::{AdapterSettings, Authentication, FleetSettings, GateDeadlines};
 pub use state_dir::StateLocation;
 pub use worker::{RunningWorker, WorkerSettings};

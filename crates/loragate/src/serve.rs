@@ -57,7 +57,7 @@ impl RunningServer {
         let (state, state_dir) = open_state(&config, &served_model_name).await?;
 
         let in_fleet = config.fleet.is_enabled();
-        let adapter_root = model.adapter_root(config.adapter_root.clone(), in_fleet)?;
+        let adapter_root = model.adapter_root(config.adapters.root.clone(), in_fleet)?;
         let backend = Backend::start(&model, &config.engine, &config.fleet, adapter_root.as_ref()).await?;
         crate::model_facts::log_model_facts(
             &model.path,
@@ -67,9 +67,11 @@ impl RunningServer {
             &chat_template,
         );
 
-        let adapters = adapters::initial_adapters(&model, &config.adapters, in_fleet, adapter_root.as_ref()).await?;
+        let initial = &config.adapters.initial;
+        let adapters = adapters::initial_adapters(&model, initial, in_fleet, adapter_root.as_ref()).await?;
         let coordinator_config = CoordinatorConfig {
             state,
+            retain_versions: config.adapters.retain_versions,
             ..coordinator_config(config.deadlines, config.limits, auth, adapter_root, &served_model_name)
         };
         let coordinator = Coordinator::start(backend.engine.clone(), coordinator_config).await?;

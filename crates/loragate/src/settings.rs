@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use loragate_core::{AdapterRoot, CoordinatorConfig, Key, KeyConfigError, Keyring, Limits, TenantKeys};
+
+use crate::model::InitialAdapter;
 use loragate_fleet::{FleetConfig, WorkerAddress};
 
 /// How long a sampling request may be held at a paused gate, and how long a pause waits for running requests.
@@ -30,6 +32,26 @@ impl Default for GateDeadlines {
             abort_ack_timeout: defaults.abort_ack_timeout,
             max_pause_drain: defaults.max_pause_drain,
         }
+    }
+}
+
+/// The adapters `serve` starts with and how it keeps their versions: `--adapter` / `--lora-modules`,
+/// `--adapter-root`, `--retain-versions`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdapterSettings {
+    /// Adapters to load at start.
+    pub initial: Vec<InitialAdapter>,
+    /// The only directory `LoadLoraAdapter` may read from (default for the demo: its adapters directory).
+    pub root: Option<PathBuf>,
+    /// How many versions of each adapter stay loaded and servable to exact pins (`NAME@V`), the current one
+    /// included (`--retain-versions`; at least 1).
+    pub retain_versions: usize,
+}
+
+impl Default for AdapterSettings {
+    /// No initial adapter, no root, only the current version retained.
+    fn default() -> Self {
+        Self { initial: Vec::new(), root: None, retain_versions: CoordinatorConfig::default().retain_versions }
     }
 }
 

@@ -126,6 +126,8 @@ mod tests {
             kept,
             pauses: Vec::new(),
             weights_error: None,
+            versions: Vec::new(),
+            staleness: None,
         }
     }
 

@@ -8,20 +8,23 @@ use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
 
-use super::cell::AdapterCell;
+use super::cell::{AdapterCell, StalenessTicket, VersionPin};
 use super::registry::{Admission, InFlightRegistry, PendingHandBacks};
+use super::versions::{PinRefused, Servable};
 use crate::adapter_source::AdapterSource;
 use crate::contract::{
     AbortReport, AdapterKey, AdapterName, AdapterStatus, AdapterVersion, CoreError, KvPolicy, PauseId, PauseMode,
-    PauseOwner, PauseRequest, RequestId, ResumeReport, Retirement, StateError, StopCause,
+    PauseOwner, PauseRequest, RequestId, ResumeReport, Retirement, StalenessPolicy, StateError, StopCause, VersionInfo,
+    VersionWanted,
 };
 use crate::engine::Engine;
 use crate::state::{PauseRecord, RecordedSource, Recording, StateChange, nothing_to_record};
 
 /// The commands an adapter actor serves. Only [`super::AdapterHandle`] and the manager build them.
 pub(crate) enum AdapterMsg {
-    /// Registers a request if the gate is open.
-    Admit { request_id: RequestId, reply: RpcReplyPort<AdmitReply> },
+    /// Registers a request if the gate is open, a version it wants is servable, and its staleness bound has room for
+    /// its `sequences` (0: a continuation, not counted again).
+    Admit { request_id: RequestId, wanted: VersionWanted, sequences: u32, reply: RpcReplyPort<AdmitReply> },
     /// Adds (or renews) a pause, which closes the gate, then acts on the admitted requests as its mode says:
     /// cancels them (abort), cancels them to be kept (keep), or only watches them (wait).
     Pause { request: PauseRequest, reply: RpcReplyPort<PauseTicket> },
@@ -33,20 +36,22 @@ pub(crate) enum AdapterMsg {
     /// Applies a pause another replica made (adopted as recorded, not recorded again), then acts on the admitted
     /// requests as its mode says (a keep-mode one recomputes); answers with what to wait on.
     AdoptRemote { record: PauseRecord, reply: RpcReplyPort<PendingHandBacks> },
-    /// Serves `version`, which another replica installed and this replica's engine has loaded.
-    InstallRemote { version: AdapterVersion, reply: RpcReplyPort<()> },
+    /// Serves a version another replica installed (or one recorded before a restart) that this replica's engine has
+    /// loaded.
+    InstallRemote { servable: Servable, reply: RpcReplyPort<()> },
+    /// Tells the engine to release versions no longer servable and no longer pinned.
+    ReleaseVersions { versions: Vec<AdapterVersion> },
+    /// Sets (or clears) the staleness bound; answers with its record (none if `record` is false: another replica set
+    /// it and recorded that).
+    SetStaleness { policy: Option<StalenessPolicy>, record: bool, reply: RpcReplyPort<Recording> },
     /// A lease timer fired for the lease of `pause_id` that expires at `expires_at`.
     LeaseEnded { pause_id: PauseId, expires_at: tokio::time::Instant },
     /// Cancels admitted requests without pausing: those with these ids, or every one for `None`.
     AbortRequests { ids: Option<Arc<HashSet<RequestId>>>, reply: RpcReplyPort<PendingHandBacks> },
     /// Queues a weight load; answers with the new version once installed.
-    Load { source: AdapterSource, reply: RpcReplyPort<Result<AdapterVersion, CoreError>> },
+    Load { source: AdapterSource, reply: RpcReplyPort<Result<VersionInfo, CoreError>> },
     /// A load task finished.
-    LoadFinished {
-        outcome: Result<AdapterVersion, LoadFailure>,
-        source: AdapterSource,
-        reply: RpcReplyPort<Result<AdapterVersion, CoreError>>,
-    },
+    LoadFinished { outcome: Result<Servable, LoadFailure>, reply: RpcReplyPort<Result<VersionInfo, CoreError>> },
     /// Marks the adapter retired and cancels every admitted request (before the actor is drained); an unloaded
     /// adapter's record goes if `record` (not when another replica unloaded it and recorded that). The reply is
     /// always `Ok` from the actor; the manager answers on the same port with an error for an unknown adapter.
@@ -103,11 +108,29 @@ pub(crate) struct LoadFailure {
 /// The answer to [`AdapterMsg::Admit`].
 pub(crate) enum AdmitReply {
     /// Registered.
-    Admitted(Admission),
+    Admitted(Admitted),
     /// The gate is closed; wait on it and try again.
     Paused,
+    /// The version the request wants has not arrived: wait until the adapter is at this version and try again.
+    NotYet(AdapterVersion),
+    /// The version the request pinned is no longer served; these are.
+    Released(Vec<AdapterVersion>),
+    /// The staleness bound has no room: wait for a new version (or for places given back) and try again. Says the
+    /// capacity, and the gate's admission epoch when it was found full.
+    AtCapacity { capacity: u64, epoch: u64 },
     /// The adapter stopped serving.
     Retired(Retirement),
+}
+
+/// A registered request, with what it holds beyond its registration: the pin on the exact version it asked for,
+/// and its places under the staleness bound. Whoever drives the request keeps both until it ends.
+pub(crate) struct Admitted {
+    /// The registration.
+    pub(crate) admission: Admission,
+    /// The pin on its exact version (`NAME@V`), if it asked for one.
+    pub(crate) pin: Option<VersionPin>,
+    /// Its places under the staleness bound, if one counted it.
+    pub(crate) staleness: Option<StalenessTicket>,
 }
 
 /// What an adapter actor tells the manager that supervises it. Defined here, where it is used (the manager's handle
@@ -118,9 +141,9 @@ pub(crate) trait Supervisor: Send + Sync + 'static {
     fn load_settled(
         &self,
         key: AdapterKey,
-        result: Result<AdapterVersion, CoreError>,
+        result: Result<VersionInfo, CoreError>,
         recorded: Result<(), StateError>,
-        reply: RpcReplyPort<Result<AdapterVersion, CoreError>>,
+        reply: RpcReplyPort<Result<VersionInfo, CoreError>>,
     );
 }
 
@@ -148,7 +171,7 @@ pub(crate) struct AdapterState {
 #[derive(Default)]
 struct LoadQueue {
     running: bool,
-    queued: VecDeque<(AdapterSource, RpcReplyPort<Result<AdapterVersion, CoreError>>)>,
+    queued: VecDeque<(AdapterSource, RpcReplyPort<Result<VersionInfo, CoreError>>)>,
 }
 
 impl Actor for AdapterActor {
@@ -172,17 +195,10 @@ impl Actor for AdapterActor {
         state: &mut AdapterState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            AdapterMsg::Admit { request_id, reply } => {
-                let gate = state.cell.gate_state();
-                let answer = if let Some(why) = gate.retired {
-                    AdmitReply::Retired(why)
-                } else if gate.paused {
-                    AdmitReply::Paused
-                } else {
-                    AdmitReply::Admitted(state.registry.admit(request_id, gate.version))
-                };
-                // If the caller is gone the admission drops here, which ends its registration again.
-                let _ = reply.send(answer);
+            AdapterMsg::Admit { request_id, wanted, sequences, reply } => {
+                // If the caller is gone the admission drops here, which ends its registration again (and its pin
+                // and places go with it).
+                let _ = reply.send(state.admit(request_id, wanted, sequences));
             }
             AdapterMsg::Pause { request, reply } => {
                 let (paused, recorded) = state.cell.pause(&request);
@@ -200,12 +216,22 @@ impl Actor for AdapterActor {
                 drop(state.cell.adopt(&record));
                 let _ = reply.send(state.act_on_admitted(record.mode, KvPolicy::Recompute));
             }
-            AdapterMsg::InstallRemote { version, reply } => {
-                // A sealed (unloaded) adapter takes no version; an older one than it serves changes nothing.
-                if state.cell.reserve_version(version) {
-                    state.cell.install_version(version);
+            AdapterMsg::InstallRemote { servable, reply } => {
+                // A sealed (unloaded) adapter takes no version; an older one than it serves is kept servable only if
+                // the count of retained versions allows.
+                if state.cell.reserve_version(servable.info.version) {
+                    let release = state.cell.install(servable);
+                    state.release_from_engine(release);
                 }
                 let _ = reply.send(());
+            }
+            AdapterMsg::ReleaseVersions { versions } => state.release_from_engine(versions),
+            AdapterMsg::SetStaleness { policy, record: true, reply } => {
+                let _ = reply.send(state.cell.set_staleness(policy));
+            }
+            AdapterMsg::SetStaleness { policy, record: false, reply } => {
+                state.cell.restore_staleness(policy);
+                let _ = reply.send(nothing_to_record());
             }
             AdapterMsg::Release { target, reply } => {
                 let report = match target {
@@ -235,7 +261,7 @@ impl Actor for AdapterActor {
                 state.loads.queued.push_back((source, reply));
                 state.start_next_load();
             }
-            AdapterMsg::LoadFinished { outcome, source, reply } => state.finish_load(outcome, &source, reply),
+            AdapterMsg::LoadFinished { outcome, reply } => state.finish_load(outcome, reply),
             AdapterMsg::Retire { why, record, reply } => {
                 state.cell.retire(why);
                 let recorded = match (why, state.cell.key()) {
@@ -258,6 +284,48 @@ impl Actor for AdapterActor {
 }
 
 impl AdapterState {
+    /// Registers a request if it can be served now (see [`AdapterMsg::Admit`]).
+    fn admit(&mut self, request_id: RequestId, wanted: VersionWanted, sequences: u32) -> AdmitReply {
+        let gate = self.cell.gate_state();
+        if let Some(why) = gate.retired {
+            return AdmitReply::Retired(why);
+        }
+        if gate.paused {
+            return AdmitReply::Paused;
+        }
+        let (version, pin) = match wanted {
+            VersionWanted::Any => (gate.version, None),
+            VersionWanted::AtLeast(least) if gate.version < least => return AdmitReply::NotYet(least),
+            VersionWanted::AtLeast(_) => (gate.version, None),
+            VersionWanted::Exactly(exact) => match self.cell.pin(exact) {
+                Ok(pin) => (exact, Some(pin)),
+                Err(PinRefused::NotYet) => return AdmitReply::NotYet(exact),
+                Err(PinRefused::Released(servable)) => return AdmitReply::Released(servable),
+            },
+        };
+        let staleness = match self.cell.start_sequences(sequences) {
+            Ok(ticket) => ticket,
+            Err(capacity) => return AdmitReply::AtCapacity { capacity, epoch: gate.admission_epoch },
+        };
+        AdmitReply::Admitted(Admitted { admission: self.registry.admit(request_id, version), pin, staleness })
+    }
+
+    /// Tells the engine to release `versions` of this adapter, on a task (the actor never waits for the engine).
+    fn release_from_engine(&self, versions: Vec<AdapterVersion>) {
+        let AdapterKey::Lora(name) = self.cell.key().clone() else { return };
+        if versions.is_empty() {
+            return;
+        }
+        let engine = self.engine.clone();
+        tokio::spawn(async move {
+            for version in versions {
+                if let Err(err) = engine.release_version(&name, version).await {
+                    tracing::warn!(adapter = %name, %version, %err, "the engine could not release a replaced version");
+                }
+            }
+        });
+    }
+
     /// Acts on every admitted request as a pause in `mode` says: cancels them (abort), stops them to be kept (keep:
     /// parked with the REUSE policy), or only watches them (wait).
     fn act_on_admitted(&mut self, mode: PauseMode, kv_policy: KvPolicy) -> PendingHandBacks {
@@ -298,7 +366,7 @@ impl AdapterState {
             let outcome = load_weights(&cell, &*engine, &name, &source).await;
             match cell.current_actor() {
                 Some(actor) => {
-                    let finished = AdapterMsg::LoadFinished { outcome, source, reply };
+                    let finished = AdapterMsg::LoadFinished { outcome, reply };
                     if let Err(MessagingErr::SendErr(AdapterMsg::LoadFinished { reply, .. })) = actor.cast(finished) {
                         // The actor is stopping (unloaded): the caller learns the adapter is gone.
                         let _ = reply.send(Err(CoreError::UnknownAdapter(cell.key().clone())));
@@ -315,27 +383,28 @@ impl AdapterState {
     /// once the record is durable and its bookkeeping is done (a new adapter is published first).
     fn finish_load(
         &mut self,
-        outcome: Result<AdapterVersion, LoadFailure>,
-        source: &AdapterSource,
-        reply: RpcReplyPort<Result<AdapterVersion, CoreError>>,
+        outcome: Result<Servable, LoadFailure>,
+        reply: RpcReplyPort<Result<VersionInfo, CoreError>>,
     ) {
         self.loads.running = false;
         let name = self.cell.key().adapter_name().cloned();
         let (result, recorded) = match (outcome, name) {
-            (Ok(version), Some(name)) => {
-                self.cell.install_version(version);
+            (Ok(servable), Some(name)) => {
+                let (version, source) = (servable.info.version, servable.source.clone());
+                let installed = servable.info.clone();
+                let release = self.cell.install(servable);
+                self.release_from_engine(release);
                 let recorded = if self.cell.gate_state().retired.is_some() {
                     // Unloaded meanwhile: its record is gone and stays gone.
                     nothing_to_record()
                 } else {
-                    let source =
-                        RecordedSource { path: source.dir().to_owned(), confined: source.confined_to().is_some() };
-                    self.cell.state().record(vec![StateChange::Installed { name, version, source }])
+                    let retained = self.cell.retained_records(version);
+                    self.cell.state().record(vec![StateChange::Installed { name, version, source, retained }])
                 };
-                (Ok(version), recorded)
+                (Ok(installed), recorded)
             }
             (Err(LoadFailure { issued: Some(version), error }), Some(name)) => {
-                self.cell.release_version(version);
+                self.cell.give_back_version(version);
                 (Err(error), self.cell.state().record(vec![StateChange::VersionReturned { name, version }]))
             }
             (Err(LoadFailure { error, .. }), _) => (Err(error), nothing_to_record()),
@@ -350,13 +419,14 @@ impl AdapterState {
     }
 }
 
-/// One load: the state store issues the version (durably, before anything is installed), then the engine loads.
+/// One load: the state store issues the version (durably, before anything is installed), then the engine loads, and
+/// the weights file's digest is taken (known already for pushed weights).
 async fn load_weights(
     cell: &AdapterCell,
     engine: &dyn Engine,
     name: &AdapterName,
     source: &AdapterSource,
-) -> Result<AdapterVersion, LoadFailure> {
+) -> Result<Servable, LoadFailure> {
     let version =
         cell.state().issue_version(name).await.map_err(|err| LoadFailure { issued: None, error: err.into() })?;
     if !cell.reserve_version(version) {
@@ -373,8 +443,25 @@ async fn load_weights(
                 // every such request was handed back.
                 let _ = engine.unload_adapter(name, version).await;
             }
-            Ok(version)
+            Ok(servable(version, source).await)
         }
         Err(err) => Err(LoadFailure { issued: Some(version), error: err.into() }),
     }
+}
+
+/// `version` loaded from `source`, with its weights' digest where this server can read them (a fleet's coordinator may
+/// not hold the files its workers load: the digest is then unknown).
+pub(crate) async fn servable(version: AdapterVersion, source: &AdapterSource) -> Servable {
+    let reading = source.clone();
+    let digest = tokio::task::spawn_blocking(move || reading.digest()).await.ok().and_then(Result::ok);
+    let (sha256, bytes) = digest.unzip();
+    let info = VersionInfo { version, sha256, bytes, origin: source.origin() };
+    let recorded = RecordedSource {
+        path: source.dir().to_owned(),
+        confined: source.confined_to().is_some(),
+        sha256,
+        bytes,
+        pushed: source.is_pushed(),
+    };
+    Servable { info, source: recorded }
 }

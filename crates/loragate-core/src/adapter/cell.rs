@@ -14,13 +14,15 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::actor::AdapterMsg;
 use super::pauses::{PauseBook, Paused};
+use super::staleness::StalenessBound;
+use super::versions::{PinRefused, RetainedVersions, Servable};
 use crate::contract::{
     AbortReport, AdapterKey, AdapterStatus, AdapterVersion, CoreError, GateState, PauseId, PauseMode, PauseOwner,
-    PauseRequest, ResumeReport, Retirement,
+    PauseRequest, ResumeReport, Retirement, StalenessPolicy, StalenessStatus,
 };
 use crate::limits::{AdapterLoad, Occupancy, ServerLoad, Slot};
 use crate::metrics::{AdapterLabels, CoreMetrics};
-use crate::state::{PauseRecord, Recording, StateChange, StateStore, nothing_to_record};
+use crate::state::{PauseRecord, Recording, StateChange, StateStore, VersionRecord, nothing_to_record};
 
 /// Set in `last_reserved_version` by [`AdapterCell::seal_versions`]: no version is handed out after it.
 const SEALED: u64 = 1 << 63;
@@ -54,22 +56,37 @@ pub(crate) struct AdapterCell {
     /// flag is what admission reads; the reason is for the error and the listing.
     weights_missing: AtomicBool,
     weights_error: Mutex<Option<Arc<str>>>,
+    /// The servable versions (current and retained for pins) and the pins on them.
+    versions: Mutex<RetainedVersions>,
+    /// The staleness bound, if one is set.
+    staleness: Mutex<Option<StalenessBound>>,
+    /// How many times a staleness policy was set or cleared (each setting's generation).
+    staleness_settings: AtomicU64,
+    /// Requests held at the staleness bound (also counted as held).
+    pub(crate) staleness_held: AtomicU32,
     state: Arc<dyn StateStore>,
     pub(crate) metrics: Arc<CoreMetrics>,
     pub(crate) labels: AdapterLabels,
 }
 
 impl AdapterCell {
-    /// A cell for `key` whose first load will be `last_version.next()`. The gate starts open.
+    /// A cell for `key` whose first load will be `last_version.next()`, keeping `retain_versions` versions servable.
+    /// The gate starts open.
     pub(crate) fn new(
         key: AdapterKey,
         last_version: AdapterVersion,
+        retain_versions: usize,
         metrics: Arc<CoreMetrics>,
         server_load: &Arc<ServerLoad>,
         state: Arc<dyn StateStore>,
     ) -> Self {
-        let gate = GateState { paused: false, version: last_version, retired: None, abort_pauses: 0 };
+        let gate =
+            GateState { paused: false, version: last_version, retired: None, abort_pauses: 0, admission_epoch: 0 };
         Self {
+            versions: Mutex::new(RetainedVersions::new(retain_versions)),
+            staleness: Mutex::new(None),
+            staleness_settings: AtomicU64::new(0),
+            staleness_held: AtomicU32::new(0),
             labels: AdapterLabels::of(&key),
             metrics,
             paused_at: Mutex::new(None),
@@ -282,7 +299,7 @@ impl AdapterCell {
 
     /// Gives back a version whose load failed, if no later one was handed out (and the versions are not sealed), so
     /// failures leave no gaps.
-    pub(crate) fn release_version(&self, version: AdapterVersion) {
+    pub(crate) fn give_back_version(&self, version: AdapterVersion) {
         let _ =
             self.last_reserved_version.compare_exchange(version.0, version.0 - 1, Ordering::AcqRel, Ordering::Acquire);
     }
@@ -327,11 +344,14 @@ impl AdapterCell {
         &self.state
     }
 
-    /// Makes `version` current unless a later one already is; the adapter has weights again.
-    pub(crate) fn install_version(&self, version: AdapterVersion) {
+    /// Makes `servable`'s version current unless a later one already is (it is then kept servable only if the count
+    /// of retained versions allows); the adapter has weights again. Returns the versions the engine may release now.
+    pub(crate) fn install(&self, servable: Servable) -> Vec<AdapterVersion> {
         if self.weights_missing.swap(false, Ordering::AcqRel) {
             *self.weights_error.lock() = None;
         }
+        let version = servable.info.version;
+        let release = self.versions.lock().install(servable);
         self.gate.send_if_modified(|gate| {
             let newer = version > gate.version;
             if newer {
@@ -340,6 +360,77 @@ impl AdapterCell {
             newer
         });
         self.metrics.forget_old_versions(&self.labels, version);
+        release
+    }
+
+    /// The records of the servable versions other than `current`, oldest first (what an install records as retained).
+    pub(crate) fn retained_records(&self, current: AdapterVersion) -> Vec<VersionRecord> {
+        let versions = self.versions.lock();
+        let servable = versions.servable().iter().filter(|held| held.info.version != current);
+        servable.map(|held| VersionRecord { version: held.info.version, source: held.source.clone() }).collect()
+    }
+
+    /// Pins `version` for one request (see [`VersionPin`]).
+    pub(crate) fn pin(self: &Arc<Self>, version: AdapterVersion) -> Result<VersionPin, PinRefused> {
+        self.versions.lock().pin(version)?;
+        Ok(VersionPin { cell: self.clone(), version })
+    }
+
+    /// The servable versions, oldest first.
+    pub(crate) fn servable_versions(&self) -> Vec<Servable> {
+        self.versions.lock().servable().to_vec()
+    }
+
+    /// Has the actor tell the engine to release `versions` (no longer servable, no longer pinned).
+    fn release_from_engine(&self, versions: Vec<AdapterVersion>) {
+        if let Some(actor) = self.current_actor() {
+            // An actor that is gone was unloaded: the unload removes every version's weights.
+            let _ = actor.cast(AdapterMsg::ReleaseVersions { versions });
+        }
+    }
+
+    /// Sets (or, with `None`, clears) the staleness bound at the current version; queues its record.
+    pub(crate) fn set_staleness(&self, policy: Option<StalenessPolicy>) -> Recording {
+        let generation = self.staleness_settings.fetch_add(1, Ordering::AcqRel) + 1;
+        *self.staleness.lock() =
+            policy.map(|policy| StalenessBound::new(policy, self.gate_state().version, generation));
+        self.gate.send_modify(|gate| gate.admission_epoch += 1);
+        match &self.key {
+            AdapterKey::Lora(name) => self.state.record(vec![StateChange::Staleness { name: name.clone(), policy }]),
+            AdapterKey::Base => nothing_to_record(),
+        }
+    }
+
+    /// Sets the staleness bound recorded before a restart (or by another replica) at the current version, without
+    /// recording it again.
+    pub(crate) fn restore_staleness(&self, policy: Option<StalenessPolicy>) {
+        let generation = self.staleness_settings.fetch_add(1, Ordering::AcqRel) + 1;
+        *self.staleness.lock() =
+            policy.map(|policy| StalenessBound::new(policy, self.gate_state().version, generation));
+        self.gate.send_modify(|gate| gate.admission_epoch += 1);
+    }
+
+    /// Counts `sequences` more as started under the staleness bound: `Ok` with a ticket to give them back if they
+    /// end aborted (`None` without a bound, or for no new sequences), `Err` with the capacity if they do not fit now.
+    pub(crate) fn start_sequences(self: &Arc<Self>, sequences: u32) -> Result<Option<StalenessTicket>, u64> {
+        let mut staleness = self.staleness.lock();
+        let Some(bound) = staleness.as_mut().filter(|_| sequences > 0) else { return Ok(None) };
+        let current = self.gate_state().version;
+        if !bound.try_start(sequences, current) {
+            return Err(bound.capacity(current));
+        }
+        Ok(Some(StalenessTicket { cell: self.clone(), generation: bound.generation() }))
+    }
+
+    /// The staleness bound's state, if one is set.
+    fn staleness_status(&self) -> Option<StalenessStatus> {
+        let staleness = *self.staleness.lock();
+        staleness.map(|bound| StalenessStatus {
+            policy: bound.policy(),
+            started: bound.started(),
+            capacity: bound.capacity(self.gate_state().version),
+            held: self.staleness_held.load(Ordering::Acquire),
+        })
     }
 
     /// The current incarnation of the adapter's actor; `None` once the adapter is removed.
@@ -370,6 +461,44 @@ impl AdapterCell {
             kept: self.kept.load(Ordering::Acquire),
             pauses: self.pauses.lock().snapshot(),
             weights_error: self.weights_error().map(|reason| reason.to_string()),
+            versions: self.servable_versions().into_iter().map(|servable| servable.info).collect(),
+            staleness: self.staleness_status(),
+        }
+    }
+}
+
+/// A request's hold on the exact version it pinned (`NAME@V`): the version stays loaded in the engine until the pin
+/// goes, even if newer ones replaced it meanwhile. Held by the request's driver until the request ends, across
+/// keep-mode pauses.
+pub(crate) struct VersionPin {
+    cell: Arc<AdapterCell>,
+    version: AdapterVersion,
+}
+
+impl Drop for VersionPin {
+    fn drop(&mut self) {
+        let released = self.cell.versions.lock().unpin(self.version);
+        if let Some(version) = released {
+            self.cell.release_from_engine(vec![version]);
+        }
+    }
+}
+
+/// The places a request took under its adapter's staleness bound: what it gives back for sequences that end aborted
+/// (their continuations, resubmitted, take places again).
+pub(crate) struct StalenessTicket {
+    cell: Arc<AdapterCell>,
+    generation: u64,
+}
+
+impl StalenessTicket {
+    /// Gives back the places of `sequences` that ended aborted, if the policy that counted them is still in force.
+    pub(crate) fn give_back(&self, sequences: u32) {
+        let mut staleness = self.cell.staleness.lock();
+        if let Some(bound) = staleness.as_mut().filter(|bound| bound.generation() == self.generation) {
+            bound.give_back(sequences);
+            drop(staleness);
+            self.cell.gate.send_modify(|gate| gate.admission_epoch += 1);
         }
     }
 }
@@ -382,13 +511,13 @@ mod tests {
     fn sealed_versions_are_never_handed_out_and_a_release_does_not_unseal() {
         let load = ServerLoad::new(crate::limits::Limits::default());
         let state = Arc::new(crate::state::MemoryStore::new());
-        let cell = AdapterCell::new(AdapterKey::Base, AdapterVersion(4), Arc::default(), &load, state);
+        let cell = AdapterCell::new(AdapterKey::Base, AdapterVersion(4), 1, Arc::default(), &load, state);
         assert!(cell.reserve_version(AdapterVersion(5)));
         assert!(cell.reserve_version(AdapterVersion(6)));
-        cell.release_version(AdapterVersion(5));
+        cell.give_back_version(AdapterVersion(5));
         assert_eq!(cell.seal_versions(), AdapterVersion(6), "a release of an older version leaves the count");
         assert!(!cell.reserve_version(AdapterVersion(7)));
-        cell.release_version(AdapterVersion(6));
+        cell.give_back_version(AdapterVersion(6));
         assert!(!cell.reserve_version(AdapterVersion(8)), "still sealed after a release");
         assert_eq!(cell.seal_versions(), AdapterVersion(6), "sealing again changes nothing");
     }

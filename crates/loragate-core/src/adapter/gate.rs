@@ -46,6 +46,24 @@ pub(crate) async fn wait_until_open(
     }
 }
 
+/// Waits until `ready` holds for the gate's state or the adapter is retired, or `deadline` passes: `Open` means
+/// `ready` held. For waits on something other than the pause (a version to arrive, capacity to free).
+pub(crate) async fn wait_until_ready(
+    mut gate: watch::Receiver<GateState>,
+    deadline: Instant,
+    mut ready: impl FnMut(&GateState) -> bool,
+) -> GateWait {
+    let settled = gate.wait_for(|state| state.retired.is_some() || ready(state));
+    match tokio::time::timeout_at(deadline, settled).await {
+        Err(_elapsed) => GateWait::TimedOut,
+        Ok(Ok(state)) => match state.retired {
+            Some(why) => GateWait::Retired(why),
+            None => GateWait::Open,
+        },
+        Ok(Err(_closed)) => GateWait::Retired(Retirement::Unloaded),
+    }
+}
+
 /// Counts something while it exists (a held submission, a waiter) and uncounts it when dropped, whatever ends it:
 /// release, timeout, or the caller going away.
 #[derive(Debug)]
@@ -75,7 +93,13 @@ mod tests {
     use crate::contract::AdapterVersion;
 
     fn gate(paused: bool) -> (watch::Sender<GateState>, watch::Receiver<GateState>) {
-        watch::channel(GateState { paused, version: AdapterVersion(1), retired: None, abort_pauses: 0 })
+        watch::channel(GateState {
+            paused,
+            version: AdapterVersion(1),
+            retired: None,
+            abort_pauses: 0,
+            admission_epoch: 0,
+        })
     }
 
     #[tokio::test]
@@ -103,6 +127,18 @@ mod tests {
         let waiter = tokio::spawn(wait_until_open(rx, None, None));
         tx.send_modify(|state| state.retired = Some(Retirement::Unloaded));
         assert_eq!(waiter.await.ok(), Some(GateWait::Retired(Retirement::Unloaded)));
+    }
+
+    #[tokio::test]
+    async fn a_version_wait_ends_when_the_version_arrives_or_the_deadline_passes() {
+        let (tx, rx) = gate(false);
+        let deadline = Instant::now() + Duration::from_secs(3600);
+        let waiter = tokio::spawn(wait_until_ready(rx.clone(), deadline, |state| state.version >= AdapterVersion(3)));
+        tx.send_modify(|state| state.version = AdapterVersion(2));
+        tx.send_modify(|state| state.version = AdapterVersion(3));
+        assert_eq!(waiter.await.ok(), Some(GateWait::Open));
+        let never = |state: &GateState| state.version >= AdapterVersion(9);
+        assert_eq!(wait_until_ready(rx, Instant::now(), never).await, GateWait::TimedOut);
     }
 
     #[test]

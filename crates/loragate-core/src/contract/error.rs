@@ -61,6 +61,18 @@ pub enum Field {
     PauseId,
     /// `kv_policy` of a keep-mode pause.
     KvPolicy,
+    /// `min_lora_version` of a sampling request.
+    MinLoraVersion,
+    /// `sha256` of pushed adapter weights.
+    Sha256,
+    /// `adapter_config_json` of a pushed adapter.
+    AdapterConfig,
+    /// `total_bytes` of a pushed adapter.
+    TotalBytes,
+    /// `max_staleness` of a staleness bound.
+    MaxStaleness,
+    /// `batch_size` of a staleness bound.
+    BatchSize,
 }
 
 impl Field {
@@ -90,6 +102,12 @@ impl Field {
             Self::LeaseS => "lease_s",
             Self::PauseId => "pause_id",
             Self::KvPolicy => "kv_policy",
+            Self::MinLoraVersion => "min_lora_version",
+            Self::Sha256 => "sha256",
+            Self::AdapterConfig => "adapter_config_json",
+            Self::TotalBytes => "total_bytes",
+            Self::MaxStaleness => "max_staleness",
+            Self::BatchSize => "batch_size",
         }
     }
 }
@@ -129,6 +147,8 @@ pub enum ErrorClass {
     Precondition,
     /// The adapter exists but cannot serve until an operator acts: the weights recorded for it could not be loaded.
     NotServing,
+    /// What the request names existed but is gone for good (a released adapter version); retrying cannot help.
+    Gone,
     /// The server failed.
     Internal,
 }
@@ -153,6 +173,47 @@ pub enum CoreError {
     GateHoldExpired {
         /// The paused adapter.
         adapter: AdapterKey,
+        /// How long the request was held.
+        held_for: Duration,
+    },
+    /// A request wanted a newer version of its adapter (`min_lora_version`, or a pin `NAME@V`) than the adapter
+    /// reached within the time the request could be held at its gate.
+    #[error(
+        "{adapter} is at version {current}; this request wanted version {requested} and was held at its gate for \
+         {held_for:?} without it arriving"
+    )]
+    VersionNotReached {
+        /// The adapter.
+        adapter: AdapterKey,
+        /// Its current version.
+        current: AdapterVersion,
+        /// The version the request wanted (at least, or exactly).
+        requested: AdapterVersion,
+        /// How long the request was held.
+        held_for: Duration,
+    },
+    /// A request pinned a version (`NAME@V`) that this server no longer holds: it was replaced and released
+    /// (`--retain-versions` says how many are kept).
+    #[error("{adapter}@{requested} was released; the versions of {adapter} served now are {}", versions(.retained))]
+    VersionRetired {
+        /// The adapter.
+        adapter: AdapterName,
+        /// The version the request pinned.
+        requested: AdapterVersion,
+        /// The versions still served, oldest first.
+        retained: Vec<AdapterVersion>,
+    },
+    /// A request was held at its adapter's staleness bound (see `SetLoraStaleness`) for longer than its deadline
+    /// allowed: the trainer did not publish a new version in time.
+    #[error(
+        "{adapter}'s staleness bound admits {capacity} sequences until its next version, all of them started; this \
+         request was held for {held_for:?} without a new version arriving"
+    )]
+    StalenessHoldExpired {
+        /// The adapter.
+        adapter: AdapterKey,
+        /// How many sequences the bound admits at the adapter's current version.
+        capacity: u64,
         /// How long the request was held.
         held_for: Duration,
     },
@@ -245,7 +306,12 @@ impl CoreError {
         match self {
             Self::InvalidArgument { .. } => ErrorClass::Invalid,
             Self::UnknownAdapter(_) => ErrorClass::NotFound,
-            Self::GateHoldExpired { .. } | Self::AdapterUnavailable(_) | Self::ShuttingDown => ErrorClass::Unavailable,
+            Self::GateHoldExpired { .. }
+            | Self::VersionNotReached { .. }
+            | Self::StalenessHoldExpired { .. }
+            | Self::AdapterUnavailable(_)
+            | Self::ShuttingDown => ErrorClass::Unavailable,
+            Self::VersionRetired { .. } => ErrorClass::Gone,
             Self::DrainTimedOut { .. } => ErrorClass::Timeout,
             Self::SwapFailed { source, .. } => source.class(),
             Self::AbortedWhileKept(_) => ErrorClass::Conflict,
@@ -264,6 +330,9 @@ impl CoreError {
             Self::InvalidArgument { .. } => "invalid_argument",
             Self::UnknownAdapter(_) => "unknown_adapter",
             Self::GateHoldExpired { .. } => "gate_hold_expired",
+            Self::VersionNotReached { .. } => "version_not_reached",
+            Self::VersionRetired { .. } => "version_retired",
+            Self::StalenessHoldExpired { .. } => "staleness_hold_expired",
             Self::DrainTimedOut { .. } => "drain_timed_out",
             Self::SwapFailed { source, .. } => source.kind(),
             Self::AbortedWhileKept(_) => "aborted_while_kept",
@@ -277,6 +346,11 @@ impl CoreError {
             Self::State(_) => "state_store",
         }
     }
+}
+
+fn versions(retained: &[AdapterVersion]) -> String {
+    let listed: Vec<String> = retained.iter().map(ToString::to_string).collect();
+    if listed.is_empty() { "none".to_owned() } else { listed.join(", ") }
 }
 
 fn permission_denied(action: Action, adapter: Option<&AdapterKey>) -> String {

@@ -16,6 +16,10 @@ pub struct GateState {
     /// How many abort-mode pauses the adapter has had. A kept request waiting to continue gives up (it ends `abort`,
     /// with its tokens) when this grows: an abort-mode pause hands back every request of the adapter, kept ones too.
     pub abort_pauses: u64,
+    /// Grows whenever the adapter's staleness bound may admit more than before (the policy was set, changed or
+    /// cleared, or aborted sequences gave their places back; a new version is seen in `version`): requests held at the
+    /// bound ask again.
+    pub admission_epoch: u64,
 }
 
 /// Why an adapter stopped serving.

@@ -3,6 +3,8 @@
 
 use super::ids::{AdapterKey, AdapterVersion, RequestId};
 use super::pause::{KvPolicy, PauseId, PauseInfo, PauseMode};
+use super::staleness::StalenessStatus;
+use super::version::VersionInfo;
 
 /// One adapter's state at the moment of the snapshot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,6 +30,11 @@ pub struct AdapterStatus {
     /// Why it cannot serve, when its recorded weights could not be loaded at start (the path, the version and the
     /// engine's reason); its samples fail with [`crate::CoreError::WeightsMissing`] until a load gives it weights.
     pub weights_error: Option<String>,
+    /// The servable versions, oldest first: the current one last, and the older ones kept for exact pins
+    /// (`--retain-versions`). Empty for the base model.
+    pub versions: Vec<VersionInfo>,
+    /// Its staleness bound, if one is set.
+    pub staleness: Option<StalenessStatus>,
 }
 
 /// What a pause did.

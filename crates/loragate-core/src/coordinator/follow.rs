@@ -10,9 +10,11 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 
 use super::{Coordinator, Inner};
-use crate::adapter::ReleaseTarget;
+use crate::adapter::{ReleaseTarget, servable};
 use crate::adapter_source::AdapterSource;
-use crate::contract::{AbortReport, AdapterKey, AdapterName, AdapterVersion, CoreError, PauseId, PauseOwner};
+use crate::contract::{
+    AbortReport, AdapterKey, AdapterName, AdapterVersion, CoreError, PauseId, PauseOwner, StalenessPolicy,
+};
 use crate::manager::RestoredAdapter;
 use crate::state::{PauseRecord, RecordedSource, RecordedState, RemoteChange, ReplicaRecord};
 
@@ -49,6 +51,13 @@ impl Coordinator {
                         Err(err) => tracing::warn!(adapter = %name, %err, "applying another replica's unload failed"),
                     }
                 });
+            }
+            RemoteChange::Staleness { name, policy } => {
+                if let Ok(handle) = self.lora(&name)
+                    && let Err(err) = handle.follow_staleness(policy).await
+                {
+                    tracing::warn!(adapter = %name, %err, "applying another replica's staleness bound failed");
+                }
             }
             RemoteChange::Resynced(recorded) => self.resync(recorded).await,
         }
@@ -93,7 +102,10 @@ impl Coordinator {
             return;
         }
         let loaded = match self.recorded_source(&source).await {
-            Ok(source) => self.inner.engine.load_adapter(&name, version, &source).await.map_err(CoreError::from),
+            Ok(weights) => match self.inner.engine.load_adapter(&name, version, &weights).await {
+                Ok(()) => Ok(servable(version, &weights).await),
+                Err(err) => Err(CoreError::from(err)),
+            },
             Err(err) => Err(err),
         };
         if let Err(err) = &loaded {
@@ -101,8 +113,8 @@ impl Coordinator {
         }
         match self.lora(&name) {
             Ok(handle) => {
-                if loaded.is_ok()
-                    && let Err(err) = handle.install_remote(version).await
+                if let Ok(servable) = loaded
+                    && let Err(err) = handle.install_remote(servable).await
                 {
                     tracing::warn!(adapter = %name, %err, "serving another replica's new version failed");
                 }
@@ -115,13 +127,19 @@ impl Coordinator {
                         Vec::new()
                     }
                 };
-                let weights_error = loaded.err().map(|err| {
-                    format!(
-                        "another replica loaded {version} from {}; this one could not: {err}",
-                        source.path.display()
-                    )
-                });
-                let restored = RestoredAdapter { name: name.clone(), version, weights_error, pauses };
+                let (servable, weights_error) = match loaded {
+                    Ok(servable) => (vec![servable], None),
+                    Err(err) => {
+                        let path = source.path.display();
+                        (
+                            Vec::new(),
+                            Some(format!("another replica loaded {version} from {path}; this one could not: {err}")),
+                        )
+                    }
+                };
+                let staleness = self.recorded_staleness(&name).await;
+                let restored =
+                    RestoredAdapter { name: name.clone(), version, servable, weights_error, pauses, staleness };
                 if self.inner.manager.restore(restored).await.is_err() {
                     tracing::warn!(adapter = %name, "could not publish another replica's new adapter");
                 }
@@ -129,13 +147,19 @@ impl Coordinator {
         }
     }
 
+    /// The staleness bound the record holds for `name`, if any.
+    async fn recorded_staleness(&self, name: &AdapterName) -> Option<StalenessPolicy> {
+        let recorded = self.inner.config.state.recorded().await.ok()?;
+        recorded.adapters.into_iter().find(|record| &record.name == name)?.staleness
+    }
+
     /// Where a recorded source's weights are, for this replica (a path from a request is confined to this replica's
-    /// adapter root again).
+    /// adapter root again; pushed weights are in the adapter store, with their known digest).
     pub(super) async fn recorded_source(&self, source: &RecordedSource) -> Result<AdapterSource, CoreError> {
-        if source.confined {
-            self.resolve_adapter_path(&source.path.to_string_lossy()).await
-        } else {
-            Ok(AdapterSource::trusted(&source.path))
+        match (source.pushed, source.sha256, source.bytes) {
+            (true, Some(sha256), Some(bytes)) => Ok(AdapterSource::pushed(&source.path, sha256, bytes)),
+            _ if source.confined => self.resolve_adapter_path(&source.path.to_string_lossy()).await,
+            _ => Ok(AdapterSource::trusted(&source.path)),
         }
     }
 

@@ -10,10 +10,11 @@ use futures::StreamExt;
 use ractor::SpawnErr;
 
 use super::Coordinator;
+use crate::adapter::{Servable, servable};
 use crate::adapter_source::AdapterSource;
 use crate::contract::{AdapterName, AdapterVersion, CoreError, KvPolicy};
 use crate::manager::RestoredAdapter;
-use crate::state::{AdapterRecord, PauseRecord, StateChange};
+use crate::state::{AdapterRecord, PauseRecord, RecordedSource, StateChange};
 
 /// How many recorded adapters are loaded into the engine at once at start.
 const RESTORE_CONCURRENCY: usize = 8;
@@ -75,22 +76,34 @@ impl Coordinator {
                 (record, loaded)
             })
             .buffer_unordered(RESTORE_CONCURRENCY);
-        while let Some((record, loaded)) = loads.next().await {
-            let weights_error = loaded.err().map(|err| {
-                let reason = format!(
-                    "the weights recorded for it ({}, from {}) could not be loaded at start: {err}",
-                    record.version,
-                    record.source.path.display()
-                );
-                tracing::error!(adapter = %record.name, %reason, "a recorded adapter has no weights");
-                reason
-            });
+        while let Some((record, (mut servable, loaded))) = loads.next().await {
+            let weights_error = match loaded {
+                Ok(current) => {
+                    servable.push(current);
+                    None
+                }
+                Err(err) => {
+                    let reason = format!(
+                        "the weights recorded for it ({}, from {}) could not be loaded at start: {err}",
+                        record.version,
+                        record.source.path.display()
+                    );
+                    tracing::error!(adapter = %record.name, %reason, "a recorded adapter has no weights");
+                    Some(reason)
+                }
+            };
             let adapter_pauses = pauses.remove(&record.name).unwrap_or_default();
             report.adapters += 1;
             report.without_weights += usize::from(weights_error.is_some());
             report.pauses += adapter_pauses.len();
-            let restored =
-                RestoredAdapter { name: record.name, version: record.version, weights_error, pauses: adapter_pauses };
+            let restored = RestoredAdapter {
+                name: record.name,
+                version: record.version,
+                servable,
+                weights_error,
+                pauses: adapter_pauses,
+                staleness: record.staleness,
+            };
             self.inner.manager.restore(restored).await?;
         }
         if let Some(mode) = recorded.global_pause {
@@ -100,12 +113,32 @@ impl Coordinator {
         Ok(report)
     }
 
-    /// Loads a recorded adapter's weights into the engine at its recorded version. A path that came from a request
-    /// must still lie inside the adapter root.
-    async fn load_recorded_weights(&self, record: &AdapterRecord) -> Result<(), CoreError> {
-        let source = self.recorded_source(&record.source).await?;
-        self.inner.engine.load_adapter(&record.name, record.version, &source).await?;
-        Ok(())
+    /// Loads a recorded adapter's weights into the engine: the older versions it retained (those that still load;
+    /// oldest first), then its current version. A path that came from a request must still lie inside the adapter
+    /// root.
+    async fn load_recorded_weights(&self, record: &AdapterRecord) -> (Vec<Servable>, Result<Servable, CoreError>) {
+        let mut retained = Vec::new();
+        for older in &record.retained {
+            match self.load_recorded_version(&record.name, older.version, &older.source).await {
+                Ok(servable) => retained.push(servable),
+                Err(err) => tracing::warn!(
+                    adapter = %record.name, version = %older.version, %err,
+                    "a retained version's recorded weights could not be loaded at start; it is no longer servable"
+                ),
+            }
+        }
+        (retained, self.load_recorded_version(&record.name, record.version, &record.source).await)
+    }
+
+    async fn load_recorded_version(
+        &self,
+        name: &AdapterName,
+        version: AdapterVersion,
+        source: &RecordedSource,
+    ) -> Result<Servable, CoreError> {
+        let weights = self.recorded_source(source).await?;
+        self.inner.engine.load_adapter(name, version, &weights).await?;
+        Ok(servable(version, &weights).await)
     }
 
     /// Reconciles an operator's `--adapter NAME=DIR` with the recorded state: if `name` is recorded from the same
@@ -121,7 +154,7 @@ impl Coordinator {
             Some(record) if serving && declares(&record, &dir) => {
                 (Reconciled::Kept(record.version), record.declared_path.as_deref() == Some(dir.as_path()))
             }
-            _ => (Reconciled::Loaded(self.load_adapter(name, source).await?), false),
+            _ => (Reconciled::Loaded(self.load_adapter(name, source).await?.version), false),
         };
         if !already_declared {
             self.inner.config.state.record(vec![StateChange::Declared { name: name.clone(), path: dir }]).await?;

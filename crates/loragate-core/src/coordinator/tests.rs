@@ -15,7 +15,9 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::adapter::AdapterMsg;
-use crate::contract::{EngineError, FinishReason, RequestId, SampleOutput, Segment, TopLogprobs, parse_timeout_s};
+use crate::contract::{
+    AdapterVersion, EngineError, FinishReason, RequestId, SampleOutput, Segment, TopLogprobs, parse_timeout_s,
+};
 use crate::testing::{ScriptedEngine, coordinator_with_adapters, eventually};
 
 mod interleavings;
@@ -23,6 +25,7 @@ mod pause_modes;
 mod remote;
 mod restart;
 mod unload_races;
+mod versions;
 
 /// Tokens every scripted request emits before it waits to be aborted.
 const HOLD_AFTER: u32 = 3;
@@ -389,7 +392,7 @@ async fn loads_bump_the_version_and_a_failed_load_keeps_the_old_weights() {
     let coordinator = coordinator(&[]).await;
     let meow = name("meow");
     assert_eq!(
-        coordinator.load_adapter(&meow, AdapterSource::trusted("/a/one")).await.expect("load"),
+        coordinator.load_adapter(&meow, AdapterSource::trusted("/a/one")).await.expect("load").version,
         AdapterVersion(1)
     );
     let err = coordinator.load_adapter(&meow, AdapterSource::trusted("/a/bad")).await.expect_err("bad files");
@@ -398,7 +401,7 @@ async fn loads_bump_the_version_and_a_failed_load_keeps_the_old_weights() {
     let output = joined(spawn_sample(&coordinator, "meow", SHORT, "after-failure")).await.expect("still served");
     assert_eq!(output.sequences[0].segments[0].version, AdapterVersion(1));
     assert_eq!(
-        coordinator.load_adapter(&meow, AdapterSource::trusted("/a/two")).await.expect("load"),
+        coordinator.load_adapter(&meow, AdapterSource::trusted("/a/two")).await.expect("load").version,
         AdapterVersion(2)
     );
 }
@@ -436,7 +439,7 @@ async fn concurrent_loads_of_a_new_name_get_distinct_versions() {
     permits.add_permits(5);
     let mut versions = Vec::new();
     for load in loads {
-        versions.push(joined(load).await.expect("loaded").0);
+        versions.push(joined(load).await.expect("loaded").version.0);
     }
     versions.sort_unstable();
     assert_eq!(versions, vec![1, 2, 3, 4, 5]);
@@ -456,7 +459,7 @@ async fn unload_aborts_running_requests_and_fails_held_ones() {
 
     // Reloading continues the name's version count; held submissions and waiters fail on unload.
     assert_eq!(
-        coordinator.load_adapter(&meow, AdapterSource::trusted("/a/x")).await.expect("reload"),
+        coordinator.load_adapter(&meow, AdapterSource::trusted("/a/x")).await.expect("reload").version,
         AdapterVersion(2)
     );
     coordinator.abort(&meow).await.expect("pause");

@@ -6,7 +6,9 @@ use tokio::sync::oneshot;
 use super::{ManagerMsg, ManagerState, RestoredAdapter, Unloading};
 use crate::adapter::{AdapterHandle, AdapterMsg, Retired};
 use crate::adapter_source::AdapterSource;
-use crate::contract::{AdapterKey, AdapterName, AdapterVersion, CoreError, PauseRequest, Retirement, StateError};
+use crate::contract::{
+    AdapterKey, AdapterName, AdapterVersion, CoreError, PauseRequest, Retirement, StateError, VersionInfo,
+};
 use crate::state::{Recording, StateChange};
 
 impl ManagerState {
@@ -17,7 +19,7 @@ impl ManagerState {
         myself: &ActorRef<ManagerMsg>,
         name: AdapterName,
         source: AdapterSource,
-        reply: RpcReplyPort<Result<AdapterVersion, CoreError>>,
+        reply: RpcReplyPort<Result<VersionInfo, CoreError>>,
     ) {
         let key = AdapterKey::Lora(name.clone());
         if !self.supervised.contains_key(&key) {
@@ -44,9 +46,9 @@ impl ManagerState {
     pub(super) fn load_settled(
         &mut self,
         key: AdapterKey,
-        result: Result<AdapterVersion, CoreError>,
+        result: Result<VersionInfo, CoreError>,
         recorded: Result<(), StateError>,
-        reply: RpcReplyPort<Result<AdapterVersion, CoreError>>,
+        reply: RpcReplyPort<Result<VersionInfo, CoreError>>,
     ) {
         if let Some(adapter) = self.supervised.get_mut(&key) {
             adapter.loads_outstanding = adapter.loads_outstanding.saturating_sub(1);
@@ -67,13 +69,15 @@ impl ManagerState {
         adapter: RestoredAdapter,
         reply: RpcReplyPort<Result<(), CoreError>>,
     ) {
-        let RestoredAdapter { name, version, weights_error, pauses } = adapter;
-        let key = AdapterKey::Lora(name);
+        let RestoredAdapter { name, version, servable, weights_error, pauses, staleness } = adapter;
+        let key = AdapterKey::Lora(name.clone());
         if let Some(adapter) = self.supervised.get(&key) {
             // Created here meanwhile (another replica's install racing this replica's first load): it serves
-            // the version if it is newer than what it has.
-            let (installed, _) = oneshot::channel();
-            let _ = adapter.actor.cast(AdapterMsg::InstallRemote { version, reply: installed.into() });
+            // the versions if they are newer than what it has.
+            for servable in servable {
+                let (installed, _) = oneshot::channel();
+                let _ = adapter.actor.cast(AdapterMsg::InstallRemote { servable, reply: installed.into() });
+            }
             let _ = reply.send(Ok(()));
             return;
         }
@@ -83,14 +87,33 @@ impl ManagerState {
             return;
         }
         if let Some(adapter) = self.supervised.get(&key) {
+            let mut release = Vec::new();
+            for servable in servable {
+                release.extend(adapter.cell.install(servable));
+            }
+            self.release_from_engine(&name, release);
             if let Some(reason) = &weights_error {
                 adapter.cell.set_weights_missing(reason);
             }
+            adapter.cell.restore_staleness(staleness);
             // Queued before any request can reach the actor (it is not published yet).
             let _ = adapter.actor.cast(AdapterMsg::Adopt { pauses });
         }
         self.publish(&key);
         let _ = reply.send(Ok(()));
+    }
+
+    /// Tells the engine to release `versions` of `name` (restored beyond the count of retained versions), on a task.
+    fn release_from_engine(&self, name: &AdapterName, versions: Vec<AdapterVersion>) {
+        if versions.is_empty() {
+            return;
+        }
+        let (engine, name) = (self.engine.clone(), name.clone());
+        tokio::spawn(async move {
+            for version in versions {
+                let _ = engine.release_version(&name, version).await;
+            }
+        });
     }
 
     /// Sets or clears the global pause, answering with every adapter that exists now and the pause's record.

@@ -7,9 +7,11 @@ use ractor::rpc::CallResult;
 use ractor::{ActorRef, MessagingErr, RpcReplyPort};
 
 use super::{ManagerMsg, Unloading};
-use crate::adapter::{AdapterHandle, Supervisor};
+use crate::adapter::{AdapterHandle, Servable, Supervisor};
 use crate::adapter_source::AdapterSource;
-use crate::contract::{AdapterKey, AdapterName, AdapterVersion, CoreError, PauseRequest, StateError};
+use crate::contract::{
+    AdapterKey, AdapterName, AdapterVersion, CoreError, PauseRequest, StalenessPolicy, StateError, VersionInfo,
+};
 use crate::state::{PauseRecord, Recording};
 
 /// An adapter as recorded before a restart, or as another replica installed it, to publish at its version.
@@ -18,10 +20,15 @@ pub(crate) struct RestoredAdapter {
     pub(crate) name: AdapterName,
     /// The version to publish it at (its weights already loaded in the engine, unless `weights_error`).
     pub(crate) version: AdapterVersion,
+    /// The versions loaded into the engine, oldest first: the current one (unless `weights_error`) and the older
+    /// ones recorded as retained.
+    pub(crate) servable: Vec<Servable>,
     /// Why its weights could not be loaded, if they could not.
     pub(crate) weights_error: Option<String>,
     /// Its recorded pauses, put back before it is published.
     pub(crate) pauses: Vec<PauseRecord>,
+    /// Its recorded staleness bound, set again at the restored version.
+    pub(crate) staleness: Option<StalenessPolicy>,
 }
 
 /// A typed handle on the adapter manager. Cheap to clone.
@@ -36,7 +43,7 @@ impl ManagerHandle {
     }
 
     /// Loads weights under `name`, creating the adapter if it is new (published once the load succeeded).
-    pub(crate) async fn load(&self, name: AdapterName, source: AdapterSource) -> Result<AdapterVersion, CoreError> {
+    pub(crate) async fn load(&self, name: AdapterName, source: AdapterSource) -> Result<VersionInfo, CoreError> {
         let key = AdapterKey::Lora(name.clone());
         match self.actor.call(|reply| ManagerMsg::Load { name, source, reply }, None).await {
             Ok(CallResult::Success(result)) => result,
@@ -99,9 +106,9 @@ impl Supervisor for ManagerHandle {
     fn load_settled(
         &self,
         key: AdapterKey,
-        result: Result<AdapterVersion, CoreError>,
+        result: Result<VersionInfo, CoreError>,
         recorded: Result<(), StateError>,
-        reply: RpcReplyPort<Result<AdapterVersion, CoreError>>,
+        reply: RpcReplyPort<Result<VersionInfo, CoreError>>,
     ) {
         let settled = ManagerMsg::LoadSettled { key, result, recorded, reply };
         if let Err(MessagingErr::SendErr(ManagerMsg::LoadSettled { result, recorded, reply, .. })) =

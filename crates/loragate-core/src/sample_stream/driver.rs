@@ -22,7 +22,7 @@ use futures::stream::select_all;
 use tokio::sync::mpsc;
 
 use super::{LiveRequest, unfinished_error};
-use crate::adapter::{AdapterHandle, Admission, Counted};
+use crate::adapter::{AdapterHandle, Admission, Counted, StalenessTicket, VersionPin};
 use crate::contract::{
     AdapterName, AdapterVersion, CoreError, Ending, EngineError, FinishReason, SegmentsBuilder, StopCause,
 };
@@ -88,6 +88,10 @@ pub(crate) struct Driver {
     produced: bool,
     /// The front request's facts for its access log, if its front keeps any.
     facts: Option<RequestFacts>,
+    /// The pin on the exact version the request asked for (`NAME@V`), held until it ends.
+    _pin: Option<VersionPin>,
+    /// Its places under the staleness bound: given back for sequences that end aborted.
+    staleness: Option<StalenessTicket>,
     _live: LiveRequest,
 }
 
@@ -131,8 +135,15 @@ impl Driver {
             arrived,
             produced: false,
             facts,
+            _pin: None,
+            staleness: None,
             _live: live,
         }
+    }
+
+    /// Holds the request's version pin and staleness places until it ends.
+    pub(crate) fn holding(self, pin: Option<VersionPin>, staleness: Option<StalenessTicket>) -> Self {
+        Self { _pin: pin, staleness, ..self }
     }
 
     pub(crate) fn num_samples(&self) -> usize {
@@ -347,6 +358,12 @@ impl Driver {
         // Frees parked keys and values nobody will resume from.
         sequence.parked = None;
         self.aborted |= reason == FinishReason::Abort;
+        if reason == FinishReason::Abort
+            && let Some(staleness) = &self.staleness
+        {
+            // Its continuation, if the caller resubmits one, takes a place again.
+            staleness.give_back(1);
+        }
         let segments = sequence.segments.segments().to_vec();
         let _ = out.send(Ok(SampleEvent::Finished { sequence: index as u32, reason, segments }));
     }

@@ -39,9 +39,17 @@ impl MemoryStore {
 impl Records {
     fn apply(&mut self, change: StateChange) {
         match change {
-            StateChange::Installed { name, version, source } => {
-                let declared_path = self.adapters.get(&name).and_then(|record| record.declared_path.clone());
-                self.adapters.insert(name.clone(), AdapterRecord { name, source, version, declared_path });
+            StateChange::Installed { name, version, source, retained } => {
+                let earlier = self.adapters.get(&name);
+                let declared_path = earlier.and_then(|record| record.declared_path.clone());
+                let staleness = earlier.and_then(|record| record.staleness);
+                let record = AdapterRecord { name: name.clone(), source, version, declared_path, retained, staleness };
+                self.adapters.insert(name, record);
+            }
+            StateChange::Staleness { name, policy } => {
+                if let Some(record) = self.adapters.get_mut(&name) {
+                    record.staleness = policy;
+                }
             }
             StateChange::Declared { name, path } => {
                 if let Some(record) = self.adapters.get_mut(&name) {
@@ -153,11 +161,16 @@ mod tests {
             mode: PauseMode::Keep,
             lease_expires_at: None,
         };
-        let source = RecordedSource { path: PathBuf::from("/a/meow"), confined: false };
+        let source = RecordedSource { path: PathBuf::from("/a/meow"), confined: false, ..Default::default() };
         store.record(vec![StateChange::Paused(pause(&meow))]).await.ok();
         assert!(store.recorded().await.expect("read").pauses.is_empty(), "no adapter, no pause");
         store
-            .record(vec![StateChange::Installed { name: meow.clone(), version: AdapterVersion(1), source }])
+            .record(vec![StateChange::Installed {
+                name: meow.clone(),
+                version: AdapterVersion(1),
+                source,
+                retained: Vec::new(),
+            }])
             .await
             .ok();
         store.record(vec![StateChange::Paused(pause(&meow))]).await.ok();

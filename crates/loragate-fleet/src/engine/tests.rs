@@ -134,7 +134,7 @@ fn name(raw: &str) -> AdapterName {
 }
 
 async fn load(coordinator: &Coordinator, adapter: &str, path: &str) -> Result<u64, CoreError> {
-    coordinator.load_adapter(&name(adapter), AdapterSource::trusted(path)).await.map(|version| version.0)
+    coordinator.load_adapter(&name(adapter), AdapterSource::trusted(path)).await.map(|installed| installed.version.0)
 }
 
 async fn sample(coordinator: &Coordinator, lora_name: &str, max_tokens: u32, num_samples: u32) -> SampleStream {
@@ -465,6 +465,14 @@ impl Engine for DeafEngine {
         _name: &AdapterName,
         _version: loragate_core::AdapterVersion,
         _source: &AdapterSource,
+    ) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    async fn release_version(
+        &self,
+        _name: &AdapterName,
+        _version: loragate_core::AdapterVersion,
     ) -> Result<(), EngineError> {
         Ok(())
     }

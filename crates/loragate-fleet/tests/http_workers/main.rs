@@ -182,7 +182,7 @@ fn name(raw: &str) -> AdapterName {
 }
 
 async fn load(coordinator: &Coordinator, adapter: &str, dir: &Path) -> Result<u64, CoreError> {
-    coordinator.load_adapter(&name(adapter), AdapterSource::trusted(dir)).await.map(|version| version.0)
+    coordinator.load_adapter(&name(adapter), AdapterSource::trusted(dir)).await.map(|installed| installed.version.0)
 }
 
 fn raw(lora_name: &str, max_tokens: u32) -> RawSampleRequest {

@@ -105,6 +105,8 @@ pub(crate) fn parse_generate(
         include_prompt_logprobs: response.prompt_logprobs || prompt_top_n.is_some(),
         top_logprobs: output_top_n,
         prompt_top_logprobs: prompt_top_n,
+        // vLLM's protocol names versions in the adapter's name (`NAME@V`), never as a minimum.
+        min_lora_version: 0,
     };
     let request = SampleRequest::parse(raw, model).map_err(WorkerError::from_core)?;
     let options = ResponseOptions {

@@ -365,7 +365,7 @@ fn vllms_spellings_of_the_context_length_and_the_adapters_are_accepted() {
         "8",
     ]);
     let adapters: Vec<(String, String)> =
-        config.adapters.iter().map(|a| (a.name.to_string(), a.dir.display().to_string())).collect();
+        config.adapters.initial.iter().map(|a| (a.name.to_string(), a.dir.display().to_string())).collect();
     let expected = [("meow", "/a/meow"), ("woof", "/a/woof"), ("purr", "/a/purr")];
     assert_eq!(adapters, expected.map(|(name, dir)| (name.to_owned(), dir.to_owned())));
     assert_eq!(config.limits.max_in_flight, 8, "the flag after the modules is a flag");

@@ -9,8 +9,8 @@ use loragate_engine::EngineConfig;
 use loragate_net::ConnectionLimits;
 use loragate_tinker::TinkerConfig;
 
-use crate::model::{InitialAdapter, ModelSource};
-use crate::settings::{Authentication, FleetSettings, GateDeadlines};
+use crate::model::ModelSource;
+use crate::settings::{AdapterSettings, Authentication, FleetSettings, GateDeadlines};
 use crate::state_dir::StateLocation;
 
 /// Everything `loragate serve` needs.
@@ -24,10 +24,8 @@ pub struct ServeConfig {
     pub model: ModelSource,
     /// The base model's name over HTTP (default: the directory's name or the GGUF file's stem, or `loragate-demo`).
     pub served_model_name: Option<String>,
-    /// Adapters to load at start.
-    pub adapters: Vec<InitialAdapter>,
-    /// The only directory `LoadLoraAdapter` may read from (default for the demo: its adapters directory).
-    pub adapter_root: Option<PathBuf>,
+    /// The adapters to load at start, where loads by path may read from, and how many versions stay servable.
+    pub adapters: AdapterSettings,
     /// The longest hold at a paused adapter's gate, and how long pauses wait for running requests.
     pub deadlines: GateDeadlines,
     /// How long running requests may finish on shutdown before the rest are aborted.
@@ -63,8 +61,7 @@ impl ServeConfig {
             http_addr: SocketAddr::from(([127, 0, 0, 1], 8000)),
             model: ModelSource::Demo { cache_dir },
             served_model_name: None,
-            adapters: Vec::new(),
-            adapter_root: None,
+            adapters: AdapterSettings::default(),
             deadlines: GateDeadlines::default(),
             shutdown_grace: Duration::from_secs(10),
             limits: Limits::default(),

@@ -28,7 +28,11 @@ fn recording_engine() -> (ScriptedEngine, Arc<Mutex<Vec<Vec<u32>>>>) {
 }
 
 async fn load(coordinator: &Coordinator, adapter: &str) -> AdapterVersion {
-    coordinator.load_adapter(&name(adapter), AdapterSource::trusted(format!("/a/{adapter}"))).await.expect("load")
+    coordinator
+        .load_adapter(&name(adapter), AdapterSource::trusted(format!("/a/{adapter}")))
+        .await
+        .expect("load")
+        .version
 }
 
 #[tokio::test]
@@ -245,7 +249,7 @@ async fn a_swap_keeps_requests_across_the_load_and_a_failed_swap_reopens_on_the_
         .swap_adapter(&name("meow"), AdapterSource::trusted("/a/step-2"), PauseMode::Keep, KvPolicy::Reuse, None)
         .await
         .expect("swap");
-    assert_eq!((swap.version, swap.kept, swap.aborted), (AdapterVersion(2), 1, 0));
+    assert_eq!((swap.installed.version, swap.kept, swap.aborted), (AdapterVersion(2), 1, 0));
     assert_eq!(swap.kv_policy, KvPolicy::Recompute, "an engine that cannot park applies RECOMPUTE");
     let output = joined(task).await.expect("finished");
     let versions: Vec<u64> = output.sequences[0].segments.iter().map(|segment| segment.version.0).collect();
@@ -269,7 +273,7 @@ async fn a_swap_keeps_requests_across_the_load_and_a_failed_swap_reopens_on_the_
         .swap_adapter(&name("fresh"), AdapterSource::trusted("/a/fresh"), PauseMode::Keep, KvPolicy::Recompute, None)
         .await
         .expect("a new name is simply loaded");
-    assert_eq!(fresh.version, AdapterVersion(1));
+    assert_eq!(fresh.installed.version, AdapterVersion(1));
 }
 
 #[tokio::test]

@@ -57,7 +57,7 @@ async fn replica() -> (Coordinator, Arc<SharedByTest>, Arc<ScriptedEngine>, mpsc
 }
 
 fn installed(lora: &str, version: u64) -> RemoteChange {
-    let source = RecordedSource { path: format!("/a/{lora}-{version}").into(), confined: false };
+    let source = RecordedSource { path: format!("/a/{lora}-{version}").into(), confined: false, ..Default::default() };
     RemoteChange::Installed { name: name(lora), version: AdapterVersion(version), source }
 }
 
@@ -129,9 +129,15 @@ async fn a_resync_squares_pauses_versions_and_adapters_with_the_record() {
             && coordinator.lora(&name("meow")).is_ok_and(|adapter| adapter.gate().paused)
     })
     .await;
-    let source = RecordedSource { path: "/a/meow-4".into(), confined: false };
-    let record =
-        crate::state::AdapterRecord { name: name("meow"), source, version: AdapterVersion(4), declared_path: None };
+    let source = RecordedSource { path: "/a/meow-4".into(), confined: false, ..Default::default() };
+    let record = crate::state::AdapterRecord {
+        name: name("meow"),
+        source,
+        version: AdapterVersion(4),
+        declared_path: None,
+        retained: Vec::new(),
+        staleness: None,
+    };
     let resynced = RecordedState {
         adapters: vec![record],
         pauses: vec![remote_pause("meow", "pause-kept", PauseMode::Abort)],

@@ -27,7 +27,7 @@ fn memory() -> Arc<dyn StateStore> {
 }
 
 async fn load(coordinator: &Coordinator, lora: &str, dir: &str) -> Result<AdapterVersion, CoreError> {
-    coordinator.load_adapter(&name(lora), AdapterSource::trusted(dir)).await
+    coordinator.load_adapter(&name(lora), AdapterSource::trusted(dir)).await.map(|installed| installed.version)
 }
 
 #[tokio::test]
@@ -132,8 +132,16 @@ async fn a_lease_that_ran_out_while_down_is_gone_and_one_still_running_ends_on_t
 #[tokio::test]
 async fn an_adapter_whose_weights_are_gone_is_listed_with_its_error_refuses_samples_and_a_load_heals_it() {
     let store = memory();
-    let source = RecordedSource { path: PathBuf::from("/vanished/bad"), confined: false };
-    store.record(vec![StateChange::Installed { name: name("meow"), version: AdapterVersion(7), source }]).await.ok();
+    let source = RecordedSource { path: PathBuf::from("/vanished/bad"), confined: false, ..Default::default() };
+    store
+        .record(vec![StateChange::Installed {
+            name: name("meow"),
+            version: AdapterVersion(7),
+            source,
+            retained: Vec::new(),
+        }])
+        .await
+        .ok();
     let issued = store.issue_version(&name("meow")).await.expect("issued");
 
     let (coordinator, _) = started_on(&store).await;
@@ -195,7 +203,7 @@ async fn a_swaps_own_pause_is_not_recorded_and_a_swap_records_its_version() {
         .swap_adapter(&name("meow"), source, PauseMode::Keep, KvPolicy::Recompute, None)
         .await
         .expect("swapped");
-    assert_eq!(swap.version, AdapterVersion(2));
+    assert_eq!(swap.installed.version, AdapterVersion(2));
     let recorded = store.recorded().await.expect("reads");
     assert!(recorded.pauses.is_empty());
     assert_eq!(recorded.adapters[0].version, AdapterVersion(2));

@@ -22,7 +22,7 @@ async fn an_unload_that_finishes_after_a_reload_leaves_the_reloaded_weights_serv
         tokio::spawn(async move { coordinator.unload_adapter(&meow).await })
     };
     eventually("meow is unpublished", || async { coordinator.lora(&meow).is_err() }).await;
-    let reloaded = coordinator.load_adapter(&meow, AdapterSource::trusted("/a/meow-2")).await.expect("reload");
+    let reloaded = coordinator.load_adapter(&meow, AdapterSource::trusted("/a/meow-2")).await.expect("reload").version;
     assert_eq!(reloaded, AdapterVersion(2));
     assert_eq!(engine.installed(&meow), Some(AdapterVersion(2)));
 
@@ -51,7 +51,7 @@ async fn a_load_that_finishes_after_its_adapter_was_unloaded_removes_only_what_i
     eventually("the slow load (v2) reached the engine", || async { engine.loads_started() == 2 }).await;
     coordinator.unload_adapter(&meow).await.expect("unload");
     assert_eq!(engine.installed(&meow), None);
-    let reloaded = coordinator.load_adapter(&meow, AdapterSource::trusted("/a/fresh")).await.expect("reload");
+    let reloaded = coordinator.load_adapter(&meow, AdapterSource::trusted("/a/fresh")).await.expect("reload").version;
     assert_eq!(reloaded, AdapterVersion(3), "the reload counts on from the version the unloaded adapter reserved");
 
     slow.add_permits(1);
