@@ -47,12 +47,14 @@ async fn a_long_poll_is_released_by_resume() {
     assert_eq!(harness.status_of("meow").await.waiting, 0);
 }
 
-/// A temporary adapter root with the directories `step-2` and `bad` (the scripted engine refuses `bad`).
+/// A temporary adapter root with the directories `step-2` and `bad` (the scripted engine refuses `bad`); `step-2`'s
+/// weights file holds the bytes `the weights of step-2` (the scripted engine reads nothing, the digest is taken).
 fn temp_root() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("a temporary directory");
     for adapter in ["step-2", "bad"] {
         std::fs::create_dir_all(dir.path().join(adapter)).expect("mkdir");
     }
+    std::fs::write(dir.path().join("step-2/adapter_model.safetensors"), "the weights of step-2").expect("weights");
     dir
 }
 
@@ -72,7 +74,7 @@ async fn adapters_load_swap_and_unload_through_the_adapter_root() {
         (
             StatusCode::OK,
             json!({"status": "ok", "lora_name": "meow", "version": 2, "kept_count": 0, "aborted_count": 0,
-                   "kv_policy": "recompute"})
+                   "kv_policy": "recompute", "sha256": "575b65a29efac695ad0222d444d68d2c143bb141c876b2eb7c7f9c1de734668d"})
         ),
         "a scripted engine cannot park: REUSE is answered RECOMPUTE"
     );
