@@ -20,7 +20,6 @@ use serde_json::Value;
 
 pub(crate) use self::sglang::SglangSampling;
 pub(crate) use self::stop_strings::StopStrings;
-pub use self::stop_strings::{MAX_STOP_STRING_BYTES, MAX_STOP_STRINGS, check_stop_strings};
 pub(crate) use self::vllm::{VllmRequest, VllmSampling};
 use crate::error::{Api, HttpError, wire_name};
 use crate::front::HttpFront;

@@ -13,7 +13,7 @@ use axum::Json;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode};
 use loragate_core::{CoreError, Field};
-use loragate_http::BodyError;
+use loragate_net::json_body::BodyError;
 use loragate_net::status::http_status;
 use serde_json::json;
 

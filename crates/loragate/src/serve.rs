@@ -16,8 +16,9 @@ use loragate_engine::{
     gguf_chat_template, read_model_info,
 };
 use loragate_fleet::{FleetConfig, FleetEngine, FleetError, WorkerAddress};
-use loragate_http::{ChatTemplate, HttpFront, TextCodec};
+use loragate_http::{ChatTemplate, HttpFront};
 use loragate_net::ConnectionLimits;
+use loragate_text::TextCodec;
 use loragate_tinker::{TinkerConfig, TinkerFront};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
