@@ -121,7 +121,7 @@ impl Drop for ThreadHttpWorker {
 /// Bytes as token ids (what the benchmarks' prompts are).
 pub struct ByteCodec;
 
-impl loragate_http::TextCodec for ByteCodec {
+impl loragate_text::TextCodec for ByteCodec {
     fn encode(&self, text: &str, _add_special_tokens: bool) -> Result<Vec<u32>, String> {
         Ok(text.bytes().map(u32::from).collect())
     }

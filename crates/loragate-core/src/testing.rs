@@ -1,5 +1,7 @@
 //! Test support (the `testing` feature, for dev-dependencies and benchmarks only): [`ScriptedEngine`], an engine
-//! without a model whose behaviour tests can predict exactly.
+//! without a model whose behaviour tests can predict exactly, and one sample of every error ([`every_core_error`]).
+
+mod errors;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -16,6 +18,8 @@ use crate::adapter_source::AdapterSource;
 use crate::contract::{AdapterKey, AdapterName, AdapterVersion, EngineError, FinishReason, ModelInfo, TopLogprobs};
 use crate::engine::{Engine, EngineEvent, EngineStream};
 use crate::sampling::SampleRequest;
+
+pub use self::errors::{every_core_error, every_engine_error, every_fleet_error, every_state_error};
 
 /// Called on every `generate` with the request and its cancellation token, before anything is emitted.
 pub type GenerateHook = Box<dyn Fn(&SampleRequest, &CancellationToken) + Send + Sync>;

@@ -1,59 +1,27 @@
-//! The one place core errors become gRPC statuses (the contract's error table).
+//! The one place core errors become gRPC statuses: the code is the error's class's
+//! ([`loragate_net::status::grpc_code`], the table every front shares), the message the error's own (it names the
+//! field, the adapter or the worker).
 
-use loragate_core::{CoreError, EngineError, FleetControlError, StateError};
+use loragate_core::{CoreError, FleetControlError};
+use loragate_net::status::grpc_code;
 use tonic::Status;
 
-/// Maps a core error to the gRPC status the contract names for it. Messages name the field or the adapter.
+/// Maps a core error to the gRPC status the contract names for it. Messages name the field or the adapter; a failed
+/// swap answers as its load failed (bad files stay INVALID_ARGUMENT), with the swap's message.
 pub fn status_from_core(err: CoreError) -> Status {
-    let message = err.to_string();
-    let code_of = match &err {
-        // A failed swap answers as its load failed (bad files stay INVALID_ARGUMENT), with the swap's message.
-        CoreError::SwapFailed { source, .. } => source.as_ref(),
-        other => other,
-    };
-    match code_of {
-        CoreError::InvalidArgument { .. } => Status::invalid_argument(message),
-        CoreError::UnknownAdapter(_) => Status::not_found(message),
-        CoreError::GateHoldExpired { .. } | CoreError::AdapterUnavailable(_) | CoreError::ShuttingDown => {
-            Status::unavailable(message)
-        }
-        CoreError::DrainTimedOut { .. } => Status::deadline_exceeded(message),
-        CoreError::AbortedWhileKept(_) => Status::aborted(message),
-        CoreError::Overloaded { .. } => Status::resource_exhausted(message),
-        CoreError::Unauthenticated(_) => Status::unauthenticated(message),
-        CoreError::PermissionDenied { .. } => Status::permission_denied(message),
-        // Retrying cannot help: an operator must load the adapter again (or unload it).
-        CoreError::WeightsMissing { .. } => Status::failed_precondition(message),
-        CoreError::State(StateError::Unavailable(_)) => Status::unavailable(message),
-        CoreError::Engine(engine) => match engine {
-            EngineError::AdapterFiles(_) => Status::invalid_argument(message),
-            EngineError::AdapterIncompatible(_) => Status::failed_precondition(message),
-            EngineError::AdapterNotLoaded(_) => Status::not_found(message),
-            EngineError::Stopped | EngineError::Unavailable(_) => Status::unavailable(message),
-            _ => Status::internal(message),
-        },
-        _ => Status::internal(message),
-    }
+    Status::new(grpc_code(err.class()), err.to_string())
 }
 
 /// Maps a fleet membership error to its gRPC status. Messages name the field or the worker.
 pub fn status_from_fleet(err: FleetControlError) -> Status {
-    let message = err.to_string();
-    match &err {
-        FleetControlError::InvalidArgument { .. } => Status::invalid_argument(message),
-        FleetControlError::UnknownWorker(_) => Status::not_found(message),
-        FleetControlError::WorkerExists(_) => Status::already_exists(message),
-        FleetControlError::TooManyWorkers { .. } => Status::resource_exhausted(message),
-        FleetControlError::NoFleet => Status::failed_precondition(message),
-        _ => Status::unavailable(message),
-    }
+    Status::new(grpc_code(err.class()), err.to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use loragate_core::{Action, AdapterKey, AdapterName, Field, Limit};
+    use loragate_core::{Action, AdapterKey, AdapterName, AdapterVersion, EngineError, Field, Limit, StateError};
     use tonic::Code;
 
     use super::*;
@@ -100,12 +68,43 @@ mod tests {
             ),
             (StateError::Failed("disk full".into()).into(), Code::Internal, "disk full"),
             (StateError::Unavailable("etcd".into()).into(), Code::Unavailable, "etcd"),
+            (
+                CoreError::DrainTimedOut { adapter: meow.clone(), still_running: 2, waited: Duration::from_secs(5) },
+                Code::DeadlineExceeded,
+                "withdrawn",
+            ),
+            (CoreError::AbortedWhileKept(meow.clone()), Code::Aborted, "meow"),
+            (CoreError::AdapterUnavailable(meow.clone()), Code::Unavailable, "meow"),
+            (EngineError::Stopped.into(), Code::Unavailable, "stopped"),
+            (EngineError::NonFiniteOutput("at step 3".into()).into(), Code::Internal, "non-finite"),
+            (EngineError::AdapterNotLoaded(AdapterName::parse("meow").expect("name")).into(), Code::NotFound, "meow"),
+            (
+                CoreError::SwapFailed {
+                    adapter: AdapterName::parse("meow").expect("name"),
+                    serving: AdapterVersion(3),
+                    source: Box::new(EngineError::AdapterFiles("no adapter_config.json".into()).into()),
+                },
+                Code::InvalidArgument,
+                "keeps serving",
+            ),
         ];
         for (err, code, mentions) in cases {
             let described = err.to_string();
             let status = status_from_core(err);
             assert_eq!(status.code(), code, "{described}");
             assert!(status.message().contains(mentions), "{:?} should mention {mentions}", status.message());
+        }
+    }
+
+    /// Both services (`Sampler`, through its submission gate too, and `LoraControl`) answer core errors with
+    /// [`status_from_core`]: every core error gets its class's code, as on every other front.
+    #[test]
+    fn every_core_error_answers_its_classs_code() {
+        for err in loragate_core::testing::every_core_error() {
+            let (class, described) = (err.class(), err.to_string());
+            let status = status_from_core(err);
+            assert_eq!(status.code(), grpc_code(class), "{described}");
+            assert_eq!(status.message(), described);
         }
     }
 }
@@ -134,6 +133,14 @@ mod fleet_tests {
             let status = status_from_fleet(err);
             assert_eq!(status.code(), code);
             assert!(status.message().contains(mentions), "{:?}", status.message());
+        }
+    }
+
+    #[test]
+    fn every_fleet_error_answers_its_classs_code() {
+        for err in loragate_core::testing::every_fleet_error() {
+            let class = err.class();
+            assert_eq!(status_from_fleet(err).code(), grpc_code(class));
         }
     }
 }

@@ -23,15 +23,28 @@ use crate::output::{ResponseHeader, StreamOptions, respond, unix_now};
 use crate::sampling::{self, PromptSpec, SamplingPlan, VllmRequest, refuse_unless_neutral};
 use crate::state::AppState;
 
+/// How a conversation is rendered, as the chat and tokenize endpoints take it (their fields of the same names);
+/// absent fields get vLLM's defaults in [`chat_prompt`].
+pub(crate) struct ChatRendering<'a> {
+    /// End with the template's opening of an assistant turn (default: yes).
+    pub(crate) add_generation_prompt: Option<bool>,
+    /// Tool definitions handed to the template.
+    pub(crate) tools: Option<&'a Value>,
+    /// Extra template variables (default: none).
+    pub(crate) chat_template_kwargs: Option<Map<String, Value>>,
+    /// Add the tokenizer's special tokens around the rendered text (default: no; the template writes its own).
+    pub(crate) add_special_tokens: Option<bool>,
+}
+
 /// A conversation rendered with the model's chat template and encoded: the prompt's token ids.
 pub(crate) fn chat_prompt(
     front: &HttpFront,
     messages: Vec<Value>,
-    add_generation_prompt: bool,
-    tools: Option<&Value>,
-    kwargs: &Map<String, Value>,
-    add_special_tokens: bool,
+    rendering: ChatRendering<'_>,
 ) -> Result<Vec<u32>, HttpError> {
+    let add_generation_prompt = rendering.add_generation_prompt.unwrap_or(true);
+    let kwargs = rendering.chat_template_kwargs.unwrap_or_default();
+    let add_special_tokens = rendering.add_special_tokens.unwrap_or(false);
     let template = front.chat_template().ok_or_else(|| {
         HttpError::invalid(
             "messages",
@@ -41,7 +54,7 @@ pub(crate) fn chat_prompt(
     })?;
     let messages = normalize_messages(messages).map_err(|reason| HttpError::invalid("messages", reason))?;
     let text = template
-        .render(&messages, add_generation_prompt, tools, kwargs)
+        .render(&messages, add_generation_prompt, rendering.tools, &kwargs)
         .map_err(|reason| HttpError::invalid("messages", format!("the chat template refused them: {reason}")))?;
     front.codec().encode(&text, add_special_tokens).map_err(|reason| HttpError::invalid("messages", reason))
 }
@@ -82,14 +95,13 @@ impl Plan {
         )?;
         let model = front.model_or_base(body.model)?;
         let messages = body.messages.ok_or(HttpError::MissingField("messages"))?;
-        let token_ids = chat_prompt(
-            front,
-            messages,
-            body.add_generation_prompt.unwrap_or(true),
-            body.tools.as_ref(),
-            &body.chat_template_kwargs.unwrap_or_default(),
-            body.add_special_tokens.unwrap_or(false),
-        )?;
+        let rendering = ChatRendering {
+            add_generation_prompt: body.add_generation_prompt,
+            tools: body.tools.as_ref(),
+            chat_template_kwargs: body.chat_template_kwargs,
+            add_special_tokens: body.add_special_tokens,
+        };
+        let token_ids = chat_prompt(front, messages, rendering)?;
         fields.set_max_tokens(body.max_completion_tokens);
         let with_logprobs = body.logprobs.unwrap_or(false);
         if !with_logprobs && body.top_logprobs.is_some_and(|k| k > 0) {

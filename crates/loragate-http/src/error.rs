@@ -1,5 +1,7 @@
-//! This front's one error enum, and the one place errors become HTTP responses (the contract's error table), in
-//! OpenAI's shape: `{"error": {"message", "type", "code", "param"}}`.
+//! This front's one error enum, and the one place errors become HTTP responses, in OpenAI's shape:
+//! `{"error": {"message", "type", "code", "param"}}`. A core error's status is its class's, from the table every
+//! front shares ([`loragate_net::status::http_status`]); this front's own errors (bodies, fields, routes) have theirs
+//! here.
 //!
 //! `param` names the offending field in this API's terms: the core names fields as the gRPC contract does
 //! (`sampling_params.max_tokens`, `prompt_token_ids`, `lora_name`), and [`wire_name`] renames them for each API
@@ -10,7 +12,8 @@ use axum::Json;
 use axum::response::{IntoResponse, Response};
 use http::header::{RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, StatusCode};
-use loragate_core::{CoreError, EngineError, Field, StateError};
+use loragate_core::{CoreError, EngineError, Field};
+use loragate_net::status::http_status;
 use serde::Serialize;
 
 use crate::json_body::BodyError;
@@ -123,7 +126,7 @@ impl HttpError {
     /// The HTTP status of this error (the contract's table).
     pub(crate) fn status(&self) -> StatusCode {
         match self {
-            Self::Core { error, .. } => core_status(error),
+            Self::Core { error, .. } => http_status(error.class()),
             Self::Body(BodyError::TooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Body(BodyError::Timeout) => StatusCode::REQUEST_TIMEOUT,
             Self::Body(_) | Self::MissingField(_) | Self::InvalidField { .. } | Self::BatchTooLarge { .. } => {
@@ -281,35 +284,6 @@ pub(crate) fn wire_name(field: Field, api: Api) -> &'static str {
     }
 }
 
-fn core_status(error: &CoreError) -> StatusCode {
-    match error {
-        CoreError::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
-        CoreError::UnknownAdapter(_) => StatusCode::NOT_FOUND,
-        CoreError::GateHoldExpired { .. } | CoreError::AdapterUnavailable(_) | CoreError::ShuttingDown => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
-        CoreError::DrainTimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
-        CoreError::AbortedWhileKept(_) => StatusCode::CONFLICT,
-        CoreError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
-        CoreError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-        CoreError::PermissionDenied { .. } => StatusCode::FORBIDDEN,
-        // The adapter is listed but has no weights until an operator loads it again.
-        CoreError::WeightsMissing { .. } | CoreError::State(StateError::Unavailable(_)) => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
-        // A failed swap answers as its load failed (bad files stay 400 / 422), with the swap's message.
-        CoreError::SwapFailed { source, .. } => core_status(source),
-        CoreError::Engine(engine) => match engine {
-            EngineError::AdapterFiles(_) => StatusCode::BAD_REQUEST,
-            EngineError::AdapterIncompatible(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            EngineError::AdapterNotLoaded(_) => StatusCode::NOT_FOUND,
-            EngineError::Stopped | EngineError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        },
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    }
-}
-
 fn core_param(error: &CoreError, api: Api) -> Option<&'static str> {
     let adapter_field = wire_name(Field::LoraName, api);
     match error {
@@ -336,7 +310,7 @@ fn core_message(error: &CoreError, api: Api) -> String {
 mod tests {
     use std::time::Duration;
 
-    use loragate_core::{Action, AdapterKey, AdapterName, Limit};
+    use loragate_core::{Action, AdapterKey, AdapterName, AdapterVersion, Limit, StateError};
 
     use super::*;
 
@@ -475,6 +449,47 @@ mod tests {
                 Some("Content-Type"),
                 "text/plain",
             ),
+            (
+                HttpError::control(CoreError::DrainTimedOut {
+                    adapter: meow(),
+                    still_running: 2,
+                    waited: Duration::from_secs(5),
+                }),
+                StatusCode::GATEWAY_TIMEOUT,
+                None,
+                "withdrawn",
+            ),
+            (HttpError::sampling(CoreError::AbortedWhileKept(meow())), StatusCode::CONFLICT, None, "meow"),
+            (HttpError::sampling(CoreError::AdapterUnavailable(meow())), StatusCode::SERVICE_UNAVAILABLE, None, "meow"),
+            (HttpError::sampling(EngineError::Stopped.into()), StatusCode::SERVICE_UNAVAILABLE, None, "stopped"),
+            (
+                HttpError::sampling(EngineError::AdapterNotLoaded(AdapterName::parse("meow").expect("name")).into()),
+                StatusCode::NOT_FOUND,
+                Some("model"),
+                "meow",
+            ),
+            (
+                HttpError::sampling(EngineError::NonFiniteOutput("at step 3".into()).into()),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                None,
+                "non-finite",
+            ),
+            (
+                HttpError::control(StateError::Unavailable("etcd is unreachable".into()).into()),
+                StatusCode::SERVICE_UNAVAILABLE,
+                None,
+                "etcd",
+            ),
+            (
+                HttpError::control(CoreError::SwapFailed {
+                    adapter: AdapterName::parse("meow").expect("name"),
+                    serving: AdapterVersion(3),
+                    source: Box::new(EngineError::AdapterIncompatible("q_proj has rank 0".into()).into()),
+                }),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some("lora_path"),
+                "keeps serving",
+            ),
         ];
         for (error, status, param, mentions) in cases {
             let body = serde_json::to_value(error.body()).expect("serialize");
@@ -483,6 +498,19 @@ mod tests {
             let message = body["error"]["message"].as_str().expect("message");
             assert!(message.contains(mentions), "{message:?} should mention {mentions:?}");
             assert!(body["error"]["type"].is_string() && body["error"]["code"].is_string(), "{body}");
+        }
+    }
+
+    /// Every core error, in every API of this front (OpenAI's completions and chat, vLLM's and SGLang's generate,
+    /// the SkyRL and vLLM control endpoints), answers its class's status, as on every other front.
+    #[test]
+    fn every_core_error_answers_its_classs_status_in_every_api() {
+        for api in [Api::Completions, Api::Chat, Api::Generate, Api::Sglang, Api::Control] {
+            for error in loragate_core::testing::every_core_error() {
+                let (class, described) = (error.class(), error.to_string());
+                let response = HttpError::in_api(error, api).into_response();
+                assert_eq!(response.status(), http_status(class), "{described} in {api:?}");
+            }
         }
     }
 

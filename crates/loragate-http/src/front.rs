@@ -6,13 +6,11 @@ use std::sync::Arc;
 use axum::Router;
 use loragate_core::{Coordinator, MetricsSource};
 use loragate_net::ConnectionLimits;
+use loragate_net::json_body::DEFAULT_BODY_LIMIT;
 
 use crate::chat_template::ChatTemplate;
-use crate::codec::TextCodec;
 use crate::error::HttpError;
-
-/// The largest request body accepted unless [`HttpFront::with_body_limit`] says otherwise: 4 MiB.
-pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
+use loragate_text::TextCodec;
 
 /// What the HTTP front serves: the coordinator, the base model's served name, the text codec, the chat template
 /// (if the model has one), the body limit, the connection limits, and routes of other fronts that share the listener

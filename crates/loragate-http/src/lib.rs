@@ -6,7 +6,7 @@
 //! Data flow of a sampling request: every request passes the **guard** (one router-wide middleware: cross-origin
 //! browser requests, non-JSON POST bodies and callers without a valid key are refused) → the JSON body → this API's
 //! own fields and the sampling fields every API of its family shares (`sampling`: vLLM's names, or SGLang's), text
-//! prompts encoded by the [`TextCodec`] (chat messages first rendered with the model's [`ChatTemplate`]) → one
+//! prompts encoded by the [`TextCodec`](loragate_text::TextCodec) (chat messages first rendered with the model's [`ChatTemplate`]) → one
 //! validated core request per prompt → `Coordinator::sample`, which holds it, parsed, at its adapter's **submission
 //! gate** while the adapter is paused (the gate every front shares: the request's body is gone by then) → the core's
 //! events become choice deltas in one shared translation (`output`: text decoded incrementally, stop strings watched
@@ -17,7 +17,7 @@
 //! of any semantics: one gate, one registry, one keyring, in the core.
 //!
 //! ```no_run
-//! # async fn run(coordinator: loragate_core::Coordinator, codec: std::sync::Arc<dyn loragate_http::TextCodec>)
+//! # async fn run(coordinator: loragate_core::Coordinator, codec: std::sync::Arc<dyn loragate_text::TextCodec>)
 //! # -> Result<(), Box<dyn std::error::Error>> {
 //! use loragate_http::{HttpFront, serve_http};
 //!
@@ -30,7 +30,6 @@
 
 mod chat;
 mod chat_template;
-mod codec;
 mod completions;
 mod control;
 mod error;
@@ -46,15 +45,8 @@ mod sampling;
 mod server;
 mod sglang;
 mod state;
-#[cfg(test)]
-mod test_codec;
-mod token_stop_watcher;
 mod tokenize;
 
 pub use chat_template::{ChatTemplate, ChatTemplateError};
-pub use codec::TextCodec;
-pub use front::{DEFAULT_BODY_LIMIT, HttpFront};
-pub use json_body::{BodyError, parse_json, read_json};
-pub use sampling::{MAX_STOP_STRING_BYTES, MAX_STOP_STRINGS, check_stop_strings};
+pub use front::HttpFront;
 pub use server::{HttpServeError, serve_http};
-pub use token_stop_watcher::TokenStopWatcher;

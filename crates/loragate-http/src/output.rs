@@ -6,20 +6,16 @@
 //! what was generated.
 
 mod choice;
-mod decode;
 mod drive;
 mod logprobs;
 mod sse;
-mod stop;
 
 pub(crate) use self::choice::{ChoiceDelta, Choices, Finish, Matched, PromptLogprobs, TextOptions, TokenLogprob};
-pub(crate) use self::decode::{IncrementalDecoder, decode_with_offsets};
 pub(crate) use self::drive::Part;
 pub(crate) use self::logprobs::{
     ContentLogprob, OrderedLogprobs, VllmPromptLogprobs, clamp_logprob, content_logprobs, token_label,
 };
 pub(crate) use self::sse::{ChunkRenderer, REQUEST_ID_HEADER, respond, to_json, to_value};
-pub(crate) use self::stop::{StopWatcher, Watched};
 
 use serde::Deserialize;
 

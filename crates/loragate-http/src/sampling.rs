@@ -12,6 +12,7 @@ mod stop_strings;
 mod vllm;
 
 use std::collections::HashMap;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use futures::future::try_join_all;
@@ -20,7 +21,6 @@ use serde_json::Value;
 
 pub(crate) use self::sglang::SglangSampling;
 pub(crate) use self::stop_strings::StopStrings;
-pub use self::stop_strings::{MAX_STOP_STRING_BYTES, MAX_STOP_STRINGS, check_stop_strings};
 pub(crate) use self::vllm::{VllmRequest, VllmSampling};
 use crate::error::{Api, HttpError, wire_name};
 use crate::front::HttpFront;
@@ -56,6 +56,72 @@ pub(crate) struct SamplingPlan {
     pub(crate) params: RawSampleRequest,
     /// How this front renders the text.
     pub(crate) text: TextOptions,
+}
+
+/// The sampling values vLLM's and SGLang's APIs share, under whichever name each family gives them (`max_tokens` or
+/// `max_new_tokens`, `seed` or `sampling_seed`, ...): the one place their defaults are applied.
+#[derive(Debug)]
+pub(crate) struct SharedSampling {
+    /// Most tokens to generate; absent for "up to the context length".
+    pub(crate) max_tokens: Option<u32>,
+    /// No end-of-sequence, stop token or stop string before this many tokens.
+    pub(crate) min_tokens: Option<u32>,
+    /// Softmax temperature; absent means [`DEFAULT_TEMPERATURE`].
+    pub(crate) temperature: Option<f32>,
+    /// Nucleus mass.
+    pub(crate) top_p: Option<f32>,
+    /// Top-k.
+    pub(crate) top_k: Option<i32>,
+    /// Min-p; 0 disables it.
+    pub(crate) min_p: Option<f32>,
+    /// Sampler seed.
+    pub(crate) seed: Option<u64>,
+    /// Strings that end a sequence.
+    pub(crate) stop: Option<StopStrings>,
+    /// Extra tokens that end a sequence.
+    pub(crate) stop_token_ids: Option<Vec<u32>>,
+    /// Keep going past the end-of-sequence token.
+    pub(crate) ignore_eos: Option<bool>,
+    /// Sequences per prompt.
+    pub(crate) n: Option<NonZeroU32>,
+    /// OpenAI's presence penalty.
+    pub(crate) presence_penalty: Option<f32>,
+    /// OpenAI's frequency penalty.
+    pub(crate) frequency_penalty: Option<f32>,
+    /// vLLM's repetition penalty.
+    pub(crate) repetition_penalty: Option<f32>,
+    /// Keep a matched stop string in the text (vLLM's `include_stop_str_in_output`, SGLang's `no_stop_trim`).
+    pub(crate) include_stop_str: Option<bool>,
+}
+
+impl SharedSampling {
+    /// The plan these values describe; `top_k_off` is the family's `top_k` when none is given (both disable it).
+    pub(crate) fn into_plan(self, top_k_off: i32) -> SamplingPlan {
+        let min_tokens = self.min_tokens.unwrap_or(0);
+        let params = RawSampleRequest {
+            max_tokens: self.max_tokens,
+            temperature: self.temperature.unwrap_or(DEFAULT_TEMPERATURE),
+            top_p: self.top_p,
+            top_k: self.top_k.unwrap_or(top_k_off),
+            seed: self.seed,
+            stop_token_ids: self.stop_token_ids.unwrap_or_default(),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            min_p: self.min_p.unwrap_or(0.0),
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            min_tokens,
+            num_samples: self.n.map_or(1, NonZeroU32::get),
+            ..RawSampleRequest::default()
+        };
+        let text = TextOptions {
+            stops: self.stop.map(|stops| stops.0).unwrap_or_default().into(),
+            include_stop_str: self.include_stop_str.unwrap_or(false),
+            min_tokens,
+            with_logprobs: false,
+        };
+        SamplingPlan { params, text }
+    }
 }
 
 /// One prompt of an HTTP request.

@@ -8,7 +8,7 @@ use loragate_core::AdapterKey;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::chat::chat_prompt;
+use crate::chat::{ChatRendering, chat_prompt};
 use crate::error::{Api, HttpError};
 use crate::front::HttpFront;
 use crate::json_body::JsonBody;
@@ -74,14 +74,15 @@ pub(crate) async fn tokenize(
             .codec()
             .encode(&prompt, body.add_special_tokens.unwrap_or(true))
             .map_err(|reason| HttpError::invalid("prompt", reason))?,
-        (None, Some(messages)) => chat_prompt(
-            front,
-            messages,
-            body.add_generation_prompt.unwrap_or(true),
-            body.tools.as_ref(),
-            &body.chat_template_kwargs.unwrap_or_default(),
-            body.add_special_tokens.unwrap_or(false),
-        )?,
+        (None, Some(messages)) => {
+            let rendering = ChatRendering {
+                add_generation_prompt: body.add_generation_prompt,
+                tools: body.tools.as_ref(),
+                chat_template_kwargs: body.chat_template_kwargs,
+                add_special_tokens: body.add_special_tokens,
+            };
+            chat_prompt(front, messages, rendering)?
+        }
         (Some(_), Some(_)) => return Err(HttpError::invalid("prompt", "give a prompt or messages, not both")),
         (None, None) => return Err(HttpError::MissingField("prompt")),
     };

@@ -20,12 +20,19 @@
 //! [`AccessLogLayer`] writes one access-log line per request (turned on by `--access-log`; without it the fronts
 //! leave the layer out: [`AccessLogLayer::when_enabled`]).
 //!
+//! Two more things every front shares live here, so that no front depends on another: [`json_body`] reads and parses
+//! JSON request bodies (within a size limit and by the gate deadline, strictly, naming the offending field) for the
+//! HTTP and Tinker fronts, and [`status`] is the one table from an error's class to its HTTP status and gRPC code,
+//! which every front answers with.
+//!
 //! HTTP/2 keepalive pings (for gRPC) are configured by the gRPC front from [`ConnectionLimits::keepalive_interval`].
 
 mod access_log;
 mod activity;
+pub mod json_body;
 mod limits;
 mod listener;
+pub mod status;
 
 pub use access_log::{ACCESS_LOG_TARGET, AccessLog, AccessLogLayer};
 pub use activity::{ActiveBody, ActiveRequest, ActivityFuture, ActivityLayer, ActivityService, Connection};

@@ -2,16 +2,19 @@
 //! `{"detail": "<message>"}` with a JSON content type and a non-empty body (the SDK takes a bodiless 400 for a proxy's
 //! rejection and retries it).
 //!
-//! The status codes follow what the SDK does with each (docs/tinker.md): permanent conditions get 400, 404 or 413
-//! (fatal in the SDK), a body that does not arrive by the gate deadline 408, overload gets 429 (the SDK backs off and resubmits), 410 only for futures of an earlier
-//! process (the SDK resubmits the sample) and heartbeats of a finished session (the SDK stops beating), and 5xx only
-//! for real failures. 402 is never sent.
+//! A core error answers its class's status, from the table every front shares
+//! ([`loragate_net::status::http_status`]), as on the HTTP and gRPC fronts. This front's own errors follow what the SDK
+//! does with each (docs/tinker.md): permanent conditions get 400, 404 or 413 (fatal in the SDK), a body that does not
+//! arrive by the gate deadline 408, overload gets 429 (the SDK backs off and resubmits), 410 only for futures of an
+//! earlier process (the SDK resubmits the sample) and heartbeats of a finished session (the SDK stops beating), and 5xx
+//! only for real failures. 402 is never sent.
 
 use axum::Json;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode};
-use loragate_core::{CoreError, EngineError, Field};
-use loragate_http::BodyError;
+use loragate_core::{CoreError, Field};
+use loragate_net::json_body::BodyError;
+use loragate_net::status::http_status;
 use serde_json::json;
 
 /// Everything this front answers with an error.
@@ -78,19 +81,8 @@ impl TinkerError {
     /// The HTTP status of this error.
     pub(crate) fn status(&self) -> StatusCode {
         match self {
-            Self::Core(error) => match error {
-                CoreError::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
-                CoreError::UnknownAdapter(_) | CoreError::Engine(EngineError::AdapterNotLoaded(_)) => {
-                    StatusCode::NOT_FOUND
-                }
-                CoreError::AdapterUnavailable(_)
-                | CoreError::ShuttingDown
-                | CoreError::Engine(EngineError::Stopped) => StatusCode::SERVICE_UNAVAILABLE,
-                CoreError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
-                CoreError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-                CoreError::PermissionDenied { .. } => StatusCode::FORBIDDEN,
-                _ => StatusCode::INTERNAL_SERVER_ERROR,
-            },
+            // The table every front shares: the same error answers the same status as on the HTTP and gRPC fronts.
+            Self::Core(error) => http_status(error.class()),
             Self::Body(BodyError::TooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Body(BodyError::Timeout) => StatusCode::REQUEST_TIMEOUT,
             Self::InvalidField { .. } | Self::Body(_) => StatusCode::BAD_REQUEST,
@@ -194,5 +186,20 @@ mod tests {
         }
         let (_, headers, _) = answer(TinkerError::NotSupported { feature: "x".into() }).await;
         assert_eq!(headers["x-should-retry"], "false", "a refused feature is not retried");
+    }
+
+    /// Every core error answers its class's status, as on every other front: with etcd unreachable, 503 (it was 500
+    /// here before the fronts shared one table).
+    #[tokio::test]
+    async fn every_core_error_answers_its_classs_status() {
+        for error in loragate_core::testing::every_core_error() {
+            let (class, described) = (error.class(), error.to_string());
+            let (status, _, body) = answer(TinkerError::Core(error)).await;
+            assert_eq!(status, http_status(class), "{described}");
+            assert_ne!(status, StatusCode::PAYMENT_REQUIRED);
+            assert!(body["detail"].is_string(), "{body}");
+        }
+        let etcd_down = TinkerError::Core(loragate_core::StateError::Unavailable("etcd is unreachable".into()).into());
+        assert_eq!(etcd_down.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 }

@@ -5,7 +5,8 @@ use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use loragate_core::{Coordinator, StateError};
-use loragate_http::{DEFAULT_BODY_LIMIT, TextCodec};
+use loragate_net::json_body::DEFAULT_BODY_LIMIT;
+use loragate_text::TextCodec;
 use ractor::SpawnErr;
 use tokio::time::Instant;
 
@@ -55,8 +56,8 @@ pub enum StartError {
     State(#[from] StateError),
 }
 
-/// The Tinker API front over a coordinator. Mount [`TinkerFront::routes`] on the HTTP listener
-/// (`loragate_http::HttpFront::with_routes`).
+/// The Tinker API front over a coordinator. Mount [`TinkerFront::routes`] on the HTTP listener (the binary hands
+/// them to the HTTP front's `HttpFront::with_routes`).
 #[derive(Clone)]
 pub struct TinkerFront {
     state: TinkerState,

@@ -1,5 +1,5 @@
-//! Request bodies, read with the HTTP front's reader ([`loragate_http::read_json`]): within the front's limit (413
-//! past it) and by the server's gate deadline (408 past it, counted in
+//! Request bodies, read with the reader every HTTP-based front shares ([`loragate_net::json_body::read_json`]):
+//! within the front's limit (413 past it) and by the server's gate deadline (408 past it, counted in
 //! `loragate_request_body_timeouts_total{front="http"}`: a trickling body is cut off here as on every other route),
 //! then parsed as JSON into this front's request types, every failure a 400 whose detail names the path of the
 //! offending value (`sampling_params.seed: invalid type`). The SDK sends fields this front does not read (`type`,
@@ -19,14 +19,14 @@ impl<T: DeserializeOwned> FromRequest<TinkerState> for JsonBody<T> {
 
     async fn from_request(request: Request, state: &TinkerState) -> Result<Self, TinkerError> {
         let body = request.into_body();
-        Ok(Self(loragate_http::read_json(body, state.coordinator(), state.config().body_limit).await?))
+        Ok(Self(loragate_net::json_body::read_json(body, state.coordinator(), state.config().body_limit).await?))
     }
 }
 
 /// Parses one JSON document into `T` (tests build bodies as text).
 #[cfg(test)]
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, TinkerError> {
-    Ok(loragate_http::parse_json(bytes)?)
+    Ok(loragate_net::json_body::parse_json(bytes)?)
 }
 
 #[cfg(test)]

@@ -18,16 +18,18 @@
 //! - Sessions are bookkeeping (heartbeats answer 200; 410 once finished); every other `/api/v1/` route is refused
 //!   with a 404 naming the feature. Errors are `{"detail"}` in one place (`error.rs`).
 //!
+//! The routes are an axum router: `loragate serve` mounts them on the HTTP front's listener
+//! (`HttpFront::with_routes`, which puts the listener's guard and connection limits in front of them); this front
+//! depends on no other front.
+//!
 //! ```no_run
-//! # async fn run(coordinator: loragate_core::Coordinator, codec: std::sync::Arc<dyn loragate_http::TextCodec>)
+//! # async fn run(coordinator: loragate_core::Coordinator, codec: std::sync::Arc<dyn loragate_text::TextCodec>)
 //! # -> Result<(), Box<dyn std::error::Error>> {
-//! use loragate_http::{HttpFront, serve_http};
 //! use loragate_tinker::{TinkerConfig, TinkerFront};
 //!
-//! let tinker = TinkerFront::start(coordinator.clone(), "loragate-demo", codec.clone(), TinkerConfig::default()).await?;
-//! let front = HttpFront::new(coordinator, "loragate-demo", codec).with_routes(tinker.routes());
+//! let tinker = TinkerFront::start(coordinator, "loragate-demo", codec, TinkerConfig::default()).await?;
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8000").await?;
-//! serve_http(listener, front, std::future::pending(), std::future::pending()).await?;
+//! axum::serve(listener, tinker.routes()).await?;
 //! # Ok(())
 //! # }
 //! ```
@@ -45,8 +47,6 @@ mod sample_request;
 mod sample_task;
 mod state;
 mod store;
-#[cfg(test)]
-mod test_support;
 #[cfg(test)]
 mod tests;
 

@@ -245,7 +245,7 @@ fn prompt_tokens(prompt: PromptBody) -> Result<Vec<u32>, TinkerError> {
 }
 
 /// `stop`: absent keeps end-of-sequence stopping; a given list is the complete stop set (`[]` disables EOS too).
-/// Strings are checked against the HTTP front's caps ([`loragate_http::check_stop_strings`]), token ids against the
+/// Strings are checked against the caps every front's stop strings pass ([`loragate_text::check_stop_strings`]), token ids against the
 /// core's ([`loragate_core::MAX_STOP_TOKEN_IDS`]).
 fn parse_stop(stop: Option<Value>) -> Result<Stops, TinkerError> {
     let field = "sampling_params.stop";
@@ -280,7 +280,7 @@ fn parse_stop(stop: Option<Value>) -> Result<Stops, TinkerError> {
         }
     }
     // The same caps as every front's stop strings; stop token ids are capped by the core, as everywhere.
-    loragate_http::check_stop_strings(&stops.strings).map_err(|reason| TinkerError::invalid(field, reason))?;
+    loragate_text::check_stop_strings(&stops.strings).map_err(|reason| TinkerError::invalid(field, reason))?;
     Ok(stops)
 }
 
@@ -424,14 +424,14 @@ mod tests {
     #[tokio::test]
     async fn stops_pass_the_same_caps_as_every_fronts() {
         let coordinator = coordinator().await;
-        let many_strings: Vec<String> = (0..=loragate_http::MAX_STOP_STRINGS).map(|i| format!("s{i}")).collect();
-        let long_string = "x".repeat(loragate_http::MAX_STOP_STRING_BYTES + 1);
+        let many_strings: Vec<String> = (0..=loragate_text::MAX_STOP_STRINGS).map(|i| format!("s{i}")).collect();
+        let long_string = "x".repeat(loragate_text::MAX_STOP_STRING_BYTES + 1);
         let many_tokens = vec![1; loragate_core::MAX_STOP_TOKEN_IDS + 1];
         for bad in [json!(many_strings), json!([long_string]), json!(many_tokens)] {
             let field = refused_field(&coordinator, json!({"sampling_params": {"max_tokens": 5, "stop": bad}}));
             assert_eq!(field, "sampling_params.stop");
         }
-        let at_the_caps: Vec<String> = (0..loragate_http::MAX_STOP_STRINGS).map(|i| format!("s{i}")).collect();
+        let at_the_caps: Vec<String> = (0..loragate_text::MAX_STOP_STRINGS).map(|i| format!("s{i}")).collect();
         let stop = json!({"sampling_params": {"max_tokens": 5, "stop": at_the_caps}});
         assert!(plan(&coordinator, stop).is_ok(), "the caps themselves are accepted");
     }

@@ -20,7 +20,7 @@ mod progress;
 use std::time::Duration;
 
 use futures::StreamExt;
-use loragate_core::{AdapterKey, CoreError, EngineError, GateDeadline, SampleEvent};
+use loragate_core::{AdapterKey, CoreError, EngineError, ErrorClass, GateDeadline, SampleEvent};
 
 use self::collector::Collector;
 use self::progress::Progress;
@@ -93,15 +93,20 @@ fn renumbered(mut event: SampleEvent, first_sequence: u32) -> SampleEvent {
     event
 }
 
-/// The future of a request the core refused or failed after it was accepted.
+/// The future of a request the core refused or failed after it was accepted. Tinker's own cases first (the server
+/// stopping leaves the future for the restart, a gate hold past the cap says so); otherwise the error's class says
+/// whose doing it is: a request that names nothing (its adapter was unloaded) or that is invalid is the user's, the
+/// rest the server's.
 fn failed(state: &TinkerState, target: &AdapterKey, err: CoreError) -> Outcome {
     let failure = match err {
         CoreError::ShuttingDown | CoreError::Engine(EngineError::Stopped) => return Outcome::ServerStopping,
         _ if state.coordinator().is_shutting_down() => return Outcome::ServerStopping,
-        CoreError::UnknownAdapter(_) | CoreError::Engine(EngineError::AdapterNotLoaded(_)) => unloaded(target),
         CoreError::GateHoldExpired { .. } => stayed_paused(state, target),
-        CoreError::InvalidArgument { .. } => Failure::user(err.to_string()),
-        other => Failure::server(other.to_string()),
+        other => match other.class() {
+            ErrorClass::NotFound => unloaded(target),
+            ErrorClass::Invalid => Failure::user(other.to_string()),
+            _ => Failure::server(other.to_string()),
+        },
     };
     Outcome::Settled(Settled::Failed(failure))
 }

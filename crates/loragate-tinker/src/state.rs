@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use loragate_core::Coordinator;
-use loragate_http::TextCodec;
+use loragate_text::TextCodec;
 
 use crate::front::TinkerConfig;
 use crate::ids::IdMaker;

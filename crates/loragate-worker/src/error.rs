@@ -1,6 +1,8 @@
-//! The worker's one error enum, and the one place it becomes a gRPC status (vLLM's codes for the same cases).
+//! The worker's one error enum, and the one place it becomes a gRPC status (vLLM's codes for the same cases; the
+//! core's errors get their class's code from the table every front shares, [`loragate_net::status::grpc_code`]).
 
 use loragate_core::{CoreError, Field};
+use loragate_net::status::grpc_code;
 use tonic::Status;
 
 /// Everything a worker request can fail with. None of these stops the worker.
@@ -103,8 +105,8 @@ impl From<WorkerError> for Status {
             WorkerError::TooManyLoras { .. } => Status::resource_exhausted(message),
             WorkerError::LoraDisabled | WorkerError::ShutdownDisabled => Status::failed_precondition(message),
             WorkerError::Unimplemented(_) => Status::unimplemented(message),
-            // The contract's table, as `loragate serve`'s gRPC front answers it.
-            WorkerError::Core(core) => loragate_grpc::status_from_core(core),
+            // The table every front shares, as `loragate serve`'s gRPC front answers it.
+            WorkerError::Core(core) => Status::new(grpc_code(core.class()), message),
         }
     }
 }
@@ -164,6 +166,16 @@ mod tests {
             let status = Status::from(err);
             assert_eq!(status.code(), code, "{}", status.message());
             assert!(status.message().contains(mentions), "{:?} should mention {mentions}", status.message());
+        }
+    }
+
+    /// Every core error, renamed into vLLM's terms or not, gets its class's code, as on every other front.
+    #[test]
+    fn every_core_error_answers_its_classs_code() {
+        for err in loragate_core::testing::every_core_error() {
+            let (class, described) = (err.class(), err.to_string());
+            let status = Status::from(WorkerError::from(err));
+            assert_eq!(status.code(), grpc_code(class), "{described}");
         }
     }
 

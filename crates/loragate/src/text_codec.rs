@@ -1,7 +1,7 @@
 //! The HTTP front's text codec over the engine's tokenizer.
 
 use loragate_engine::Tokenizer;
-use loragate_http::TextCodec;
+use loragate_text::TextCodec;
 
 /// Encodes text prompts and decodes generated tokens with the served model's `tokenizer.json`. A model without one
 /// still serves token-id prompts; text prompts then get a clear error naming the missing file.

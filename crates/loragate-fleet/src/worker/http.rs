@@ -1,17 +1,71 @@
 //! What vLLM's and SGLang's HTTP servers share: a pooled HTTP/1.1 client bound to the worker's base URL, JSON
 //! calls bounded by a timeout, error answers in the fleet's terms (the message taken from vLLM's, SGLang's or
 //! FastAPI's error shape), `GET /v1/models` (the context and the adapters, which both servers list), the sampling
-//! fields both send, and the parsing helpers their token streams share.
+//! fields both send, what their `generate` does around its own call (the prompt's logprobs scored first,
+//! [`scored_then_opened`]), and their token streams (server-sent JSON chunks, [`streamed_events`]) with the parsing
+//! helpers the chunks share.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use loragate_core::SampleRequest;
 use reqwest::StatusCode;
 use serde_json::{Map, Value, json};
 
-use super::{ClientSettings, WorkerError, WorkerFacts};
+use super::sse::{self, SseEvent};
+use super::{AbortBy, ClientSettings, OpenedSequence, SequenceEvent, SequenceRequest, WorkerError, WorkerFacts};
 use crate::address::WorkerAddress;
+
+/// The longest a prompt-scoring request may take.
+pub(super) const SCORING_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A sequence's events as an HTTP worker streams them.
+pub(super) type Events = BoxStream<'static, Result<SequenceEvent, WorkerError>>;
+
+/// What every HTTP worker's `generate` does around its protocol's own call: when `sequence` asks for its prompt's
+/// logprobs, they are scored first by a call of their own (`score`), and lead its events; `open` then starts the
+/// generation and says how it is aborted.
+pub(super) async fn scored_then_opened(
+    sequence: &SequenceRequest<'_>,
+    score: impl Future<Output = Result<SequenceEvent, WorkerError>>,
+    open: impl Future<Output = Result<(Events, AbortBy), WorkerError>>,
+) -> Result<OpenedSequence, WorkerError> {
+    let prompt_event = match sequence.with_prompt_logprobs {
+        true => Some(score.await?),
+        false => None,
+    };
+    let (events, abort) = open.await?;
+    let events = futures::stream::iter(prompt_event.map(Ok)).chain(events).boxed();
+    Ok(OpenedSequence { events, abort })
+}
+
+/// The events of a streamed answer: each server-sent JSON chunk until `[DONE]`, parsed by `parse` (a chunk that is
+/// not JSON, or that `parse` refuses, is an error event).
+pub(super) fn streamed_events(
+    response: reqwest::Response,
+    mut parse: impl FnMut(&Value) -> Result<Vec<SequenceEvent>, WorkerError> + Send + 'static,
+) -> Events {
+    sse::events(response)
+        .take_while(|event| std::future::ready(!matches!(event, Ok(SseEvent::Done))))
+        .map(move |event| {
+            let events = match event {
+                Ok(SseEvent::Data(data)) => match serde_json::from_str::<Value>(&data) {
+                    Ok(chunk) => {
+                        parse(&chunk).map_or_else(|err| vec![Err(err)], |events| events.into_iter().map(Ok).collect())
+                    }
+                    Err(err) => vec![Err(WorkerError::Malformed(format!("a chunk that is not JSON: {err}")))],
+                },
+                Ok(SseEvent::Done) => Vec::new(),
+                Err(err) => vec![Err(err)],
+            };
+            futures::stream::iter(events)
+        })
+        .flatten()
+        .boxed()
+}
 
 /// A worker's HTTP endpoint.
 pub(crate) struct HttpEndpoint {

@@ -13,20 +13,19 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use loragate_core::{FinishReason, SampleRequest, TopLogprobs};
 use serde_json::{Map, Value, json};
 
-use super::http::{HttpEndpoint, Refusal, SamplingNames, logprob, sampling_fields, stream_error, token_id, token_ids};
-use super::sse::{self, SseEvent};
+use super::http::{
+    Events, HttpEndpoint, Refusal, SCORING_TIMEOUT, SamplingNames, logprob, sampling_fields, scored_then_opened,
+    stream_error, streamed_events, token_id, token_ids,
+};
 use super::{
     AbortBy, ClientSettings, OpenedSequence, SequenceEvent, SequenceRequest, WorkerClient, WorkerError, WorkerFacts,
     most_likely, rank_among,
 };
 use crate::address::WorkerAddress;
 
-/// The longest a prompt-scoring request may take.
-const SCORING_TIMEOUT: Duration = Duration::from_secs(600);
 /// SGLang's `/health` generates a token and waits up to 20 s for the scheduler: never bound it below this.
 const MIN_HEALTH_TIMEOUT: Duration = Duration::from_secs(25);
 /// How many `/abort_request` calls to one worker run at once (over every batch).
@@ -67,6 +66,29 @@ impl SglangHttpWorker {
         let answer = if answer.is_array() { answer[0].clone() } else { answer };
         prompt_logprobs(&answer["meta_info"], request.prompt(), top)
     }
+
+    /// Starts the generation of `sequence` (`/generate`, streamed), aborted by its `rid`.
+    async fn open(&self, sequence: &SequenceRequest<'_>) -> Result<(Events, AbortBy), WorkerError> {
+        let request = sequence.request;
+        let candidates = request.params().top_logprobs();
+        let mut body = json!({
+            "input_ids": request.prompt().to_vec(),
+            "sampling_params": sampling_params(request, sequence.sequence),
+            "return_logprob": true,
+            "rid": sequence.request_id,
+            "stream": true,
+        });
+        if candidates > 0 {
+            body["top_logprobs_num"] = json!(candidates);
+        }
+        if !sequence.engine_name.is_empty() {
+            body["lora_path"] = json!(sequence.engine_name);
+        }
+        let response = self.http.post_stream("/generate", &body).await.map_err(generate_error)?;
+        let mut received = 0usize;
+        let events = streamed_events(response, move |chunk| chunk_events(chunk, candidates, &mut received));
+        Ok((events, AbortBy::call(sequence.request_id.clone())))
+    }
 }
 
 #[async_trait::async_trait]
@@ -101,44 +123,7 @@ impl WorkerClient for SglangHttpWorker {
     }
 
     async fn generate(&self, sequence: SequenceRequest<'_>) -> Result<OpenedSequence, WorkerError> {
-        let prompt_event = match sequence.with_prompt_logprobs {
-            true => Some(self.score_prompt(&sequence).await?),
-            false => None,
-        };
-        let request = sequence.request;
-        let candidates = request.params().top_logprobs();
-        let mut body = json!({
-            "input_ids": request.prompt().to_vec(),
-            "sampling_params": sampling_params(request, sequence.sequence),
-            "return_logprob": true,
-            "rid": sequence.request_id,
-            "stream": true,
-        });
-        if candidates > 0 {
-            body["top_logprobs_num"] = json!(candidates);
-        }
-        if !sequence.engine_name.is_empty() {
-            body["lora_path"] = json!(sequence.engine_name);
-        }
-        let response = self.http.post_stream("/generate", &body).await.map_err(generate_error)?;
-        let mut received = 0usize;
-        let stream = sse::events(response)
-            .take_while(|event| std::future::ready(!matches!(event, Ok(SseEvent::Done))))
-            .map(move |event| {
-                let events = match event {
-                    Ok(SseEvent::Data(data)) => match serde_json::from_str::<Value>(&data) {
-                        Ok(chunk) => chunk_events(&chunk, candidates, &mut received)
-                            .map_or_else(|err| vec![Err(err)], |events| events.into_iter().map(Ok).collect()),
-                        Err(err) => vec![Err(WorkerError::Malformed(format!("a chunk that is not JSON: {err}")))],
-                    },
-                    Ok(SseEvent::Done) => Vec::new(),
-                    Err(err) => vec![Err(err)],
-                };
-                futures::stream::iter(events)
-            })
-            .flatten();
-        let events = futures::stream::iter(prompt_event.map(Ok)).chain(stream).boxed();
-        Ok(OpenedSequence { events, abort: AbortBy::call(sequence.request_id) })
+        scored_then_opened(&sequence, self.score_prompt(&sequence), self.open(&sequence)).await
     }
 
     async fn abort(&self, ids: Vec<String>, timeout: Duration) -> Result<(), WorkerError> {

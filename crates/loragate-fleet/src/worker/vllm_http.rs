@@ -20,20 +20,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use futures::StreamExt;
 use loragate_core::{FinishReason, SampleRequest, TopLogprobs};
 use serde_json::{Map, Value, json};
 
-use super::http::{HttpEndpoint, Refusal, SamplingNames, logprob, sampling_fields, stream_error, token_id, token_ids};
-use super::sse::{self, SseEvent};
+use super::http::{
+    Events, HttpEndpoint, Refusal, SCORING_TIMEOUT, SamplingNames, logprob, sampling_fields, scored_then_opened,
+    stream_error, streamed_events, token_id, token_ids,
+};
 use super::{
     AbortBy, ClientSettings, OpenedSequence, SequenceEvent, SequenceRequest, WorkerClient, WorkerError, WorkerFacts,
     most_likely, rank_among,
 };
 use crate::address::WorkerAddress;
-
-/// The longest a prompt-scoring request may take.
-const SCORING_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// A vLLM HTTP worker.
 pub(crate) struct VllmHttpWorker {
@@ -78,6 +76,41 @@ impl VllmHttpWorker {
         }
         let answer = self.http.post("/v1/completions", &body, SCORING_TIMEOUT).await?.map_err(Refusal::into_error)?;
         prompt_logprobs(&answer["choices"][0]["prompt_logprobs"], request.prompt(), top)
+    }
+
+    /// Starts the generation of `sequence`: on the token API (`/inference/v1/generate`, aborted by the id the server
+    /// names in its first chunk) where the server has it, else on `/v1/completions` (aborted by disconnecting).
+    async fn open(&self, sequence: &SequenceRequest<'_>) -> Result<(Events, AbortBy), WorkerError> {
+        let request = sequence.request;
+        let candidates = request.params().top_logprobs();
+        let sampling = sampling_params(request, sequence.sequence);
+        let model = (!sequence.engine_name.is_empty()).then(|| sequence.engine_name.to_owned());
+        if self.token_api.load(Ordering::Acquire) {
+            let mut body = json!({
+                "request_id": sequence.request_id,
+                "token_ids": request.prompt().to_vec(),
+                "sampling_params": sampling,
+                "stream": true,
+            });
+            if let Some(model) = model {
+                body["model"] = json!(model);
+            }
+            let response = self.http.post_stream("/inference/v1/generate", &body).await?;
+            let server_id = Arc::new(OnceLock::new());
+            let events = token_stream(response, candidates, server_id.clone(), generate_chunk);
+            Ok((events, AbortBy::Call(server_id)))
+        } else {
+            let mut body = Value::Object(sampling);
+            body["prompt"] = json!(request.prompt().to_vec());
+            body["stream"] = json!(true);
+            body["return_token_ids"] = json!(true);
+            body["return_tokens_as_token_ids"] = json!(true);
+            if let Some(model) = model {
+                body["model"] = json!(model);
+            }
+            let response = self.http.post_stream("/v1/completions", &body).await?;
+            Ok((token_stream(response, candidates, Arc::new(OnceLock::new()), completion_chunk), AbortBy::Disconnect))
+        }
     }
 }
 
@@ -130,42 +163,7 @@ impl WorkerClient for VllmHttpWorker {
     }
 
     async fn generate(&self, sequence: SequenceRequest<'_>) -> Result<OpenedSequence, WorkerError> {
-        let prompt_event = match sequence.with_prompt_logprobs {
-            true => Some(self.score_prompt(&sequence).await?),
-            false => None,
-        };
-        let request = sequence.request;
-        let candidates = request.params().top_logprobs();
-        let sampling = sampling_params(request, sequence.sequence);
-        let model = (!sequence.engine_name.is_empty()).then(|| sequence.engine_name.to_owned());
-        let (opened, abort) = if self.token_api.load(Ordering::Acquire) {
-            let mut body = json!({
-                "request_id": sequence.request_id,
-                "token_ids": request.prompt().to_vec(),
-                "sampling_params": sampling,
-                "stream": true,
-            });
-            if let Some(model) = model {
-                body["model"] = json!(model);
-            }
-            let response = self.http.post_stream("/inference/v1/generate", &body).await?;
-            let server_id = Arc::new(OnceLock::new());
-            let events = token_stream(response, candidates, server_id.clone(), generate_chunk);
-            (events, AbortBy::Call(server_id))
-        } else {
-            let mut body = Value::Object(sampling);
-            body["prompt"] = json!(request.prompt().to_vec());
-            body["stream"] = json!(true);
-            body["return_token_ids"] = json!(true);
-            body["return_tokens_as_token_ids"] = json!(true);
-            if let Some(model) = model {
-                body["model"] = json!(model);
-            }
-            let response = self.http.post_stream("/v1/completions", &body).await?;
-            (token_stream(response, candidates, Arc::new(OnceLock::new()), completion_chunk), AbortBy::Disconnect)
-        };
-        let events = futures::stream::iter(prompt_event.map(Ok)).chain(opened).boxed();
-        Ok(OpenedSequence { events, abort })
+        scored_then_opened(&sequence, self.score_prompt(&sequence), self.open(&sequence)).await
     }
 
     async fn abort(&self, ids: Vec<String>, timeout: Duration) -> Result<(), WorkerError> {
@@ -196,28 +194,13 @@ fn token_stream(
     candidates: u32,
     server_id: Arc<OnceLock<String>>,
     parse: ChunkParser,
-) -> futures::stream::BoxStream<'static, Result<SequenceEvent, WorkerError>> {
-    sse::events(response)
-        .take_while(|event| std::future::ready(!matches!(event, Ok(SseEvent::Done))))
-        .map(move |event| {
-            let events = match event {
-                Ok(SseEvent::Data(data)) => match serde_json::from_str::<Value>(&data) {
-                    Ok(chunk) => {
-                        if let Some(id) = chunk["request_id"].as_str() {
-                            let _ = server_id.set(id.to_owned());
-                        }
-                        parse(&chunk, candidates)
-                            .map_or_else(|err| vec![Err(err)], |events| events.into_iter().map(Ok).collect())
-                    }
-                    Err(err) => vec![Err(WorkerError::Malformed(format!("a chunk that is not JSON: {err}")))],
-                },
-                Ok(SseEvent::Done) => Vec::new(),
-                Err(err) => vec![Err(err)],
-            };
-            futures::stream::iter(events)
-        })
-        .flatten()
-        .boxed()
+) -> Events {
+    streamed_events(response, move |chunk| {
+        if let Some(id) = chunk["request_id"].as_str() {
+            let _ = server_id.set(id.to_owned());
+        }
+        parse(chunk, candidates)
+    })
 }
 
 /// One `/v1/completions` chunk: `choices[0]` with `token_ids` (or `logprobs.tokens` as `token_id:N`),

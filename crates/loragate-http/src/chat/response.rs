@@ -9,12 +9,12 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::codec::TextCodec;
 use crate::error::Api;
 use crate::output::{
     ChoiceDelta, ChunkRenderer, ContentLogprob, ResponseHeader, SegmentJson, StopReason, Usage, content_logprobs,
     finish_reason, segments_json, stop_reason, to_json,
 };
+use loragate_text::TextCodec;
 
 /// A chat completion, or one streamed chunk of it.
 #[derive(Debug, Serialize)]

@@ -12,13 +12,12 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::codec::TextCodec;
 use crate::error::Api;
 use crate::output::{
     ChoiceDelta, ChunkRenderer, Finish, OrderedLogprobs, PromptLogprobs, ResponseHeader, SegmentJson, StopReason,
-    TokenLogprob, Usage, VllmPromptLogprobs, clamp_logprob, decode_with_offsets, segments_json, stop_reason, to_json,
-    token_label,
+    TokenLogprob, Usage, VllmPromptLogprobs, clamp_logprob, segments_json, stop_reason, to_json, token_label,
 };
+use loragate_text::{TextCodec, decode_with_offsets};
 
 /// A completion response, or one streamed chunk of it.
 #[derive(Debug, Serialize)]
@@ -284,7 +283,7 @@ mod tests {
 
     use super::*;
     use crate::output::Matched;
-    use crate::test_codec::ByteCodec;
+    use loragate_text::testing::ByteCodec;
 
     fn render(with_logprobs: bool, echo: bool) -> CompletionRender {
         let codec: Arc<dyn TextCodec> = Arc::new(ByteCodec);

@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::codec::TextCodec;
 use crate::error::Api;
 use crate::output::{
     ChoiceDelta, ChunkRenderer, ContentLogprob, PromptLogprobs, ResponseHeader, SegmentJson, Usage, VllmPromptLogprobs,
     content_logprobs, finish_reason, segments_json, to_json,
 };
+use loragate_text::TextCodec;
 
 /// A generate response, or one streamed chunk of it.
 #[derive(Debug, Serialize)]

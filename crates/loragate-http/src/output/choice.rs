@@ -11,10 +11,7 @@
 use std::sync::Arc;
 
 use loragate_core::{AdapterVersion, FinishReason, SampleEvent, Segment, SegmentsBuilder, TopLogprobs};
-
-use super::decode::IncrementalDecoder;
-use super::stop::{StopWatcher, Watched};
-use crate::codec::TextCodec;
+use loragate_text::{IncrementalDecoder, StopWatcher, TextCodec, Watched};
 
 /// How every choice of a request turns tokens into text, and what it records.
 #[derive(Clone, Debug, Default)]
@@ -310,7 +307,7 @@ impl Choice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_codec::ByteCodec;
+    use loragate_text::testing::ByteCodec;
 
     fn choices_with(count: u32, options: TextOptions) -> Choices {
         Choices::new(Arc::new(ByteCodec), Arc::new(options), 1, vec![7, 8].into(), count)

@@ -8,7 +8,7 @@ use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 
 use super::choice::{PromptLogprobs, TokenLogprob};
-use crate::codec::TextCodec;
+use loragate_text::TextCodec;
 
 /// The logprob OpenAI and vLLM send for an impossible token (JSON has no `-Infinity`).
 const FLOOR: f32 = -9999.0;
@@ -179,7 +179,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::test_codec::ByteCodec;
+    use loragate_text::testing::ByteCodec;
 
     #[test]
     fn prompt_logprobs_put_the_prompt_token_first_even_outside_the_top() {

@@ -4,13 +4,11 @@
 
 use std::num::NonZeroU32;
 
-use loragate_core::RawSampleRequest;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{DEFAULT_TEMPERATURE, SamplingPlan, StopStrings, is_empty_collection, refuse_unless_neutral};
+use super::{SamplingPlan, SharedSampling, StopStrings, is_empty_collection, refuse_unless_neutral};
 use crate::error::HttpError;
-use crate::output::TextOptions;
 
 /// Where these fields sit in the body, for naming a refused one.
 const AT: &str = "sampling_params";
@@ -74,30 +72,25 @@ impl SglangSampling {
             let reason = format!("{bias} is not supported: loragate applies no per-token biases");
             return Err(HttpError::invalid(format!("{AT}.logit_bias"), reason));
         }
-        let min_tokens = self.min_new_tokens.unwrap_or(0);
-        let params = RawSampleRequest {
+        let shared = SharedSampling {
             max_tokens: self.max_new_tokens,
-            temperature: self.temperature.unwrap_or(DEFAULT_TEMPERATURE),
-            top_p: self.top_p,
-            top_k: self.top_k.unwrap_or(-1),
+            min_tokens: self.min_new_tokens,
             seed: self.sampling_seed,
-            stop_token_ids: self.stop_token_ids.unwrap_or_default(),
-            ignore_eos: self.ignore_eos.unwrap_or(false),
-            min_p: self.min_p.unwrap_or(0.0),
+            include_stop_str: self.no_stop_trim,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            stop: self.stop,
+            stop_token_ids: self.stop_token_ids,
+            ignore_eos: self.ignore_eos,
+            n: self.n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
             repetition_penalty: self.repetition_penalty,
-            presence_penalty: self.presence_penalty.unwrap_or(0.0),
-            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            min_tokens,
-            num_samples: self.n.map_or(1, NonZeroU32::get),
-            ..RawSampleRequest::default()
         };
-        let text = TextOptions {
-            stops: self.stop.map(|stops| stops.0).unwrap_or_default().into(),
-            include_stop_str: self.no_stop_trim.unwrap_or(false),
-            min_tokens,
-            with_logprobs: false,
-        };
-        Ok(SamplingPlan { params, text })
+        // SGLang's "no top-k" is -1.
+        Ok(shared.into_plan(-1))
     }
 }
 

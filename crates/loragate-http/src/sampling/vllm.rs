@@ -3,19 +3,17 @@
 
 use std::num::NonZeroU32;
 
-use loragate_core::RawSampleRequest;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::StopStrings;
 use super::{
-    DEFAULT_TEMPERATURE, SamplingPlan, VLLM_NEUTRAL_REQUEST_FIELDS, VLLM_NEUTRAL_SAMPLING_FIELDS, is_empty_collection,
+    SamplingPlan, SharedSampling, VLLM_NEUTRAL_REQUEST_FIELDS, VLLM_NEUTRAL_SAMPLING_FIELDS, is_empty_collection,
     refuse_unless_neutral,
 };
 use crate::error::HttpError;
 use crate::json_body::{JsonObject, ParseBody, field_names};
-use crate::output::TextOptions;
 
 /// A flat body of one of vLLM's OpenAI APIs as it arrives (`/v1/completions`, `/v1/chat/completions`): the API's own
 /// fields `B` and the sampling fields the APIs share. Any other key is refused, but for the fields the clients send
@@ -109,30 +107,25 @@ impl VllmSampling {
     /// a refused field.
     pub(crate) fn into_plan(self, at: &str) -> Result<SamplingPlan, HttpError> {
         self.refuse_unsupported(at)?;
-        let min_tokens = self.min_tokens.unwrap_or(0);
-        let params = RawSampleRequest {
+        let shared = SharedSampling {
             max_tokens: self.max_tokens,
-            temperature: self.temperature.unwrap_or(DEFAULT_TEMPERATURE),
-            top_p: self.top_p,
-            top_k: self.top_k.unwrap_or(0),
+            min_tokens: self.min_tokens,
             seed: self.seed,
-            stop_token_ids: self.stop_token_ids.unwrap_or_default(),
-            ignore_eos: self.ignore_eos.unwrap_or(false),
-            min_p: self.min_p.unwrap_or(0.0),
+            include_stop_str: self.include_stop_str_in_output,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            stop: self.stop,
+            stop_token_ids: self.stop_token_ids,
+            ignore_eos: self.ignore_eos,
+            n: self.n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
             repetition_penalty: self.repetition_penalty,
-            presence_penalty: self.presence_penalty.unwrap_or(0.0),
-            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            min_tokens,
-            num_samples: self.n.map_or(1, NonZeroU32::get),
-            ..RawSampleRequest::default()
         };
-        let text = TextOptions {
-            stops: self.stop.map(|stops| stops.0).unwrap_or_default().into(),
-            include_stop_str: self.include_stop_str_in_output.unwrap_or(false),
-            min_tokens,
-            with_logprobs: false,
-        };
-        Ok(SamplingPlan { params, text })
+        // vLLM's "no top-k" is 0 (it takes -1 too).
+        Ok(shared.into_plan(0))
     }
 
     fn refuse_unsupported(&self, at: &str) -> Result<(), HttpError> {

@@ -26,7 +26,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::*;
-use crate::test_codec::ByteCodec;
+use loragate_text::testing::ByteCodec;
 
 /// Tokens each scripted request emits before it waits to be aborted.
 const HOLD_AFTER: u32 = 3;

@@ -12,12 +12,12 @@ use std::sync::Arc;
 use loragate_core::{FinishReason, Segment};
 use serde_json::{Value, json};
 
-use crate::codec::TextCodec;
 use crate::error::Api;
 use crate::output::{
     ChoiceDelta, ChunkRenderer, Finish, Matched, PromptLogprobs, TokenLogprob, clamp_logprob, segments_json, to_json,
     to_value,
 };
+use loragate_text::TextCodec;
 
 /// The message of an aborted sequence that produced nothing (AReaL counts such an attempt as zero tokens).
 const ABORTED_BEFORE_PREFILL: &str = "Abort before prefill: the adapter was paused, unloaded, or the request aborted";
@@ -197,7 +197,7 @@ mod tests {
     use loragate_core::{AdapterVersion, TopLogprobs};
 
     use super::*;
-    use crate::test_codec::ByteCodec;
+    use loragate_text::testing::ByteCodec;
 
     fn delta(index: u32, text: &str, finish: Option<Finish>) -> ChoiceDelta {
         let token_ids: Vec<u32> = text.bytes().map(u32::from).collect();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
 use loragate_core::{CoreError, FinishReason, SampleEvent};
-use loragate_http::{TextCodec, TokenStopWatcher};
+use loragate_text::{TextCodec, TokenStopWatcher};
 
 use super::progress::Progress;
 use crate::proto::{Ending, FinishedSequence};
@@ -160,7 +160,7 @@ mod tests {
     use loragate_core::AdapterVersion;
 
     use super::*;
-    use crate::test_support::ByteCodec;
+    use loragate_text::testing::ByteCodec;
 
     fn collector(count: usize, stops: &[&str]) -> Collector {
         let codec: Arc<dyn TextCodec> = Arc::new(ByteCodec);

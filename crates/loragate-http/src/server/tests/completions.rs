@@ -7,7 +7,7 @@ use loragate_core::{AdapterKey, SampleRequest};
 use serde_json::json;
 
 use super::*;
-use crate::test_codec::BOS;
+use loragate_text::testing::BOS;
 
 #[tokio::test]
 async fn a_completion_on_an_adapter_has_openai_shape_with_token_ids_and_segments() {

@@ -1,13 +1,14 @@
-//! A byte-level codec for tests, like the demo model's vocabulary: token ids 0–255 are the bytes of UTF-8 text,
-//! ids from 256 up are special tokens that decode to nothing. With special tokens added, a prompt starts with 256.
+//! Test support (the `testing` feature, for other crates' tests and benchmarks): a byte-level codec, like the demo
+//! model's vocabulary: token ids 0–255 are the bytes of UTF-8 text, ids from 256 up are special tokens that decode to
+//! nothing. With special tokens added, a prompt starts with [`BOS`].
 
 use crate::codec::TextCodec;
 
 /// The special token a prompt starts with when special tokens are added.
-pub(crate) const BOS: u32 = 256;
+pub const BOS: u32 = 256;
 
 /// Text ↔ UTF-8 bytes.
-pub(crate) struct ByteCodec;
+pub struct ByteCodec;
 
 impl TextCodec for ByteCodec {
     fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {

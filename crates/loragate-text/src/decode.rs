@@ -12,7 +12,7 @@ const MAX_HELD_TOKENS: usize = 8;
 
 /// Decodes one choice's tokens incrementally.
 #[derive(Debug, Default)]
-pub(crate) struct IncrementalDecoder {
+pub struct IncrementalDecoder {
     tokens: Vec<u32>,
     /// Start of the window decoded for context.
     prefix_offset: usize,
@@ -22,14 +22,14 @@ pub(crate) struct IncrementalDecoder {
 
 impl IncrementalDecoder {
     /// Takes one more token; returns the text it completes (often empty while a character is incomplete).
-    pub(crate) fn push(&mut self, codec: &dyn TextCodec, token: u32) -> String {
+    pub fn push(&mut self, codec: &dyn TextCodec, token: u32) -> String {
         self.tokens.push(token);
         let held = self.tokens.len() - self.read_offset;
         self.release(codec, held >= MAX_HELD_TOKENS)
     }
 
     /// Releases whatever text is still held (the choice ended).
-    pub(crate) fn finish(&mut self, codec: &dyn TextCodec) -> String {
+    pub fn finish(&mut self, codec: &dyn TextCodec) -> String {
         if self.read_offset == self.tokens.len() {
             return String::new();
         }
@@ -49,7 +49,7 @@ impl IncrementalDecoder {
 }
 
 /// The text of `tokens` decoded one by one, and where each token's text starts in it (in characters).
-pub(crate) fn decode_with_offsets(codec: &dyn TextCodec, tokens: &[u32]) -> (String, Vec<usize>) {
+pub fn decode_with_offsets(codec: &dyn TextCodec, tokens: &[u32]) -> (String, Vec<usize>) {
     let mut decoder = IncrementalDecoder::default();
     let mut text = String::new();
     let mut chars = 0;
@@ -80,7 +80,7 @@ fn new_suffix<'a>(prefix: &str, text: &'a str) -> &'a str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_codec::ByteCodec;
+    use crate::testing::ByteCodec;
 
     fn decode_one_by_one(tokens: &[u32]) -> Vec<String> {
         let mut decoder = IncrementalDecoder::default();

@@ -1,6 +1,6 @@
-//! The text codec: how this front turns text prompts (and rendered chat templates) into token ids, and token ids
-//! back into text. The trait lives here, in the crate that consumes it; the binary wraps the engine's tokenizer in
-//! it.
+//! The text codec: how the fronts turn text prompts (and rendered chat templates) into token ids, and token ids back
+//! into text. The trait lives here, below the fronts that consume it (HTTP, Tinker); the binary wraps the engine's
+//! tokenizer in it.
 
 /// Converts between text and the served model's token ids.
 ///

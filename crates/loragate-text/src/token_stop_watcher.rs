@@ -1,10 +1,12 @@
-//! Stop strings for fronts that return tokens rather than text (the Tinker front): the same incremental decoding and
-//! stop-string matching as every HTTP sampling endpoint (one implementation, `output/`), reporting which token completed a stop string.
+//! Stop strings for fronts that return tokens rather than text (the Tinker front): the same incremental decoding
+//! ([`IncrementalDecoder`]) and stop-string matching ([`StopWatcher`]) as every HTTP sampling endpoint, reporting which
+//! token completed a stop string.
 
 use std::sync::Arc;
 
 use crate::codec::TextCodec;
-use crate::output::{IncrementalDecoder, StopWatcher, Watched};
+use crate::decode::IncrementalDecoder;
+use crate::stop::{StopWatcher, Watched};
 
 /// Watches one sequence's tokens for stop strings in its decoded text, across token (and continuation) boundaries.
 pub struct TokenStopWatcher {
@@ -36,7 +38,7 @@ impl TokenStopWatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_codec::ByteCodec;
+    use crate::testing::ByteCodec;
 
     fn watcher(stops: &[&str]) -> TokenStopWatcher {
         TokenStopWatcher::new(Arc::new(ByteCodec), stops.iter().map(|stop| (*stop).to_owned()).collect())

@@ -2,17 +2,16 @@
 //! held back until the next piece shows whether it is one, so a stop string split across tokens or chunks is
 //! still found and never sent to a streaming client.
 //!
-//! The request side caps how many stop strings a request gives and how long they are (`sampling/stop_strings.rs`),
-//! and held-back text is always shorter than the longest one, so watching one piece of text costs at most a few
-//! microseconds' worth of comparisons. Matching runs off the async runtime anyway (see
-//! [`Choices::on_event_off_runtime`](super::choice::Choices::on_event_off_runtime)), so that no request's stop
-//! strings can stall others.
+//! The request side caps how many stop strings a request gives and how long they are
+//! ([`check_stop_strings`](crate::check_stop_strings)), and held-back text is always shorter than the longest one, so
+//! watching one piece of text costs at most a few microseconds' worth of comparisons. The HTTP front matches off the
+//! async runtime anyway, so that no request's stop strings can stall others.
 
 use std::sync::Arc;
 
 /// What the watcher says about a piece of text.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Watched {
+pub enum Watched {
     /// No stop string yet; this much text is safe to release (the rest is held back).
     Continue(String),
     /// A stop string appeared.
@@ -26,7 +25,7 @@ pub(crate) enum Watched {
 
 /// Watches one choice's text for the request's stop strings.
 #[derive(Debug)]
-pub(crate) struct StopWatcher {
+pub struct StopWatcher {
     stops: Arc<[String]>,
     /// The longest stop string's length: held-back text is always shorter.
     longest: usize,
@@ -35,18 +34,18 @@ pub(crate) struct StopWatcher {
 
 impl StopWatcher {
     /// A watcher for `stops` (none empty: the request side checks them).
-    pub(crate) fn new(stops: Arc<[String]>) -> Self {
+    pub fn new(stops: Arc<[String]>) -> Self {
         let longest = stops.iter().map(String::len).max().unwrap_or(0);
         Self { stops, longest, held: String::new() }
     }
 
     /// Whether there is anything to watch for.
-    pub(crate) fn is_watching(&self) -> bool {
+    pub fn is_watching(&self) -> bool {
         !self.stops.is_empty()
     }
 
     /// Takes the next piece of text.
-    pub(crate) fn feed(&mut self, text: &str) -> Watched {
+    pub fn feed(&mut self, text: &str) -> Watched {
         if self.stops.is_empty() {
             return Watched::Continue(text.to_owned());
         }
@@ -74,7 +73,7 @@ impl StopWatcher {
     }
 
     /// Releases the held-back text (the choice ended without a stop string).
-    pub(crate) fn flush(&mut self) -> String {
+    pub fn flush(&mut self) -> String {
         std::mem::take(&mut self.held)
     }
 }
