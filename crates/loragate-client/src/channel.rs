@@ -1,6 +1,8 @@
 //! Connecting to a server and presenting a key: one channel per client, with `authorization: Bearer KEY` on every
 //! call when a key is given.
 
+use std::time::Duration;
+
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
@@ -52,12 +54,16 @@ impl Interceptor for BearerKey {
     }
 }
 
+/// How long establishing a connection (the first, or a reconnection) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Connects to a loragate gRPC endpoint: `http://host:port`, or `host:port` (plain HTTP/2 is assumed).
 pub async fn connect(endpoint: impl Into<String>) -> Result<Channel, ClientError> {
     let endpoint = endpoint.into();
     let uri = if endpoint.contains("://") { endpoint } else { format!("http://{endpoint}") };
     let channel = Channel::from_shared(uri)
         .map_err(|err| ClientError::invalid("endpoint", format!("not a URL: {err}")))?
+        .connect_timeout(CONNECT_TIMEOUT)
         .connect()
         .await?;
     Ok(channel)
