@@ -3,6 +3,7 @@ under ``loragate.LoragateError`` whose classes are also the matching built-in ex
 
 from __future__ import annotations
 
+import pickle
 import socket
 
 import numpy as np
@@ -30,6 +31,8 @@ def test_bad_sampling_fields_are_invalid_argument_naming_the_field(sampler, argu
     assert refused.value.message.startswith(f"{field}:"), refused.value.message
     assert isinstance(refused.value, ValueError) and isinstance(refused.value, loragate.LoragateError)
     assert str(refused.value) == f"INVALID_ARGUMENT: {refused.value.message}"
+    again = pickle.loads(pickle.dumps(refused.value))
+    assert (type(again), again.code, again.message) == (type(refused.value), refused.value.code, refused.value.message)
 
 
 def test_an_unknown_adapter_is_not_found(sampler, trainer):

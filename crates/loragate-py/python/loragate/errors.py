@@ -35,10 +35,17 @@ class LoragateError(Exception):
     """A call to loragate failed: ``code`` is the gRPC status code's name, ``message`` says why, naming the field."""
 
     def __init__(self, code: str, message: str, partial: Optional[Any] = None) -> None:
-        super().__init__(f"{code}: {message}")
+        super().__init__(code, message)
         self.code = code
         self.message = message
         self.partial = partial
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+    def __reduce__(self) -> Any:
+        # Picklable (multiprocessing, logging handlers); `partial` stays behind, it is not.
+        return (type(self), (self.code, self.message))
 
 
 class InvalidArgumentError(LoragateError, ValueError):
