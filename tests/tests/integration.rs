@@ -10,6 +10,7 @@
 mod grpc_demo;
 mod http_demo;
 mod pause_modes_demo;
+mod python_package;
 mod retry_client_demo;
 
 /// The files of this directory that are test binaries of their own (a `[[test]]` each in `Cargo.toml`).

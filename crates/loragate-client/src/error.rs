@@ -2,7 +2,7 @@
 
 use loragate_proto::v1::SampleResponse;
 
-/// Why a sample (or a swap) did not finish.
+/// Why a sample, a swap or another control call did not finish.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClientError {
@@ -30,4 +30,28 @@ pub enum ClientError {
     /// The server answered something the contract does not allow (never papered over: logprobs are not invented).
     #[error("the server broke the contract: {0}")]
     Protocol(String),
+    /// An argument was refused before anything was sent (a malformed endpoint or key, tensors that do not match
+    /// their shape, …).
+    #[error("{field}: {reason}")]
+    InvalidArgument {
+        /// The argument, as the caller named it (`endpoint`, `tensors["lora_A"]`, …).
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A local file could not be read (an adapter directory to push).
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl ClientError {
+    /// An [`ClientError::InvalidArgument`] naming `field`.
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::InvalidArgument { field: field.into(), reason: reason.into() }
+    }
 }

@@ -6,7 +6,16 @@
 //!   kept in the merged segments. It handles `num_samples > 1` (each sequence continues on its own) and the base
 //!   model, and is bounded: an overall deadline, backoff with jitter on transport errors (keeping what was
 //!   accumulated), and a cap on attempts that made no progress. Logprobs are never invented.
-//! - [`TrainerClient::swap_adapter`] aborts, loads and resumes as one operation that always reopens the adapter.
+//! - [`TrainerClient`] controls adapters: [`TrainerClient::swap_adapter`] aborts, loads and resumes as one
+//!   operation that always reopens the adapter; [`TrainerClient::swap_adapter_atomic`] is the server's own swap
+//!   (`SwapLoraAdapter`, keep mode by default); [`TrainerClient::push_adapter`] sends a new version's weights over
+//!   the connection (`PushLoraAdapter`: a PEFT directory read as it is sent, or tensors serialized to safetensors
+//!   here, with the SHA-256 the server checks); [`TrainerClient::pause`], [`TrainerClient::resume`],
+//!   [`TrainerClient::wait_unpaused`], [`TrainerClient::set_staleness`] and [`TrainerClient::list_adapters`] are the
+//!   other control calls.
+//! - A key (`--api-key`, `--admin-key`, a tenant key) is presented on every call with [`BearerKey`]
+//!   ([`SamplingClient::with_key`], [`TrainerClient::with_key`]); [`SamplingClient::with_min_lora_version`] asks
+//!   for a version or a later one on every attempt.
 //!
 //! ```no_run
 //! # async fn rollout() -> Result<(), loragate_client::ClientError> {
@@ -26,14 +35,20 @@
 //! ```
 
 mod accumulate;
+mod channel;
+mod control;
 mod error;
 mod policy;
+mod push;
 mod sampling_client;
 #[cfg(test)]
 mod scripted_server;
 mod swap;
 
+pub use channel::{BearerKey, connect};
+pub use control::{PauseOptions, SwapOptions};
 pub use error::ClientError;
 pub use policy::RetryPolicy;
+pub use push::{AdapterPayload, PUSH_CHUNK_BYTES, Tensor, TensorDtype};
 pub use sampling_client::SamplingClient;
 pub use swap::{SwapReport, TrainerClient};

@@ -17,34 +17,39 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::accumulate::SequenceAccumulator;
+use crate::channel::{BearerKey, KeyedChannel, connect};
 use crate::error::ClientError;
 use crate::policy::RetryPolicy;
 
 /// Samples from one adapter (or the base model), continuing aborted samples until they finish.
 #[derive(Clone, Debug)]
 pub struct SamplingClient {
-    sampler: SamplerClient<Channel>,
-    control: LoraControlClient<Channel>,
+    sampler: SamplerClient<KeyedChannel>,
+    control: LoraControlClient<KeyedChannel>,
     lora_name: String,
+    min_lora_version: u64,
     policy: RetryPolicy,
 }
 
 impl SamplingClient {
     /// Connects to a loragate gRPC endpoint (`http://host:port`); `lora_name` empty samples the base model.
     pub async fn connect(endpoint: impl Into<String>, lora_name: impl Into<String>) -> Result<Self, ClientError> {
-        let channel = Channel::from_shared(endpoint.into())
-            .map_err(|err| ClientError::Protocol(format!("bad endpoint: {err}")))?
-            .connect()
-            .await?;
-        Ok(Self::new(channel, lora_name))
+        Ok(Self::new(connect(endpoint).await?, lora_name))
     }
 
     /// A client over an existing channel.
     pub fn new(channel: Channel, lora_name: impl Into<String>) -> Self {
+        Self::with_key(channel, lora_name, BearerKey::none())
+    }
+
+    /// A client over an existing channel whose calls present `key` (a server started with `--api-key` or
+    /// `--tenant-keys`).
+    pub fn with_key(channel: Channel, lora_name: impl Into<String>, key: BearerKey) -> Self {
         Self {
-            sampler: SamplerClient::new(channel.clone()),
-            control: LoraControlClient::new(channel),
+            sampler: SamplerClient::with_interceptor(channel.clone(), key.clone()),
+            control: LoraControlClient::with_interceptor(channel, key),
             lora_name: lora_name.into(),
+            min_lora_version: 0,
             policy: RetryPolicy::default(),
         }
     }
@@ -55,9 +60,22 @@ impl SamplingClient {
         self
     }
 
+    /// Samples of [`SamplingClient::sample`] are served by version `min_lora_version` of the adapter or a later one
+    /// (0: any): the server holds them at the gate until that version is installed, bounded by the deadline, and
+    /// continuations of aborted sequences ask for the same minimum.
+    pub fn with_min_lora_version(mut self, min_lora_version: u64) -> Self {
+        self.min_lora_version = min_lora_version;
+        self
+    }
+
     /// The adapter this client samples from (empty: the base model).
     pub fn lora_name(&self) -> &str {
         &self.lora_name
+    }
+
+    /// The retry policy.
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
     }
 
     /// Samples `num_samples` sequences (0 means 1) from `prompt_token_ids`; every returned sequence is finished
@@ -73,12 +91,14 @@ impl SamplingClient {
             prompt_token_ids,
             sampling_params: Some(params),
             num_samples,
+            min_lora_version: self.min_lora_version,
             ..SampleRequest::default()
         };
         self.sample_request(request).await
     }
 
-    /// Like [`SamplingClient::sample`], for a full request (its own `lora_name`, `request_id`, prompt logprobs).
+    /// Like [`SamplingClient::sample`], for a full request (its own `lora_name`, `request_id`, prompt logprobs,
+    /// `min_lora_version`, `cache_salt`; every continuation carries the same `min_lora_version` and `cache_salt`).
     pub async fn sample_request(&self, request: SampleRequest) -> Result<SampleResponse, ClientError> {
         let deadline = Instant::now() + self.policy.deadline;
         SampleRun { client: self, original: request, deadline }.run().await

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use loragate_proto::v1 as pb;
 use loragate_proto::v1::lora_control_server::{LoraControl, LoraControlServer};
 use loragate_proto::v1::sampler_server::{Sampler, SamplerServer};
+use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tonic::transport::{Channel, Server};
@@ -31,6 +32,25 @@ pub(crate) struct Script {
     pub(crate) wait_calls: Mutex<Vec<pb::WaitLoraUnpausedRequest>>,
     /// Control calls as "abort meow", "load meow PATH", "resume meow".
     pub(crate) control_calls: Mutex<Vec<String>>,
+    /// Every `AbortLoraRequests`, `ResumeLoraRequests`, `SwapLoraAdapter` and `SetLoraStaleness` request, in order.
+    pub(crate) pauses: Mutex<Vec<pb::AbortLoraRequestsRequest>>,
+    pub(crate) resumes: Mutex<Vec<pb::ResumeLoraRequestsRequest>>,
+    pub(crate) swaps: Mutex<Vec<pb::SwapLoraAdapterRequest>>,
+    pub(crate) staleness: Mutex<Vec<pb::SetLoraStalenessRequest>>,
+    /// Every push that reached its end: the header, the bytes and the size of each chunk.
+    pub(crate) pushes: Mutex<Vec<Pushed>>,
+    /// What `ListLoraAdapters` answers.
+    pub(crate) adapters: Mutex<Vec<pb::LoraAdapterStatus>>,
+    /// When set, `PushLoraAdapter` answers this sha256 instead of the one of the bytes it received.
+    pub(crate) pushed_sha256_override: Mutex<Option<String>>,
+}
+
+/// One push as the scripted server received it.
+#[derive(Clone, Debug)]
+pub(crate) struct Pushed {
+    pub(crate) header: pb::PushLoraAdapterHeader,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) chunk_sizes: Vec<usize>,
 }
 
 impl Script {
@@ -44,6 +64,13 @@ impl Script {
             samples: Mutex::default(),
             wait_calls: Mutex::default(),
             control_calls: Mutex::default(),
+            pauses: Mutex::default(),
+            resumes: Mutex::default(),
+            swaps: Mutex::default(),
+            staleness: Mutex::default(),
+            pushes: Mutex::default(),
+            adapters: Mutex::default(),
+            pushed_sha256_override: Mutex::default(),
         }
     }
 
@@ -87,6 +114,7 @@ impl LoraControl for Scripted {
         request: Request<pb::AbortLoraRequestsRequest>,
     ) -> Result<Response<pb::AbortLoraRequestsResponse>, Status> {
         lock(&self.0.control_calls).push(format!("abort {}", request.get_ref().lora_name));
+        lock(&self.0.pauses).push(request.get_ref().clone());
         if let Some(status) = lock(&self.0.abort_error).take() {
             return Err(status);
         }
@@ -105,6 +133,7 @@ impl LoraControl for Scripted {
         request: Request<pb::ResumeLoraRequestsRequest>,
     ) -> Result<Response<pb::ResumeLoraRequestsResponse>, Status> {
         lock(&self.0.control_calls).push(format!("resume {}", request.get_ref().lora_name));
+        lock(&self.0.resumes).push(request.get_ref().clone());
         Ok(Response::new(pb::ResumeLoraRequestsResponse { was_paused: true, still_paused: false }))
     }
 
@@ -140,9 +169,18 @@ impl LoraControl for Scripted {
 
     async fn swap_lora_adapter(
         &self,
-        _request: Request<pb::SwapLoraAdapterRequest>,
+        request: Request<pb::SwapLoraAdapterRequest>,
     ) -> Result<Response<pb::SwapLoraAdapterResponse>, Status> {
-        Err(Status::unimplemented("not scripted"))
+        let request = request.into_inner();
+        let kv_policy = request.kv_policy;
+        lock(&self.0.swaps).push(request);
+        Ok(Response::new(pb::SwapLoraAdapterResponse {
+            version: 8,
+            kept_count: 1,
+            kv_policy,
+            sha256: "ab".repeat(32),
+            ..Default::default()
+        }))
     }
 
     async fn unload_lora_adapter(
@@ -156,7 +194,7 @@ impl LoraControl for Scripted {
         &self,
         _request: Request<pb::ListLoraAdaptersRequest>,
     ) -> Result<Response<pb::ListLoraAdaptersResponse>, Status> {
-        Err(Status::unimplemented("not scripted"))
+        Ok(Response::new(pb::ListLoraAdaptersResponse { adapters: lock(&self.0.adapters).clone() }))
     }
 
     async fn list_replicas(
@@ -168,26 +206,78 @@ impl LoraControl for Scripted {
 
     async fn push_lora_adapter(
         &self,
-        _request: Request<tonic::Streaming<pb::PushLoraAdapterRequest>>,
+        request: Request<tonic::Streaming<pb::PushLoraAdapterRequest>>,
     ) -> Result<Response<pb::PushLoraAdapterResponse>, Status> {
-        Err(Status::unimplemented("not scripted"))
+        use pb::push_lora_adapter_request::Part;
+        let mut messages = request.into_inner();
+        let Some(Part::Header(header)) = messages.message().await?.and_then(|message| message.part) else {
+            return Err(Status::invalid_argument("header: the first message must be the header"));
+        };
+        let (mut bytes, mut chunk_sizes) = (Vec::new(), Vec::new());
+        while let Some(message) = messages.message().await? {
+            match message.part {
+                Some(Part::Chunk(chunk)) => {
+                    chunk_sizes.push(chunk.len());
+                    bytes.extend_from_slice(&chunk);
+                }
+                _ => return Err(Status::invalid_argument("header: only the first message may be the header")),
+            }
+        }
+        let sha256: String = Sha256::digest(&bytes).iter().map(|byte| format!("{byte:02x}")).collect();
+        if header.total_bytes != 0 && header.total_bytes != bytes.len() as u64 {
+            return Err(Status::invalid_argument("total_bytes: does not match the bytes received"));
+        }
+        if !header.sha256.is_empty() && header.sha256 != sha256 {
+            return Err(Status::invalid_argument("sha256: does not match the bytes received"));
+        }
+        let kv_policy = header.kv_policy;
+        lock(&self.0.pushes).push(Pushed { header, bytes, chunk_sizes });
+        let sha256 = lock(&self.0.pushed_sha256_override).clone().unwrap_or(sha256);
+        Ok(Response::new(pb::PushLoraAdapterResponse { version: 9, sha256, kv_policy, ..Default::default() }))
     }
 
     async fn set_lora_staleness(
         &self,
-        _request: Request<pb::SetLoraStalenessRequest>,
+        request: Request<pb::SetLoraStalenessRequest>,
     ) -> Result<Response<pb::SetLoraStalenessResponse>, Status> {
-        Err(Status::unimplemented("not scripted"))
+        let request = request.into_inner();
+        let staleness = (request.batch_size > 0).then(|| pb::LoraStaleness {
+            max_staleness: request.max_staleness,
+            batch_size: request.batch_size,
+            capacity: u64::from(request.max_staleness + 1) * u64::from(request.batch_size),
+            ..Default::default()
+        });
+        lock(&self.0.staleness).push(request);
+        Ok(Response::new(pb::SetLoraStalenessResponse { staleness }))
     }
 }
 
 /// Serves `script` on 127.0.0.1:0 for the rest of the test; returns a channel to it.
 pub(crate) async fn serve(script: Arc<Script>) -> Channel {
+    serve_with(script, None).await
+}
+
+/// Serves `script` on 127.0.0.1:0, refusing calls without `authorization: Bearer KEY` when `key` is set.
+pub(crate) async fn serve_with(script: Arc<Script>, key: Option<&str>) -> Channel {
+    let expected = key.map(|key| format!("Bearer {key}"));
+    let check = move |request: Request<()>| -> Result<Request<()>, Status> {
+        let Some(expected) = &expected else { return Ok(request) };
+        match request.metadata().get("authorization").and_then(|value| value.to_str().ok()) {
+            Some(presented) if presented == expected => Ok(request),
+            _ => Err(Status::unauthenticated("no valid key")),
+        }
+    };
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address");
     let server = Server::builder()
-        .add_service(SamplerServer::new(Scripted(script.clone())))
-        .add_service(LoraControlServer::new(Scripted(script)))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            SamplerServer::new(Scripted(script.clone())),
+            check.clone(),
+        ))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            LoraControlServer::new(Scripted(script)),
+            check,
+        ))
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
     tokio::spawn(server);
     Channel::from_shared(format!("http://{address}")).expect("uri").connect().await.expect("connect")

@@ -5,6 +5,7 @@ use loragate_proto::v1::lora_control_client::LoraControlClient;
 use loragate_proto::v1::{AbortLoraRequestsRequest, LoadLoraAdapterRequest, ResumeLoraRequestsRequest};
 use tonic::transport::Channel;
 
+use crate::channel::{BearerKey, KeyedChannel, connect};
 use crate::error::ClientError;
 
 /// What a swap did.
@@ -21,22 +22,24 @@ pub struct SwapReport {
 /// Controls adapters on a loragate server, for trainers.
 #[derive(Clone, Debug)]
 pub struct TrainerClient {
-    control: LoraControlClient<Channel>,
+    pub(crate) control: LoraControlClient<KeyedChannel>,
 }
 
 impl TrainerClient {
     /// Connects to a loragate gRPC endpoint (`http://host:port`).
     pub async fn connect(endpoint: impl Into<String>) -> Result<Self, ClientError> {
-        let channel = Channel::from_shared(endpoint.into())
-            .map_err(|err| ClientError::Protocol(format!("bad endpoint: {err}")))?
-            .connect()
-            .await?;
-        Ok(Self::new(channel))
+        Ok(Self::new(connect(endpoint).await?))
     }
 
     /// A client over an existing channel.
     pub fn new(channel: Channel) -> Self {
-        Self { control: LoraControlClient::new(channel) }
+        Self::with_key(channel, BearerKey::none())
+    }
+
+    /// A client over an existing channel whose calls present `key` (the server's `--admin-key`, or a tenant key that
+    /// may control its adapters).
+    pub fn with_key(channel: Channel, key: BearerKey) -> Self {
+        Self { control: LoraControlClient::with_interceptor(channel, key) }
     }
 
     /// Swaps `lora_name`'s weights for those at `path` (inside the server's adapter root): pauses the adapter and
@@ -71,7 +74,7 @@ impl TrainerClient {
 
 /// Reopens an adapter when dropped, unless [`ReopenOnDrop::reopen_now`] already did.
 struct ReopenOnDrop {
-    control: Option<LoraControlClient<Channel>>,
+    control: Option<LoraControlClient<KeyedChannel>>,
     lora_name: String,
 }
 

@@ -208,3 +208,61 @@ async fn a_missing_finish_reason_is_a_protocol_error_not_an_abort() {
     assert!(matches!(outcome, Err(ClientError::Protocol(_))), "{outcome:?}");
     assert_eq!(lock(&script.samples).len(), 1);
 }
+
+#[tokio::test]
+async fn the_minimum_version_and_cache_salt_are_asked_for_on_the_first_request_and_every_continuation() {
+    let script = Arc::new(Script::answering(vec![
+        Ok(response(&[10, 11], Abort, 4)),
+        Ok(response(&[12], Abort, 5)),
+        Ok(response(&[13], Stop, 5)),
+    ]));
+    let sampler = client(&script, "meow").await.with_min_lora_version(4);
+    let sampled = sampler.sample(vec![1], params(8), 1).await.expect("finished");
+    assert_eq!(sampled.sequences[0].token_ids, vec![10, 11, 12, 13]);
+    let requests = lock(&script.samples).clone();
+    assert_eq!(requests.len(), 3);
+    assert!(requests.iter().all(|r| r.min_lora_version == 4), "{requests:?}");
+
+    let script = Arc::new(Script::answering(vec![Ok(response(&[10], Abort, 7)), Ok(response(&[11], Stop, 7))]));
+    let request = pb::SampleRequest {
+        lora_name: "meow".into(),
+        prompt_token_ids: vec![1],
+        sampling_params: Some(params(4)),
+        min_lora_version: 7,
+        cache_salt: "tenant-a".into(),
+        ..Default::default()
+    };
+    client(&script, "meow").await.sample_request(request).await.expect("finished");
+    let requests = lock(&script.samples).clone();
+    assert!(requests.iter().all(|r| r.min_lora_version == 7 && r.cache_salt == "tenant-a"), "{requests:?}");
+}
+
+#[tokio::test]
+async fn a_minimum_version_not_reached_in_time_is_retried_until_the_deadline() {
+    // The server holds a request for a version it does not have up to its own limit, then answers UNAVAILABLE
+    // (`version_not_reached`): the version may still arrive, so the client tries again until its deadline.
+    let script = Arc::new(Script::answering(vec![
+        Err(Status::unavailable("version_not_reached: meow is at version 3, the request needs 4")),
+        Ok(response(&[10], Stop, 4)),
+    ]));
+    let sampler = client(&script, "meow").await.with_min_lora_version(4);
+    let sampled = sampler.sample(vec![1], params(4), 1).await.expect("served once the version arrived");
+    assert_eq!(sampled.sequences[0].segments[0].lora_version, 4);
+    assert_eq!(lock(&script.samples).len(), 2);
+}
+
+#[tokio::test]
+async fn samples_present_the_api_key() {
+    let script = Arc::new(Script::answering(vec![Ok(response(&[10], Abort, 1)), Ok(response(&[11], Stop, 1))]));
+    let channel = crate::scripted_server::serve_with(script.clone(), Some("api-key")).await;
+    let key = crate::channel::BearerKey::new("api-key", "api_key").expect("key");
+    let sampler = SamplingClient::with_key(channel.clone(), "meow", key).with_policy(fast_policy());
+    let sampled = sampler.sample(vec![1], params(4), 1).await.expect("the sample and the wait present the key");
+    assert_eq!(sampled.sequences[0].token_ids, vec![10, 11]);
+    assert_eq!(lock(&script.wait_calls).len(), 1);
+    let unkeyed = SamplingClient::new(channel, "meow").with_policy(fast_policy());
+    match unkeyed.sample(vec![1], params(4), 1).await {
+        Err(ClientError::Rejected(status)) => assert_eq!(status.code(), tonic::Code::Unauthenticated),
+        other => panic!("expected UNAUTHENTICATED, got {other:?}"),
+    }
+}
