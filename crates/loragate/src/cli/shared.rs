@@ -159,6 +159,7 @@ impl EngineArgs {
             max_adapter_bytes: self.max_adapter_bytes,
             adapter_load_timeout: self.adapter_load_timeout,
             quantized_weights: self.quantized_weights,
+            ..EngineConfig::default()
         }
     }
 
