@@ -72,7 +72,7 @@ impl CandleEngine {
             ModelFormat::Gguf => {
                 let file = GgufFile::open(path)?;
                 let weights = config.quantized_weights_on_device()?;
-                (Llama::load_gguf(&file, &device, dtype, max_context, weights)?, Some(file.tokenizer()?))
+                (Llama::load_gguf(&file, &device, dtype, max_context, weights)?, Some(file.tokenizer()?.into()))
             }
         };
         Self::start(model, tokenizer, &config)
