@@ -150,11 +150,8 @@ impl Pending {
     /// Deals this step's prefill budget (see [`fair::plan`]); what the prefix cache holds of a request not started
     /// is left out of its tokens.
     pub(super) fn plan(&self, limits: Limits, pool: &BlockPool) -> Plan {
-        let queues: Vec<Vec<Queued>> = self
-            .tenants
-            .iter()
-            .map(|tenant| tenant.queue.iter().map(|prefill| prefill.queued(pool)).collect())
-            .collect();
+        let queues: Vec<Vec<Queued>> =
+            self.tenants.iter().map(|tenant| reachable(&tenant.queue, limits, pool)).collect();
         fair::plan(&queues, limits)
     }
 
@@ -221,4 +218,22 @@ impl Pending {
     fn entries(&self) -> impl Iterator<Item = &Prefill> {
         self.tenants.iter().flat_map(|tenant| &tenant.queue)
     }
+}
+
+/// What the planner sees of the front of `queue`: the entries this step could reach (a plan grants a prefix of each
+/// queue, within the budget and the batch's places), so that a long queue costs no lookups in the prefix cache
+/// beyond them.
+fn reachable(queue: &VecDeque<Prefill>, limits: Limits, pool: &BlockPool) -> Vec<Queued> {
+    let mut seen = Vec::new();
+    let (mut tokens, mut starts) = (0, 0);
+    for prefill in queue {
+        if tokens >= limits.budget || starts > limits.places {
+            break;
+        }
+        let queued = prefill.queued(pool);
+        tokens += queued.remaining;
+        starts += usize::from(!queued.started);
+        seen.push(queued);
+    }
+    seen
 }
