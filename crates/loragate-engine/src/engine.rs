@@ -24,6 +24,7 @@ use crate::model::{BLOCK_SIZE, BlockPool, Llama, ModelConfig, kv_cache_error};
 use crate::scheduler::{StepThread, Submission, outbox};
 use crate::tokenizer::Tokenizer;
 
+mod metrics;
 mod stats;
 #[cfg(test)]
 mod tests;
@@ -45,6 +46,7 @@ pub struct CandleEngine {
     /// The KV cache's blocks (the step thread holds the keys and values): for the metrics and resets.
     kv_pool: BlockPool,
     facts: EngineFacts,
+    metrics: metrics::KvCacheMetrics,
     step_thread: StepThread,
 }
 
@@ -125,6 +127,7 @@ impl CandleEngine {
             adapter_load_timeout: config.adapter_load_timeout,
             tokenizer,
             kv_pool,
+            metrics: metrics::KvCacheMetrics::new(&facts),
             facts,
             step_thread,
         })
@@ -145,20 +148,13 @@ impl CandleEngine {
         KvCacheStats::of(&self.kv_pool)
     }
 
-    /// Drops every cached prefix no sequence uses (vLLM's `/reset_prefix_cache`, SGLang's `/flush_cache`): their
-    /// blocks become free, and later requests compute those prefixes again. Blocks in use keep their prefixes.
-    /// Returns how many blocks were dropped.
-    pub fn reset_prefix_cache(&self) -> usize {
-        self.kv_pool.reset_prefix_cache()
-    }
-
     /// Refuses a request one of whose sequences could not fit in the KV cache even alone.
     fn check_fits(&self, request: &SampleRequest) -> Result<(), EngineError> {
         // The last token's keys and values are never computed.
         let positions = request.prompt().len() + request.params().max_tokens() as usize - 1;
         let blocks = self.kv_pool.usage().total;
         if positions.div_ceil(BLOCK_SIZE) > blocks {
-            return Err(EngineError::Internal(kv_cache_error(positions, blocks)));
+            return Err(EngineError::TooLarge(kv_cache_error(positions, blocks)));
         }
         Ok(())
     }
@@ -219,8 +215,7 @@ impl Engine for CandleEngine {
         self.check_fits(&request)?;
         let (events, receiver) = outbox();
         let Parking { park_on_cancel: park, resume_from: resume } = parking;
-        let cache_salt = None;
-        self.step_thread.submit(Submission { request, adapter, version, cancel, park, resume, cache_salt, events })?;
+        self.step_thread.submit(Submission { request, adapter, version, cancel, park, resume, events })?;
         Ok(receiver.boxed())
     }
 
@@ -262,6 +257,12 @@ impl Engine for CandleEngine {
         // The coordinator logs the load (once, at INFO); this says when the engine installed it.
         tracing::debug!(adapter = %name, %version, "adapter installed");
         Ok(())
+    }
+
+    /// Drops every cached prefix no sequence uses (vLLM's `/reset_prefix_cache`, SGLang's `/flush_cache`): their
+    /// blocks become free, and later requests compute those prefixes again. Blocks in use keep their prefixes.
+    fn reset_prefix_cache(&self) -> usize {
+        self.kv_pool.reset_prefix_cache()
     }
 
     async fn unload_adapter(&self, name: &AdapterName, version: AdapterVersion) -> Result<(), EngineError> {

@@ -31,6 +31,7 @@ pub(crate) fn raw_sample_request(request: pb::SampleRequest) -> RawSampleRequest
         // This API reports no alternatives.
         top_logprobs: 0,
         prompt_top_logprobs: None,
+        cache_salt: Some(request.cache_salt),
     }
 }
 

@@ -30,6 +30,7 @@ pub fn status_from_core(err: CoreError) -> Status {
             EngineError::AdapterIncompatible(_) => Status::failed_precondition(message),
             EngineError::AdapterNotLoaded(_) => Status::not_found(message),
             EngineError::Stopped | EngineError::Unavailable(_) => Status::unavailable(message),
+            EngineError::TooLarge(_) => Status::invalid_argument(message),
             _ => Status::internal(message),
         },
         _ => Status::internal(message),

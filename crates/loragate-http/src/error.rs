@@ -304,6 +304,7 @@ fn core_status(error: &CoreError) -> StatusCode {
             EngineError::AdapterIncompatible(_) => StatusCode::UNPROCESSABLE_ENTITY,
             EngineError::AdapterNotLoaded(_) => StatusCode::NOT_FOUND,
             EngineError::Stopped | EngineError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            EngineError::TooLarge(_) => StatusCode::BAD_REQUEST,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         },
         _ => StatusCode::INTERNAL_SERVER_ERROR,

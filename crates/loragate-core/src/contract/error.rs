@@ -61,6 +61,8 @@ pub enum Field {
     PauseId,
     /// `kv_policy` of a keep-mode pause.
     KvPolicy,
+    /// `cache_salt`: the namespace of the request's cached prefixes.
+    CacheSalt,
 }
 
 impl Field {
@@ -90,6 +92,7 @@ impl Field {
             Self::LeaseS => "lease_s",
             Self::PauseId => "pause_id",
             Self::KvPolicy => "kv_policy",
+            Self::CacheSalt => "cache_salt",
         }
     }
 }

@@ -15,6 +15,7 @@
 //! [`EngineEvent::Resumed`], the continuation's tokens are recorded with the parked keys' KV version.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 use futures::StreamExt;
@@ -88,6 +89,9 @@ pub(crate) struct Driver {
     produced: bool,
     /// The front request's facts for its access log, if its front keeps any.
     facts: Option<RequestFacts>,
+    /// How many of the prompt's tokens the engine found in its prefix cache (the first attempt's), which the
+    /// request's [`SampleStream`](super::SampleStream) reads.
+    cached_prompt_tokens: Arc<AtomicU32>,
     _live: LiveRequest,
 }
 
@@ -131,8 +135,16 @@ impl Driver {
             arrived,
             produced: false,
             facts,
+            cached_prompt_tokens: Arc::default(),
             _live: live,
         }
+    }
+
+    /// Where the number of prompt tokens found in the engine's prefix cache is kept (see [`SampleStream`]).
+    ///
+    /// [`SampleStream`]: super::SampleStream
+    pub(crate) fn cached_prompt_tokens(&self) -> Arc<AtomicU32> {
+        Arc::clone(&self.cached_prompt_tokens)
     }
 
     pub(crate) fn num_samples(&self) -> usize {
@@ -200,6 +212,11 @@ impl Driver {
                 EngineEvent::PromptTopLogprobs(top) => {
                     let _ = out.send(Ok(SampleEvent::PromptTopLogprobs(top)));
                 }
+                // A continuation's own cache hits (its prompt holds the tokens produced so far) are not the request's.
+                EngineEvent::PromptCached { tokens } if self.attempts == 0 => {
+                    self.cached_prompt_tokens.store(tokens, Ordering::Relaxed);
+                }
+                EngineEvent::PromptCached { .. } => {}
                 EngineEvent::Tokens { sequence, version, token_ids, logprobs, top_logprobs } => {
                     if token_ids.len() != logprobs.len()
                         || !(top_logprobs.is_empty() || top_logprobs.len() == logprobs.len())

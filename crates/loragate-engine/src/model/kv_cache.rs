@@ -320,7 +320,7 @@ mod tests {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             let cache = cache(rng.random_range(3..24));
             let pool = cache.pool();
-            let root = BlockHash::root("meow", rng.random_range(1..3), None);
+            let root = BlockHash::root("meow", rng.random_range(1..3), None, None);
             let mut tables: Vec<(SequenceBlocks, Vec<u32>)> = Vec::new();
             let mut parked: Vec<SequenceBlocks> = Vec::new();
             for _ in 0..200 {

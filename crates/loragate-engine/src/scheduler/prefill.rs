@@ -44,12 +44,14 @@ pub(super) struct Prefill {
     pending: Vec<(usize, u32)>,
     /// When it started, in the step thread's order: the newest is preempted first.
     pub(super) stamp: u64,
+    /// Whether it started before (and was preempted since).
+    started_before: bool,
 }
 
 /// What comes after the prefill.
 enum Goal {
     /// A new request: sample each of its sequences' first token from the prompt's last position.
-    Sample { request: SampleRequest, prompt_logprobs: Option<PromptLogprobs> },
+    Sample { request: Box<SampleRequest>, prompt_logprobs: Option<PromptLogprobs> },
     /// A preempted sequence: once its keys and values are back, it decodes on.
     Resume(Box<Sequence>),
 }
@@ -91,9 +93,9 @@ impl Prefill {
         let (context, request) = RequestContext::new(id, submission, &model.config().eos_token_ids);
         let tokens = Arc::clone(request.prompt());
         let chain = BlockHash::chain(context.prefix_root, &tokens, BLOCK_SIZE);
-        let goal = Goal::Sample { prompt_logprobs: PromptLogprobs::of(&request), request };
+        let goal = Goal::Sample { prompt_logprobs: PromptLogprobs::of(&request), request: Box::new(request) };
         let root = Some(context.prefix_root);
-        Self { context, goal, tokens, root, chain, blocks: None, pending: Vec::new(), stamp: 0 }
+        Self { context, goal, tokens, root, chain, blocks: None, pending: Vec::new(), stamp: 0, started_before: false }
     }
 
     /// `sequence`, preempted: its blocks are given back now, and its keys and values (every position but its last
@@ -106,7 +108,17 @@ impl Prefill {
         let chain = root.map(|root| BlockHash::chain(root, &tokens, BLOCK_SIZE)).unwrap_or_default();
         let context = Arc::clone(&sequence.request);
         let goal = Goal::Resume(Box::new(sequence));
-        Self { context, goal, tokens: tokens.into(), root, chain, blocks: None, pending: Vec::new(), stamp: 0 }
+        Self {
+            context,
+            goal,
+            tokens: tokens.into(),
+            root,
+            chain,
+            blocks: None,
+            pending: Vec::new(),
+            stamp: 0,
+            started_before: true,
+        }
     }
 
     /// The batch places its sequences take.
@@ -174,15 +186,21 @@ impl Prefill {
     pub(super) fn begin(&mut self, pool: &BlockPool, stamp: u64) -> Result<(), Waits> {
         let max = self.max_hits().min(self.chain.len());
         let found = pool.adopt(&self.chain[..max], max).map_err(|_| Waits)?;
+        let hit_tokens = found.len() * BLOCK_SIZE;
         let counters = pool.counters();
         BlockPool::count(&counters.prefix_queries, self.tokens.len());
-        BlockPool::count(&counters.prefix_hits, found.len() * BLOCK_SIZE);
+        BlockPool::count(&counters.prefix_hits, hit_tokens);
         self.blocks = Some(match self.root {
             Some(root) if !found.is_empty() => SequenceBlocks::with_prefix(pool, root, found, &self.chain),
             root => SequenceBlocks::new(pool, root),
         });
         if let Goal::Sample { request, prompt_logprobs } = &mut self.goal {
             *prompt_logprobs = PromptLogprobs::of(request);
+            // Said once, at its first start (a preempted request may find another share of its prompt later).
+            if !std::mem::replace(&mut self.started_before, true) && hit_tokens > 0 {
+                let tokens = u32::try_from(hit_tokens).unwrap_or(u32::MAX);
+                self.context.send(EngineEvent::PromptCached { tokens });
+            }
         }
         self.stamp = stamp;
         Ok(())

@@ -23,15 +23,15 @@ pub(crate) struct Submission {
     pub(crate) park: ParkSignal,
     /// The keys and values a continuation resumes from (see [`super::park`]).
     pub(crate) resume: Option<ParkedKv>,
-    /// Mixed into the names of its blocks: requests reuse each other's cached prefixes only under the same salt.
-    pub(crate) cache_salt: Option<String>,
     pub(crate) events: EventSender,
 }
 
 impl Submission {
-    /// The root of its blocks' prefix chain: its adapter's name and pinned version, and its cache salt.
+    /// The root of its blocks' prefix chain: its adapter's name and pinned version, its caller's cache scope (a
+    /// tenant's own) and its cache salt. Requests reuse each other's cached prefixes only under the same root.
     pub(crate) fn prefix_root(&self) -> BlockHash {
-        BlockHash::root(self.request.adapter().as_wire_str(), self.version.0, self.cache_salt.as_deref())
+        let request = &self.request;
+        BlockHash::root(request.adapter().as_wire_str(), self.version.0, request.cache_scope(), request.cache_salt())
     }
 
     /// Whether the caller cancelled it or went away.
@@ -63,7 +63,7 @@ pub(crate) struct RequestContext {
 impl RequestContext {
     pub(crate) fn new(id: u64, submission: Submission, eos_token_ids: &[u32]) -> (Arc<Self>, SampleRequest) {
         let prefix_root = submission.prefix_root();
-        let Submission { request, adapter, version, cancel, park, resume: _, cache_salt: _, events } = submission;
+        let Submission { request, adapter, version, cancel, park, resume: _, events } = submission;
         let params = request.params();
         let mut stop_tokens = params.stop_token_ids().to_vec();
         if !params.ignore_eos() {

@@ -98,11 +98,10 @@ impl Harness {
         cancel: CancellationToken,
     ) -> Events {
         let (events, receiver) = outbox();
-        let request = request(&self.config, raw);
+        let request = request(&self.config, RawSampleRequest { cache_salt: cache_salt.map(str::to_owned), ..raw });
         let (park, resume) = (loragate_core::ParkSignal::default(), None);
-        let cache_salt = cache_salt.map(str::to_owned);
         let adapter = adapter.cloned();
-        let submission = Submission { request, adapter, version, cancel, park, resume, cache_salt, events };
+        let submission = Submission { request, adapter, version, cancel, park, resume, events };
         self.scheduler.pending.push(submission, &self.scheduler.model);
         receiver
     }

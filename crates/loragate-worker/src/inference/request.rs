@@ -105,6 +105,7 @@ pub(crate) fn parse_generate(
         include_prompt_logprobs: response.prompt_logprobs || prompt_top_n.is_some(),
         top_logprobs: output_top_n,
         prompt_top_logprobs: prompt_top_n,
+        cache_salt: request.kv.as_ref().map(|kv| kv.cache_salt.clone()),
     };
     let request = SampleRequest::parse(raw, model).map_err(WorkerError::from_core)?;
     let options = ResponseOptions {

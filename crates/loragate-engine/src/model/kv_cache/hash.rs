@@ -28,9 +28,9 @@ fn hash128(value: &impl Hash) -> BlockHash {
 
 impl BlockHash {
     /// The root of every chain of sequences whose keys and values come from `adapter` (empty for the base model)
-    /// at `version`, under `salt`: what a block's hash starts from.
-    pub(crate) fn root(adapter: &str, version: u64, salt: Option<&str>) -> Self {
-        hash128(&("loragate-kv-root", adapter, version, salt))
+    /// at `version`, for callers of `scope` (a tenant) under `salt`: what a block's hash starts from.
+    pub(crate) fn root(adapter: &str, version: u64, scope: Option<&str>, salt: Option<&str>) -> Self {
+        hash128(&("loragate-kv-root", adapter, version, scope, salt))
     }
 
     /// The hash of the block holding `tokens` right after the block (or root) hashed `self`.
@@ -58,20 +58,26 @@ mod tests {
     #[test]
     fn the_chain_depends_on_the_adapter_its_version_the_salt_and_every_earlier_token() {
         let tokens: Vec<u32> = (0..40).collect();
-        let root = BlockHash::root("meow", 1, None);
+        let root = BlockHash::root("meow", 1, None, None);
         let chain = BlockHash::chain(root, &tokens, 16);
         assert_eq!(chain.len(), 2, "only full blocks");
-        assert_eq!(chain, BlockHash::chain(BlockHash::root("meow", 1, None), &tokens[..33], 16), "deterministic");
+        assert_eq!(chain, BlockHash::chain(BlockHash::root("meow", 1, None, None), &tokens[..33], 16), "deterministic");
         for other in [
-            BlockHash::root("meow", 2, None),
-            BlockHash::root("woof", 1, None),
-            BlockHash::root("meow", 1, Some("tenant-a")),
-            BlockHash::root("", 0, None),
+            BlockHash::root("meow", 2, None, None),
+            BlockHash::root("woof", 1, None, None),
+            BlockHash::root("meow", 1, None, Some("salt")),
+            BlockHash::root("meow", 1, Some("tenant-0"), None),
+            BlockHash::root("", 0, None, None),
         ] {
             let other = BlockHash::chain(other, &tokens, 16);
             assert!(other.iter().zip(&chain).all(|(a, b)| a != b), "a different root changes every block");
         }
-        assert_ne!(BlockHash::root("meow", 1, Some("a")), BlockHash::root("meow", 1, Some("b")));
+        assert_ne!(BlockHash::root("meow", 1, None, Some("a")), BlockHash::root("meow", 1, None, Some("b")));
+        assert_ne!(
+            BlockHash::root("meow", 1, Some("tenant-0"), Some("a")),
+            BlockHash::root("meow", 1, Some("tenant-1"), Some("a")),
+            "two tenants with one salt"
+        );
         let mut changed = tokens.clone();
         changed[3] = 99;
         let changed = BlockHash::chain(root, &changed, 16);

@@ -357,7 +357,7 @@ mod tests {
     use super::*;
 
     fn chain(tokens: &[u32]) -> Vec<BlockHash> {
-        BlockHash::chain(BlockHash::root("meow", 1, None), tokens, 4)
+        BlockHash::chain(BlockHash::root("meow", 1, None, None), tokens, 4)
     }
 
     #[test]

@@ -29,17 +29,7 @@ impl Harness {
         let request = request(&self.config, raw);
         let Parking { park_on_cancel: park, resume_from: resume } = parking;
         let adapter = Some(Arc::clone(adapter));
-        let cache_salt = None;
-        self.scheduler.submit(Box::new(Submission {
-            request,
-            adapter,
-            version,
-            cancel,
-            park,
-            resume,
-            cache_salt,
-            events,
-        }));
+        self.scheduler.submit(Box::new(Submission { request, adapter, version, cancel, park, resume, events }));
         receiver
     }
 

@@ -50,6 +50,7 @@ fn a_cached_prefix_is_reused_and_gives_what_a_full_prefill_gives() {
         // Three full blocks are cached; the block of the last position is computed again for its logits.
         assert_eq!(prefilled, 50 - 3 * BLOCK_SIZE as u64, "budget {budget}");
         same(&second, &reference);
+        assert_eq!((first.cached_tokens, second.cached_tokens), (None, Some(48)), "the engine says what it reused");
         let first_chunk = cached.scheduler.trace.iter().flat_map(|step| &step.chunks).nth(chunks_before);
         assert_eq!(first_chunk.map(|chunk| chunk.2), Some(48), "its prefill starts after the cached blocks");
         let counters = cached.pool().counters();
