@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use crate::error::Api;
 use crate::output::{
-    ChoiceDelta, ChunkRenderer, ContentLogprob, ResponseHeader, SegmentJson, StopReason, Usage, content_logprobs,
-    finish_reason, segments_json, stop_reason, to_json,
+    ChoiceDelta, ChunkRenderer, ContentLogprob, PromptTokens, ResponseHeader, SegmentJson, StopReason, Usage,
+    content_logprobs, finish_reason, segments_json, stop_reason, to_json,
 };
 use loragate_text::TextCodec;
 
@@ -83,7 +83,7 @@ pub(crate) struct ChatRender {
     header: ResponseHeader,
     codec: Arc<dyn TextCodec>,
     options: ChatOptions,
-    prompt_tokens: usize,
+    prompt_tokens: PromptTokens,
     completion_tokens: usize,
     started: HashSet<u32>,
 }
@@ -94,9 +94,16 @@ impl ChatRender {
         header: ResponseHeader,
         codec: Arc<dyn TextCodec>,
         options: ChatOptions,
-        prompt_tokens: usize,
+        prompt_tokens: impl Into<PromptTokens>,
     ) -> Self {
-        Self { header, codec, options, prompt_tokens, completion_tokens: 0, started: HashSet::new() }
+        Self {
+            header,
+            codec,
+            options,
+            prompt_tokens: prompt_tokens.into(),
+            completion_tokens: 0,
+            started: HashSet::new(),
+        }
     }
 
     fn completion(
@@ -165,7 +172,7 @@ impl ChunkRenderer for ChatRender {
                 }
             }
         }
-        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        let usage = Usage::new(&self.prompt_tokens, self.completion_tokens);
         let prompt_token_ids = self.options.prompt_token_ids.take();
         let mut completion =
             self.completion("chat.completion", choices.into_values().collect(), Some(usage), prompt_token_ids);
@@ -188,7 +195,7 @@ impl ChunkRenderer for ChatRender {
         if !self.options.include_usage {
             return Vec::new();
         }
-        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        let usage = Usage::new(&self.prompt_tokens, self.completion_tokens);
         vec![to_json(&self.completion("chat.completion.chunk", Vec::new(), Some(usage), None))]
     }
 }

@@ -31,6 +31,9 @@ pub(crate) struct CompletionBody {
     pub(crate) add_special_tokens: Option<bool>,
     /// OpenAI's text after the completion: refused unless empty (nothing is inserted).
     pub(crate) suffix: Option<Value>,
+    /// vLLM's namespace of the request's cached prefixes: requests with other salts never share cached keys and
+    /// values.
+    pub(crate) cache_salt: Option<String>,
 }
 
 /// One prompt, as text or as token ids.

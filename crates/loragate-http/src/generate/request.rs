@@ -23,6 +23,9 @@ pub(crate) struct GenerateBody {
     pub(crate) stream_options: Option<StreamOptions>,
     /// Multimodal features: refused (out of scope).
     pub(crate) features: Option<Value>,
+    /// vLLM's namespace of the request's cached prefixes: requests with other salts never share cached keys and
+    /// values.
+    pub(crate) cache_salt: Option<String>,
 }
 
 /// The one field of `sampling_params` this endpoint reads itself.

@@ -32,6 +32,9 @@ pub(crate) struct SglangBody {
     pub(crate) token_ids_logprob: Option<Value>,
     pub(crate) return_hidden_states: Option<Value>,
     pub(crate) return_routed_experts: Option<Value>,
+    /// The namespace of the request's cached prefixes (vLLM's `cache_salt`, which loragate honours on every
+    /// sampling API): requests with other salts never share cached keys and values.
+    pub(crate) cache_salt: Option<String>,
 }
 
 /// One value, or a list of them (a batch).
