@@ -220,13 +220,15 @@ mod tests {
         let config = tiny_config(vec![]);
         let cpu = &Device::Cpu;
         let (meow, hostile) = (tiny_adapter(&config, 1), overflowing_adapter(4));
-        let x = Tensor::randn(0f32, 1.0, (3, config.hidden_size), cpu).expect("x");
+        // Positive inputs: every row of x·Aᵀ then sums to at least 0.5 · 1e38 · fan_in, past f32's range, whatever
+        // the draw (a normal draw could sum to nearly 0 and stay finite).
+        let x = Tensor::rand(0.5f32, 1.5, (3, config.hidden_size), cpu).expect("x");
         let rows = [None, Some(&meow), Some(&hostile)];
         let batch = LoraBatch::for_rows(&rows, None, cpu).expect("batch");
         let alone = LoraBatch::uniform(Some(&meow)).expect("alone");
         for target in [LoraTarget::Q, LoraTarget::Down] {
             let x = if target == LoraTarget::Down {
-                Tensor::randn(0f32, 1.0, (3, config.intermediate_size), cpu).expect("x")
+                Tensor::rand(0.5f32, 1.5, (3, config.intermediate_size), cpu).expect("x")
             } else {
                 x.clone()
             };

@@ -124,14 +124,14 @@ impl Batch {
 
     /// Fails every running sequence with `reason` and empties the batch.
     pub(super) fn fail_all(&mut self, reason: &str) {
-        for sequence in self.rows.drain(..) {
+        for mut sequence in self.rows.drain(..) {
             sequence.fail(EngineError::Internal(reason.to_owned()));
         }
     }
 
     /// Tells every running sequence the engine stopped.
     pub(super) fn stop_all(&mut self) {
-        for sequence in self.rows.drain(..) {
+        for mut sequence in self.rows.drain(..) {
             sequence.fail(EngineError::Stopped);
         }
     }

@@ -136,7 +136,7 @@ impl Pending {
     /// Ends cancelled requests with `Abort` (no more tokens) and drops those whose caller went away.
     pub(super) fn drop_abandoned(&mut self) {
         for tenant in &mut self.tenants {
-            tenant.queue.retain(|prefill| {
+            tenant.queue.retain_mut(|prefill| {
                 let abandoned = prefill.context.is_abandoned();
                 if abandoned {
                     prefill.abort();

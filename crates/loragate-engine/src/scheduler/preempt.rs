@@ -37,7 +37,7 @@ impl Scheduler {
         let mut indices: Vec<usize> = (0..rows).filter(|&index| preempted[index]).collect();
         indices.sort_unstable();
         let pool = self.cache.pool().clone();
-        for (index, sequence) in indices.iter().zip(self.batch.take_rows(&indices)) {
+        for (index, mut sequence) in indices.iter().zip(self.batch.take_rows(&indices)) {
             if let Some((_, reason)) = failed.iter().find(|(failed, _)| failed == index) {
                 sequence.fail(EngineError::Internal(format!("cannot make room in the KV cache: {reason}")));
             } else if !fits_alone(&pool, sequence.blocks.len() + 1) {

@@ -237,8 +237,9 @@ impl Prefill {
     }
 
     /// Ends the request with `Abort` for every sequence, and no more tokens.
-    pub(super) fn abort(&self) {
-        match &self.goal {
+    pub(super) fn abort(&mut self) {
+        drop(self.blocks.take());
+        match &mut self.goal {
             Goal::Sample { request, .. } => {
                 for sequence in 0..request.num_samples() {
                     self.context.send(EngineEvent::Finished { sequence, reason: FinishReason::Abort });

@@ -207,13 +207,15 @@ impl Sequence {
         })
     }
 
-    /// Emits the sequence's end.
-    pub(crate) fn finish(&self, reason: FinishReason) {
+    /// Emits the sequence's end, its blocks given back first: whoever reads the end sees the cache without them.
+    pub(crate) fn finish(&mut self, reason: FinishReason) {
+        drop(self.blocks.take());
         self.request.send(EngineEvent::Finished { sequence: self.index, reason });
     }
 
-    /// Tells the caller the sequence failed.
-    pub(crate) fn fail(&self, error: EngineError) {
+    /// Tells the caller the sequence failed, its blocks given back first.
+    pub(crate) fn fail(&mut self, error: EngineError) {
+        drop(self.blocks.take());
         self.request.events.send(Err(error));
     }
 }
