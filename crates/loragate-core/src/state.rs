@@ -293,6 +293,12 @@ pub trait StateStore: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// Whether the store works now, for health checks: an error says why it cannot record (a local store whose
+    /// disk failed and that could not be opened again yet; a shared store that lost its servers). Never a wait.
+    fn health(&self) -> Result<(), StateError> {
+        self.check_available()
+    }
+
     /// The changes other replicas make, for this replica to apply; given once (later calls answer `None`). `None`
     /// for a store only this process writes.
     fn remote_changes(&self) -> Option<mpsc::UnboundedReceiver<RemoteChange>> {

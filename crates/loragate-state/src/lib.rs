@@ -150,6 +150,13 @@ impl StateStore for EmbeddedStore {
         self.queue(Op::Issue(name.clone(), answer), answered)
     }
 
+    fn health(&self) -> Result<(), StateError> {
+        match self.problem() {
+            Some(problem) => Err(StateError::Unavailable(format!("the state store cannot record: {problem}"))),
+            None => Ok(()),
+        }
+    }
+
     fn new_pause_id(&self) -> PauseId {
         PauseId::numbered(self.last_pause_number.fetch_add(1, Ordering::Relaxed) + 1)
     }

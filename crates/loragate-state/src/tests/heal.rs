@@ -72,6 +72,7 @@ async fn after_a_failing_disk_the_store_records_again_without_a_restart() {
     failing.store(true, Ordering::SeqCst);
     store.record(vec![installed("meow", 2)]).await.expect_err("the disk fails");
     assert!(store.problem().is_some_and(|why| why.contains("injected")), "{:?}", store.problem());
+    assert!(store.health().is_err_and(|err| err.to_string().contains("cannot record")), "health checks say so");
     store.issue_version(&name("meow")).await.expect_err("still failing: no version is issued");
     assert!(store.problem().is_some(), "reported while it fails");
 
@@ -79,6 +80,7 @@ async fn after_a_failing_disk_the_store_records_again_without_a_restart() {
     assert_eq!(store.issue_version(&name("meow")).await.expect("the disk is back"), AdapterVersion(2));
     store.record(vec![installed("meow", 2)]).await.expect("recorded again");
     assert_eq!(store.problem(), None, "healthy again");
+    assert!(store.health().is_ok());
     drop(store);
 
     let reopened = EmbeddedStore::open(dir.path()).expect("reopens");

@@ -117,6 +117,20 @@ async fn health_turns_503_once_draining_begins() {
 }
 
 #[tokio::test]
+async fn health_is_503_while_the_state_store_cannot_record_and_200_once_it_can() {
+    let store = Arc::new(loragate_core::testing::FailingStore::default());
+    let config = CoordinatorConfig { state: store.clone(), ..CoordinatorConfig::default() };
+    let harness = serve_engine(ScriptedEngine::new(HOLD_AFTER), config, &["meow"]).await;
+    assert_eq!(harness.get("/health").await, (StatusCode::OK, json!({"status": "ok"})));
+    store.set_failing(true);
+    let (status, body) = harness.get("/health").await;
+    assert_eq!((status, &body["status"]), (StatusCode::SERVICE_UNAVAILABLE, &json!("unhealthy")), "{body}");
+    assert!(body["reason"].as_str().is_some_and(|reason| reason.contains("disk full")), "{body}");
+    store.set_failing(false);
+    assert_eq!(harness.get("/health").await, (StatusCode::OK, json!({"status": "ok"})), "healthy again at once");
+}
+
+#[tokio::test]
 async fn extra_routes_share_the_listener_and_the_request_metrics() {
     let extra = Router::new().route(
         "/api/v1/echo/{word}",
