@@ -23,7 +23,9 @@ def skyrl_sampling_params(max_tokens):
 
 
 def generate(client):
-    body = {"sampling_params": skyrl_sampling_params(24), "model": "meow", "token_ids": P, "cache_salt": "salt-1"}
+    # Seeded: the detokenized text is checked for "meow", which only a fixed draw guarantees at temperature 1.
+    body = {"sampling_params": dict(skyrl_sampling_params(24), seed=3), "model": "meow", "token_ids": P,
+            "cache_salt": "salt-1"}
     answer = post(client, "/inference/v1/generate", body, headers={"Content-Type": "application/json"})
     choice = answer["choices"][0]
     token_ids, finish_reason = choice["token_ids"], choice["finish_reason"]

@@ -34,7 +34,13 @@ def verl(client):
                  "top_p": 1.0, "max_tokens": 8, "n": 2},
                 headers={"Authorization": "Bearer token-abc123"})
     completion = ChatCompletion(**data)
-    check(len(completion.choices) == 2 and completion.usage.completion_tokens == 16, f"{completion}")
+    # Unseeded at temperature 1 (as verl sends it): a choice may draw EOS before its budget, so only what holds for
+    # any draw is checked: two choices, each ending by length or stop, the budget never exceeded and spent exactly
+    # when both ran to their length.
+    reasons = [choice.finish_reason for choice in completion.choices]
+    check(len(reasons) == 2 and set(reasons) <= {"length", "stop"}, f"{completion}")
+    used = completion.usage.completion_tokens
+    check(used <= 16 and (used == 16 or "stop" in reasons), f"usage {completion.usage} with finishes {reasons}")
 
 
 def slime_sampling_params(max_new_tokens, top_p=1.0):

@@ -25,7 +25,7 @@ use crate::manager::{AdapterManager, AdapterMap, ManagerArgs, ManagerHandle};
 use crate::metrics::CoreMetrics;
 use crate::sample_stream::{Driver, LiveRequests, SampleStream};
 use crate::sampling::{RawSampleRequest, SampleRequest};
-use crate::state::{MemoryStore, Recording, StateStore};
+use crate::state::{MemoryStore, Recording, StateError, StateStore};
 
 mod abort;
 mod follow;
@@ -563,6 +563,12 @@ impl Coordinator {
             join_all(handles.iter().map(AdapterHandle::status)).await.into_iter().filter_map(Result::ok).collect();
         statuses.sort_by(|a, b| a.key.cmp(&b.key));
         statuses
+    }
+
+    /// Whether the state store works now (see [`StateStore::health`]): health checks report an error as unhealthy,
+    /// since control calls cannot be recorded meanwhile.
+    pub fn state_health(&self) -> Result<(), StateError> {
+        self.inner.config.state.health()
     }
 
     /// Whether [`Coordinator::shutdown`] has begun.

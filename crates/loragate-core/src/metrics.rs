@@ -167,6 +167,13 @@ impl CoreMetrics {
             "Tokens generated, by adapter version (the two newest versions of each loaded adapter are kept)",
             self.generated_tokens.clone(),
         );
+        // Every counter is present from the start, at zero (dashboards and alerts see a series before its event).
+        for limit in [Limit::InFlight, Limit::Held, Limit::InFlightPerAdapter, Limit::HeldPerAdapter] {
+            drop(self.overloaded.get_or_create(&LimitLabels { limit: limit.label() }));
+        }
+        for front in ["grpc", "http"] {
+            drop(self.body_read_timeouts.get_or_create(&FrontLabels { front }));
+        }
         registry.register(
             "overloaded",
             "Sampling requests refused because a limit was reached (RESOURCE_EXHAUSTED / 429), by limit",

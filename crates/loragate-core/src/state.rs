@@ -293,6 +293,13 @@ pub trait StateStore: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// Whether the store works now, for health checks: an error says why it cannot record (a local store whose
+    /// disk failed and that could not be opened again yet). Never a wait. The default (memory, and etcd, whose
+    /// replicas ride out an unreachable etcd and say so through [`StateStore::check_available`]) is healthy.
+    fn health(&self) -> Result<(), StateError> {
+        Ok(())
+    }
+
     /// The changes other replicas make, for this replica to apply; given once (later calls answer `None`). `None`
     /// for a store only this process writes.
     fn remote_changes(&self) -> Option<mpsc::UnboundedReceiver<RemoteChange>> {

@@ -2,6 +2,7 @@
 //! without a model whose behaviour tests can predict exactly, and one sample of every error ([`every_core_error`]).
 
 mod errors;
+mod failing_store;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -20,6 +21,7 @@ use crate::engine::{Engine, EngineEvent, EngineStream};
 use crate::sampling::SampleRequest;
 
 pub use self::errors::{every_core_error, every_engine_error, every_fleet_error, every_state_error};
+pub use self::failing_store::FailingStore;
 
 /// Called on every `generate` with the request and its cancellation token, before anything is emitted.
 pub type GenerateHook = Box<dyn Fn(&SampleRequest, &CancellationToken) + Send + Sync>;

@@ -19,6 +19,13 @@ use crate::metrics::FleetMetrics;
 use crate::staging::stage;
 use crate::versions::Versions;
 
+/// The default [`FleetConfig::first_byte_timeout`]: a worker queueing a request behind a full batch still answers
+/// its head at once and its first token within a prefill, so a minute of silence is a hung worker.
+pub const DEFAULT_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The default [`FleetConfig::inter_chunk_timeout`]: decode steps take milliseconds; half a minute between two
+/// chunks is a hung worker (or one trickling a line it never finishes).
+pub const DEFAULT_INTER_CHUNK_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How a fleet runs.
 #[derive(Clone, Debug)]
 pub struct FleetConfig {
@@ -38,6 +45,13 @@ pub struct FleetConfig {
     pub adapter_timeout: Duration,
     /// How long an aborted sequence waits for its worker's `ABORTED` before it is handed back with what it has.
     pub abort_ack_timeout: Duration,
+    /// How long a worker may take from a sequence's request to its first streamed event (the response head and the
+    /// first chunk; `--worker-first-byte-timeout`). Past it the sequence is handed back `Abort` (tried on another
+    /// worker if it has no token yet) and the worker counts a failure.
+    pub first_byte_timeout: Duration,
+    /// How long a worker may stay silent between two events of a sequence's stream (`--worker-inter-chunk-timeout`);
+    /// past it, as for the first-byte timeout.
+    pub inter_chunk_timeout: Duration,
     /// How long [`FleetEngine::wait_ready`] waits for a first worker to become READY (`--worker-wait`).
     pub join_timeout: Duration,
     /// The coordinator's adapter root, as the coordinator names it (`--adapter-root`).
@@ -60,6 +74,8 @@ impl Default for FleetConfig {
             max_workers: 256,
             adapter_timeout: Duration::from_secs(60),
             abort_ack_timeout: Duration::from_secs(2),
+            first_byte_timeout: DEFAULT_FIRST_BYTE_TIMEOUT,
+            inter_chunk_timeout: DEFAULT_INTER_CHUNK_TIMEOUT,
             join_timeout: Duration::from_secs(60),
             adapter_root: None,
             worker_adapter_root: None,
@@ -148,7 +164,13 @@ impl Engine for FleetEngine {
 
     async fn generate(&self, request: SampleRequest, cancel: CancellationToken) -> Result<EngineStream, EngineError> {
         let pin = self.versions.pin(request.adapter(), request.pinned_version())?;
-        generate::start(request, cancel, pin, self.membership.clone(), self.config.abort_ack_timeout)
+        let bounds = generate::StreamBounds {
+            abort_ack_timeout: self.config.abort_ack_timeout,
+            first_byte_timeout: self.config.first_byte_timeout,
+            inter_chunk_timeout: self.config.inter_chunk_timeout,
+            vocab_size: self.info.vocab_size,
+        };
+        generate::start(request, cancel, pin, self.membership.clone(), bounds)
     }
 
     /// Stages `NAME@version` on every READY worker and installs it only if all succeeded (else rolls back and

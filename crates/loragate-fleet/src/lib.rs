@@ -54,6 +54,6 @@ mod versions;
 mod worker;
 
 pub use address::{Protocol, WorkerAddress, versioned_name};
-pub use engine::{FleetConfig, FleetEngine};
+pub use engine::{DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_INTER_CHUNK_TIMEOUT, FleetConfig, FleetEngine};
 pub use error::FleetError;
 pub use metrics::FleetMetrics;

@@ -222,6 +222,13 @@ impl Membership {
             .cast(MembershipMsg::CheckNow { address: route.link.address().clone(), incarnation: route.incarnation });
     }
 
+    /// The worker broke its bounds (a stream past its budget, silence past a timeout, a protocol error): it counts
+    /// one failure toward its probation and is out of traffic until a health check brings it back.
+    pub(crate) fn report_misbehaviour(&self, route: &Route, why: String) {
+        let (address, incarnation) = (route.link.address().clone(), route.incarnation);
+        let _ = self.actor.cast(MembershipMsg::Misbehaved { address, incarnation, why });
+    }
+
     /// The worker lacks an adapter the fleet thought it held: bring it back through JOINING.
     pub(crate) fn report_out_of_sync(&self, route: &Route) {
         let _ = self

@@ -42,11 +42,46 @@ pub async fn serve_grpc(
     serve_grpc_with(listener, coordinator, ConnectionLimits::default(), None, draining, stop).await
 }
 
+/// How often the state store's health is read for the health service.
+const STATE_HEALTH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Until `draining` resolves: `LoraControl` and the server as a whole (`""`) report `NOT_SERVING` while the state
+/// store cannot record (control calls would fail), and `SERVING` again once it can.
+async fn watch_state_health(
+    health: &tonic_health::server::HealthReporter,
+    coordinator: &Coordinator,
+    draining: impl Future<Output = ()>,
+) {
+    use tonic_health::ServingStatus;
+    tokio::pin!(draining);
+    let mut recording = true;
+    let mut ticks = tokio::time::interval(STATE_HEALTH_INTERVAL);
+    loop {
+        tokio::select! {
+            () = &mut draining => return,
+            _ = ticks.tick() => {
+                let now = coordinator.state_health().is_ok();
+                if now != recording {
+                    recording = now;
+                    let status = if now { ServingStatus::Serving } else { ServingStatus::NotServing };
+                    health.set_service_status("", status).await;
+                    health.set_service_status(
+                        <LoraControlServer<LoraControlService> as tonic::server::NamedService>::NAME,
+                        status,
+                    )
+                    .await;
+                }
+            }
+        }
+    }
+}
+
 /// Serves the gRPC front on `listener` until `stop` resolves, then drains open calls; `Fleet` drives `fleet` when the
 /// coordinator runs in front of a fleet of workers, and answers `FAILED_PRECONDITION` otherwise.
 ///
 /// Health reports `SERVING` for the services until `draining` resolves (the server is about to stop), then
-/// `NOT_SERVING`, so load balancers stop sending work while running requests finish. At most
+/// `NOT_SERVING`, so load balancers stop sending work while running requests finish; `LoraControl` and the server
+/// as a whole also report `NOT_SERVING` while the state store cannot record. At most
 /// `connections.max_connections` connections are open at once (shared with every listener given the same limits);
 /// a connection without a call in progress past the header-read or idle timeout is closed, and HTTP/2 pings every
 /// `connections.keepalive_interval` close connections whose peer is gone.
@@ -67,8 +102,9 @@ pub async fn serve_grpc_with(
     } else {
         health.set_not_serving::<FleetServer<FleetService>>().await;
     }
+    let watched = coordinator.clone();
     tokio::spawn(async move {
-        draining.await;
+        watch_state_health(&health, &watched, draining).await;
         health.set_not_serving::<LoraControlServer<LoraControlService>>().await;
         health.set_not_serving::<SamplerServer<SamplerService>>().await;
         if serves_fleet {

@@ -215,10 +215,16 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Result<Response, H
     Ok(([(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], text).into_response())
 }
 
-/// `GET /health`: 200 while serving; 503 once the server is draining or the coordinator is shutting down.
+/// `GET /health`: 200 while serving; 503 once the server is draining or the coordinator is shutting down, and 503
+/// `{"status": "unhealthy", "reason"}` while the state store cannot record (it heals on its own once it can).
 pub(crate) async fn health(State(state): State<AppState>) -> Response {
-    if state.is_draining() || state.front().coordinator().is_shutting_down() {
+    let coordinator = state.front().coordinator();
+    if state.is_draining() || coordinator.is_shutting_down() {
         (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "draining"}))).into_response()
+    } else if let Err(err) = coordinator.state_health() {
+        // The control plane cannot record a change: not healthy, whatever the data plane does.
+        let body = json!({"status": "unhealthy", "reason": err.to_string()});
+        (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
     } else {
         Json(json!({"status": "ok"})).into_response()
     }

@@ -7,9 +7,15 @@
 //! its channel (never blocking the actor that calls them) and the thread commits what is queued in one durable
 //! transaction (group commit), in queue order, then answers each caller. A transaction is atomic: a process killed at
 //! any instant leaves the file as of its last commit, which the next open accepts (redb repairs an interrupted
-//! commit on open). Reads ([`StateStore::recorded`], once at start) run beside the writer.
+//! commit on open). Reads ([`StateStore::recorded`], once at start) are queued the same way.
 //!
-//! The file is locked while open: a second server on the same directory is refused with an error naming it.
+//! The store heals: after a failed transaction (a full disk) the database is closed and opened again on the next
+//! call (and every second while idle), so control calls work again once the disk does, without a restart; until
+//! then [`EmbeddedStore::problem`] says why it cannot record (the server's health reports it).
+//!
+//! The file is locked while open: a second server on the same directory is refused with an error naming it. An
+//! existing file that is empty or truncated is refused with a message naming it and what to do: never taken as a
+//! fresh store (which would issue recorded versions again).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), loragate_core::StateError> {
@@ -21,7 +27,9 @@
 //! # }
 //! ```
 
+mod file_check;
 mod tables;
+mod writer;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,19 +41,18 @@ use loragate_core::{AdapterName, AdapterVersion, PauseId};
 use redb::Database;
 use tokio::sync::oneshot;
 
+use crate::writer::{Health, Op, Opener, Writer};
+
 /// The file in the state directory.
 pub const STATE_FILE: &str = "state.redb";
-
-/// The most queued operations committed in one transaction.
-const MAX_BATCH: usize = 256;
 
 /// The embedded store: one redb file, one writer thread. Dropping it waits for the thread to commit what is queued;
 /// the file is closed (and free for the next open) once the drop returns.
 pub struct EmbeddedStore {
     dir: PathBuf,
-    db: Arc<Database>,
-    writes: mpsc::Sender<Write>,
+    writes: mpsc::Sender<Op>,
     writer: Option<std::thread::JoinHandle<()>>,
+    health: Arc<Health>,
     last_pause_number: AtomicU64,
 }
 
@@ -65,21 +72,23 @@ impl std::fmt::Debug for EmbeddedStore {
     }
 }
 
-/// One queued write and where its answer goes.
-enum Write {
-    Record(Vec<StateChange>, oneshot::Sender<Result<(), StateError>>),
-    Issue(AdapterName, oneshot::Sender<Result<AdapterVersion, StateError>>),
-}
-
 impl EmbeddedStore {
     /// Opens (creating it and its directory if needed) the store in `dir`. Fails if another process, or another
-    /// store in this one, has it open, or if the file is not a state file this version reads.
+    /// store in this one, has it open, or if the file is not a state file this version reads, or is empty or
+    /// truncated (naming it, and what to do).
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, StateError> {
-        let dir = dir.as_ref().to_owned();
+        Self::open_with(dir.as_ref(), Box::new(|path| Database::create(path)))
+    }
+
+    /// [`EmbeddedStore::open`] with `open` opening the database file.
+    fn open_with(dir: &Path, open: Opener) -> Result<Self, StateError> {
+        let dir = dir.to_owned();
         let at =
             |what: &str, err: &dyn std::fmt::Display| StateError::Failed(format!("{what} {}: {err}", dir.display()));
         create_private_dir(&dir).map_err(|err| at("cannot create the state directory", &err))?;
-        let db = Database::create(dir.join(STATE_FILE)).map_err(|err| match err {
+        let path = dir.join(STATE_FILE);
+        file_check::check(&path)?;
+        let db = open(&path).map_err(|err| match err {
             redb::DatabaseError::DatabaseAlreadyOpen => StateError::Failed(format!(
                 "the state directory {} is in use by another loragate server (give each server its own --state-dir)",
                 dir.display()
@@ -89,18 +98,18 @@ impl EmbeddedStore {
         let txn = db.begin_write().map_err(|err| at("cannot write the state in", &err))?;
         tables::prepare(&txn).map_err(|err| at("cannot use the state in", &err))?;
         txn.commit().map_err(|err| at("cannot write the state in", &err))?;
-        let db = Arc::new(db);
         let last_pause_number = {
             let txn = db.begin_read().map_err(|err| at("cannot read the state in", &err))?;
             tables::read_all(&txn).map_err(|err| at("cannot read the state in", &err))?.1
         };
         let (writes, queue) = mpsc::channel();
-        let writer_db = db.clone();
+        let health = Arc::new(Health::default());
+        let writer = Writer { path, open, db: Some(db), health: health.clone() };
         let writer = std::thread::Builder::new()
             .name("loragate-state".into())
-            .spawn(move || write_loop(&writer_db, &queue))
+            .spawn(move || writer.run(&queue))
             .map_err(|err| at("cannot start the state writer for", &err))?;
-        Ok(Self { dir, db, writes, writer: Some(writer), last_pause_number: AtomicU64::new(last_pause_number) })
+        Ok(Self { dir, writes, writer: Some(writer), health, last_pause_number: AtomicU64::new(last_pause_number) })
     }
 
     /// The state directory.
@@ -108,8 +117,14 @@ impl EmbeddedStore {
         &self.dir
     }
 
-    fn queue<T: Send + 'static>(&self, write: Write, answer: oneshot::Receiver<Result<T, StateError>>) -> Recording<T> {
-        if self.writes.send(write).is_err() {
+    /// Why the store cannot record now (its last transaction failed and it could not be opened again yet), if it
+    /// cannot.
+    pub fn problem(&self) -> Option<String> {
+        self.health.problem()
+    }
+
+    fn queue<T: Send + 'static>(&self, op: Op, answer: oneshot::Receiver<Result<T, StateError>>) -> Recording<T> {
+        if self.writes.send(op).is_err() {
             return Box::pin(std::future::ready(Err(StateError::Unavailable("the state writer stopped".into()))));
         }
         Box::pin(async move {
@@ -121,88 +136,30 @@ impl EmbeddedStore {
 #[async_trait]
 impl StateStore for EmbeddedStore {
     async fn recorded(&self) -> Result<RecordedState, StateError> {
-        let db = self.db.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            let txn = db.begin_read().map_err(|err| StateError::Failed(err.to_string()))?;
-            tables::read_all(&txn).map(|(state, _)| state)
-        });
-        read.await.map_err(|err| StateError::Failed(format!("the state reader failed: {err}")))?
+        let (answer, answered) = oneshot::channel();
+        self.queue(Op::Read(answer), answered).await
     }
 
     fn record(&self, changes: Vec<StateChange>) -> Recording {
         let (answer, answered) = oneshot::channel();
-        self.queue(Write::Record(changes, answer), answered)
+        self.queue(Op::Record(changes, answer), answered)
     }
 
     fn issue_version(&self, name: &AdapterName) -> Recording<AdapterVersion> {
         let (answer, answered) = oneshot::channel();
-        self.queue(Write::Issue(name.clone(), answer), answered)
+        self.queue(Op::Issue(name.clone(), answer), answered)
+    }
+
+    fn health(&self) -> Result<(), StateError> {
+        match self.problem() {
+            Some(problem) => Err(StateError::Unavailable(format!("the state store cannot record: {problem}"))),
+            None => Ok(()),
+        }
     }
 
     fn new_pause_id(&self) -> PauseId {
         PauseId::numbered(self.last_pause_number.fetch_add(1, Ordering::Relaxed) + 1)
     }
-}
-
-/// The writer thread: commits what is queued, in order, a batch per transaction, until every sender is gone.
-fn write_loop(db: &Database, queue: &mpsc::Receiver<Write>) {
-    while let Ok(first) = queue.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(write) => batch.push(write),
-                Err(_) => break,
-            }
-        }
-        match commit(db, &batch) {
-            Ok(issued) => {
-                let mut issued = issued.into_iter();
-                for write in batch {
-                    match write {
-                        Write::Record(_, answer) => {
-                            let _ = answer.send(Ok(()));
-                        }
-                        Write::Issue(_, answer) => {
-                            let version = issued.next().ok_or_else(|| StateError::Failed("no version issued".into()));
-                            let _ = answer.send(version);
-                        }
-                    }
-                }
-            }
-            Err(err) => {
-                tracing::error!(%err, writes = batch.len(), "could not record changes of the control-plane state");
-                for write in batch {
-                    match write {
-                        Write::Record(_, answer) => {
-                            let _ = answer.send(Err(err.clone()));
-                        }
-                        Write::Issue(_, answer) => {
-                            let _ = answer.send(Err(err.clone()));
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// One transaction for `batch`; the versions issued, in order.
-fn commit(db: &Database, batch: &[Write]) -> Result<Vec<AdapterVersion>, StateError> {
-    let failed = |err: &dyn std::fmt::Display| StateError::Failed(err.to_string());
-    let txn = db.begin_write().map_err(|err| failed(&err))?;
-    let mut issued = Vec::new();
-    for write in batch {
-        match write {
-            Write::Record(changes, _) => {
-                for change in changes {
-                    tables::apply(&txn, change)?;
-                }
-            }
-            Write::Issue(name, _) => issued.push(tables::issue(&txn, name)?),
-        }
-    }
-    txn.commit().map_err(|err| failed(&err))?;
-    Ok(issued)
 }
 
 /// Creates `dir` (and its parents), readable by its owner only where permissions exist.

@@ -89,6 +89,10 @@ pub struct FleetSettings {
     pub failure_threshold: u32,
     /// How long the coordinator waits at start for a first worker to be ready (`--worker-wait`).
     pub join_timeout: Duration,
+    /// How long a worker may take to its first streamed event (`--worker-first-byte-timeout`).
+    pub first_byte_timeout: Duration,
+    /// How long a worker may stay silent between two streamed events (`--worker-inter-chunk-timeout`).
+    pub inter_chunk_timeout: Duration,
     /// The most workers the fleet holds (`--max-workers`).
     pub max_workers: usize,
     /// Where the workers mount the adapter root (`--worker-adapter-root`; default: where the coordinator names it).
@@ -110,6 +114,8 @@ impl FleetSettings {
             failure_threshold: self.failure_threshold,
             max_workers: self.max_workers,
             join_timeout: self.join_timeout,
+            first_byte_timeout: self.first_byte_timeout,
+            inter_chunk_timeout: self.inter_chunk_timeout,
             adapter_root: adapter_root.map(|root| root.path().to_owned()),
             worker_adapter_root: self.worker_adapter_root.clone(),
             worker_key: self.worker_key.clone(),
@@ -120,7 +126,7 @@ impl FleetSettings {
 
 impl Default for FleetSettings {
     /// No worker, with the fleet engine's defaults (checks every 2 s, a threshold of 3, 60 s to wait for a first
-    /// worker, at most 256 workers).
+    /// worker, 60 s to a stream's first event and 30 s between two, at most 256 workers).
     fn default() -> Self {
         let defaults = FleetConfig::default();
         Self {
@@ -128,6 +134,8 @@ impl Default for FleetSettings {
             health_interval: defaults.health_interval,
             failure_threshold: defaults.failure_threshold,
             join_timeout: defaults.join_timeout,
+            first_byte_timeout: defaults.first_byte_timeout,
+            inter_chunk_timeout: defaults.inter_chunk_timeout,
             max_workers: defaults.max_workers,
             worker_adapter_root: defaults.worker_adapter_root,
             worker_key: defaults.worker_key,

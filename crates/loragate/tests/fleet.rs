@@ -468,7 +468,8 @@ async fn a_mixed_fleet_stages_and_drains_name_at_v_pauses_per_adapter_and_surviv
 
     // Every front works over the fleet: HTTP completions too.
     let url = format!("http://{}/v1/completions", fleet.serve.field("http_addr"));
-    let body = serde_json::json!({"model": "woof", "prompt": "Make a single short animal noise.", "max_tokens": 12});
+    let body = serde_json::json!({"model": "woof", "prompt": "Make a single short animal noise.", "max_tokens": 12,
+        "temperature": 0.0});
     let answer: serde_json::Value =
         reqwest::Client::new().post(url).json(&body).send().await.expect("post").json().await.expect("json");
     assert!(answer["choices"][0]["text"].as_str().is_some_and(|t| t.contains("woof")), "{answer}");

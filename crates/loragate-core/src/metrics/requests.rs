@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
+
+use prometheus_client::encoding::EncodeLabelSet;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -13,7 +15,29 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::AdapterLabels;
-use crate::contract::AdapterStatus;
+use crate::contract::{AdapterKey, AdapterStatus, FinishReason};
+
+/// Labels of `vllm:request_success_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FinishLabels {
+    /// `stop`, `length` or `abort` ([`FinishReason::as_str`]).
+    finished_reason: &'static str,
+}
+
+/// Labels of `vllm:lora_requests_info`, as vLLM writes them and the Kubernetes inference gateway's endpoint picker
+/// reads them.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LoraInfoLabels {
+    /// How many adapters the server holds at once (here: the adapters loaded).
+    max_lora: String,
+    /// The adapters requests run on now, comma-separated: every loaded adapter whose gate is open.
+    running_lora_adapters: String,
+    /// The adapters whose requests wait, comma-separated: every paused adapter (so that the picker prefers a
+    /// replica where it is open).
+    waiting_lora_adapters: String,
+}
+
+type TimestampGauge = Gauge<f64, AtomicU64>;
 
 type HistogramFamily = Family<AdapterLabels, Histogram, fn() -> Histogram>;
 
@@ -51,6 +75,8 @@ pub(crate) struct RequestMetrics {
     e2e_request_latency: HistogramFamily,
     prompt_tokens: Family<AdapterLabels, Counter>,
     generation_tokens: Family<AdapterLabels, Counter>,
+    success: Family<FinishLabels, Counter>,
+    lora_info: Family<LoraInfoLabels, TimestampGauge>,
     totals: Arc<TokenTotals>,
 }
 
@@ -77,6 +103,8 @@ impl Default for RequestMetrics {
             ),
             prompt_tokens: Family::default(),
             generation_tokens: Family::default(),
+            success: Family::default(),
+            lora_info: Family::default(),
             totals: Arc::default(),
         }
     }
@@ -112,6 +140,24 @@ impl RequestMetrics {
         );
         registry.register("vllm:prompt_tokens", "Prompt tokens of admitted requests", self.prompt_tokens.clone());
         registry.register("vllm:generation_tokens", "Tokens generated", self.generation_tokens.clone());
+        for reason in [FinishReason::Stop, FinishReason::Length, FinishReason::Abort] {
+            drop(self.success.get_or_create(&FinishLabels { finished_reason: reason.as_str() }));
+        }
+        registry.register(
+            "vllm:request_success",
+            "Sequences ended, by finish reason (an aborted one counts as abort each time it is handed back)",
+            self.success.clone(),
+        );
+        registry.register(
+            "vllm:lora_requests_info",
+            "The adapters served: running (open) and waiting (paused); the value is the unix time of the scrape",
+            self.lora_info.clone(),
+        );
+    }
+
+    /// Counts a sequence that ended with `reason`.
+    pub(crate) fn record_finish(&self, reason: FinishReason) {
+        self.success.get_or_create(&FinishLabels { finished_reason: reason.as_str() }).inc();
     }
 
     /// Creates every series of `labels` at zero, so that a new adapter's series exist before its first request.
@@ -127,8 +173,29 @@ impl RequestMetrics {
         }
     }
 
+    /// Sets `vllm:lora_requests_info` from a snapshot of every adapter: one series, valued now (unix seconds).
+    fn set_lora_info(&self, statuses: &[AdapterStatus]) {
+        let mut running = Vec::new();
+        let mut waiting = Vec::new();
+        for status in statuses {
+            let AdapterKey::Lora(name) = &status.key else { continue };
+            if status.paused { waiting.push(name.as_str()) } else { running.push(name.as_str()) }
+        }
+        running.sort_unstable();
+        waiting.sort_unstable();
+        let labels = LoraInfoLabels {
+            max_lora: (running.len() + waiting.len()).to_string(),
+            running_lora_adapters: running.join(","),
+            waiting_lora_adapters: waiting.join(","),
+        };
+        let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |since| since.as_secs_f64());
+        self.lora_info.clear();
+        self.lora_info.get_or_create(&labels).set(now);
+    }
+
     /// Sets the gauges from a snapshot of every adapter.
     pub(crate) fn set_gauges(&self, statuses: &[AdapterStatus]) {
+        self.set_lora_info(statuses);
         for gauge in [&self.running, &self.waiting] {
             gauge.clear();
         }

@@ -382,6 +382,7 @@ impl Driver {
             staleness.give_back(1);
         }
         let segments = sequence.segments.segments().to_vec();
+        self.adapter.cell().metrics.requests().record_finish(reason);
         let _ = out.send(Ok(SampleEvent::Finished { sequence: index as u32, reason, segments }));
     }
 }

@@ -551,3 +551,5 @@ fn paths_inside_the_adapter_root_go_to_the_workers_mount_of_it_and_the_rest_as_g
     assert_eq!(super::path_for_workers(Path::new("/srv/adapters/meow"), root, None), "/srv/adapters/meow", "as given");
     assert_eq!(super::path_for_workers(Path::new("/srv/adapters-2/meow"), root, mount), "/srv/adapters-2/meow");
 }
+
+mod hostile;

@@ -46,6 +46,16 @@ impl Drop for OpenPromptGate {
     }
 }
 
+/// Tells the worker to stop a sequence the fleet stopped reading before its finish: by a call where the protocol
+/// aborts by one and the id is known (dropping the stream, which the caller does next, covers the rest).
+fn stop_worker(route: &Route, abort: &AbortBy) {
+    if let AbortBy::Call(id) = abort
+        && let Some(id) = id.get()
+    {
+        route.link.abort(id.clone());
+    }
+}
+
 /// How long a stream may take to end after its sequence finished (and was handed back).
 const STREAM_END_BOUND: Duration = Duration::from_secs(1);
 
@@ -60,13 +70,31 @@ async fn read_to_end(mut events: BoxStream<'static, Result<SequenceEvent, Worker
 enum Outcome {
     /// The sequence ended (finished, handed back, failed with an error, or its caller left).
     Ended,
+    /// The sequence ended, but its worker broke its bounds doing it (it ran past the budget, or went silent once the
+    /// budget was spent, or broke its protocol): the worker counts a failure.
+    EndedMisbehaved(String),
     /// The worker failed before the sequence finished.
-    WorkerFailed { why: String, out_of_sync: bool },
+    WorkerFailed { why: String, failure: Failure },
+}
+
+/// What a failed worker is reported as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failure {
+    /// It failed (a broken stream, an error status): checked at once.
+    Broken,
+    /// It lacks the adapter version the fleet thought it held: caught up again.
+    OutOfSync,
+    /// It broke its bounds (silent past a timeout): one failure counted toward its probation at once.
+    Misbehaved,
 }
 
 impl Outcome {
     fn failed(why: impl Into<String>) -> Self {
-        Self::WorkerFailed { why: why.into(), out_of_sync: false }
+        Self::WorkerFailed { why: why.into(), failure: Failure::Broken }
+    }
+
+    fn silent(why: String) -> Self {
+        Self::WorkerFailed { why, failure: Failure::Misbehaved }
     }
 }
 
@@ -78,15 +106,32 @@ struct Sequence {
     tried: Vec<u64>,
 }
 
+/// Waits for `deadline`, or forever without one.
+async fn until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
 impl Sequence {
     async fn drive(&mut self, mut route: Route) {
         loop {
-            let Outcome::WorkerFailed { why, out_of_sync } = self.attempt(&route).await else { return };
+            let (why, failure) = match self.attempt(&route).await {
+                Outcome::Ended => return,
+                Outcome::EndedMisbehaved(why) => {
+                    tracing::warn!(worker = %route.link.address(), %why, "worker broke a sequence's bounds; counted as a failure");
+                    route.link.counters().record_sequence_failure();
+                    self.context.membership.report_misbehaviour(&route, why);
+                    return;
+                }
+                Outcome::WorkerFailed { why, failure } => (why, failure),
+            };
             route.link.counters().record_sequence_failure();
-            if out_of_sync {
-                self.context.membership.report_out_of_sync(&route);
-            } else {
-                self.context.membership.report_failure(&route);
+            match failure {
+                Failure::Broken => self.context.membership.report_failure(&route),
+                Failure::OutOfSync => self.context.membership.report_out_of_sync(&route),
+                Failure::Misbehaved => self.context.membership.report_misbehaviour(&route, why.clone()),
             }
             if self.produced == 0 && !self.context.cancel.is_cancelled() {
                 self.tried.push(route.incarnation);
@@ -103,6 +148,11 @@ impl Sequence {
         }
     }
 
+    /// The sequence's budget: it never gets more tokens than this, whatever its worker sends.
+    fn budget(&self) -> usize {
+        self.context.request.params().max_tokens() as usize
+    }
+
     async fn attempt(&mut self, route: &Route) -> Outcome {
         let context = self.context.clone();
         let with_prompt_logprobs =
@@ -115,6 +165,7 @@ impl Sequence {
             with_prompt_logprobs,
         };
         route.link.counters().record_sequence();
+        let first_byte = context.bounds.first_byte_timeout;
         let opened = tokio::select! {
             biased;
             () = context.events.closed() => return Outcome::Ended,
@@ -123,21 +174,30 @@ impl Sequence {
                 return Outcome::Ended;
             }
             () = route.session.cancelled() => return Outcome::failed("the worker was declared lost"),
-            opened = route.link.client().generate(request) => opened,
+            opened = tokio::time::timeout(first_byte, route.link.client().generate(request)) => match opened {
+                Ok(opened) => opened,
+                Err(_) => return Outcome::silent(format!("no answer within the first-byte timeout ({first_byte:?})")),
+            },
         };
-        let opened = match opened {
-            Ok(opened) => opened,
-            Err(err) => return self.refused_or_failed(route, err),
-        };
-        let (mut events, abort) = (opened.events, opened.abort);
+        match opened {
+            Ok(opened) => self.stream(route, opened.events, opened.abort, Instant::now() + first_byte).await,
+            Err(err) => self.refused_or_failed(route, err),
+        }
+    }
+
+    /// Reads an opened sequence's events until it ends; its first event is due by `first_event_due`, each next one
+    /// within the inter-chunk timeout.
+    async fn stream(
+        &mut self,
+        route: &Route,
+        mut events: BoxStream<'static, Result<SequenceEvent, WorkerError>>,
+        abort: AbortBy,
+        first_event_due: Instant,
+    ) -> Outcome {
+        let context = self.context.clone();
         let mut abort_deadline: Option<Instant> = None;
+        let mut next_event_due = first_event_due;
         loop {
-            let ack_bound = async move {
-                match abort_deadline {
-                    Some(deadline) => tokio::time::sleep_until(deadline).await,
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
                 biased;
                 () = context.events.closed() => return Outcome::Ended,
@@ -145,7 +205,7 @@ impl Sequence {
                     match &abort {
                         AbortBy::Call(id) if id.get().is_some() => {
                             route.link.abort(id.get().cloned().unwrap_or_default());
-                            abort_deadline = Some(Instant::now() + context.abort_ack_timeout);
+                            abort_deadline = Some(Instant::now() + context.bounds.abort_ack_timeout);
                         }
                         // Nothing to call (yet): dropping the stream aborts it; hand back what arrived.
                         AbortBy::Call(_) | AbortBy::Disconnect => {
@@ -154,18 +214,24 @@ impl Sequence {
                         }
                     }
                 }
-                () = ack_bound => {
+                () = until(abort_deadline) => {
                     tracing::warn!(worker = %route.link.address(), "no abort finish within the bound; handing the sequence back with what it received");
                     self.finish(FinishReason::Abort);
                     return Outcome::Ended;
                 }
+                () = tokio::time::sleep_until(next_event_due), if abort_deadline.is_none() => {
+                    return self.went_silent(route, &abort, next_event_due == first_event_due);
+                }
                 () = route.session.cancelled() => return Outcome::failed("the worker was declared lost"),
                 event = events.next() => match event {
                     Some(Ok(event)) => {
+                        next_event_due = Instant::now() + context.bounds.inter_chunk_timeout;
                         let finished = matches!(event, SequenceEvent::Finished(_));
                         if let Some(outcome) = self.accept(route, event) {
                             if finished {
                                 read_to_end(events).await;
+                            } else {
+                                stop_worker(route, &abort);
                             }
                             return outcome;
                         }
@@ -173,6 +239,11 @@ impl Sequence {
                     None if abort_deadline.is_some() => {
                         // The stream ended after the abort: that is its acknowledgement.
                         self.finish(FinishReason::Abort);
+                        return Outcome::Ended;
+                    }
+                    // Ended (closed by the worker) with its budget spent: the sequence is whole.
+                    None if self.produced >= self.budget() => {
+                        self.finish(FinishReason::Length);
                         return Outcome::Ended;
                     }
                     None => return Outcome::failed("the worker ended the stream without finishing the sequence"),
@@ -185,6 +256,23 @@ impl Sequence {
                 },
             }
         }
+    }
+
+    /// The worker sent nothing within its timeout: a sequence whose budget is spent ends `Length` (the worker just
+    /// never said so); any other is handed back `Abort` with its tokens (or tried elsewhere if it has none). Either
+    /// way the worker counts a failure.
+    fn went_silent(&mut self, route: &Route, abort: &AbortBy, first: bool) -> Outcome {
+        stop_worker(route, abort);
+        let bounds = &self.context.bounds;
+        let why = match first {
+            true => format!("no first event within the first-byte timeout ({:?})", bounds.first_byte_timeout),
+            false => format!("silent past the inter-chunk timeout ({:?})", bounds.inter_chunk_timeout),
+        };
+        if self.produced >= self.budget() {
+            self.finish(FinishReason::Length);
+            return Outcome::EndedMisbehaved(format!("{why} after the sequence's budget was spent"));
+        }
+        Outcome::silent(why)
     }
 
     /// Forwards one event; answers how the attempt ended if it did.
@@ -208,10 +296,22 @@ impl Sequence {
                 }
                 None
             }
-            SequenceEvent::Tokens { token_ids, logprobs, top } => {
+            SequenceEvent::Tokens { mut token_ids, mut logprobs, mut top } => {
                 if context.request.params().top_logprobs() > 0 && top.len() != token_ids.len() {
                     let why = format!("worker {} sent tokens without their candidates", route.link.address());
                     return Some(self.fail(why));
+                }
+                let vocab_size = context.bounds.vocab_size;
+                if let Some(bad) = token_ids.iter().find(|&&token| token >= vocab_size) {
+                    let why = format!("token id {bad} is outside the vocabulary (size {vocab_size})");
+                    return Some(self.protocol_error(route, why));
+                }
+                let room = self.budget().saturating_sub(self.produced);
+                let overran = token_ids.len() > room;
+                if overran {
+                    token_ids.truncate(room);
+                    logprobs.truncate(room);
+                    top.truncate(room);
                 }
                 let count = token_ids.len();
                 if count > 0 {
@@ -224,6 +324,11 @@ impl Sequence {
                         logprobs,
                         top_logprobs: if context.request.params().top_logprobs() > 0 { top } else { Vec::new() },
                     }));
+                }
+                if overran {
+                    self.finish(FinishReason::Length);
+                    let budget = self.budget();
+                    return Some(Outcome::EndedMisbehaved(format!("it streamed past the budget of {budget} tokens")));
                 }
                 None
             }
@@ -238,7 +343,7 @@ impl Sequence {
     /// out of sync; anything else is the worker failing.
     fn refused_or_failed(&mut self, route: &Route, err: WorkerError) -> Outcome {
         match err {
-            WorkerError::NotFound(_) => Outcome::WorkerFailed { why: err.to_string(), out_of_sync: true },
+            WorkerError::NotFound(_) => Outcome::WorkerFailed { why: err.to_string(), failure: Failure::OutOfSync },
             WorkerError::Unavailable(_) => Outcome::failed(err.to_string()),
             WorkerError::InvalidArgument(_)
             | WorkerError::FailedPrecondition(_)
@@ -246,10 +351,15 @@ impl Sequence {
             | WorkerError::Refused(_) => {
                 self.fail(format!("worker {} refused the request: {err}", route.link.address()))
             }
-            WorkerError::Malformed(what) => {
-                self.fail(format!("worker {} broke its protocol: {what}", route.link.address()))
-            }
+            WorkerError::Malformed(what) => self.protocol_error(route, what),
         }
+    }
+
+    /// The worker broke its protocol: the request fails with that error, and the worker counts a failure.
+    fn protocol_error(&self, route: &Route, what: String) -> Outcome {
+        let why = format!("worker {} broke its protocol: {what}", route.link.address());
+        self.send(Err(EngineError::Internal(why.clone())));
+        Outcome::EndedMisbehaved(why)
     }
 
     fn fail(&self, why: String) -> Outcome {

@@ -53,6 +53,11 @@ pub(crate) enum MembershipMsg {
         address: WorkerAddress,
         incarnation: u64,
     },
+    Misbehaved {
+        address: WorkerAddress,
+        incarnation: u64,
+        why: String,
+    },
     CaughtUp {
         address: WorkerAddress,
         incarnation: u64,
@@ -201,6 +206,11 @@ impl Actor for MembershipActor {
                         state.members[index].link.counters().record_health_check_failure();
                         state.failed(index, why);
                     }
+                }
+            }
+            MembershipMsg::Misbehaved { address, incarnation, why } => {
+                if let Some(index) = state.find(&address, incarnation) {
+                    state.failed(index, why);
                 }
             }
             MembershipMsg::Resync { address, incarnation } => {

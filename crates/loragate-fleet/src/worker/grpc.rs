@@ -20,6 +20,10 @@ use vllm_proto::inference_client::InferenceClient;
 use super::{AbortBy, ClientSettings, OpenedSequence, SequenceRequest, WorkerClient, WorkerError, WorkerFacts};
 use crate::address::WorkerAddress;
 
+/// The largest `GenerateStream` message read from a worker (a few tokens with their candidates; the prompt's
+/// logprobs with theirs): longer ones are refused by their length prefix, before being buffered.
+const MAX_STREAMED_MESSAGE_BYTES: usize = 4 << 20;
+
 /// A gRPC worker: one HTTP/2 channel (connected lazily, reconnected on demand) shared by every call, each of which
 /// presents the worker key if there is one.
 pub(crate) struct GrpcWorker {
@@ -113,12 +117,13 @@ impl WorkerClient for GrpcWorker {
             sequence.engine_name,
             sequence.with_prompt_logprobs,
         );
-        let mut inference = InferenceClient::new(self.channel.clone());
+        let mut inference =
+            InferenceClient::new(self.channel.clone()).max_decoding_message_size(MAX_STREAMED_MESSAGE_BYTES);
         let stream = inference.generate_stream(self.call(message)).await.map_err(from_status)?.into_inner();
         let events = stream
             .map(move |message| match message {
                 Ok(response) => futures::stream::iter(wire::events(response, expected)),
-                Err(status) => futures::stream::iter(vec![Err(from_status(status))]),
+                Err(status) => futures::stream::iter(vec![Err(from_stream_status(status))]),
             })
             .flatten()
             .boxed();
@@ -139,6 +144,15 @@ async fn bounded<T>(
         Ok(result) => result.map(tonic::Response::into_inner).map_err(from_status),
         Err(_) => Err(WorkerError::Unavailable(format!("no answer within {timeout:?}"))),
     }
+}
+
+/// A status ending a `GenerateStream`: a message over [`MAX_STREAMED_MESSAGE_BYTES`] (refused by its length
+/// prefix, before its body is read) is the worker breaking its protocol; anything else as [`from_status`].
+fn from_stream_status(status: Status) -> WorkerError {
+    if status.code() == Code::OutOfRange && status.message().contains("message length too large") {
+        return WorkerError::Malformed(status.message().to_owned());
+    }
+    from_status(status)
 }
 
 /// A gRPC status in the fleet's terms.
@@ -168,5 +182,8 @@ mod tests {
         assert!(matches!(from_status(Status::unauthenticated("key")), WorkerError::Refused(_)));
         assert!(matches!(from_status(Status::unavailable("gone")), WorkerError::Unavailable(_)));
         assert!(matches!(from_status(Status::internal("boom")), WorkerError::Unavailable(_)));
+        let oversize = Status::out_of_range("Error, decoded message length too large: found 9 bytes, the limit is: 4");
+        assert!(matches!(from_stream_status(oversize), WorkerError::Malformed(_)));
+        assert!(matches!(from_stream_status(Status::out_of_range("past the end")), WorkerError::InvalidArgument(_)));
     }
 }

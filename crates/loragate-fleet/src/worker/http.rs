@@ -19,6 +19,10 @@ use super::sse::{self, SseEvent};
 use super::{AbortBy, ClientSettings, OpenedSequence, SequenceEvent, SequenceRequest, WorkerError, WorkerFacts};
 use crate::address::WorkerAddress;
 
+/// The largest unstreamed answer read from a worker (a scoring answer carries a prompt's logprobs and their
+/// candidates: tens of bytes per prompt token).
+pub(super) const MAX_BODY_BYTES: usize = 64 << 20;
+
 /// The longest a prompt-scoring request may take.
 pub(super) const SCORING_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -115,6 +119,9 @@ impl HttpEndpoint {
         }
         let client = reqwest::Client::builder()
             .default_headers(headers)
+            // A worker's redirect is never followed: the prompt (and the worker key) go to the worker named, or
+            // nowhere. A 3xx answers as a refusal.
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(settings.connect_timeout)
             .tcp_nodelay(true)
             .pool_idle_timeout(Duration::from_secs(30))
@@ -189,10 +196,11 @@ impl HttpEndpoint {
     }
 }
 
-/// A response's JSON (`Null` for an empty or non-JSON success body), or its refusal.
+/// A response's JSON (`Null` for an empty or non-JSON success body), or its refusal. A body over
+/// [`MAX_BODY_BYTES`] is a protocol error (read no further).
 async fn answer(response: reqwest::Response) -> Result<Result<Value, Refusal>, WorkerError> {
     let status = response.status();
-    let text = response.text().await.map_err(transport)?;
+    let text = bounded_text(response).await?;
     let json: Option<Value> = serde_json::from_str(&text).ok();
     if status.is_success() {
         return Ok(Ok(json.unwrap_or(Value::Null)));
@@ -200,6 +208,18 @@ async fn answer(response: reqwest::Response) -> Result<Result<Value, Refusal>, W
     let no_such_route = json.as_ref().is_some_and(|body| body["detail"] == "Not Found");
     let message = json.as_ref().and_then(error_message).unwrap_or_else(|| text.chars().take(500).collect());
     Ok(Err(Refusal { status, message, no_such_route }))
+}
+
+/// The body of `response` as text, read up to [`MAX_BODY_BYTES`]: a longer one is a protocol error.
+async fn bounded_text(mut response: reqwest::Response) -> Result<String, WorkerError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(transport)? {
+        if body.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(WorkerError::Malformed(format!("an answer over {} MiB", MAX_BODY_BYTES >> 20)));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
 /// The message of an error body: OpenAI's and vLLM's `{"error": {"message"}}`, vLLM's older and SGLang's

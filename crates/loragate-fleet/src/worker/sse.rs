@@ -11,6 +11,9 @@ use super::WorkerError;
 
 /// How long the body may take to end after `[DONE]`.
 const BODY_END_BOUND: Duration = Duration::from_secs(1);
+/// The longest event (one line, or the `data:` lines of one event together) a stream may send: a chunk carries a
+/// few tokens with their candidates, so anything near this is a worker gone wrong, and nothing longer is buffered.
+pub(crate) const MAX_EVENT_BYTES: usize = 4 << 20;
 
 /// One event of a stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,6 +99,15 @@ impl Parser {
             let line: Vec<u8> = self.buffer.drain(..=end).collect();
             self.line(&line[..end]);
         }
+        let pending = self.buffer.len() + self.data.as_ref().map_or(0, String::len);
+        if pending > MAX_EVENT_BYTES {
+            // Nothing more is read or kept: the stream ends with this error.
+            self.buffer = Vec::new();
+            self.data = None;
+            self.ended = true;
+            let what = format!("an event over {} MiB without its end", MAX_EVENT_BYTES >> 20);
+            self.ready.push_back(Err(WorkerError::Malformed(what)));
+        }
     }
 
     fn line(&mut self, line: &[u8]) {
@@ -171,6 +183,24 @@ mod tests {
         assert_eq!(events.next().await.expect("done").expect("ok"), SseEvent::Done);
         assert!(started.elapsed() >= BODY_END_BOUND, "[DONE] once the bound passed, not before");
         assert!(events.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn an_event_over_the_cap_is_a_protocol_error_and_is_not_buffered() {
+        let line = vec![b'x'; 1 << 20];
+        let body = futures::stream::iter([Ok(b"data: 1\n\ndata: ".to_vec())])
+            .chain(futures::stream::repeat(Ok(line)).take(5))
+            .chain(futures::stream::pending());
+        let events: Vec<_> = Box::pin(parse(body)).collect().await;
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert_eq!(events[0], Ok(SseEvent::Data("1".into())));
+        assert!(matches!(&events[1], Err(WorkerError::Malformed(why)) if why.contains("4 MiB")), "{events:?}");
+
+        let many_lines = futures::stream::repeat(Ok(b"data: xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n".to_vec()))
+            .take(MAX_EVENT_BYTES / 32 + 1)
+            .chain(futures::stream::pending());
+        let events: Vec<_> = Box::pin(parse(many_lines)).collect().await;
+        assert!(matches!(events.as_slice(), [Err(WorkerError::Malformed(_))]), "one event's data lines together");
     }
 
     #[tokio::test]

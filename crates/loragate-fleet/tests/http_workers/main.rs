@@ -4,9 +4,11 @@
 //! The fakes record what they are sent, which pins the protocols' edge cases: explicit budgets, `NAME@V` names,
 //! absolute paths, aborts by call (with the id vLLM reports) or by disconnect, SGLang's `rid` aborts.
 
+mod bounded;
 mod fake_sglang;
 mod fake_vllm;
 mod fakes;
+mod hostile;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -265,3 +265,33 @@ async fn the_kv_policy_is_parsed_and_the_applied_one_echoed() {
     assert!(refused.message().contains("kv_policy"), "{refused:?}");
     assert!(status_of(&harness.control, "meow").await.paused, "the refused call changed nothing");
 }
+
+#[tokio::test]
+async fn health_says_not_serving_while_the_state_store_cannot_record_and_serving_once_it_can() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+
+    let store = std::sync::Arc::new(loragate_core::testing::FailingStore::default());
+    let config = CoordinatorConfig { state: store.clone(), ..CoordinatorConfig::default() };
+    let (harness, _coordinator) = serve_with(config, &["meow"]).await;
+    let health = tonic_health::pb::health_client::HealthClient::new(harness.channel.clone());
+    let status = |service: &'static str| {
+        let mut health = health.clone();
+        async move {
+            let check = tonic_health::pb::HealthCheckRequest { service: service.into() };
+            health.check(check).await.expect("health").into_inner().status()
+        }
+    };
+    assert_eq!(status("").await, ServingStatus::Serving);
+    store.set_failing(true);
+    eventually("health reports the control plane down", || async {
+        status("").await == ServingStatus::NotServing
+            && status("loragate.v1.LoraControl").await == ServingStatus::NotServing
+    })
+    .await;
+    assert_eq!(status("loragate.v1.Sampler").await, ServingStatus::Serving, "sampling goes on");
+    store.set_failing(false);
+    eventually("health reports serving again", || async {
+        status("").await == ServingStatus::Serving && status("loragate.v1.LoraControl").await == ServingStatus::Serving
+    })
+    .await;
+}

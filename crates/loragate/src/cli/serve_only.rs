@@ -32,6 +32,15 @@ pub struct FleetArgs {
     /// waited for), in seconds.
     #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = parse_duration)]
     pub worker_wait: Duration,
+    /// How long a worker may take from a sequence's request to its first streamed event (response head and first
+    /// chunk), in seconds. Past it the sequence is tried on another worker (or handed back aborted, retryable) and
+    /// the worker counts a failure.
+    #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = parse_duration)]
+    pub worker_first_byte_timeout: Duration,
+    /// How long a worker may stay silent between two events of a sequence's stream, in seconds. Past it the
+    /// sequence is handed back aborted with its tokens (retryable) and the worker counts a failure.
+    #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = parse_duration)]
+    pub worker_inter_chunk_timeout: Duration,
     /// The most workers a fleet holds (--worker and AddWorker together); more are refused.
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_workers: u64,
@@ -53,6 +62,8 @@ impl FleetArgs {
             health_interval: self.worker_health_interval,
             failure_threshold: self.worker_failure_threshold,
             join_timeout: self.worker_wait,
+            first_byte_timeout: self.worker_first_byte_timeout,
+            inter_chunk_timeout: self.worker_inter_chunk_timeout,
             max_workers: usize::try_from(self.max_workers).unwrap_or(usize::MAX),
             worker_adapter_root: self.worker_adapter_root,
             worker_key: self.worker_key,

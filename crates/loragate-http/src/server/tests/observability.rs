@@ -117,6 +117,20 @@ async fn health_turns_503_once_draining_begins() {
 }
 
 #[tokio::test]
+async fn health_is_503_while_the_state_store_cannot_record_and_200_once_it_can() {
+    let store = Arc::new(loragate_core::testing::FailingStore::default());
+    let config = CoordinatorConfig { state: store.clone(), ..CoordinatorConfig::default() };
+    let harness = serve_engine(ScriptedEngine::new(HOLD_AFTER), config, &["meow"]).await;
+    assert_eq!(harness.get("/health").await, (StatusCode::OK, json!({"status": "ok"})));
+    store.set_failing(true);
+    let (status, body) = harness.get("/health").await;
+    assert_eq!((status, &body["status"]), (StatusCode::SERVICE_UNAVAILABLE, &json!("unhealthy")), "{body}");
+    assert!(body["reason"].as_str().is_some_and(|reason| reason.contains("disk full")), "{body}");
+    store.set_failing(false);
+    assert_eq!(harness.get("/health").await, (StatusCode::OK, json!({"status": "ok"})), "healthy again at once");
+}
+
+#[tokio::test]
 async fn extra_routes_share_the_listener_and_the_request_metrics() {
     let extra = Router::new().route(
         "/api/v1/echo/{word}",
@@ -135,4 +149,56 @@ async fn extra_routes_share_the_listener_and_the_request_metrics() {
     let text = scrape(&harness).await;
     let counted = "loragate_http_requests_total{endpoint=\"/api/v1/echo/{word}\",status=\"200\"} 1";
     assert!(text.contains(counted), "missing {counted:?} in\n{text}");
+}
+
+/// The `vllm:lora_requests_info` series as the Kubernetes inference gateway's endpoint picker reads it: the family's
+/// newest series (by value, a unix timestamp), its labels as a map.
+fn lora_requests_info(text: &str) -> (f64, std::collections::BTreeMap<String, String>) {
+    let mut newest: Option<(f64, std::collections::BTreeMap<String, String>)> = None;
+    for line in text.lines().filter(|line| line.starts_with("vllm:lora_requests_info{")) {
+        let (labels, value) = line["vllm:lora_requests_info{".len()..].rsplit_once("} ").expect("labels and a value");
+        let value: f64 = value.trim().parse().expect("a number");
+        let labels = labels
+            .split("\",")
+            .map(|pair| {
+                let (key, quoted) = pair.split_once("=\"").expect("key=\"value\"");
+                (key.to_owned(), quoted.trim_end_matches('"').to_owned())
+            })
+            .collect();
+        if newest.as_ref().is_none_or(|(at, _)| value > *at) {
+            newest = Some((value, labels));
+        }
+    }
+    newest.expect("the family is present")
+}
+
+#[tokio::test]
+async fn the_endpoint_picker_reads_a_paused_adapter_as_waiting_and_an_open_one_as_running() {
+    let harness = serve(&["meow", "woof"]).await;
+    let fresh = scrape(&harness).await;
+    for line in [
+        "vllm:request_success_total{model_name=\"demo\",finished_reason=\"stop\"} 0",
+        "vllm:request_success_total{model_name=\"demo\",finished_reason=\"length\"} 0",
+        "vllm:request_success_total{model_name=\"demo\",finished_reason=\"abort\"} 0",
+        "loragate_overloaded_total{limit=\"max_in_flight\"} 0",
+        "loragate_request_body_timeouts_total{front=\"http\"} 0",
+    ] {
+        assert!(fresh.contains(line), "missing {line:?} before any event in\n{fresh}");
+    }
+    let (_, labels) = lora_requests_info(&fresh);
+    assert_eq!((labels["running_lora_adapters"].as_str(), labels["waiting_lora_adapters"].as_str()), ("meow,woof", ""));
+
+    harness.pause("woof").await;
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs_f64();
+    let (at, labels) = lora_requests_info(&scrape(&harness).await);
+    assert!(at >= before.floor(), "valued at the scrape's unix time: {at} < {before}");
+    assert_eq!(labels["max_lora"], "2");
+    assert_eq!(labels["running_lora_adapters"], "meow", "{labels:?}");
+    assert_eq!(labels["waiting_lora_adapters"], "woof", "a paused adapter waits: {labels:?}");
+    harness.resume("woof").await;
+
+    let completion = json!({"model": "meow", "prompt": [1, 2, 3, 4], "max_tokens": 3});
+    assert_eq!(harness.post("/v1/completions", completion).await.0, StatusCode::OK);
+    let counted = "vllm:request_success_total{model_name=\"demo\",finished_reason=\"length\"} 1";
+    eventually("the finish is counted", || async { scrape(&harness).await.contains(counted) }).await;
 }
