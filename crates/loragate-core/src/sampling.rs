@@ -5,6 +5,8 @@ use crate::contract::{
 };
 use std::sync::Arc;
 
+use crate::auth::Principal;
+
 /// The most sequences one request may ask for.
 pub const MAX_NUM_SAMPLES: u32 = 64;
 
@@ -174,6 +176,8 @@ pub struct SampleRequest {
     continue_through_abort_pauses: bool,
     /// Which versions of the adapter may serve it.
     wanted: VersionWanted,
+    /// Who sent it (the only key, besides the admin's, that may read it back once finished).
+    owner: Option<Principal>,
 }
 
 /// What follows a sequence the core stopped for a pause: a request that continues it, or its end.
@@ -236,6 +240,7 @@ impl SampleRequest {
             prompt_top_logprobs,
             continue_through_abort_pauses: false,
             wanted,
+            owner: None,
         })
     }
 
@@ -260,6 +265,18 @@ impl SampleRequest {
             ));
         }
         Ok(Self { adapter: AdapterKey::Lora(name), wanted: VersionWanted::Exactly(version), ..self })
+    }
+
+    /// Says who sent the request: once it finished, only that key (or the admin's) may read it back
+    /// ([`crate::Coordinator::finished_request`]). Without an owner, only the admin may.
+    pub fn owned_by(mut self, owner: Principal) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// Who sent the request, if its front said.
+    pub fn owner(&self) -> Option<&Principal> {
+        self.owner.as_ref()
     }
 
     /// Which versions of the adapter may serve the request.
@@ -327,6 +344,7 @@ impl SampleRequest {
             prompt_top_logprobs: None,
             continue_through_abort_pauses: self.continue_through_abort_pauses,
             wanted: self.wanted,
+            owner: self.owner.clone(),
         })
     }
 

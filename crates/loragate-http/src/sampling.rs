@@ -173,7 +173,8 @@ pub(crate) async fn start(
                 prompt_token_ids: prompt.token_ids,
                 ..plan.params.clone()
             };
-            coordinator.parse_sample(raw)
+            // The caller is the request's owner: only it may read the finished request back (GET /v1/requests/{id}).
+            coordinator.parse_sample(raw).map(|request| request.owned_by(caller.clone()))
         })
         .collect::<Result<Vec<SampleRequest>, _>>()
         .map_err(|err| HttpError::in_api(err, api))?;

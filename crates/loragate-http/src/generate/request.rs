@@ -23,6 +23,9 @@ pub(crate) struct GenerateBody {
     pub(crate) stream_options: Option<StreamOptions>,
     /// Multimodal features: refused (out of scope).
     pub(crate) features: Option<Value>,
+    /// loragate's: the oldest adapter version that may serve the request (0 or absent: any); held at the gate
+    /// until the adapter reaches it.
+    pub(crate) min_lora_version: Option<u64>,
 }
 
 /// The one field of `sampling_params` this endpoint reads itself.
