@@ -18,8 +18,16 @@
 use serde_json::Value;
 
 /// Keys whose values are times: compared for presence only.
-pub const VARYING_KEYS: &[&str] =
-    &["created", "timestamp", "lease_left_s", "leaseLeftS", "latency_ms", "next_probe_unix_ms", "nextProbeUnixMs"];
+pub const VARYING_KEYS: &[&str] = &[
+    "created",
+    "finished_at",
+    "timestamp",
+    "lease_left_s",
+    "leaseLeftS",
+    "latency_ms",
+    "next_probe_unix_ms",
+    "nextProbeUnixMs",
+];
 
 /// Whether `expected` (a documented output in language `language`) matches `actual`; else a message showing both.
 pub fn compare(language: &str, expected: &str, actual: &str) -> Result<(), String> {
