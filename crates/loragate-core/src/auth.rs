@@ -123,6 +123,9 @@ pub struct Tenant {
     pub adapters: Vec<AdapterPattern>,
     /// Whether it may pause, resume, load and unload its adapters.
     pub control: bool,
+    /// The scope its requests' cached prefixes are confined to (`tenant-N`, by the key's place in the file): two
+    /// tenants never share cached keys and values, since prefix-cache timing would let one learn the other's prompts.
+    scope: Arc<str>,
 }
 
 impl Tenant {
@@ -154,11 +157,12 @@ impl TenantKeys {
         let entries: std::collections::BTreeMap<String, TenantEntry> =
             serde_json::from_str(json).map_err(|err| KeyConfigError::BadTenantFile(err.to_string()))?;
         let mut tenants = Vec::with_capacity(entries.len());
-        for (raw_key, entry) in entries {
+        for (index, (raw_key, entry)) in entries.into_iter().enumerate() {
             let key = Key::parse(&raw_key)?;
             let adapters =
                 entry.adapters.iter().map(|raw| AdapterPattern::parse(raw)).collect::<Result<Vec<_>, _>>()?;
-            tenants.push((key, Tenant { adapters, control: entry.control }));
+            let scope = format!("tenant-{index}").into();
+            tenants.push((key, Tenant { adapters, control: entry.control, scope }));
         }
         Ok(Self(tenants))
     }
@@ -255,6 +259,17 @@ impl Principal {
             (Self::Anyone, Self::Anyone) | (Self::Admin, Self::Admin) | (Self::Sampler, Self::Sampler) => true,
             (Self::Tenant(one), Self::Tenant(another)) => Arc::ptr_eq(one, another),
             _ => false,
+        }
+    }
+
+    /// The scope this caller's requests' cached prefixes are confined to ([`SampleRequest::scope_cache_to`]): its
+    /// own for a tenant key, the shared one (`None`) for every other caller.
+    ///
+    /// [`SampleRequest::scope_cache_to`]: crate::SampleRequest::scope_cache_to
+    pub fn cache_scope(&self) -> Option<Arc<str>> {
+        match self {
+            Self::Tenant(tenant) => Some(Arc::clone(&tenant.scope)),
+            Self::Anyone | Self::Admin | Self::Sampler => None,
         }
     }
 

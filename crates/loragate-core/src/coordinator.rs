@@ -288,6 +288,12 @@ impl Coordinator {
         Ok(report)
     }
 
+    /// Drops the engine's cached prompt prefixes that no running sequence uses ([`Engine::reset_prefix_cache`]);
+    /// returns how many cache blocks were dropped.
+    pub fn reset_prefix_cache(&self) -> usize {
+        self.inner.engine.reset_prefix_cache()
+    }
+
     /// The KV policy a pause in `mode` that asked for `requested` applies on this server's engine: REUSE only in
     /// keep mode on an engine that can park ([`Engine::can_park`]), RECOMPUTE otherwise.
     pub fn kv_policy_applied(&self, mode: PauseMode, requested: KvPolicy) -> KvPolicy {

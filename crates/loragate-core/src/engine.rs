@@ -23,6 +23,13 @@ pub enum EngineEvent {
     /// With `prompt_top_logprobs`, once, right after [`EngineEvent::PromptLogprobs`]: one entry per prompt token,
     /// the first with rank 0 and no alternatives.
     PromptTopLogprobs(Vec<TopLogprobs>),
+    /// Once, before any token: how many of the prompt's tokens had their keys and values taken from the engine's
+    /// prefix cache rather than computed (OpenAI's `usage.prompt_tokens_details.cached_tokens`). An engine without
+    /// a prefix cache never sends it: none were.
+    PromptCached {
+        /// The prompt tokens found in the cache.
+        tokens: u32,
+    },
     /// Tokens newly produced for one sequence, all by the same adapter version.
     Tokens {
         /// The sequence's index within the request (`0..num_samples`).
@@ -208,4 +215,10 @@ pub trait Engine: Send + Sync + 'static {
     /// started from now on can no longer pin it; those running on it keep its weights until they end. The newest
     /// version of `name` the engine holds is never removed this way. Unknown names and versions are fine.
     async fn release_version(&self, name: &AdapterName, version: AdapterVersion) -> Result<(), EngineError>;
+    /// Drops every cached prompt prefix no running sequence uses (vLLM's `/reset_prefix_cache`): later requests
+    /// compute those prefixes again. Returns how many cache blocks were dropped. Must not block. An engine without a
+    /// prefix cache (the default) has nothing to drop.
+    fn reset_prefix_cache(&self) -> usize {
+        0
+    }
 }

@@ -93,10 +93,16 @@ impl FinishedRequests {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::auth::Tenant;
+    use crate::auth::{Keyring, TenantKeys};
+
+    /// Two tenants with the same grant under different keys.
+    fn two_tenants() -> (Principal, Principal) {
+        let tenants = TenantKeys::parse(r#"{"k-a": {"adapters": ["meow"]}, "k-b": {"adapters": ["meow"]}}"#);
+        let keyring = Keyring::new(None, None, tenants.expect("valid tenants")).expect("keys");
+        let principal = |key| keyring.authenticate(Some(key)).expect("a tenant key");
+        (principal("k-a"), principal("k-b"))
+    }
 
     fn request(id: &str, owner: Option<Principal>) -> FinishedRequest {
         FinishedRequest {
@@ -129,8 +135,7 @@ mod tests {
 
     #[test]
     fn only_the_sender_the_admin_or_anyone_without_auth_may_read() {
-        let tenant = Principal::Tenant(Arc::new(Tenant { adapters: Vec::new(), control: false }));
-        let other = Principal::Tenant(Arc::new(Tenant { adapters: Vec::new(), control: false }));
+        let (tenant, other) = two_tenants();
         let sent = request("r", Some(tenant.clone()));
         assert!(sent.readable_by(&tenant) && sent.readable_by(&Principal::Admin));
         assert!(sent.readable_by(&Principal::Anyone), "authentication off: everyone is Anyone");

@@ -130,11 +130,18 @@ pub trait FleetControl: Send + Sync + 'static {
     async fn remove_worker(&self, address: &str, drain: bool) -> Result<(), FleetControlError>;
 }
 
-/// More metrics for `/metrics` from outside the fronts (a fleet's per-worker metrics): registered once in the
-/// server's registry (under the `loragate` prefix), and refreshed before every scrape.
+/// More metrics for `/metrics` from outside the fronts (a fleet's per-worker metrics, the engine's KV cache):
+/// registered once in the server's registry (under the `loragate` prefix, and under vLLM's names for those vLLM
+/// has), and refreshed before every scrape.
 pub trait MetricsSource: Send + Sync + 'static {
     /// Registers the metrics (give them a sub-registry prefix of their own).
     fn register(&self, registry: &mut Registry);
+
+    /// Registers the metrics published under vLLM's names (`vllm:…`), in a registry without prefix whose series
+    /// carry vLLM's `model_name` label. None by default.
+    fn register_vllm(&self, registry: &mut Registry) {
+        let _ = registry;
+    }
 
     /// Brings state gauges up to date; called before every scrape. Must not block.
     fn refresh(&self);

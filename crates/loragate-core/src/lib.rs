@@ -98,7 +98,8 @@ pub use gate_deadline::GateDeadline;
 pub use limits::{DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Limits, LoadSnapshot};
 pub use request_facts::{Facts, RequestFacts};
 pub use sampling::{
-    MAX_NUM_SAMPLES, MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, RawSampleRequest, SampleRequest, SamplingParams,
+    MAX_CACHE_SALT_BYTES, MAX_NUM_SAMPLES, MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, RawSampleRequest, SampleRequest,
+    SamplingParams,
 };
 
 pub use engine::{Engine, EngineEvent, EngineStream, ParkSignal, ParkedKv, ParkedKvWatch, Parking};
@@ -107,7 +108,7 @@ pub use metrics::{AdapterLabels, AdapterVersionLabels, CoreMetrics};
 pub use state::{MemoryStore, RemoteChange, ReplicaRecord, StateStore};
 
 pub use adapter::{AdapterHandle, Admission};
-pub use sample_stream::{SampleEvent, SampleStream};
+pub use sample_stream::{CachedPromptTokens, SampleEvent, SampleStream};
 
 pub use coordinator::{
     AbortsRequested, Coordinator, CoordinatorConfig, Reconciled, RestoreReport, StartError, SwapReport,

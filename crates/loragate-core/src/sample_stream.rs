@@ -12,6 +12,8 @@ mod driver;
 mod live;
 
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll, ready};
 
 use futures::{Stream, StreamExt};
@@ -67,7 +69,19 @@ pub struct SampleStream {
     num_samples: usize,
     unfinished: usize,
     done: bool,
+    cached_prompt_tokens: Arc<AtomicU32>,
     _abandon_on_drop: DropGuard,
+}
+
+/// Reads how many prompt tokens a request found in the engine's prefix cache ([`SampleStream::cached_prompt_tokens`]).
+#[derive(Clone, Debug, Default)]
+pub struct CachedPromptTokens(Arc<AtomicU32>);
+
+impl CachedPromptTokens {
+    /// The count so far.
+    pub fn get(&self) -> u32 {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 impl SampleStream {
@@ -76,6 +90,7 @@ impl SampleStream {
         let (out, receiver) = mpsc::unbounded_channel();
         let request_id = admission.request_id().clone();
         let num_samples = driver.num_samples();
+        let cached_prompt_tokens = driver.cached_prompt_tokens();
         let abandon = CancellationToken::new();
         tokio::spawn(abandon.clone().run_until_cancelled_owned(driver.run(admission, events, out)));
         Self {
@@ -84,8 +99,16 @@ impl SampleStream {
             num_samples,
             unfinished: num_samples,
             done: false,
+            cached_prompt_tokens,
             _abandon_on_drop: abandon.drop_guard(),
         }
+    }
+
+    /// How many of the prompt's tokens the engine found in its prefix cache instead of computing them (known once
+    /// the first token came; 0 before, and for an engine without a prefix cache). The handle stays readable after
+    /// the stream is consumed.
+    pub fn cached_prompt_tokens(&self) -> CachedPromptTokens {
+        CachedPromptTokens(Arc::clone(&self.cached_prompt_tokens))
     }
 
     /// The request's id.

@@ -16,6 +16,9 @@ pub const MAX_TOP_LOGPROBS: u32 = 20;
 /// The most stop token ids one request may give (every front: they are checked against every sampled token).
 pub const MAX_STOP_TOKEN_IDS: usize = 256;
 
+/// The longest `cache_salt`, in bytes.
+pub const MAX_CACHE_SALT_BYTES: usize = 1024;
+
 /// The range of OpenAI's presence and frequency penalties.
 const PENALTY_RANGE: std::ops::RangeInclusive<f32> = -2.0..=2.0;
 
@@ -65,6 +68,9 @@ pub struct RawSampleRequest {
     pub prompt_top_logprobs: Option<u32>,
     /// The oldest adapter version that may serve the request; 0 for any.
     pub min_lora_version: u64,
+    /// The namespace of the request's cached prefixes (vLLM's `cache_salt`): requests with different salts never
+    /// share cached keys and values. `None` or empty: the default namespace.
+    pub cache_salt: Option<String>,
 }
 
 /// Validated sampling parameters.
@@ -176,6 +182,8 @@ pub struct SampleRequest {
     continue_through_abort_pauses: bool,
     /// Which versions of the adapter may serve it.
     wanted: VersionWanted,
+    cache_salt: Option<Arc<str>>,
+    cache_scope: Option<Arc<str>>,
     /// Who sent it (the only key, besides the admin's, that may read it back once finished).
     owner: Option<Principal>,
 }
@@ -183,8 +191,9 @@ pub struct SampleRequest {
 /// What follows a sequence the core stopped for a pause: a request that continues it, or its end.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Continuation {
-    /// Sample the rest: `prompt + tokens so far` with the remaining budget, one sequence.
-    Request(SampleRequest),
+    /// Sample the rest: `prompt + tokens so far` with the remaining budget, one sequence (boxed: a request is
+    /// large beside a finish reason).
+    Request(Box<SampleRequest>),
     /// Nothing is left to sample: its budget is spent, or its last token ends it.
     Finished(FinishReason),
 }
@@ -240,6 +249,8 @@ impl SampleRequest {
             prompt_top_logprobs,
             continue_through_abort_pauses: false,
             wanted,
+            cache_salt: parse_cache_salt(raw.cache_salt)?,
+            cache_scope: None,
             owner: None,
         })
     }
@@ -293,6 +304,23 @@ impl SampleRequest {
         }
     }
 
+    /// Confines the request's cached prefixes to `scope` (the caller's tenant, with tenant keys): requests of
+    /// different scopes never share cached keys and values, whatever their salts. `None`: the shared scope.
+    pub fn scope_cache_to(mut self, scope: Option<Arc<str>>) -> Self {
+        self.cache_scope = scope;
+        self
+    }
+
+    /// The request's cache salt, if it gave one.
+    pub fn cache_salt(&self) -> Option<&str> {
+        self.cache_salt.as_deref()
+    }
+
+    /// The scope its cached prefixes are confined to (see [`SampleRequest::scope_cache_to`]).
+    pub fn cache_scope(&self) -> Option<&str> {
+        self.cache_scope.as_deref()
+    }
+
     /// Asks the core to continue this request's sequences itself after an abort-mode pause too (as it always does
     /// after a keep-mode pause), so its caller never sees `FINISH_REASON_ABORT` from a pause. For fronts whose
     /// clients cannot express an abort (the Tinker SDK). Aborts by unload, by request id and at shutdown still end
@@ -334,7 +362,7 @@ impl SampleRequest {
             min_tokens: self.params.min_tokens.saturating_sub(produced),
             ..self.params.clone()
         };
-        Continuation::Request(Self {
+        Continuation::Request(Box::new(Self {
             id: self.id.continuation(sequence, attempt),
             adapter: self.adapter.clone(),
             prompt,
@@ -344,8 +372,10 @@ impl SampleRequest {
             prompt_top_logprobs: None,
             continue_through_abort_pauses: self.continue_through_abort_pauses,
             wanted: self.wanted,
+            cache_salt: self.cache_salt.clone(),
+            cache_scope: self.cache_scope.clone(),
             owner: self.owner.clone(),
-        })
+        }))
     }
 
     /// The request's id.
@@ -419,6 +449,18 @@ fn parse_max_tokens(requested: Option<u32>, prompt_len: usize, model: &ModelInfo
             ),
         )),
         Some(n) => Ok(n),
+    }
+}
+
+fn parse_cache_salt(salt: Option<String>) -> Result<Option<Arc<str>>, CoreError> {
+    match salt {
+        None => Ok(None),
+        Some(salt) if salt.is_empty() => Ok(None),
+        Some(salt) if salt.len() > MAX_CACHE_SALT_BYTES => Err(CoreError::invalid(
+            Field::CacheSalt,
+            format!("has {} bytes, the limit is {MAX_CACHE_SALT_BYTES}", salt.len()),
+        )),
+        Some(salt) => Ok(Some(salt.into())),
     }
 }
 
@@ -557,6 +599,7 @@ mod tests {
             (RawSampleRequest { num_samples: MAX_NUM_SAMPLES + 1, ..raw() }, Field::NumSamples),
             (RawSampleRequest { lora_name: "two words".into(), ..raw() }, Field::LoraName),
             (RawSampleRequest { request_id: "x".repeat(300), ..raw() }, Field::RequestId),
+            (RawSampleRequest { cache_salt: Some("s".repeat(MAX_CACHE_SALT_BYTES + 1)), ..raw() }, Field::CacheSalt),
         ];
         for (request, field) in cases {
             match SampleRequest::parse(request.clone(), &model()) {
@@ -612,9 +655,13 @@ mod tests {
             num_samples: 3,
             min_tokens: 5,
             prompt_top_logprobs: Some(2),
+            cache_salt: Some("salt".into()),
             ..raw()
         };
-        let request = SampleRequest::parse(raw, &model()).expect("valid").continue_through_abort_pauses();
+        let request = SampleRequest::parse(raw, &model())
+            .expect("valid")
+            .continue_through_abort_pauses()
+            .scope_cache_to(Some("tenant-0".into()));
         let Continuation::Request(next) = request.continuation(2, 1, &[7, 8, 9], &model()) else {
             panic!("budget is left")
         };
@@ -624,9 +671,18 @@ mod tests {
         assert!(!next.include_prompt_logprobs() && next.prompt_top_logprobs().is_none());
         assert_eq!(next.params().min_tokens(), 2, "the tokens already produced count towards min_tokens");
         assert!(next.continues_through_abort_pauses());
+        assert_eq!((next.cache_salt(), next.cache_scope()), (Some("salt"), Some("tenant-0")), "the same cache");
         assert_ne!(next.id(), request.id(), "the engine sees a fresh id per continuation");
         assert_eq!(request.continuation(0, 1, &[5; 10], &model()), Continuation::Finished(FinishReason::Length));
         assert_eq!(request.continuation(0, 1, &[5, 257], &model()), Continuation::Finished(FinishReason::Stop));
+    }
+
+    #[test]
+    fn an_empty_cache_salt_is_no_salt() {
+        let empty = RawSampleRequest { cache_salt: Some(String::new()), ..raw() };
+        assert_eq!(SampleRequest::parse(empty, &model()).expect("valid").cache_salt(), None);
+        let salted = RawSampleRequest { cache_salt: Some("a".into()), ..raw() };
+        assert_eq!(SampleRequest::parse(salted, &model()).expect("valid").cache_salt(), Some("a"));
     }
 
     #[test]

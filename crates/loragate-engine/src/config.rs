@@ -1,4 +1,4 @@
-//! How an engine runs: device, dtype, batch and step limits, quantized weights.
+//! How an engine runs: device, dtype, batch and step limits, quantized weights, the KV cache.
 
 use std::fmt;
 use std::str::FromStr;
@@ -212,6 +212,14 @@ pub struct EngineConfig {
     pub adapter_load_timeout: Duration,
     /// How a GGUF file's quantized weight matrices are multiplied.
     pub quantized_weights: QuantizedWeights,
+    /// The bytes of the paged KV cache (vLLM's `kv_cache_memory_bytes`): its blocks of
+    /// [`EngineConfig::KV_BLOCK_SIZE`] positions are taken from one pool of this size, allocated at start.
+    /// `None`: [`EngineConfig::default_kv_cache_bytes`] for the machine and the model.
+    pub kv_cache_memory_bytes: Option<u64>,
+    /// Whether requests reuse the cached keys and values of a prefix they share with earlier requests (vLLM's
+    /// `enable_prefix_caching`): full blocks named by their adapter, its version, the request's cache salt and
+    /// every token up to them.
+    pub enable_prefix_caching: bool,
 }
 
 impl EngineConfig {
@@ -237,6 +245,68 @@ impl EngineConfig {
     pub const DEFAULT_MAX_NUM_BATCHED_TOKENS_CUDA: usize = 1024;
     /// What a default step budget leaves for prompts at least, beside a full batch of decoding sequences.
     pub const MIN_PREFILL_TOKENS_PER_STEP: usize = 16;
+    /// Positions per block of the paged KV cache (see `docs/engine.md` for why 16).
+    pub const KV_BLOCK_SIZE: usize = crate::model::BLOCK_SIZE;
+    /// The largest default KV cache: 4 GiB.
+    pub const MAX_DEFAULT_KV_CACHE_BYTES: u64 = 4 << 30;
+    /// The default KV cache when the machine's available memory cannot be read: 1 GiB.
+    pub const FALLBACK_KV_CACHE_BYTES: u64 = 1 << 30;
+
+    /// The default size of the KV cache, for a model whose cached positions take `bytes_per_position` each, served
+    /// with `context_length` positions per sequence: a quarter of the memory the machine has available
+    /// (`available_bytes`, `MemAvailable` on Linux; [`Self::FALLBACK_KV_CACHE_BYTES`] when unknown), at most
+    /// [`Self::MAX_DEFAULT_KV_CACHE_BYTES`], and no more than every place of the batch (`max_batch_size`, at least
+    /// 64) holding a whole context. A quarter leaves the weights, the activations and the rest of the machine their
+    /// room; on a CPU the memory is only used as blocks are first written. On CUDA the pool is allocated on the device
+    /// at once and the host's memory says nothing of it: the cap applies, and a larger GPU should be given its size.
+    pub fn default_kv_cache_bytes(
+        available_bytes: Option<u64>,
+        bytes_per_position: usize,
+        context_length: usize,
+        max_batch_size: usize,
+    ) -> u64 {
+        let share = available_bytes.map_or(Self::FALLBACK_KV_CACHE_BYTES, |available| available / 4);
+        let whole_batch = (bytes_per_position as u64)
+            .saturating_mul(context_length as u64)
+            .saturating_mul(max_batch_size.max(64) as u64);
+        share.min(Self::MAX_DEFAULT_KV_CACHE_BYTES).min(whole_batch)
+    }
+
+    /// The machine's available memory (`MemAvailable` in `/proc/meminfo`), if it can be read.
+    pub fn available_memory_bytes() -> Option<u64> {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = meminfo.lines().find(|line| line.starts_with("MemAvailable:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    }
+
+    /// The blocks of the KV cache for a model whose cached positions take `bytes_per_position` each, served with
+    /// `context_length` positions (block 0, kept zero for padding, among them). An explicit size that holds no
+    /// block besides it is an [`EngineLoadError::Settings`] naming the flag.
+    pub(crate) fn kv_cache_blocks(
+        &self,
+        bytes_per_position: usize,
+        context_length: usize,
+    ) -> Result<usize, EngineLoadError> {
+        let block_bytes = (bytes_per_position * Self::KV_BLOCK_SIZE) as u64;
+        let bytes = self.kv_cache_memory_bytes.unwrap_or_else(|| {
+            Self::default_kv_cache_bytes(
+                Self::available_memory_bytes(),
+                bytes_per_position,
+                context_length,
+                self.max_batch_size,
+            )
+        });
+        let blocks = usize::try_from(bytes / block_bytes.max(1)).unwrap_or(usize::MAX);
+        if blocks < 2 {
+            return Err(EngineLoadError::Settings(format!(
+                "kv_cache_memory_bytes (--kv-cache-memory-bytes) {bytes} holds no block of {} positions ({block_bytes} \
+                 bytes for this model)",
+                Self::KV_BLOCK_SIZE
+            )));
+        }
+        Ok(blocks)
+    }
 
     /// How a GGUF file's quantized matrices are multiplied on this config's device. On the CPU, as asked. On CUDA they
     /// are always dequantized to the dtype (the quantized kernels are the CPU's): the default `quantized` becomes
@@ -298,6 +368,8 @@ impl Default for EngineConfig {
             max_adapter_bytes: Self::DEFAULT_MAX_ADAPTER_BYTES,
             adapter_load_timeout: Self::DEFAULT_ADAPTER_LOAD_TIMEOUT,
             quantized_weights: QuantizedWeights::default(),
+            kv_cache_memory_bytes: None,
+            enable_prefix_caching: true,
         }
     }
 }
@@ -376,6 +448,25 @@ mod tests {
             matches!(&err, EngineLoadError::Settings(reason) if reason.contains("--quantized-weights") && reason.contains("cuda:0")),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_kv_cache_defaults_to_a_capped_quarter_of_the_available_memory() {
+        let gib = 1u64 << 30;
+        // SmolLM2-135M: 46,080 bytes per position, 8,192 positions.
+        assert_eq!(EngineConfig::default_kv_cache_bytes(Some(8 * gib), 46_080, 8192, 64), 2 * gib, "a quarter");
+        assert_eq!(EngineConfig::default_kv_cache_bytes(Some(64 * gib), 46_080, 8192, 64), 4 * gib, "capped");
+        assert_eq!(EngineConfig::default_kv_cache_bytes(None, 46_080, 8192, 64), gib, "unknown memory");
+        // The demo model (2 KiB per position, 4,096 positions): every place of the batch holding a whole context.
+        assert_eq!(EngineConfig::default_kv_cache_bytes(Some(64 * gib), 2048, 4096, 8), 2048 * 4096 * 64);
+        let config = EngineConfig { kv_cache_memory_bytes: Some(10 * 46_080 * 16), ..EngineConfig::default() };
+        assert_eq!(config.kv_cache_blocks(46_080, 8192).expect("blocks"), 10);
+        let tiny = EngineConfig { kv_cache_memory_bytes: Some(46_080 * 16), ..EngineConfig::default() };
+        let err = tiny.kv_cache_blocks(46_080, 8192).expect_err("one block is only the zero block");
+        assert!(err.to_string().contains("--kv-cache-memory-bytes"), "{err}");
+        if cfg!(target_os = "linux") {
+            assert!(EngineConfig::available_memory_bytes().is_some_and(|bytes| bytes > 0), "read on Linux");
+        }
     }
 
     #[cfg(not(feature = "cuda"))]

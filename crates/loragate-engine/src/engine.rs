@@ -20,12 +20,16 @@ use crate::detached::{DetachedError, run_detached};
 use crate::error::EngineLoadError;
 use crate::gguf::{GgufFile, ModelFormat};
 use crate::lora::{AdapterLimits, AdapterWeights, load_peft_adapter};
-use crate::model::{Llama, ModelConfig};
+use crate::model::{BLOCK_SIZE, BlockPool, Llama, ModelConfig, kv_cache_error};
 use crate::scheduler::{StepThread, Submission, outbox};
 use crate::tokenizer::Tokenizer;
 
+mod metrics;
+mod stats;
 #[cfg(test)]
 mod tests;
+
+pub use stats::{EngineFacts, KvCacheStats};
 
 /// The candle inference engine: a LLaMA-family model with per-request LoRA adapters, sampled by a batched step
 /// scheduler on its own thread. Dropping it stops the thread (after its current step); requests still running
@@ -39,6 +43,10 @@ pub struct CandleEngine {
     adapter_limits: AdapterLimits,
     adapter_load_timeout: Duration,
     tokenizer: Option<Tokenizer>,
+    /// The KV cache's blocks (the step thread holds the keys and values): for the metrics and resets.
+    kv_pool: BlockPool,
+    facts: EngineFacts,
+    metrics: metrics::KvCacheMetrics,
     step_thread: StepThread,
 }
 
@@ -63,7 +71,7 @@ impl CandleEngine {
             ModelFormat::Gguf => {
                 let file = GgufFile::open(path)?;
                 let weights = config.quantized_weights_on_device()?;
-                (Llama::load_gguf(&file, &device, dtype, max_context, weights)?, Some(file.tokenizer()?))
+                (Llama::load_gguf(&file, &device, dtype, max_context, weights)?, Some(file.tokenizer()?.into()))
             }
         };
         Self::start(model, tokenizer, &config)
@@ -75,14 +83,37 @@ impl CandleEngine {
         config: &EngineConfig,
     ) -> Result<Self, EngineLoadError> {
         let model_config = Arc::new(model.config().clone());
-        let info = ModelInfo {
-            vocab_size: model_config.vocab_size as u32,
-            context_length: model.context_length() as u32,
-            eos_token_ids: model_config.eos_token_ids.clone(),
-        };
         let (device, dtype) = (model.device().clone(), model.dtype());
         let limits = config.step_limits(model.device(), model.multiplies_quantized_only())?;
-        let step_thread = StepThread::spawn(model, limits).map_err(EngineLoadError::Thread)?;
+        let bytes_per_position = model.kv_bytes_per_position();
+        let blocks = config.kv_cache_blocks(bytes_per_position, model.context_length())?;
+        let cache = model
+            .kv_cache(blocks, config.enable_prefix_caching)
+            .map_err(|err| EngineLoadError::Settings(format!("cannot allocate the KV cache: {err}")))?;
+        let kv_pool = cache.pool().clone();
+        let facts = EngineFacts {
+            kv_cache_blocks: kv_pool.usage().total,
+            kv_cache_bytes: (blocks * BLOCK_SIZE * bytes_per_position) as u64,
+            block_size: BLOCK_SIZE,
+            prefix_caching: config.enable_prefix_caching,
+            weights: model.weights_summary(),
+        };
+        // A sequence must fit in the cache alone: the served context is capped at what it holds.
+        let cached_positions = facts.kv_cache_blocks * BLOCK_SIZE;
+        if cached_positions < model.context_length() {
+            tracing::warn!(
+                context_length = model.context_length(),
+                kv_cache_positions = cached_positions,
+                "the KV cache holds fewer positions than the context: the served context is capped at what it \
+                 holds (raise --kv-cache-memory-bytes, or lower --max-context-length)"
+            );
+        }
+        let info = ModelInfo {
+            vocab_size: model_config.vocab_size as u32,
+            context_length: model.context_length().min(cached_positions) as u32,
+            eos_token_ids: model_config.eos_token_ids.clone(),
+        };
+        let step_thread = StepThread::spawn(model, cache, limits).map_err(EngineLoadError::Thread)?;
         Ok(Self {
             info,
             model_config,
@@ -92,6 +123,9 @@ impl CandleEngine {
             adapter_limits: AdapterLimits { max_rank: config.max_lora_rank, max_bytes: config.max_adapter_bytes },
             adapter_load_timeout: config.adapter_load_timeout,
             tokenizer,
+            kv_pool,
+            metrics: metrics::KvCacheMetrics::new(&facts),
+            facts,
             step_thread,
         })
     }
@@ -101,7 +135,28 @@ impl CandleEngine {
         self.tokenizer.as_ref()
     }
 
-    /// The names and newest versions of the installed adapters, sorted by name.
+    /// What the engine runs with: its KV cache and its weights (for the startup line).
+    pub fn facts(&self) -> &EngineFacts {
+        &self.facts
+    }
+
+    /// The KV cache's use now and its counters since the start (for the metrics).
+    pub fn kv_cache_stats(&self) -> KvCacheStats {
+        KvCacheStats::of(&self.kv_pool)
+    }
+
+    /// Refuses a request one of whose sequences could not fit in the KV cache even alone.
+    fn check_fits(&self, request: &SampleRequest) -> Result<(), EngineError> {
+        // The last token's keys and values are never computed.
+        let positions = request.prompt().len() + request.params().max_tokens() as usize - 1;
+        let blocks = self.kv_pool.usage().total;
+        if positions.div_ceil(BLOCK_SIZE) > blocks {
+            return Err(EngineError::TooLarge(kv_cache_error(positions, blocks)));
+        }
+        Ok(())
+    }
+
+    /// The names and versions of the installed adapters, sorted by name.
     pub fn adapters(&self) -> Vec<(AdapterName, AdapterVersion)> {
         let adapters = self.adapters.read();
         let mut newest: Vec<_> = adapters
@@ -167,6 +222,7 @@ impl Engine for CandleEngine {
                 (Some(weights.clone()), *version)
             }
         };
+        self.check_fits(&request)?;
         let (events, receiver) = outbox();
         let Parking { park_on_cancel: park, resume_from: resume } = parking;
         self.step_thread.submit(Submission { request, adapter, version, cancel, park, resume, events })?;
@@ -200,6 +256,12 @@ impl Engine for CandleEngine {
         // The coordinator logs the load (once, at INFO); this says when the engine installed it.
         tracing::debug!(adapter = %name, %version, "adapter installed");
         Ok(())
+    }
+
+    /// Drops every cached prefix no sequence uses (vLLM's `/reset_prefix_cache`, SGLang's `/flush_cache`): their
+    /// blocks become free, and later requests compute those prefixes again. Blocks in use keep their prefixes.
+    fn reset_prefix_cache(&self) -> usize {
+        self.kv_pool.reset_prefix_cache()
     }
 
     async fn unload_adapter(&self, name: &AdapterName, version: AdapterVersion) -> Result<(), EngineError> {

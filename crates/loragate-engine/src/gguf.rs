@@ -29,7 +29,6 @@ use candle_core::quantized::gguf_file::{Content, Value};
 
 use crate::error::EngineLoadError;
 use crate::model::ModelConfig;
-use crate::tokenizer::Tokenizer;
 
 pub(crate) use source::GgufSource;
 pub(crate) use tensors::read_weights;
@@ -90,9 +89,10 @@ impl GgufFile {
         config::model_config(&self.metadata(), tied)
     }
 
-    /// The tokenizer described by `tokenizer.ggml.*`.
-    pub(crate) fn tokenizer(&self) -> Result<Tokenizer, EngineLoadError> {
-        tokenizer::tokenizer(&self.metadata()).map(Tokenizer::from)
+    /// The tokenizer described by `tokenizer.ggml.*` (`crate::Tokenizer` wraps it: this module does not depend on
+    /// that one, which opens GGUF files).
+    pub(crate) fn tokenizer(&self) -> Result<tokenizers::Tokenizer, EngineLoadError> {
+        tokenizer::tokenizer(&self.metadata())
     }
 
     /// `tokenizer.chat_template` with the BOS and EOS token texts, if the file has a template.

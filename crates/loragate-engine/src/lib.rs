@@ -45,7 +45,7 @@ pub use config::{
     DType, Device, EngineConfig, ParseDTypeError, ParseDeviceError, ParseQuantizedWeightsError, QuantizedWeights,
 };
 pub use demo::{DEMO_MODEL_NAME, DemoError, DemoFiles, default_cache_dir, ensure_demo_files, write_demo_files};
-pub use engine::{CandleEngine, read_model_info};
+pub use engine::{CandleEngine, EngineFacts, KvCacheStats, read_model_info};
 pub use error::EngineLoadError;
 pub use gguf::{ChatTemplateSource, ModelFormat, gguf_chat_template};
 pub use random_adapter::{RandomAdapter, RandomAdapterError, write_random_adapter};

@@ -1,10 +1,10 @@
 //! Our own LLaMA-family decoder (LLaMA, Qwen2, Mistral): token embedding → N × [RMSNorm, grouped-query attention
 //! with RoPE, RMSNorm, SwiGLU MLP] → RMSNorm → LM head. It is ours rather than candle-transformers' so that every
 //! projection takes a per-row LoRA ([`LoraBatch`]), and so that one pass runs a scheduler step's packed tokens: the
-//! decode rows of many sequences of different lengths over a [`BatchKvCache`], and prefill chunks of other
-//! sequences over their own [`SequenceKv`]s ([`Llama::forward_packed`]).
+//! decode rows of many sequences of different lengths and prefill chunks of other sequences, each over its own
+//! blocks of the paged [`KvCache`] ([`Llama::forward_packed`]).
 //!
-//! The model is immutable once loaded (`&self` everywhere); all per-sequence state lives in the caches.
+//! The model is immutable once loaded (`&self` everywhere); all per-sequence state lives in the cache.
 
 mod config;
 mod kv_cache;
@@ -26,9 +26,9 @@ use layer::{AttentionInput, DecoderLayer};
 use rope::RopeTables;
 
 pub(crate) use config::{ModelConfig, RopeScaling};
-pub(crate) use kv_cache::{BatchKvCache, LayerKv, SequenceKv, fill_holes_from_the_end};
+pub(crate) use kv_cache::{BLOCK_SIZE, BlockHash, BlockPool, KvCache, ReserveError, SequenceBlocks, kv_cache_error};
 pub(crate) use linear::Linear;
-pub(crate) use packed::{PackedInput, PrefillChunk};
+pub(crate) use packed::{DecodeRow, PackedInput, PrefillChunk};
 #[cfg(test)]
 pub(crate) use weights::WeightMap;
 pub(crate) use weights::{WeightSource, check_shape, random_tensor, random_weights, to_engine, weights_error};
@@ -68,6 +68,29 @@ impl Llama {
         self.layers.first().is_some_and(|layer| layer.attention.q.weight.multiplies_quantized_only())
     }
 
+    /// How the weight matrices are held, most common first: `"Q4_1 kept quantized"` for a GGUF file's Q4_1 matrices
+    /// multiplied as such, `"f32"` for dense ones, with each kind's count when they differ.
+    pub(crate) fn weights_summary(&self) -> String {
+        let mut kinds: Vec<(String, usize)> = Vec::new();
+        let projections = self.layers.iter().flat_map(|layer| {
+            let (attention, mlp) = (&layer.attention, &layer.mlp);
+            [&attention.q, &attention.k, &attention.v, &attention.o, &mlp.gate, &mlp.up, &mlp.down]
+                .map(|projection| &projection.weight)
+        });
+        for linear in projections.chain([&self.lm_head]) {
+            let kind = linear.describe();
+            match kinds.iter_mut().find(|(known, _)| *known == kind) {
+                Some((_, count)) => *count += 1,
+                None => kinds.push((kind, 1)),
+            }
+        }
+        kinds.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
+        if kinds.len() == 1 {
+            return kinds.remove(0).0;
+        }
+        kinds.iter().map(|(kind, count)| format!("{kind} ({count} matrices)")).collect::<Vec<_>>().join(", ")
+    }
+
     /// The longest sequence (prompt plus generated tokens) this model serves.
     pub(crate) fn context_length(&self) -> usize {
         self.context_length
@@ -102,10 +125,17 @@ impl Llama {
         logits.reshape(out_dims)
     }
 
-    /// An empty cache for one sequence of up to `capacity` positions.
-    pub(crate) fn sequence_kv(&self, capacity: usize) -> Result<SequenceKv> {
+    /// The bytes one cached position takes: `2 · layers · kv_heads · head_dim · dtype`.
+    pub(crate) fn kv_bytes_per_position(&self) -> usize {
         let config = &self.config;
-        SequenceKv::new(config.num_layers, config.num_kv_heads, config.head_dim, capacity, &self.device, self.dtype)
+        KvCache::bytes_per_position(config.num_layers, config.num_kv_heads, config.head_dim, self.dtype)
+    }
+
+    /// A paged cache of `blocks` blocks for this model (see [`KvCache::new`]).
+    pub(crate) fn kv_cache(&self, blocks: usize, prefix_caching: bool) -> Result<KvCache> {
+        let config = &self.config;
+        let heads = (config.num_kv_heads, config.head_dim);
+        KvCache::new(config.num_layers, heads, blocks, prefix_caching, &self.device, self.dtype)
     }
 
     fn embed(&self, tokens: &Tensor) -> Result<Tensor> {

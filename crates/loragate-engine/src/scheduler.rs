@@ -6,14 +6,17 @@
 //! 2. hand back every cancelled request — waiting, in the middle of its prefill or decoding — with
 //!    `Finished { Abort }` (a decoding sequence's tokens were already emitted, one per step), and drop those whose
 //!    caller went away;
-//! 3. plan: **every** decoding sequence gets one token; what is left of `max_num_batched_tokens` goes to prompt
-//!    chunks, dealt round-robin over tenants (adapters and the base model) and first come first served within one
-//!    ([`fair`]); a request starts only when the batch has room for its `num_samples` sequences (`max_batch_size`);
+//! 3. plan: **every** decoding sequence gets one token (and a block when it needs one: if the cache has none left,
+//!    the newest running sequence is preempted — its blocks freed, its keys and values recomputed later, vLLM V1's
+//!    policy); what is left of `max_num_batched_tokens` goes to prompt chunks, dealt round-robin over tenants
+//!    (adapters and the base model) and first come first served within one ([`fair`]); a request starts only when
+//!    the batch has room for its `num_samples` sequences (`max_batch_size`), taking the leading blocks of its prompt
+//!    the prefix cache holds, and prefilling only the rest;
 //! 4. run all of it in **one** forward pass ([`Llama::forward_packed`]): the decode rows, whatever their adapters and
 //!    lengths, and the chunks of several prompts, each token at its own position with its own adapter;
 //! 5. emit each decode row's token; after each chunk, keep its prompt logprobs; after a prompt's last chunk, emit
 //!    them and its sequences' first tokens (its `num_samples` sequences share the prefill) — those that go on join
-//!    the decode batch for the next step, with the prompt's keys and values.
+//!    the decode batch for the next step, sharing the prompt's blocks.
 //!
 //! So a decoding sequence never waits for someone else's prefill: every step advances it, and the budget bounds what
 //! a step costs. A long prompt is prefilled over several steps. A cancelled request is answered within one step.
@@ -28,6 +31,7 @@ mod fair;
 mod outbox;
 mod park;
 mod pending;
+mod preempt;
 mod prefill;
 mod sequence;
 mod step;
@@ -36,14 +40,13 @@ mod tests;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use loragate_core::EngineError;
 
 use crate::lora::LoraBank;
-use crate::model::Llama;
+use crate::model::{KvCache, Llama};
 use batch::Batch;
 use pending::Pending;
 
@@ -65,10 +68,10 @@ pub(crate) struct StepThread {
 }
 
 impl StepThread {
-    /// Starts the thread, which owns `model` from now on.
-    pub(crate) fn spawn(model: Llama, limits: StepLimits) -> std::io::Result<Self> {
+    /// Starts the thread, which owns `model` and `cache` from now on.
+    pub(crate) fn spawn(model: Llama, cache: KvCache, limits: StepLimits) -> std::io::Result<Self> {
         let (commands, receiver) = mpsc::channel();
-        let scheduler = Scheduler::new(model, receiver, limits);
+        let scheduler = Scheduler::new(model, cache, receiver, limits);
         let threads = rayon::current_num_threads();
         let handle = std::thread::Builder::new().name("loragate-engine-step".into()).spawn(move || {
             // The steps run on a worker of the engine's own compute pool: a forward pass's parallel products then
@@ -106,9 +109,6 @@ impl Drop for StepThread {
     }
 }
 
-/// How often an idle step thread keeping its batch's buffers for parked rows checks whether any may still come back.
-const PARKED_RECHECK: Duration = Duration::from_secs(1);
-
 /// What one step may hold.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct StepLimits {
@@ -120,6 +120,10 @@ pub(crate) struct StepLimits {
 
 struct Scheduler {
     model: Llama,
+    /// The paged KV cache every sequence's blocks come from.
+    cache: KvCache,
+    /// The last stamp handed to a sequence or prefill starting to run (the newest is preempted first).
+    stamp: u64,
     commands: Receiver<Command>,
     limits: StepLimits,
     /// Requests not decoding yet: waiting, or in the middle of their prefill.
@@ -137,19 +141,20 @@ struct Scheduler {
 }
 
 impl Scheduler {
-    fn new(model: Llama, commands: Receiver<Command>, limits: StepLimits) -> Self {
+    fn new(model: Llama, cache: KvCache, commands: Receiver<Command>, limits: StepLimits) -> Self {
         let limits = StepLimits {
             max_batch_size: limits.max_batch_size.max(1),
             max_num_batched_tokens: limits.max_num_batched_tokens.max(1),
         };
-        let batch = Batch::new(&model, limits.max_batch_size);
         Self {
             model,
+            cache,
+            stamp: 0,
             commands,
             limits,
             pending: Pending::default(),
             resuming: VecDeque::new(),
-            batch,
+            batch: Batch::new(),
             bank: None,
             #[cfg(test)]
             trace: Vec::new(),
@@ -170,7 +175,7 @@ impl Scheduler {
     /// Takes every pending command, blocking for one when the thread has nothing to do. False once told to stop.
     fn receive_commands(&mut self) -> bool {
         if self.is_idle() {
-            let keep_running = self.next_command_when_idle().is_some_and(|command| self.handle(command));
+            let keep_running = self.commands.recv().ok().is_some_and(|command| self.handle(command));
             if !keep_running {
                 return false;
             }
@@ -186,19 +191,6 @@ impl Scheduler {
                 Err(TryRecvError::Empty) => return true,
             }
         }
-    }
-
-    /// Blocks for the next command; `None` once the engine front is gone. The emptied batch keeps its buffers while
-    /// rows this thread parked may come back to them, checking every [`PARKED_RECHECK`].
-    fn next_command_when_idle(&mut self) -> Option<Command> {
-        while self.batch.keeps_buffers_for_parked_rows() {
-            match self.commands.recv_timeout(PARKED_RECHECK) {
-                Ok(command) => return Some(command),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return None,
-            }
-        }
-        self.commands.recv().ok()
     }
 
     /// Whether nothing is decoding, waiting or being prefilled.
@@ -220,7 +212,7 @@ impl Scheduler {
     fn submit(&mut self, submission: Box<Submission>) {
         match park::Resuming::accept(submission, self.batch.parked(), &self.model) {
             Ok(resuming) => self.resuming.push_back(resuming),
-            Err(submission) => self.pending.push(*submission),
+            Err(submission) => self.pending.push(*submission, &self.model),
         }
     }
 }

@@ -92,6 +92,8 @@ pub(crate) struct Collected {
     pub(crate) sequences: Vec<CollectedSequence>,
     pub(crate) prompt_logprobs: Option<Vec<f32>>,
     pub(crate) prompt_top_logprobs: Option<Vec<TopLogprobs>>,
+    /// The prompt tokens found in the prefix cache, if the engine said.
+    pub(crate) cached_tokens: Option<u32>,
     pub(crate) errors: Vec<String>,
     /// Every event in order, for ordering checks.
     pub(crate) events: Vec<EngineEvent>,
@@ -124,6 +126,7 @@ impl Collected {
         match &event {
             EngineEvent::PromptLogprobs(logprobs) => self.prompt_logprobs = Some(logprobs.clone()),
             EngineEvent::PromptTopLogprobs(top) => self.prompt_top_logprobs = Some(top.clone()),
+            EngineEvent::PromptCached { tokens } => self.cached_tokens = Some(*tokens),
             EngineEvent::Tokens { sequence, version, token_ids, logprobs, top_logprobs } => {
                 let output = self.sequence(*sequence);
                 output.token_ids.extend(token_ids);

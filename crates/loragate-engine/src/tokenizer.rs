@@ -39,7 +39,7 @@ impl Tokenizer {
     pub fn for_model(path: &Path) -> Result<Option<Self>, EngineLoadError> {
         match ModelFormat::of(path) {
             ModelFormat::HuggingFace => Self::from_model_dir(path),
-            ModelFormat::Gguf => GgufFile::open(path)?.tokenizer().map(Some),
+            ModelFormat::Gguf => GgufFile::open(path)?.tokenizer().map(|inner| Some(Self { inner })),
         }
     }
 

@@ -45,6 +45,7 @@ async fn complete(engine: &CandleEngine, lora: &str, prompt: &str, raw: RawSampl
                 EngineEvent::Finished { reason, .. } => finish = Some(reason),
                 EngineEvent::PromptLogprobs(_)
                 | EngineEvent::PromptTopLogprobs(_)
+                | EngineEvent::PromptCached { .. }
                 | EngineEvent::Parked { .. }
                 | EngineEvent::Resumed { .. } => {}
             }

@@ -32,6 +32,7 @@ pub(crate) fn raw_sample_request(request: pb::SampleRequest) -> RawSampleRequest
         top_logprobs: 0,
         prompt_top_logprobs: None,
         min_lora_version: request.min_lora_version,
+        cache_salt: Some(request.cache_salt),
     }
 }
 

@@ -59,6 +59,7 @@ impl Plan {
         let prompt_alternatives = explicit_prompt_logprobs.or(body.logprobs.filter(|_| echo));
         sampling.params.top_logprobs = body.logprobs.unwrap_or(0);
         sampling.params.prompt_top_logprobs = prompt_alternatives;
+        sampling.params.cache_salt = body.cache_salt;
         sampling.text.with_logprobs = body.logprobs.is_some();
         sampling.params.min_lora_version = body.min_lora_version.unwrap_or(0);
         let ids = prompt_request_ids(base_id, prompts.len());

@@ -242,10 +242,16 @@ pub(crate) struct FlushBody {
     reset_running_requests: Option<bool>,
 }
 
-/// `POST /reset_prefix_cache` (vLLM) and `GET`/`POST /flush_cache` (SGLang): 200 with an empty body. loragate keeps
-/// no cache whose flush would change a result (a request's KV cache lives only as long as the request). The body is
-/// read (and checked) like every other: a body left unread would cost the client its keep-alive connection.
-pub(crate) async fn flush_cache(OptionalJsonBody(_): OptionalJsonBody<FlushBody>) -> StatusCode {
+/// `POST /reset_prefix_cache` (vLLM) and `GET`/`POST /flush_cache` (SGLang): drops the engine's cached prompt prefixes
+/// that no running request uses, and answers 200 with an empty body (the prefixes running requests use stay, so it
+/// never has to refuse while requests run, as SGLang does). The body is read (and checked) like every other: a body
+/// left unread would cost the client its keep-alive connection.
+pub(crate) async fn flush_cache(
+    State(state): State<AppState>,
+    OptionalJsonBody(_): OptionalJsonBody<FlushBody>,
+) -> StatusCode {
+    let dropped = state.front().coordinator().reset_prefix_cache();
+    tracing::debug!(blocks = dropped, "the prefix cache was reset");
     StatusCode::OK
 }
 

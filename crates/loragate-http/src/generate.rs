@@ -35,7 +35,7 @@ const SAMPLING_PARAMS: &str = "sampling_params";
 
 /// vLLM's request fields accepted without effect on this endpoint: the OpenAI ones, and `kv_transfer_params`
 /// (disaggregated serving; there is nothing to transfer).
-const NEUTRAL_REQUEST_FIELDS: &[&str] = &["cache_salt", "priority", "user", "kv_transfer_params"];
+const NEUTRAL_REQUEST_FIELDS: &[&str] = &["priority", "user", "kv_transfer_params"];
 
 /// A generate body as it arrives: this endpoint's own fields, and under `sampling_params` the sampling fields it
 /// shares with vLLM's other APIs plus its own `logprobs`. Any other key is refused, at either level, but for the
@@ -80,6 +80,7 @@ impl Plan {
         let mut sampling = fields.into_plan(SAMPLING_PARAMS)?;
         sampling.params.top_logprobs = extras.logprobs.unwrap_or(0);
         sampling.params.prompt_top_logprobs = prompt_logprobs;
+        sampling.params.cache_salt = body.cache_salt;
         sampling.text.with_logprobs = extras.logprobs.is_some();
         sampling.params.min_lora_version = body.min_lora_version.unwrap_or(0);
         let options = GenerateOptions {

@@ -17,6 +17,7 @@ pub(crate) use self::logprobs::{
 };
 pub(crate) use self::sse::{ChunkRenderer, REQUEST_ID_HEADER, respond, to_json, to_value};
 
+use loragate_core::CachedPromptTokens;
 use serde::Deserialize;
 
 /// OpenAI's `stream_options`.
@@ -49,19 +50,45 @@ pub(crate) struct Usage {
 /// vLLM's `usage.prompt_tokens_details` (`PromptTokenUsageInfo`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct PromptTokensDetails {
-    /// Prompt tokens read from a prefix cache: always 0, since a request's KV cache lives only as long as the
-    /// request (vLLM reports the same field with `--enable-prompt-tokens-details`).
+    /// Prompt tokens whose keys and values the engine took from its prefix cache rather than computed (vLLM reports
+    /// the same field with `--enable-prompt-tokens-details`).
     pub(crate) cached_tokens: usize,
 }
 
+/// A request's prompt tokens over every prompt, and how many of them the engine found in its prefix cache — read
+/// when the usage is rendered, once tokens came.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PromptTokens {
+    count: usize,
+    cached: Vec<CachedPromptTokens>,
+}
+
+impl PromptTokens {
+    /// `count` tokens, of which each prompt's core request tells how many were cached.
+    pub(crate) fn new(count: usize, cached: Vec<CachedPromptTokens>) -> Self {
+        Self { count, cached }
+    }
+
+    /// The prompt tokens found in the prefix cache, over every prompt.
+    pub(crate) fn cached(&self) -> usize {
+        self.cached.iter().map(|cached| cached.get() as usize).sum()
+    }
+}
+
+impl From<usize> for PromptTokens {
+    fn from(count: usize) -> Self {
+        Self { count, cached: Vec::new() }
+    }
+}
+
 impl Usage {
-    /// The usage of `prompt_tokens` and `completion_tokens`.
-    pub(crate) fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
+    /// The usage of `prompt` and `completion_tokens`.
+    pub(crate) fn new(prompt: &PromptTokens, completion_tokens: usize) -> Self {
         Self {
-            prompt_tokens,
+            prompt_tokens: prompt.count,
             completion_tokens,
-            total_tokens: prompt_tokens + completion_tokens,
-            prompt_tokens_details: PromptTokensDetails::default(),
+            total_tokens: prompt.count + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: prompt.cached() },
         }
     }
 }

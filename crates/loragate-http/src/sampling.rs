@@ -16,7 +16,9 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use futures::future::try_join_all;
-use loragate_core::{Action, AdapterKey, Field, Limit, Principal, RawSampleRequest, SampleRequest};
+use loragate_core::{
+    Action, AdapterKey, CachedPromptTokens, Field, Limit, Principal, RawSampleRequest, SampleRequest, SampleStream,
+};
 use serde_json::Value;
 
 pub(crate) use self::sglang::SglangSampling;
@@ -24,7 +26,7 @@ pub(crate) use self::stop_strings::StopStrings;
 pub(crate) use self::vllm::{VllmRequest, VllmSampling};
 use crate::error::{Api, HttpError, wire_name};
 use crate::front::HttpFront;
-use crate::output::{Choices, Part, TextOptions};
+use crate::output::{Choices, Part, PromptTokens, TextOptions};
 
 /// OpenAI's, vLLM's and SGLang's default temperature (the core's own default, for gRPC, is 0: greedy).
 const DEFAULT_TEMPERATURE: f32 = 1.0;
@@ -45,9 +47,9 @@ pub(crate) const VLLM_NEUTRAL_SAMPLING_FIELDS: &[&str] = &[
     "routed_experts_prompt_start",
 ];
 
-/// vLLM request fields the clients send that change nothing here: `cache_salt` (there is no prefix cache to salt),
-/// `priority` (requests are scheduled in arrival order), `user` (OpenAI's end-user tag).
-pub(crate) const VLLM_NEUTRAL_REQUEST_FIELDS: &[&str] = &["cache_salt", "priority", "user"];
+/// vLLM request fields the clients send that change nothing here: `priority` (requests are scheduled in arrival
+/// order), `user` (OpenAI's end-user tag).
+pub(crate) const VLLM_NEUTRAL_REQUEST_FIELDS: &[&str] = &["priority", "user"];
 
 /// What an endpoint asks of each of its prompts, parsed but not yet validated by the core.
 #[derive(Clone, Debug, Default)]
@@ -143,12 +145,14 @@ pub(crate) struct Started {
     pub(crate) request_ids: Vec<String>,
     /// Each prompt's tokens.
     pub(crate) prompts: Vec<Arc<[u32]>>,
+    /// How many of each prompt's tokens the engine found in its prefix cache (known once tokens came).
+    pub(crate) cached: Vec<CachedPromptTokens>,
 }
 
 impl Started {
-    /// The prompt tokens of every prompt together (for `usage`).
-    pub(crate) fn prompt_tokens(&self) -> usize {
-        self.prompts.iter().map(|prompt| prompt.len()).sum()
+    /// The prompt tokens of every prompt together, and the cached ones among them (for `usage`).
+    pub(crate) fn prompt_tokens(&self) -> PromptTokens {
+        PromptTokens::new(self.prompts.iter().map(|prompt| prompt.len()).sum(), self.cached.clone())
     }
 }
 
@@ -173,8 +177,11 @@ pub(crate) async fn start(
                 prompt_token_ids: prompt.token_ids,
                 ..plan.params.clone()
             };
-            // The caller is the request's owner: only it may read the finished request back (GET /v1/requests/{id}).
-            coordinator.parse_sample(raw).map(|request| request.owned_by(caller.clone()))
+            // With tenant keys, a tenant's cached prefixes are its own; the caller is the request's owner: only it may
+            // read the finished request back (GET /v1/requests/{id}).
+            coordinator
+                .parse_sample(raw)
+                .map(|request| request.scope_cache_to(caller.cache_scope()).owned_by(caller.clone()))
         })
         .collect::<Result<Vec<SampleRequest>, _>>()
         .map_err(|err| HttpError::in_api(err, api))?;
@@ -194,6 +201,7 @@ pub(crate) async fn start(
         .await
         .map_err(|err| HttpError::in_api(err, api))?;
     let options = Arc::new(plan.text);
+    let cached = streams.iter().map(SampleStream::cached_prompt_tokens).collect();
     let parts = streams
         .into_iter()
         .zip(&prompts)
@@ -203,7 +211,7 @@ pub(crate) async fn start(
             Part::new(choices, samples)
         })
         .collect();
-    Ok(Started { parts, request_ids, prompts })
+    Ok(Started { parts, request_ids, prompts, cached })
 }
 
 /// Refuses a batch that could never be admitted whole (400, not 429: waiting would not help): more prompts than the

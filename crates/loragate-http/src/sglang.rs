@@ -97,6 +97,7 @@ impl Plan {
         let mut sampling = fields.into_plan()?;
         sampling.params.top_logprobs = if return_logprob { top_logprobs_num } else { 0 };
         sampling.params.prompt_top_logprobs = logprob_start_len.map(|_| top_logprobs_num);
+        sampling.params.cache_salt = body.cache_salt;
         sampling.text.with_logprobs = return_logprob;
         sampling.params.min_lora_version = body.min_lora_version.unwrap_or(0);
         let num_samples = sampling.params.num_samples.max(1);
@@ -128,7 +129,8 @@ pub(crate) async fn generate(
     let plan = Plan::parse(front, request)?;
     let started = sampling::start(front, &caller, plan.specs, plan.sampling, Api::Sglang).await?;
     let prompt_lengths = started.prompts.iter().map(|prompt| prompt.len()).collect();
-    let render = SglangRender::new(front.codec().clone(), plan.options, started.request_ids.clone(), prompt_lengths);
+    let (request_ids, cached) = (started.request_ids.clone(), started.cached.clone());
+    let render = SglangRender::new(front.codec().clone(), plan.options, request_ids, prompt_lengths, cached);
     respond(started.parts, render, plan.stream, None).await
 }
 

@@ -32,7 +32,10 @@ impl AppState {
         metrics.register(loragate.sub_registry_with_prefix("http"));
         // vLLM's names, with vLLM's `model_name` label: the base model's served name.
         let model_name = ("model_name".into(), front.served_model_name.to_string().into());
-        front.coordinator.metrics().register_vllm(registry.sub_registry_with_label(model_name));
+        front.coordinator.metrics().register_vllm(registry.sub_registry_with_label(model_name.clone()));
+        for source in &front.metrics_sources {
+            source.register_vllm(registry.sub_registry_with_label(model_name.clone()));
+        }
         Self(Arc::new(Shared { front, metrics, registry, draining: CancellationToken::new() }))
     }
 

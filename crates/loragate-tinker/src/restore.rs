@@ -18,7 +18,7 @@ use crate::ids::FutureId;
 use crate::sample_request::AsampleBody;
 use crate::sample_task::run_sample;
 use crate::state::TinkerState;
-use crate::store::record::{Creator, RecordedState, SampleRecord, TABLE};
+use crate::store::record::{Creator, CreatorKind, RecordedState, SampleRecord, TABLE};
 use crate::store::{Failure, FutureSubject, Restored, RetentionLimits, Settled};
 
 /// What the records hold, sorted out.
@@ -99,10 +99,13 @@ pub(crate) fn continue_samples(state: &TinkerState, pending: Vec<ToContinue>) {
     }
     for ToContinue { id, target, record } in pending {
         let RecordedState::Pending { request, produced } = record.state.clone() else { continue };
+        // A tenant's key is not recorded: its continued sample's cached prefixes are its own alone.
+        let scope = (record.creator == CreatorKind::Tenant).then(|| Arc::<str>::from(format!("restored-{id}")));
         let future = state.store().pending_future(id, Arc::new(record));
         let plan = serde_json::from_value::<AsampleBody>(request)
             .map_err(|err| TinkerError::invalid("request", err.to_string()))
-            .and_then(|body| body.into_plan(id, &target, state.coordinator(), produced));
+            .and_then(|body| body.into_plan(id, &target, state.coordinator(), produced))
+            .map(|plan| plan.scope_cache_to(scope));
         match plan {
             Ok(plan) => {
                 tokio::spawn(run_sample(state.clone(), plan, future));

@@ -69,6 +69,20 @@ pub(crate) struct SamplePlan {
     pub(crate) resumed: Option<Resumed>,
 }
 
+impl SamplePlan {
+    /// Confines the cached prefixes of every request of the plan to `scope` (see
+    /// [`SampleRequest::scope_cache_to`]).
+    pub(crate) fn scope_cache_to(mut self, scope: Option<Arc<str>>) -> Self {
+        self.request = self.request.scope_cache_to(scope.clone());
+        if let Some(resumed) = &mut self.resumed {
+            for (_, request) in &mut resumed.requests {
+                *request = request.clone().scope_cache_to(scope.clone());
+            }
+        }
+        self
+    }
+}
+
 /// How a sample continues after a restart from what it had produced.
 #[derive(Debug)]
 pub(crate) struct Resumed {

@@ -7,8 +7,11 @@
 //! one is sent requests at a time, and the order alternates from round to round.
 //!
 //! Then, on loragate alone, the isolation scenes of `scenes` (`swap`, `swap-reuse`, `head-of-line`); `--scenes`
-//! picks among `throughput` and those (default: all four).
+//! picks among `throughput` and those (default: all four). The KV-reuse scenes of `reuse` (`multi-turn` against
+//! llama.cpp with its slot prompt cache, `grpo`, `continuation`, `kv-memory` on loragate) run when named.
 
+#[path = "bench_real_model/reuse.rs"]
+mod reuse;
 #[path = "bench_real_model/scenes.rs"]
 mod scenes;
 #[path = "bench_real_model/streams.rs"]
@@ -52,8 +55,8 @@ struct Args {
     /// An extra argument for `loragate serve` (repeatable), e.g. `--loragate-arg=--quantized-weights=hybrid`.
     #[arg(long = "loragate-arg", allow_hyphen_values = true)]
     loragate_args: Vec<String>,
-    /// What to run: `throughput` (both servers), `swap`, `swap-reuse` and `head-of-line` (loragate),
-    /// comma-separated.
+    /// What to run: `throughput` (both servers), `swap`, `swap-reuse` and `head-of-line` (loragate), and the KV-reuse
+    /// scenes `multi-turn` (both servers), `grpo`, `continuation` and `kv-memory` (loragate), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "throughput,swap,swap-reuse,head-of-line")]
     scenes: Vec<String>,
 }
@@ -144,8 +147,12 @@ fn start_loragate(args: &Args, model: &Path, slots: usize, adapters: &Path) -> S
 }
 
 fn start_llama_cpp(args: &Args, model: &Path, slots: usize) -> Server {
+    start_llama_cpp_with_context(args, model, slots, 256 + args.tokens as usize)
+}
+
+/// llama.cpp's server with `slots` slots of `context` positions each.
+fn start_llama_cpp_with_context(args: &Args, model: &Path, slots: usize, context: usize) -> Server {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/bench_real_model/llamacpp_server.py");
-    let context = 256 + args.tokens as usize;
     let mut child = Command::new(&args.python)
         .arg(&script)
         .arg(model)
@@ -240,6 +247,21 @@ async fn main() {
     }
     if args.runs("head-of-line") {
         scenes::head_of_line(&target).await;
+    }
+    if args.runs("multi-turn") {
+        let llama_cpp = start_llama_cpp_with_context(&args, &model, 4, reuse::CONVERSATION_CONTEXT);
+        let ours = reuse::multi_turn(&client, &loragate).await;
+        let theirs = reuse::multi_turn(&client, &llama_cpp).await;
+        reuse::print_multi_turn(ours, theirs);
+    }
+    if args.runs("grpo") {
+        reuse::grpo(&target).await;
+    }
+    if args.runs("continuation") {
+        reuse::continuation(&target).await;
+    }
+    if args.runs("kv-memory") {
+        reuse::kv_memory(&target).await;
     }
     println!("\nload average at the end: {}", load_average());
 }

@@ -23,6 +23,7 @@
 //! # }
 //! ```
 
+mod byte_size_arg;
 mod cli;
 mod compute_threads;
 mod duration_arg;
@@ -40,6 +41,7 @@ mod stats_log;
 mod text_codec;
 mod worker;
 
+pub use byte_size_arg::parse_byte_size;
 pub use cli::{
     AdmissionArgs, Cli, Command, ConnectionArgs, EngineArgs, FleetArgs, GateArgs, KeyArgs, ServeArgs, TinkerArgs,
     WorkerArgs,

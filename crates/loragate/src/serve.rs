@@ -59,11 +59,12 @@ impl RunningServer {
         let in_fleet = config.fleet.is_enabled();
         let adapter_root = model.adapter_root(config.adapters.root.clone(), in_fleet)?;
         let backend = Backend::start(&model, &config.engine, &config.fleet, adapter_root.as_ref()).await?;
+        let engine_facts = backend.in_process.as_ref().map(|(facts, _)| (&config.engine, facts));
         crate::model_facts::log_model_facts(
             &model.path,
             &served_model_name,
             backend.engine.model_info(),
-            (!in_fleet).then_some(&config.engine),
+            engine_facts,
             &chat_template,
         );
 
@@ -86,6 +87,7 @@ impl RunningServer {
             tokenizer: backend.tokenizer,
             chat_template,
             fleet: backend.fleet,
+            engine_metrics: backend.in_process.map(|(_, metrics)| metrics),
             tinker: config.tinker,
         };
         let Fronts { draining, stop, tasks: fronts } = Fronts::spawn(listeners, &coordinator, front_settings).await?;

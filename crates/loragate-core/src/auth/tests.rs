@@ -141,3 +141,15 @@ fn the_same_key_is_the_same_caller_and_equal_grants_are_not() {
     assert!(!who("k-api").is_same_key(&who("k-one")));
     assert!(Principal::Anyone.is_same_key(&Principal::Anyone), "authentication off: one caller");
 }
+
+#[test]
+fn each_tenant_key_has_a_cache_scope_of_its_own_and_the_other_callers_share_one() {
+    let keyring = keyring();
+    let scope = |raw: &str| keyring.authenticate(Some(raw)).expect("known key").cache_scope();
+    let tenants: Vec<_> = ["k-team-a", "k-rollouts"].into_iter().map(scope).collect();
+    assert!(tenants.iter().all(Option::is_some), "{tenants:?}");
+    assert_ne!(tenants[0], tenants[1], "two tenants never share cached prefixes");
+    assert_eq!(scope("k-team-a"), tenants[0], "a tenant's scope is stable");
+    assert_eq!((scope("k-api"), scope("k-admin")), (None, None));
+    assert_eq!(Keyring::open().authenticate(None).expect("open").cache_scope(), None);
+}

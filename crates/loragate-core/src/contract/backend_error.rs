@@ -28,6 +28,10 @@ pub enum EngineError {
     /// sequence was stopped rather than sampled from garbage. Other sequences are unaffected.
     #[error("the model's output became non-finite (NaN or infinite logits) {0}; nothing was sampled from it")]
     NonFiniteOutput(String),
+    /// The request can never run on this engine, even alone (its sequence would need more of the KV cache than the
+    /// engine has); the reason names the limit.
+    #[error("the request is too large for the engine: {0}")]
+    TooLarge(String),
     /// Anything else (a model computation failed).
     #[error("engine failure: {0}")]
     Internal(String),
@@ -37,7 +41,7 @@ impl EngineError {
     /// What kind of failure this is (see [`CoreError::class`](crate::CoreError::class)).
     pub fn class(&self) -> ErrorClass {
         match self {
-            Self::AdapterFiles(_) => ErrorClass::Invalid,
+            Self::AdapterFiles(_) | Self::TooLarge(_) => ErrorClass::Invalid,
             Self::AdapterIncompatible(_) => ErrorClass::Precondition,
             Self::AdapterNotLoaded(_) => ErrorClass::NotFound,
             Self::Stopped | Self::Unavailable(_) => ErrorClass::Unavailable,
@@ -54,6 +58,7 @@ impl EngineError {
             Self::Stopped => "engine_stopped",
             Self::Unavailable(_) => "engine_unavailable",
             Self::NonFiniteOutput(_) => "non_finite_output",
+            Self::TooLarge(_) => "request_too_large",
             Self::Internal(_) => "engine_internal",
         }
     }

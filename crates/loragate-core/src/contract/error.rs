@@ -73,6 +73,8 @@ pub enum Field {
     MaxStaleness,
     /// `batch_size` of a staleness bound.
     BatchSize,
+    /// `cache_salt`: the namespace of the request's cached prefixes.
+    CacheSalt,
 }
 
 impl Field {
@@ -108,6 +110,7 @@ impl Field {
             Self::TotalBytes => "total_bytes",
             Self::MaxStaleness => "max_staleness",
             Self::BatchSize => "batch_size",
+            Self::CacheSalt => "cache_salt",
         }
     }
 }

@@ -15,6 +15,7 @@
 //! [`EngineEvent::Resumed`], the continuation's tokens are recorded with the parked keys' KV version.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 use futures::StreamExt;
@@ -95,6 +96,9 @@ pub(crate) struct Driver {
     _pin: Option<VersionPin>,
     /// Its places under the staleness bound: given back for sequences that end aborted.
     staleness: Option<StalenessTicket>,
+    /// How many of the prompt's tokens the engine found in its prefix cache (the first attempt's), which the
+    /// request's [`SampleStream`](super::SampleStream) reads.
+    cached_prompt_tokens: Arc<AtomicU32>,
     /// Where the request is recorded once it ends (`GET /v1/requests/{id}`).
     finished: Arc<FinishedRequests>,
     _live: LiveRequest,
@@ -144,6 +148,7 @@ impl Driver {
             facts,
             _pin: None,
             staleness: None,
+            cached_prompt_tokens: Arc::default(),
             finished,
             _live: live,
         }
@@ -152,6 +157,13 @@ impl Driver {
     /// Holds the request's version pin and staleness places until it ends.
     pub(crate) fn holding(self, pin: Option<VersionPin>, staleness: Option<StalenessTicket>) -> Self {
         Self { _pin: pin, staleness, ..self }
+    }
+
+    /// Where the number of prompt tokens found in the engine's prefix cache is kept (see [`SampleStream`]).
+    ///
+    /// [`SampleStream`]: super::SampleStream
+    pub(crate) fn cached_prompt_tokens(&self) -> Arc<AtomicU32> {
+        Arc::clone(&self.cached_prompt_tokens)
     }
 
     pub(crate) fn num_samples(&self) -> usize {
@@ -219,6 +231,11 @@ impl Driver {
                 EngineEvent::PromptTopLogprobs(top) => {
                     let _ = out.send(Ok(SampleEvent::PromptTopLogprobs(top)));
                 }
+                // A continuation's own cache hits (its prompt holds the tokens produced so far) are not the request's.
+                EngineEvent::PromptCached { tokens } if self.attempts == 0 => {
+                    self.cached_prompt_tokens.store(tokens, Ordering::Relaxed);
+                }
+                EngineEvent::PromptCached { .. } => {}
                 EngineEvent::Tokens { sequence, version, token_ids, logprobs, top_logprobs } => {
                     if token_ids.len() != logprobs.len()
                         || !(top_logprobs.is_empty() || top_logprobs.len() == logprobs.len())
@@ -286,7 +303,7 @@ impl Driver {
         let mut continuations = Vec::new();
         for &index in stopped {
             match self.request.continuation(index as u32, self.attempts, &self.sequences[index].token_ids, &model) {
-                Continuation::Request(request) => continuations.push((index, request)),
+                Continuation::Request(request) => continuations.push((index, *request)),
                 Continuation::Finished(reason) => self.finish(index, reason, out),
             }
         }

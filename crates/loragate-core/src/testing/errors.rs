@@ -46,6 +46,7 @@ pub fn every_engine_error() -> Vec<EngineError> {
         Stopped => [EngineError::Stopped],
         Unavailable => [EngineError::Unavailable("no READY worker holds meow@2".into())],
         NonFiniteOutput => [EngineError::NonFiniteOutput("at step 3".into())],
+        TooLarge => [EngineError::TooLarge("needs 70 KV cache blocks; the cache has 64".into())],
         Internal => [EngineError::Internal("boom".into())],
     })
 }

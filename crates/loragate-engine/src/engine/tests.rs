@@ -13,6 +13,7 @@ use crate::test_support::{
 };
 
 mod adapter_files;
+mod kv_cache;
 mod races;
 
 fn engine() -> CandleEngine {

@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use super::*;
 use crate::config::QuantizedWeights;
 use crate::lora::{LoraBatch, LoraTarget};
-use crate::model::{Llama, PackedInput, PrefillChunk, WeightMap};
+use crate::model::{Llama, PackedInput, PrefillChunk, SequenceBlocks, WeightMap};
 use crate::test_support::{TempDir, max_abs_diff, tiny_adapter, tiny_config, tiny_weights};
 
 /// llama.cpp's `permute` (convert_hf_to_gguf.py) of a query or key projection `(rows, in)` for its RoPE, written
@@ -189,7 +189,8 @@ fn the_tokenizer_splits_digits_as_its_pre_tokenizer_says_and_matches_control_tok
     let encode = |pre: &str, text: &str| -> Vec<u32> {
         let path = dir.path().join(format!("{pre}.gguf"));
         write_gguf(&path, &config, &weights, GgmlDType::F32, pre);
-        GgufFile::open(&path).and_then(|file| file.tokenizer()).expect("tokenizer").encode(text).expect("encode")
+        let tokenizer = GgufFile::open(&path).and_then(|file| file.tokenizer()).expect("tokenizer");
+        tokenizer.encode(text, true).expect("encode").get_ids().to_vec()
     };
     let id = |token: &str| vocabulary(64).0.iter().position(|t| t == token).expect("token") as u32;
     // SmolLM's rule isolates every digit; GPT-2's keeps " 12" together, so the `1 2` merge applies.
@@ -200,7 +201,8 @@ fn the_tokenizer_splits_digits_as_its_pre_tokenizer_says_and_matches_control_tok
     let path = dir.path().join("smollm.gguf");
     let file = GgufFile::open(&path).expect("open");
     let tokenizer = file.tokenizer().expect("tokenizer");
-    assert_eq!(tokenizer.decode(&[1, id("ab"), id("Ġa"), 2]).expect("decode"), "ab a", "control tokens are skipped");
+    let text = tokenizer.decode(&[1, id("ab"), id("Ġa"), 2], true).expect("decode");
+    assert_eq!(text, "ab a", "control tokens are skipped");
     let template = file.chat_template().expect("template").expect("has one");
     assert_eq!(template.bos_token.as_deref(), Some("<|im_start|>"));
     assert_eq!(template.eos_token.as_deref(), Some("<|im_end|>"));
@@ -305,20 +307,27 @@ fn a_quantized_model_prefills_packed_chunks_with_per_row_lora_as_one_whole_pass_
     };
     let expected_first = whole(&first, &LoraBatch::uniform(Some(&adapter)).expect("lora"));
     let expected_second = whole(&second, &LoraBatch::uniform(None).expect("lora"));
-    let (mut first_kv, mut second_kv) = (model.sequence_kv(24).expect("kv"), model.sequence_kv(11).expect("kv"));
+    let cache = model.kv_cache(8, false).expect("cache");
+    let (mut first_kv, mut second_kv) =
+        (SequenceBlocks::new(cache.pool(), None), SequenceBlocks::new(cache.pool(), None));
     // Chunks of both prompts packed into each pass: the adapter's rows first, then the base model's.
     for (first_len, second_len) in [(7, 4), (9, 0), (8, 7)] {
         let (first_start, second_start) = (first_kv.len(), second_kv.len());
         let mut rows = vec![Some(&adapter); first_len];
         rows.extend(std::iter::repeat_n(None, second_len));
         let lora = LoraBatch::for_rows(&rows, None, &Device::Cpu).expect("lora");
+        cache.reserve(&mut first_kv, first_len).expect("room");
+        cache.reserve(&mut second_kv, second_len).expect("room");
         let mut chunks =
-            vec![PrefillChunk { tokens: &first[first_start..first_start + first_len], cache: &mut first_kv }];
+            vec![PrefillChunk { tokens: &first[first_start..first_start + first_len], blocks: &mut first_kv }];
         if second_len > 0 {
-            chunks
-                .push(PrefillChunk { tokens: &second[second_start..second_start + second_len], cache: &mut second_kv });
+            chunks.push(PrefillChunk {
+                tokens: &second[second_start..second_start + second_len],
+                blocks: &mut second_kv,
+            });
         }
-        let hidden = model.forward_packed(PackedInput { decode: None, chunks }, &lora).expect("packed pass");
+        let input = PackedInput { decode: Vec::new(), chunks };
+        let hidden = model.forward_packed(input, &lora, &cache).expect("packed pass");
         let logits = model.logits(&hidden).expect("logits");
         let packed_first = logits.narrow(0, 0, first_len).expect("first");
         let diff = max_abs_diff(&packed_first, &expected_first.narrow(0, first_start, first_len).expect("rows"));

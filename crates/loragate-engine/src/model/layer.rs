@@ -3,9 +3,9 @@
 
 use candle_core::{Result, Tensor};
 
-use super::kv_cache::{BatchKvCache, SequenceKv};
+use super::kv_cache::{KvCache, LayerKv, Slots};
 use super::linear::Linear;
-use super::ops;
+use super::ops::{self, SequenceView};
 use crate::lora::{LoraBatch, LoraTarget};
 
 /// A linear projection `y = x·Wᵀ (+ b)` plus the batch's LoRA term for it. `W` is dense or quantized ([`Linear`]);
@@ -38,24 +38,66 @@ pub(crate) enum AttentionInput<'a> {
     /// Whole sequences from position 0, with a causal mask `(len, len)`; nothing is cached.
     Sequences { cos: &'a Tensor, sin: &'a Tensor, causal_mask: &'a Tensor },
     /// Packed tokens of several sequences, one per row (`len` 1), each with its own position: `cos`/`sin` are per
-    /// token, `(tokens, 1, head_dim / 2)`. The first rows are the decode batch's (one new position per row on top of
-    /// the batch cache), then each prefill chunk's tokens in order (its next positions on top of its own cache).
-    Packed { cos: &'a Tensor, sin: &'a Tensor, decode: Option<DecodeAttention<'a>>, chunks: &'a [ChunkAttention<'a>] },
+    /// token, `(tokens, 1, head_dim / 2)`. The first rows are the decode rows' (one new position each), then each
+    /// prefill chunk's tokens in order; their keys and values go into the paged cache, which attention then reads.
+    Packed { cos: &'a Tensor, sin: &'a Tensor, pass: &'a PassKv<'a> },
 }
 
-/// The decode rows of a packed pass: one token per row of the batch cache.
-#[derive(Clone, Copy)]
-pub(crate) struct DecodeAttention<'a> {
-    pub(crate) cache: &'a BatchKvCache,
-    /// `(rows, 1, 1, 1, cached + 1)`: each row's padding hidden.
-    pub(crate) mask: &'a Tensor,
+/// The keys and values of one packed pass: where its tokens' go, and what each sequence attends to.
+pub(crate) struct PassKv<'a> {
+    pub(crate) cache: &'a KvCache,
+    /// Each token's slot, in pass order.
+    pub(crate) slots: &'a Slots,
+    /// Each decode row's sequence, its new position included.
+    pub(crate) decode: &'a [SequenceView<'a>],
+    /// Each chunk's sequence (its own positions last) and its length.
+    pub(crate) chunks: &'a [(SequenceView<'a>, usize)],
+    /// The gather indices of devices, where attention does not read the blocks in place.
+    pub(crate) gathered: Option<&'a Gathered>,
 }
 
-/// One prefill chunk of a packed pass: `len` consecutive positions of one sequence, attending causally to
-/// themselves and to every position its cache already holds.
-pub(crate) struct ChunkAttention<'a> {
-    pub(crate) cache: &'a SequenceKv,
-    pub(crate) len: usize,
+/// A pass's slots as gather indices (built once per pass, on the device): what attention reads on devices.
+pub(crate) struct Gathered {
+    /// The decode rows' slots, `rows × longest` (padding: slot 0 of block 0, which stays zero), the mask `(rows, 1,
+    /// 1, 1, longest)` hiding the padding, and `longest`.
+    decode: Option<(Tensor, Tensor, usize)>,
+    /// Each chunk's slots, its sequence's every position.
+    chunks: Vec<Tensor>,
+}
+
+impl Gathered {
+    /// The gather indices of `decode` rows and `chunks` on `device`, the mask in `dtype`.
+    pub(crate) fn new(
+        decode: &[SequenceView<'_>],
+        chunks: &[(SequenceView<'_>, usize)],
+        device: &candle_core::Device,
+        dtype: candle_core::DType,
+    ) -> Result<Self> {
+        let slots = |sequence: &SequenceView<'_>| -> Vec<u32> {
+            sequence.runs().flat_map(|(first, count)| first as u32..(first + count) as u32).collect()
+        };
+        let decode = if decode.is_empty() {
+            None
+        } else {
+            let longest = decode.iter().map(|row| row.len).max().unwrap_or(0);
+            let mut index = Vec::with_capacity(decode.len() * longest);
+            let mut mask = Vec::with_capacity(decode.len() * longest);
+            for row in decode {
+                index.extend(slots(row));
+                index.resize(index.len() + longest - row.len, 0);
+                mask.extend((0..longest).map(|position| if position < row.len { 0f32 } else { f32::NEG_INFINITY }));
+            }
+            let rows = decode.len();
+            let index = Tensor::from_vec(index, rows * longest, device)?;
+            let mask = Tensor::from_vec(mask, (rows, 1, 1, 1, longest), device)?.to_dtype(dtype)?;
+            Some((index, mask, longest))
+        };
+        let chunks = chunks
+            .iter()
+            .map(|(sequence, _)| Tensor::from_vec(slots(sequence), sequence.len, device))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { decode, chunks })
+    }
 }
 
 /// Which key positions each query position of [`Attention::attend`] may see.
@@ -98,53 +140,85 @@ impl Attention {
                 let (q, k) = (ops::rope(&q, cos, sin)?, ops::rope(&k, cos, sin)?);
                 self.attend(&q, &k, &v, Visible::Masked(causal_mask))?
             }
-            AttentionInput::Packed { cos, sin, decode, chunks } => {
+            AttentionInput::Packed { cos, sin, pass } => {
                 let (q, k) = (ops::rope(&q, cos, sin)?, ops::rope(&k, cos, sin)?);
-                self.attend_packed(layer, &q, &k, &v, decode, chunks)?
+                self.attend_packed(layer, &q, &k, &v, pass)?
             }
         };
         let output = output.reshape((rows * len, self.num_heads * self.head_dim))?;
         self.o.forward(&output, rows, layer, lora)?.reshape((rows, len, hidden))
     }
 
-    /// Attention of packed tokens `(tokens, heads, 1, d)`: the decode rows over the batch cache in one batched call,
-    /// then each chunk over its own sequence's cache. Returns `(tokens, 1, heads, d)`.
-    fn attend_packed(
-        &self,
-        layer: usize,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        decode: Option<DecodeAttention<'_>>,
-        chunks: &[ChunkAttention<'_>],
-    ) -> Result<Tensor> {
-        let mut outputs = Vec::with_capacity(chunks.len() + 1);
-        let mut offset = 0;
-        if let Some(DecodeAttention { cache, mask }) = decode {
-            let rows = cache.rows();
-            let (keys, values) = cache.append(layer, &k.narrow(0, 0, rows)?, &v.narrow(0, 0, rows)?)?;
-            outputs.push(self.attend(&q.narrow(0, 0, rows)?, &keys, &values, Visible::Masked(mask))?);
-            offset = rows;
+    /// Attention of packed tokens `(tokens, heads, 1, d)`: their keys and values are written into the cache, then
+    /// the decode rows attend over their blocks in one call, and each chunk over its sequence's. Returns `(tokens,
+    /// 1, heads, d)`.
+    fn attend_packed(&self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor, pass: &PassKv<'_>) -> Result<Tensor> {
+        pass.cache.write(layer, pass.slots, k, v)?;
+        let Some(storage) = pass.cache.layer(layer) else { candle_core::bail!("no layer {layer} in the KV cache") };
+        let mut outputs = Vec::with_capacity(pass.chunks.len() + 1);
+        let rows = pass.decode.len();
+        if rows > 0 {
+            let output = match ops::paged_decode_attention(q, pass.decode, storage, self.num_kv_heads)? {
+                Some(output) => output,
+                None => {
+                    let fallback;
+                    let gathered = match pass.gathered {
+                        Some(gathered) => gathered,
+                        None => {
+                            fallback = Gathered::new(pass.decode, &[], q.device(), q.dtype())?;
+                            &fallback
+                        }
+                    };
+                    let Some((index, mask, longest)) = &gathered.decode else { candle_core::bail!("no decode index") };
+                    let (keys, values) = self.gather(storage, index, rows, *longest)?;
+                    self.attend(&q.narrow(0, 0, rows)?, &keys, &values, Visible::Masked(mask))?
+                }
+            };
+            outputs.push(output);
         }
         // A chunk's tokens are rows of the packed tensors; attention wants them as one sequence, `(1, heads, len, d)`.
         let sequence = |x: &Tensor, offset: usize, len: usize| -> Result<Tensor> {
             let (_, heads, _, head_dim) = x.dims4()?;
             x.narrow(0, offset, len)?.reshape((1, len, heads, head_dim))?.transpose(1, 2)?.contiguous()
         };
-        for chunk in chunks {
-            let (k, v) = (sequence(k, offset, chunk.len)?, sequence(v, offset, chunk.len)?);
-            let (keys, values) = chunk.cache.append(layer, &k, &v)?;
-            let output =
-                match ops::causal_chunk_attention(q, offset, chunk.len, &keys, &values)? {
-                    Some(output) => output,
-                    None => self
-                        .attend(&sequence(q, offset, chunk.len)?, &keys, &values, Visible::Causal)?
-                        .reshape((chunk.len, 1, self.num_heads, self.head_dim))?,
-                };
+        let mut offset = rows;
+        for (index, &(view, len)) in pass.chunks.iter().enumerate() {
+            let output = match ops::causal_chunk_attention(q, offset, len, view, storage, self.num_kv_heads)? {
+                Some(output) => output,
+                None => {
+                    let own;
+                    let slots = match pass.gathered.and_then(|gathered| gathered.chunks.get(index)) {
+                        Some(slots) => slots,
+                        None => {
+                            own = Gathered::new(&[], &[(view, len)], q.device(), q.dtype())?.chunks.remove(0);
+                            &own
+                        }
+                    };
+                    let (keys, values) = self.gather(storage, slots, 1, view.len)?;
+                    self.attend(&sequence(q, offset, len)?, &keys, &values, Visible::Causal)?.reshape((
+                        len,
+                        1,
+                        self.num_heads,
+                        self.head_dim,
+                    ))?
+                }
+            };
             outputs.push(output);
-            offset += chunk.len;
+            offset += len;
         }
         if outputs.len() == 1 { Ok(outputs.remove(0)) } else { Tensor::cat(&outputs, 0) }
+    }
+
+    /// The keys and values at `index` (`rows × len` slots) of a layer's storage, as `(rows, kv_heads, len, d)`.
+    fn gather(&self, storage: &LayerKv, index: &Tensor, rows: usize, len: usize) -> Result<(Tensor, Tensor)> {
+        let take = |buffer: &Tensor| -> Result<Tensor> {
+            buffer
+                .index_select(index, 0)?
+                .reshape((rows, len, self.num_kv_heads, self.head_dim))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        Ok((take(&storage.keys)?, take(&storage.values)?))
     }
 
     /// Scaled dot-product attention of `q` `(rows, heads, len, d)` over `k`/`v` `(rows, kv_heads, total, d)`.

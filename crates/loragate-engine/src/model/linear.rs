@@ -3,7 +3,7 @@
 //! decoding a few rows fast, since it is bound by memory bandwidth), optionally with a dense copy for inputs of many
 //! rows (prefill, large batches), where a dense GEMM is faster than quantized dot products.
 
-use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Module, Result, Tensor};
 
 use super::quantized::QuantizedMatrix;
@@ -29,6 +29,8 @@ pub(crate) struct QuantizedLinear {
     dense: Option<DenseCopy>,
     /// The engine's dtype: inputs arrive and outputs leave in it.
     dtype: DType,
+    /// The block format `W` is kept in.
+    format: GgmlDType,
 }
 
 /// Who multiplies a quantized matrix: our kernel for the formats of small models ([`QuantizedMatrix`]), candle's
@@ -54,6 +56,7 @@ impl Linear {
     /// A quantized matrix (on the CPU) for an engine of `dtype`, with a dense copy used for inputs of at least
     /// `dense_from_rows` rows if given.
     pub(crate) fn quantized(weight: QTensor, dtype: DType, dense_from_rows: Option<usize>) -> Result<Self> {
+        let format = weight.dtype();
         let dense = match dense_from_rows {
             Some(from_rows) => {
                 let weight_t = weight.dequantize(&candle_core::Device::Cpu)?.to_dtype(dtype)?.t()?.contiguous()?;
@@ -65,12 +68,24 @@ impl Linear {
             Some(matrix) => Kernel::Own(matrix),
             None => Kernel::Candle(QMatMul::from_qtensor(weight)?),
         };
-        Ok(Self::Quantized(QuantizedLinear { weight, dense, dtype }))
+        Ok(Self::Quantized(QuantizedLinear { weight, dense, dtype, format }))
     }
 
     /// Whether every input, however many rows, is multiplied by the quantized kernels (no dense copy).
     pub(crate) fn multiplies_quantized_only(&self) -> bool {
         matches!(self, Self::Quantized(QuantizedLinear { dense: None, .. }))
+    }
+
+    /// How the matrix is held: its dtype (`f32`), or its block format kept quantized (`Q4_1 kept quantized`), with
+    /// its dense copies if it has them.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Self::Dense { weight_t } => weight_t.dtype().as_str().to_owned(),
+            Self::Quantized(QuantizedLinear { dense: None, format, .. }) => format!("{format:?} kept quantized"),
+            Self::Quantized(QuantizedLinear { dense: Some(dense), format, dtype, .. }) => {
+                format!("{format:?} kept quantized with dense {} copies from {} rows", dtype.as_str(), dense.from_rows)
+            }
+        }
     }
 
     /// `(rows, in) → (rows, out)`.

@@ -7,9 +7,11 @@ use candle_core::{CpuStorage, D, DType, Device, InplaceOp1, InplaceOp2, Layout, 
 use rayon::prelude::*;
 
 mod chunk_attention;
+mod paged_attention;
 mod vector;
 
 pub(crate) use chunk_attention::causal_chunk_attention;
+pub(crate) use paged_attention::{SequenceView, paged_decode_attention};
 
 pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     if x.track_op() {

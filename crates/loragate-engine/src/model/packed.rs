@@ -1,55 +1,65 @@
-//! One scheduler step in one forward pass (the chunked prefill of vLLM V1 and TGI, packed): every decode row of the
-//! batch and the prefill chunks of several other sequences, each token with its own position, LoRA row and causal
-//! span. The projections and the MLP run over the packed `(tokens, hidden)` matrix at once, whatever mix of decode
-//! rows, chunks and adapters it holds; attention is split per sequence: the decode rows in one batched call over
-//! the batch cache, each chunk over its own sequence's cache (its earlier positions, then its own causally).
+//! One scheduler step in one forward pass (the chunked prefill of vLLM V1 and TGI, packed): every decode row and the
+//! prefill chunks of other sequences, each token with its own position, LoRA row and causal span. The projections
+//! and the MLP run over the packed `(tokens, hidden)` matrix at once, whatever mix of decode rows, chunks and
+//! adapters it holds; attention is split per sequence, each over its own blocks of the paged cache: the decode rows
+//! in one call, each chunk over its sequence's earlier positions and then its own, causally.
 
 use candle_core::{Result, Tensor};
 
-use super::kv_cache::{BatchKvCache, SequenceKv};
-use super::layer::{AttentionInput, ChunkAttention, DecodeAttention};
+use super::kv_cache::{KvCache, SequenceBlocks};
+use super::layer::{AttentionInput, Gathered, PassKv};
+use super::ops::SequenceView;
 use super::{Llama, ops};
 use crate::lora::LoraBatch;
 
 /// The tokens of one pass.
 pub(crate) struct PackedInput<'a> {
-    /// The decode batch: the next token of each row of the cache, in row order, each at its row's next position.
-    pub(crate) decode: Option<(&'a [u32], &'a mut BatchKvCache)>,
+    /// The decode rows, in order: each row's next token, at its sequence's next position.
+    pub(crate) decode: Vec<DecodeRow<'a>>,
     /// Prefill chunks, in order.
     pub(crate) chunks: Vec<PrefillChunk<'a>>,
 }
 
+/// One decode row: the token it feeds, and its sequence's blocks (room for the token reserved).
+pub(crate) struct DecodeRow<'a> {
+    pub(crate) token: u32,
+    pub(crate) blocks: &'a mut SequenceBlocks,
+}
+
 /// The next positions of one sequence's prompt.
 pub(crate) struct PrefillChunk<'a> {
-    /// The tokens, at positions `cache.len()..cache.len() + tokens.len()`.
+    /// The tokens, at positions `blocks.len()..blocks.len() + tokens.len()` (room for them reserved).
     pub(crate) tokens: &'a [u32],
-    /// The sequence's cache: what the chunk attends to besides itself, and where its keys and values go.
-    pub(crate) cache: &'a mut SequenceKv,
+    /// The sequence's blocks: what the chunk attends to besides itself, and where its keys and values go.
+    pub(crate) blocks: &'a mut SequenceBlocks,
 }
 
 impl Llama {
-    /// Runs `input` in one pass: the decode rows' tokens first, then each chunk's, in order (`lora` has one row per
-    /// token, in that order). Returns the final hidden states `(tokens, hidden)`, after the last norm; each cache
-    /// then holds its new positions.
-    pub(crate) fn forward_packed(&self, input: PackedInput<'_>, lora: &LoraBatch) -> Result<Tensor> {
-        let PackedInput { mut decode, chunks } = input;
+    /// Runs `input` in one pass over `cache`: the decode rows' tokens first, then each chunk's, in order (`lora` has
+    /// one row per token, in that order). Every sequence must have room reserved for its new positions
+    /// ([`KvCache::reserve`]). Returns the final hidden states `(tokens, hidden)`, after the last norm; each
+    /// sequence then holds its new positions.
+    pub(crate) fn forward_packed(&self, input: PackedInput<'_>, lora: &LoraBatch, cache: &KvCache) -> Result<Tensor> {
+        let PackedInput { mut decode, mut chunks } = input;
         let mut tokens = Vec::new();
         let mut positions = Vec::new();
-        if let Some((next, cache)) = &mut decode {
-            if next.len() != cache.rows() {
-                candle_core::bail!("{} decode tokens for {} cached rows", next.len(), cache.rows());
-            }
-            cache.reserve_step()?;
-            tokens.extend_from_slice(next);
-            positions.extend(cache.positions());
-        }
-        for chunk in &chunks {
-            let (start, end) = (chunk.cache.len(), chunk.cache.len() + chunk.tokens.len());
+        let mut slots = Vec::new();
+        let sequences =
+            decode.iter().map(|row| (&*row.blocks, 1)).chain(chunks.iter().map(|c| (&*c.blocks, c.tokens.len())));
+        for (blocks, count) in sequences {
+            let (start, end) = (blocks.len(), blocks.len() + count);
             if end > self.context_length {
                 candle_core::bail!("{end} positions exceed the context length {}", self.context_length);
             }
-            tokens.extend_from_slice(chunk.tokens);
+            if end > blocks.capacity() || !blocks.pool().same(cache.pool()) {
+                candle_core::bail!("no room reserved in this cache for positions {start}..{end}");
+            }
             positions.extend(start as u32..end as u32);
+            slots.extend(blocks.next_slots(count));
+        }
+        tokens.extend(decode.iter().map(|row| row.token));
+        for chunk in &chunks {
+            tokens.extend_from_slice(chunk.tokens);
         }
         if tokens.is_empty() {
             candle_core::bail!("a forward pass needs at least one token");
@@ -57,26 +67,40 @@ impl Llama {
         let count = tokens.len();
         let (cos, sin) = self.rope.at(&Tensor::from_vec(positions, count, &self.device)?)?;
         let mut x = self.embed(&Tensor::from_vec(tokens, (count, 1), &self.device)?)?;
-        let decode_mask = decode.as_ref().map(|(_, cache)| cache.step_mask()).transpose()?;
-        let attention_chunks = chunks
-            .iter()
-            .map(|chunk| ChunkAttention { cache: &*chunk.cache, len: chunk.tokens.len() })
-            .collect::<Vec<_>>();
-        let decode_attention = match (&decode, &decode_mask) {
-            (Some((_, cache)), Some(mask)) => Some(DecodeAttention { cache, mask }),
-            _ => None,
-        };
-        for layer in &self.layers {
-            let input =
-                AttentionInput::Packed { cos: &cos, sin: &sin, decode: decode_attention, chunks: &attention_chunks };
-            x = layer.forward(&x, lora, input)?;
+        {
+            let slots = cache.slots(slots)?;
+            let decode_views: Vec<SequenceView<'_>> = decode
+                .iter()
+                .map(|row| SequenceView { blocks: row.blocks.blocks(), len: row.blocks.len() + 1 })
+                .collect();
+            let chunk_views: Vec<(SequenceView<'_>, usize)> = chunks
+                .iter()
+                .map(|chunk| {
+                    let len = chunk.tokens.len();
+                    (SequenceView { blocks: chunk.blocks.blocks(), len: chunk.blocks.len() + len }, len)
+                })
+                .collect();
+            let gathered = if cache.in_place() {
+                None
+            } else {
+                Some(Gathered::new(&decode_views, &chunk_views, &self.device, self.dtype)?)
+            };
+            let pass = PassKv {
+                cache,
+                slots: &slots,
+                decode: &decode_views,
+                chunks: &chunk_views,
+                gathered: gathered.as_ref(),
+            };
+            for layer in &self.layers {
+                x = layer.forward(&x, lora, AttentionInput::Packed { cos: &cos, sin: &sin, pass: &pass })?;
+            }
         }
-        drop(attention_chunks);
-        if let Some((_, cache)) = decode {
-            cache.advance();
+        for row in &mut decode {
+            row.blocks.advance(1);
         }
-        for chunk in chunks {
-            chunk.cache.advance(chunk.tokens.len());
+        for chunk in &mut chunks {
+            chunk.blocks.advance(chunk.tokens.len());
         }
         ops::rms_norm(&x, &self.norm, self.config.rms_norm_eps)?.squeeze(1)
     }

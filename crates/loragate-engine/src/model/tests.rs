@@ -8,6 +8,7 @@ use rand::{Rng, SeedableRng};
 use super::*;
 use crate::error::EngineLoadError;
 use crate::lora::{AdapterWeights, LoraPair, LoraTarget};
+use crate::model::{DecodeRow, PackedInput, PrefillChunk, SequenceBlocks};
 use crate::test_support::{TempDir, max_abs_diff, tiny_adapter, tiny_config, tiny_model, tiny_weights};
 
 /// The next-token logits after `tokens`, computed from scratch.
@@ -22,32 +23,55 @@ fn random_tokens(rng: &mut StdRng, len: usize, vocab: usize) -> Vec<u32> {
     (0..len).map(|_| rng.random_range(0..vocab as u32)).collect()
 }
 
-/// A sequence in a hand-driven decode batch.
+/// A sequence in a hand-driven decode batch: its tokens (the last one fed at its next step) and its blocks.
 struct Row {
     tokens: Vec<u32>,
     adapter: Option<Arc<AdapterWeights>>,
+    blocks: SequenceBlocks,
 }
 
-/// Prefills all of `row` but its last token (in one chunk, alone) and adds it to `cache`.
-fn prefill(model: &Llama, cache: &mut BatchKvCache, row: &Row) {
-    let prompt = &row.tokens[..row.tokens.len() - 1];
-    let mut kv = model.sequence_kv(prompt.len()).expect("kv");
-    let lora = LoraBatch::uniform(row.adapter.as_ref()).expect("lora");
-    let input = PackedInput { decode: None, chunks: vec![PrefillChunk { tokens: prompt, cache: &mut kv }] };
-    model.forward_packed(input, &lora).expect("prefill");
-    cache.push(&[(&kv.layers().expect("layers"), 1)]).expect("push");
+/// Both ways of reading the blocks: in place (the CPU kernels) and gathered (what devices do), `blocks` each.
+fn caches(model: &Llama, blocks: usize) -> [KvCache; 2] {
+    [model.kv_cache(blocks, false).expect("cache"), model.kv_cache(blocks, false).expect("cache").gathering()]
+}
+
+/// Runs `tokens` as one chunk of `blocks`, under `adapter`.
+fn run_chunk(
+    model: &Llama,
+    cache: &KvCache,
+    blocks: &mut SequenceBlocks,
+    tokens: &[u32],
+    adapter: Option<&Arc<AdapterWeights>>,
+) {
+    cache.reserve(blocks, tokens.len()).expect("room");
+    let lora = LoraBatch::uniform(adapter).expect("lora");
+    let input = PackedInput { decode: Vec::new(), chunks: vec![PrefillChunk { tokens, blocks }] };
+    model.forward_packed(input, &lora, cache).expect("prefill");
+}
+
+/// A row whose every token but the last is prefilled (in one chunk, alone).
+fn prefilled(model: &Llama, cache: &KvCache, tokens: Vec<u32>, adapter: Option<Arc<AdapterWeights>>) -> Row {
+    let mut blocks = SequenceBlocks::new(cache.pool(), None);
+    run_chunk(model, cache, &mut blocks, &tokens[..tokens.len() - 1], adapter.as_ref());
+    Row { tokens, adapter, blocks }
 }
 
 /// Runs one decode step over `rows` (each feeding its last token) and checks every row's logits against a full
 /// recomputation of its own sequence, alone. Then appends a random token to each row.
-fn step_and_compare(model: &Llama, cache: &mut BatchKvCache, rows: &mut [Row], rng: &mut StdRng) {
-    let adapters: Vec<_> = rows.iter().map(|row| row.adapter.as_ref()).collect();
+fn step_and_compare(model: &Llama, cache: &KvCache, rows: &mut [Row], rng: &mut StdRng) {
+    for row in rows.iter_mut() {
+        assert_eq!(row.blocks.len(), row.tokens.len() - 1, "each row's next position is its cached length");
+        cache.reserve(&mut row.blocks, 1).expect("room");
+    }
+    let adapters: Vec<_> = rows.iter().map(|row| row.adapter.clone()).collect();
+    let adapters: Vec<_> = adapters.iter().map(Option::as_ref).collect();
     let lora = LoraBatch::for_rows(&adapters, None, &Device::Cpu).expect("lora");
-    let last: Vec<u32> = rows.iter().map(|row| row.tokens[row.tokens.len() - 1]).collect();
-    let positions: Vec<u32> = rows.iter().map(|row| row.tokens.len() as u32 - 1).collect();
-    assert_eq!(cache.positions(), positions, "each row's next position is its cached length");
-    let input = PackedInput { decode: Some((&last, cache)), chunks: Vec::new() };
-    let logits = model.logits(&model.forward_packed(input, &lora).expect("step")).expect("logits");
+    let decode = rows
+        .iter_mut()
+        .map(|row| DecodeRow { token: row.tokens[row.tokens.len() - 1], blocks: &mut row.blocks })
+        .collect();
+    let input = PackedInput { decode, chunks: Vec::new() };
+    let logits = model.logits(&model.forward_packed(input, &lora, cache).expect("step")).expect("logits");
     for (index, row) in rows.iter_mut().enumerate() {
         let expected = full_logits(model, &row.tokens, row.adapter.as_ref());
         let got = logits.get(index).expect("row");
@@ -63,29 +87,27 @@ fn cached_mixed_adapter_decode_equals_full_recomputation_through_membership_chan
     let (meow, woof) = (tiny_adapter(&config, 1), tiny_adapter(&config, 2));
     let model = tiny_model(config);
     let vocab = model.config().vocab_size;
-    let mut rng = StdRng::seed_from_u64(3);
-    let mut cache = BatchKvCache::new(2, model.context_length(), &Device::Cpu, DType::F32);
-    let mut rows = vec![
-        Row { tokens: random_tokens(&mut rng, 6, vocab), adapter: None },
-        Row { tokens: random_tokens(&mut rng, 10, vocab), adapter: Some(meow.clone()) },
-        Row { tokens: random_tokens(&mut rng, 3, vocab), adapter: Some(woof.clone()) },
-    ];
-    for row in &rows {
-        prefill(&model, &mut cache, row);
-    }
-    for _ in 0..4 {
-        step_and_compare(&model, &mut cache, &mut rows, &mut rng);
-    }
-    // The longest row leaves: the others keep their caches (and shared padding is trimmed).
-    rows.remove(1);
-    cache.retain(&[0, 2]).expect("retain");
-    step_and_compare(&model, &mut cache, &mut rows, &mut rng);
-    // A longer newcomer joins: the others are shifted right.
-    let newcomer = Row { tokens: random_tokens(&mut rng, 30, vocab), adapter: Some(meow) };
-    prefill(&model, &mut cache, &newcomer);
-    rows.push(newcomer);
-    for _ in 0..3 {
-        step_and_compare(&model, &mut cache, &mut rows, &mut rng);
+    for cache in caches(&model, 64) {
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut rows = vec![
+            prefilled(&model, &cache, random_tokens(&mut rng, 6, vocab), None),
+            prefilled(&model, &cache, random_tokens(&mut rng, 10, vocab), Some(meow.clone())),
+            prefilled(&model, &cache, random_tokens(&mut rng, 3, vocab), Some(woof.clone())),
+        ];
+        for _ in 0..4 {
+            step_and_compare(&model, &cache, &mut rows, &mut rng);
+        }
+        // The longest row leaves: the others keep their blocks.
+        rows.remove(1);
+        step_and_compare(&model, &cache, &mut rows, &mut rng);
+        // A longer newcomer joins.
+        rows.push(prefilled(&model, &cache, random_tokens(&mut rng, 30, vocab), Some(meow.clone())));
+        for _ in 0..3 {
+            step_and_compare(&model, &cache, &mut rows, &mut rng);
+        }
+        drop(rows);
+        assert_eq!(cache.pool().usage().used, 0, "every block given back");
+        cache.pool().check();
     }
 }
 
@@ -94,7 +116,7 @@ struct Prefilling {
     prompt: Vec<u32>,
     adapter: Option<Arc<AdapterWeights>>,
     chunks: Vec<usize>,
-    cache: SequenceKv,
+    blocks: SequenceBlocks,
 }
 
 #[test]
@@ -103,129 +125,130 @@ fn packed_chunks_and_decode_rows_equal_full_recomputation() {
     let (meow, woof) = (tiny_adapter(&config, 1), tiny_adapter(&config, 2));
     let model = tiny_model(config);
     let vocab = model.config().vocab_size;
-    let mut rng = StdRng::seed_from_u64(5);
-    let mut cache = BatchKvCache::new(2, model.context_length(), &Device::Cpu, DType::F32);
-    let mut rows = vec![
-        Row { tokens: random_tokens(&mut rng, 9, vocab), adapter: Some(woof.clone()) },
-        Row { tokens: random_tokens(&mut rng, 4, vocab), adapter: None },
-    ];
-    for row in &rows {
-        prefill(&model, &mut cache, row);
-    }
-    let mut prefilling = vec![
-        Prefilling {
-            prompt: random_tokens(&mut rng, 13, vocab),
-            adapter: Some(meow),
-            chunks: vec![5, 4, 4],
-            cache: model.sequence_kv(13).expect("kv"),
-        },
-        Prefilling {
-            prompt: random_tokens(&mut rng, 7, vocab),
-            adapter: Some(woof),
-            chunks: vec![3, 4, 0],
-            cache: model.sequence_kv(7).expect("kv"),
-        },
-        Prefilling {
-            prompt: random_tokens(&mut rng, 2, vocab),
-            adapter: None,
-            chunks: vec![0, 2, 0],
-            cache: model.sequence_kv(2).expect("kv"),
-        },
-    ];
-    for pass in 0..3 {
-        let mut adapters: Vec<Option<&Arc<AdapterWeights>>> = rows.iter().map(|row| row.adapter.as_ref()).collect();
-        let mut spans = Vec::new();
-        for sequence in &prefilling {
-            let start = sequence.cache.len();
-            let len = sequence.chunks[pass];
-            if len > 0 {
-                adapters.extend(std::iter::repeat_n(sequence.adapter.as_ref(), len));
-                spans.push((start, len));
+    for cache in caches(&model, 64) {
+        let mut rng = StdRng::seed_from_u64(5);
+        let mut rows = vec![
+            prefilled(&model, &cache, random_tokens(&mut rng, 9, vocab), Some(woof.clone())),
+            prefilled(&model, &cache, random_tokens(&mut rng, 4, vocab), None),
+        ];
+        let mut prefilling = vec![
+            Prefilling {
+                prompt: random_tokens(&mut rng, 37, vocab),
+                adapter: Some(meow.clone()),
+                chunks: vec![5, 20, 12],
+                blocks: SequenceBlocks::new(cache.pool(), None),
+            },
+            Prefilling {
+                prompt: random_tokens(&mut rng, 7, vocab),
+                adapter: Some(woof.clone()),
+                chunks: vec![3, 4, 0],
+                blocks: SequenceBlocks::new(cache.pool(), None),
+            },
+            Prefilling {
+                prompt: random_tokens(&mut rng, 2, vocab),
+                adapter: None,
+                chunks: vec![0, 2, 0],
+                blocks: SequenceBlocks::new(cache.pool(), None),
+            },
+        ];
+        for pass in 0..3 {
+            for row in &mut rows {
+                cache.reserve(&mut row.blocks, 1).expect("room");
             }
-        }
-        let lora = LoraBatch::for_rows(&adapters, None, &Device::Cpu).expect("lora");
-        let last: Vec<u32> = rows.iter().map(|row| row.tokens[row.tokens.len() - 1]).collect();
-        let chunks = prefilling
-            .iter_mut()
-            .filter(|sequence| sequence.chunks[pass] > 0)
-            .map(|sequence| {
-                let start = sequence.cache.len();
-                PrefillChunk {
-                    tokens: &sequence.prompt[start..start + sequence.chunks[pass]],
-                    cache: &mut sequence.cache,
+            for sequence in &mut prefilling {
+                cache.reserve(&mut sequence.blocks, sequence.chunks[pass]).expect("room");
+            }
+            let mut adapters: Vec<Option<&Arc<AdapterWeights>>> = rows.iter().map(|row| row.adapter.as_ref()).collect();
+            let mut spans = Vec::new();
+            for sequence in &prefilling {
+                let start = sequence.blocks.len();
+                let len = sequence.chunks[pass];
+                if len > 0 {
+                    adapters.extend(std::iter::repeat_n(sequence.adapter.as_ref(), len));
+                    spans.push((start, len));
                 }
-            })
-            .collect();
-        let hidden =
-            model.forward_packed(PackedInput { decode: Some((&last, &mut cache)), chunks }, &lora).expect("pass");
-        let logits = model.logits(&hidden).expect("logits");
-        for (index, row) in rows.iter_mut().enumerate() {
-            let diff =
-                max_abs_diff(&logits.get(index).expect("row"), &full_logits(&model, &row.tokens, row.adapter.as_ref()));
-            assert!(diff < 1e-4, "pass {pass}: decode row {index} differs by {diff}");
-            row.tokens.push(rng.random_range(0..vocab as u32));
-        }
-        let mut offset = rows.len();
-        let active = prefilling.iter().filter(|sequence| sequence.chunks[pass] > 0);
-        for (sequence, (start, len)) in active.zip(spans) {
-            for position in start..start + len {
-                let expected = full_logits(&model, &sequence.prompt[..=position], sequence.adapter.as_ref());
-                let diff = max_abs_diff(&logits.get(offset).expect("token"), &expected);
-                assert!(diff < 1e-4, "pass {pass}: position {position} of a chunk differs by {diff}");
-                offset += 1;
             }
+            let lora = LoraBatch::for_rows(&adapters, None, &Device::Cpu).expect("lora");
+            let decode = rows
+                .iter_mut()
+                .map(|row| DecodeRow { token: row.tokens[row.tokens.len() - 1], blocks: &mut row.blocks })
+                .collect();
+            let chunks = prefilling
+                .iter_mut()
+                .filter(|sequence| sequence.chunks[pass] > 0)
+                .map(|sequence| {
+                    let start = sequence.blocks.len();
+                    PrefillChunk {
+                        tokens: &sequence.prompt[start..start + sequence.chunks[pass]],
+                        blocks: &mut sequence.blocks,
+                    }
+                })
+                .collect();
+            let hidden = model.forward_packed(PackedInput { decode, chunks }, &lora, &cache).expect("pass");
+            let logits = model.logits(&hidden).expect("logits");
+            for (index, row) in rows.iter_mut().enumerate() {
+                let expected = full_logits(&model, &row.tokens, row.adapter.as_ref());
+                let diff = max_abs_diff(&logits.get(index).expect("row"), &expected);
+                assert!(diff < 1e-4, "pass {pass}: decode row {index} differs by {diff}");
+                row.tokens.push(rng.random_range(0..vocab as u32));
+            }
+            let mut offset = rows.len();
+            let active = prefilling.iter().filter(|sequence| sequence.chunks[pass] > 0);
+            for (sequence, (start, len)) in active.zip(spans) {
+                for position in start..start + len {
+                    let expected = full_logits(&model, &sequence.prompt[..=position], sequence.adapter.as_ref());
+                    let diff = max_abs_diff(&logits.get(offset).expect("token"), &expected);
+                    assert!(diff < 1e-4, "pass {pass}: position {position} of a chunk differs by {diff}");
+                    offset += 1;
+                }
+            }
+            assert_eq!(offset, logits.dim(0).expect("tokens"));
         }
-        assert_eq!(offset, logits.dim(0).expect("tokens"));
-    }
-    // A prefilled sequence joins the batch with its own cache and decodes on like the others.
-    for sequence in prefilling.drain(..2) {
-        assert_eq!(sequence.cache.len(), sequence.prompt.len());
-        let layers = sequence.cache.layers().expect("layers");
-        cache.push(&[(&layers, 1)]).expect("join");
-        let mut tokens = sequence.prompt;
-        tokens.push(rng.random_range(0..vocab as u32));
-        rows.push(Row { tokens, adapter: sequence.adapter });
-    }
-    for _ in 0..2 {
-        step_and_compare(&model, &mut cache, &mut rows, &mut rng);
+        // A prefilled sequence joins the decode rows with its blocks and decodes on like the others.
+        for sequence in prefilling.drain(..2) {
+            assert_eq!(sequence.blocks.len(), sequence.prompt.len());
+            let mut tokens = sequence.prompt;
+            tokens.push(rng.random_range(0..vocab as u32));
+            rows.push(Row { tokens, adapter: sequence.adapter, blocks: sequence.blocks });
+        }
+        for _ in 0..2 {
+            step_and_compare(&model, &cache, &mut rows, &mut rng);
+        }
     }
 }
 
 #[test]
-fn a_row_taken_out_of_the_batch_rejoins_without_any_prefill() {
+fn a_row_taken_out_of_the_decode_rows_rejoins_without_any_prefill() {
     let config = tiny_config(vec![]);
     let meow = tiny_adapter(&config, 1);
     let model = tiny_model(config);
     let mut rng = StdRng::seed_from_u64(6);
-    let mut cache = BatchKvCache::new(2, model.context_length(), &Device::Cpu, DType::F32);
+    let cache = model.kv_cache(16, false).expect("cache");
     let mut rows = vec![
-        Row { tokens: random_tokens(&mut rng, 5, 64), adapter: None },
-        Row { tokens: random_tokens(&mut rng, 8, 64), adapter: Some(meow) },
+        prefilled(&model, &cache, random_tokens(&mut rng, 5, 64), None),
+        prefilled(&model, &cache, random_tokens(&mut rng, 8, 64), Some(meow)),
     ];
-    for row in &rows {
-        prefill(&model, &mut cache, row);
-    }
-    step_and_compare(&model, &mut cache, &mut rows, &mut rng);
-    let parked = cache.row(1).expect("row");
-    let parked_row = rows.remove(1);
-    cache.retain(&[0]).expect("retain");
-    step_and_compare(&model, &mut cache, &mut rows, &mut rng);
-    cache.push(&[(&parked, 1)]).expect("rejoin");
-    rows.push(parked_row);
+    step_and_compare(&model, &cache, &mut rows, &mut rng);
+    let parked = rows.remove(1);
+    let used = cache.pool().usage().used;
+    step_and_compare(&model, &cache, &mut rows, &mut rng);
+    assert_eq!(cache.pool().usage().used, used, "the parked row kept its blocks; the other needed no new one");
+    rows.push(parked);
     for _ in 0..2 {
-        step_and_compare(&model, &mut cache, &mut rows, &mut rng);
+        step_and_compare(&model, &cache, &mut rows, &mut rng);
     }
 }
 
 #[test]
-fn cached_decode_grows_past_its_first_capacity() {
+fn cached_decode_grows_past_many_blocks() {
     let model = tiny_model(tiny_config(vec![]));
     let mut rng = StdRng::seed_from_u64(4);
-    let mut cache = BatchKvCache::new(2, model.context_length(), &Device::Cpu, DType::F32);
-    let mut rows = vec![Row { tokens: random_tokens(&mut rng, 60, 64), adapter: None }];
-    prefill(&model, &mut cache, &rows[0]);
-    for _ in 0..8 {
-        step_and_compare(&model, &mut cache, &mut rows, &mut rng);
+    for cache in caches(&model, 16) {
+        let mut rows = vec![prefilled(&model, &cache, random_tokens(&mut rng, 60, 64), None)];
+        for _ in 0..8 {
+            step_and_compare(&model, &cache, &mut rows, &mut rng);
+        }
+        assert_eq!(rows[0].blocks.blocks().len(), 68usize.div_ceil(BLOCK_SIZE));
     }
 }
 
@@ -323,11 +346,10 @@ fn sharded_qwen2_checkpoints_with_biases_and_tied_embeddings_load_and_decode_con
     assert!(max_abs_diff(&full_logits(&model, &tokens, None), &full_logits(&plain, &tokens, None)) > 1e-3);
 
     let mut rng = StdRng::seed_from_u64(13);
-    let mut cache = BatchKvCache::new(2, model.context_length(), &Device::Cpu, DType::F32);
-    let mut rows = vec![Row { tokens: random_tokens(&mut rng, 5, 64), adapter: None }];
-    prefill(&model, &mut cache, &rows[0]);
+    let cache = model.kv_cache(8, false).expect("cache");
+    let mut rows = vec![prefilled(&model, &cache, random_tokens(&mut rng, 5, 64), None)];
     for _ in 0..3 {
-        step_and_compare(&model, &mut cache, &mut rows, &mut rng);
+        step_and_compare(&model, &cache, &mut rows, &mut rng);
     }
 }
 
@@ -348,49 +370,53 @@ fn missing_and_misshapen_tensors_are_load_errors() {
     }
 }
 
-/// Membership changes in random order — rows joining (shorter and longer than the batch), leaving (holes filled
-/// from the end, or the rows gathered anew), the batch shrinking and its padding trimmed — never change what any
-/// row computes: every step's logits equal a full recomputation of each row's own sequence.
+/// Rows joining, leaving and forking (sharing their blocks, the shared partly filled one copied on the next write)
+/// in random order, in a pool small enough that blocks are reused, never change what any row computes: every step's
+/// logits equal a full recomputation of each row's own sequence, and every block comes back.
 #[test]
-fn random_joins_and_leaves_keep_every_row_equal_to_full_recomputation() {
+fn random_joins_leaves_and_forks_keep_every_row_equal_to_full_recomputation() {
     let config = tiny_config(vec![]);
     let meow = tiny_adapter(&config, 1);
     let model = tiny_model(config);
     let vocab = model.config().vocab_size;
     for seed in 0..4u64 {
         let mut rng = StdRng::seed_from_u64(100 + seed);
-        let cache = BatchKvCache::new(2, model.context_length(), &Device::Cpu, DType::F32);
-        // Half the runs reserve rows up front (as the CPU scheduler does), half grow them.
-        let mut cache = if seed % 2 == 0 { cache.reserving_rows(24) } else { cache };
+        let cache = model.kv_cache(96, false).expect("cache");
+        let cache = if seed % 2 == 0 { cache } else { cache.gathering() };
         let mut rows: Vec<Row> = Vec::new();
         for _ in 0..24 {
-            match rng.random_range(0..4) {
+            match rng.random_range(0..5) {
                 0 | 1 if rows.len() < 20 => {
                     for _ in 0..rng.random_range(1..4) {
                         let len = rng.random_range(2..48);
                         let adapter = rng.random_bool(0.5).then(|| meow.clone());
-                        let row = Row { tokens: random_tokens(&mut rng, len, vocab), adapter };
-                        prefill(&model, &mut cache, &row);
-                        rows.push(row);
+                        rows.push(prefilled(&model, &cache, random_tokens(&mut rng, len, vocab), adapter));
                     }
                 }
                 2 if !rows.is_empty() => {
                     let kept: Vec<bool> = rows.iter().map(|_| rng.random_bool(0.6)).collect();
-                    // The scheduler's order (the last kept rows fill the holes), or the rows gathered in order.
-                    let order = if rng.random_bool(0.5) {
-                        fill_holes_from_the_end(&kept)
-                    } else {
-                        (0..rows.len()).filter(|&index| kept[index]).collect()
-                    };
-                    cache.retain(&order).expect("retain");
-                    let mut taken: Vec<Option<Row>> = rows.drain(..).map(Some).collect();
-                    rows = order.iter().map(|&index| taken[index].take().expect("kept once")).collect();
+                    let mut index = 0;
+                    rows.retain(|_| {
+                        index += 1;
+                        kept[index - 1]
+                    });
+                }
+                3 if !rows.is_empty() && rows.len() < 20 => {
+                    // Another sequence continuing from the same keys and values, with another next token.
+                    let original = &rows[rng.random_range(0..rows.len())];
+                    let mut tokens = original.tokens.clone();
+                    *tokens.last_mut().expect("a token") = rng.random_range(0..vocab as u32);
+                    let fork = Row { tokens, adapter: original.adapter.clone(), blocks: original.blocks.fork() };
+                    rows.push(fork);
                 }
                 _ => {}
             }
             if !rows.is_empty() {
-                step_and_compare(&model, &mut cache, &mut rows, &mut rng);
+                step_and_compare(&model, &cache, &mut rows, &mut rng);
             }
+            cache.pool().check();
         }
+        drop(rows);
+        assert_eq!(cache.pool().usage().used, 0, "seed {seed}: every block given back");
     }
 }

@@ -23,6 +23,8 @@ pub(super) struct Queued {
     pub(super) samples: usize,
     /// Whether its prefill has started (its places are taken).
     pub(super) started: bool,
+    /// Whether it may start now (a started one always is).
+    pub(super) ready: bool,
 }
 
 /// The limits of one step.
@@ -103,6 +105,10 @@ pub(super) fn plan(tenants: &[Vec<Queued>], limits: Limits) -> Plan {
                     break;
                 };
                 if !queued.started && state.granted == 0 {
+                    if !queued.ready {
+                        state.done = true;
+                        break;
+                    }
                     let fits = places_taken == 0 || places_taken + queued.samples <= limits.places;
                     if blocked.is_some() || !fits {
                         blocked = blocked.or(Some(tenant));
@@ -149,7 +155,7 @@ mod tests {
     use super::*;
 
     fn waiting(remaining: usize) -> Queued {
-        Queued { remaining, samples: 1, started: false }
+        Queued { remaining, samples: 1, started: false, ready: true }
     }
 
     fn limits(budget: usize) -> Limits {
@@ -178,8 +184,8 @@ mod tests {
 
     #[test]
     fn a_request_that_does_not_fit_blocks_every_later_start_and_keeps_its_place() {
-        let big = Queued { remaining: 4, samples: 3, started: false };
-        let started = Queued { remaining: 50, samples: 1, started: true };
+        let big = Queued { remaining: 4, samples: 3, started: false, ready: true };
+        let started = Queued { remaining: 50, samples: 1, started: true, ready: true };
         let tenants = vec![vec![waiting(5)], vec![big, waiting(1)], vec![started, waiting(2)], vec![waiting(7)]];
         let limits = Limits { budget: 200, places_taken: 60, places: 62, min_share: 1 };
         let plan = plan(&tenants, limits);
@@ -193,8 +199,22 @@ mod tests {
     }
 
     #[test]
+    fn a_request_waiting_for_another_prefills_blocks_starts_nothing_after_it_and_blocks_no_other_tenant() {
+        let not_ready = Queued { remaining: 20, samples: 1, started: false, ready: false };
+        let started = Queued { remaining: 10, samples: 1, started: true, ready: true };
+        let tenants = vec![vec![started, not_ready, waiting(5)], vec![waiting(7)]];
+        let plan = plan(&tenants, limits(100));
+        assert_eq!(plan.blocked, None);
+        assert_eq!(
+            plan.grants,
+            vec![Grant { tenant: 0, entry: 0, tokens: 10 }, Grant { tenant: 1, entry: 0, tokens: 7 }],
+            "tenant 0 continues its prefill and waits; tenant 1 starts"
+        );
+    }
+
+    #[test]
     fn a_request_larger_than_the_batch_starts_when_nothing_runs() {
-        let tenants = vec![vec![Queued { remaining: 4, samples: 100, started: false }]];
+        let tenants = vec![vec![Queued { remaining: 4, samples: 100, started: false, ready: true }]];
         let idle = plan(&tenants, Limits { budget: 10, places_taken: 0, places: 8, min_share: 1 });
         assert_eq!(idle.grants, vec![Grant { tenant: 0, entry: 0, tokens: 4 }]);
         let busy = plan(&tenants, Limits { budget: 10, places_taken: 1, places: 8, min_share: 1 });
@@ -211,11 +231,9 @@ mod tests {
     }
 
     fn queued() -> impl Strategy<Value = Queued> {
-        (1usize..300, 1usize..4, any::<bool>()).prop_map(|(remaining, samples, started)| Queued {
-            remaining,
-            samples,
-            started,
-        })
+        (1usize..300, 1usize..4, any::<bool>(), prop::bool::weighted(0.85)).prop_map(
+            |(remaining, samples, started, ready)| Queued { remaining, samples, started, ready: ready || started },
+        )
     }
 
     /// Queues whose started requests come first, as the scheduler keeps them.
@@ -264,7 +282,8 @@ mod tests {
             if total < budget && plan.blocked.is_none() {
                 for (index, queue) in tenants.iter().enumerate() {
                     let granted: usize = plan.grants.iter().filter(|g| g.tenant == index).map(|g| g.tokens).sum();
-                    let wanted: usize = queue.iter().map(|queued| queued.remaining).sum();
+                    let startable = queue.iter().take_while(|queued| queued.started || queued.ready);
+                    let wanted: usize = startable.map(|queued| queued.remaining).sum();
                     prop_assert_eq!(granted, wanted, "tenant {} could have used the leftover budget", index);
                 }
             }
@@ -283,7 +302,7 @@ mod tests {
             let limits = Limits { budget: with_work * 16 + extra, places_taken: 0, places: 1000, min_share: 16 };
             let plan = plan(&tenants, limits);
             for (index, queue) in tenants.iter().enumerate() {
-                if !queue.is_empty() {
+                if queue.first().is_some_and(|queued| queued.started || queued.ready) {
                     prop_assert!(plan.grants.iter().any(|grant| grant.tenant == index), "tenant {} starved", index);
                 }
             }

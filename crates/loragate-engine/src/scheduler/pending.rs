@@ -2,8 +2,9 @@
 //!
 //! A tenant is what a request runs on: an adapter (by name, whatever version it pinned, so the continuations kept
 //! across a weight swap are ordinary requests of their adapter) or the base model. Its queue holds its prefills in
-//! progress, then its waiting requests, in arrival order; a tenant leaves the rotation when its queue empties and
-//! joins at the back with its next request.
+//! progress, then the ones not started — preempted sequences first, then its waiting requests in arrival order; a
+//! tenant leaves the rotation when its queue empties and joins at the back with its next request (at the front with
+//! a preempted sequence).
 
 use std::collections::VecDeque;
 
@@ -11,20 +12,14 @@ use loragate_core::{AdapterKey, EngineError};
 
 use super::fair::{self, Limits, Plan, Queued};
 use super::prefill::Prefill;
-use super::sequence::Submission;
-use crate::model::Llama;
+use super::sequence::{Sequence, Submission};
+use crate::model::{BlockPool, KvCache, Llama};
 
-/// One queued request.
-enum Entry {
-    /// Not started: it takes no place in the batch yet.
-    Waiting { id: u64, submission: Submission },
-    /// Started: its prompt is partly prefilled and its sequences hold their places in the batch.
-    Prefilling(Prefill),
-}
-
+/// A tenant's queue: prefills started (their sequences hold their places in the batch, and they hold blocks), then
+/// those not started.
 struct Tenant {
     key: AdapterKey,
-    queue: VecDeque<Entry>,
+    queue: VecDeque<Prefill>,
 }
 
 /// Every request that is not decoding yet.
@@ -37,21 +32,47 @@ pub(super) struct Pending {
 
 /// A request's prompt tokens to run in this step.
 pub(super) struct Scheduled {
-    /// Its tenant's index in the rotation the plan was made for.
+    /// Its tenant's index in the rotation the plan was made for, and its place among the step's grants.
     pub(super) tenant: usize,
+    pub(super) order: usize,
     pub(super) prefill: Prefill,
     pub(super) tokens: usize,
 }
 
+/// What [`Pending::take`] took out of the queues for one step.
+#[derive(Default)]
+pub(super) struct Taken {
+    /// The chunks to run.
+    pub(super) scheduled: Vec<Scheduled>,
+    /// Prefills granted tokens that run none in this step (waiting for another's blocks, or for free blocks), with
+    /// their tenant and order, to go back where they were.
+    pub(super) idle: Vec<(usize, usize, Prefill)>,
+    /// Preempted sequences whose keys and values were all still cached: they decode on at once.
+    pub(super) resumed: Vec<Sequence>,
+}
+
 impl Pending {
     /// Queues a new request at the back of its tenant's queue.
-    pub(super) fn push(&mut self, submission: Submission) {
+    pub(super) fn push(&mut self, submission: Submission, model: &Llama) {
         let id = self.next_id();
         let key = submission.request.adapter().clone();
-        let entry = Entry::Waiting { id, submission };
+        let entry = Prefill::new(id, submission, model);
         match self.tenants.iter_mut().find(|tenant| tenant.key == key) {
             Some(tenant) => tenant.queue.push_back(entry),
             None => self.tenants.push(Tenant { key, queue: VecDeque::from([entry]) }),
+        }
+    }
+
+    /// Queues a preempted sequence's prefill ahead of its tenant's requests that have not started (after the
+    /// prefills in progress), its tenant at the front of the rotation if it had nothing queued.
+    pub(super) fn push_preempted(&mut self, prefill: Prefill) {
+        let key = prefill.context.adapter_key.clone();
+        match self.tenants.iter_mut().find(|tenant| tenant.key == key) {
+            Some(tenant) => {
+                let started = tenant.queue.iter().take_while(|queued| queued.is_started()).count();
+                tenant.queue.insert(started, prefill);
+            }
+            None => self.tenants.insert(0, Tenant { key, queue: VecDeque::from([prefill]) }),
         }
     }
 
@@ -69,7 +90,7 @@ impl Pending {
     /// The requests not started yet.
     #[cfg(test)]
     pub(super) fn waiting(&self) -> usize {
-        self.entries().filter(|entry| matches!(entry, Entry::Waiting { .. })).count()
+        self.entries().filter(|prefill| !prefill.is_started()).count()
     }
 
     /// The prefills in progress, with their tenants: (request id, tenant, positions prefilled, positions in all).
@@ -77,8 +98,8 @@ impl Pending {
     pub(super) fn prefilling(&self) -> Vec<(u64, AdapterKey, usize, usize)> {
         let mut prefilling = Vec::new();
         for tenant in &self.tenants {
-            for entry in &tenant.queue {
-                if let Entry::Prefilling(prefill) = entry {
+            for prefill in &tenant.queue {
+                if prefill.is_started() {
                     let (done, left) = (prefill.prefilled(), prefill.remaining());
                     prefilling.push((prefill.context.id, tenant.key.clone(), done, done + left));
                 }
@@ -89,81 +110,94 @@ impl Pending {
 
     /// The batch places the started prefills hold.
     pub(super) fn places_taken(&self) -> usize {
-        self.entries()
-            .map(|entry| match entry {
-                Entry::Prefilling(prefill) => prefill.samples(),
-                Entry::Waiting { .. } => 0,
-            })
-            .sum()
+        self.entries().filter(|prefill| prefill.is_started()).map(Prefill::samples).sum()
     }
 
-    /// Ends cancelled requests with `Abort` (no tokens) and drops those whose caller went away.
+    /// The stamp of the newest started prefill.
+    pub(super) fn newest_started(&self) -> Option<u64> {
+        self.entries().filter(|prefill| prefill.is_started()).map(|prefill| prefill.stamp).max()
+    }
+
+    /// Preempts the newest started prefill (its blocks and places given back; it starts again later). False if
+    /// none is started.
+    pub(super) fn preempt_newest(&mut self) -> bool {
+        let Some(newest) = self.newest_started() else { return false };
+        for tenant in &mut self.tenants {
+            for prefill in &mut tenant.queue {
+                if prefill.is_started() && prefill.stamp == newest {
+                    prefill.preempt();
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Ends cancelled requests with `Abort` (no more tokens) and drops those whose caller went away.
     pub(super) fn drop_abandoned(&mut self) {
         for tenant in &mut self.tenants {
-            tenant.queue.retain(|entry| match entry {
-                Entry::Waiting { submission, .. } if submission.is_abandoned() => {
-                    submission.abort();
-                    false
-                }
-                Entry::Prefilling(prefill) if prefill.context.is_abandoned() => {
+            tenant.queue.retain(|prefill| {
+                let abandoned = prefill.context.is_abandoned();
+                if abandoned {
                     prefill.abort();
-                    false
                 }
-                _ => true,
+                !abandoned
             });
         }
         self.tenants.retain(|tenant| !tenant.queue.is_empty());
     }
 
-    /// Deals this step's prefill budget (see [`fair::plan`]).
-    pub(super) fn plan(&self, limits: Limits) -> Plan {
-        let queues: Vec<Vec<Queued>> = self
-            .tenants
-            .iter()
-            .map(|tenant| {
-                tenant
-                    .queue
-                    .iter()
-                    .map(|entry| match entry {
-                        Entry::Waiting { submission, .. } => Queued {
-                            remaining: submission.request.prompt().len(),
-                            samples: submission.request.num_samples() as usize,
-                            started: false,
-                        },
-                        Entry::Prefilling(prefill) => {
-                            Queued { remaining: prefill.remaining(), samples: prefill.samples(), started: true }
-                        }
-                    })
-                    .collect()
-            })
-            .collect();
+    /// Deals this step's prefill budget (see [`fair::plan`]); what the prefix cache holds of a request not started
+    /// is left out of its tokens.
+    pub(super) fn plan(&self, limits: Limits, pool: &BlockPool) -> Plan {
+        let queues: Vec<Vec<Queued>> =
+            self.tenants.iter().map(|tenant| reachable(&tenant.queue, limits, pool)).collect();
         fair::plan(&queues, limits)
     }
 
-    /// Takes the requests `plan` grants tokens out of their queues, starting those that were waiting. A request
-    /// that cannot start was answered with its error and is left out.
-    pub(super) fn take(&mut self, plan: &Plan, model: &Llama) -> Vec<Scheduled> {
-        let mut scheduled = Vec::with_capacity(plan.grants.len());
-        for grant in &plan.grants {
+    /// Takes the requests `plan` grants tokens out of their queues, starts those not started (as stamped by
+    /// `stamp`), and makes room in `cache` for the tokens each runs: a request waiting for another prefill's blocks,
+    /// or for which no block is free, runs nothing in this step.
+    pub(super) fn take(&mut self, plan: &Plan, cache: &KvCache, stamp: &mut u64) -> Taken {
+        let mut taken = Taken::default();
+        for (order, grant) in plan.grants.iter().enumerate() {
             // Grants are a prefix of each queue, in queue order: each is the tenant's front entry by now.
-            let Some(entry) = self.tenants[grant.tenant].queue.pop_front() else { continue };
-            let prefill = match entry {
-                Entry::Prefilling(prefill) => prefill,
-                Entry::Waiting { id, submission } => match Prefill::start(id, submission, model) {
-                    Some(prefill) => prefill,
-                    None => continue,
-                },
-            };
-            scheduled.push(Scheduled { tenant: grant.tenant, prefill, tokens: grant.tokens });
+            let Some(mut prefill) = self.tenants[grant.tenant].queue.pop_front() else { continue };
+            let begun = !prefill.is_started();
+            if begun {
+                *stamp += 1;
+                if prefill.begin(cache.pool(), *stamp).is_err() {
+                    taken.idle.push((grant.tenant, order, prefill));
+                    continue;
+                }
+                prefill = match prefill.complete_without_chunk() {
+                    Ok(sequences) => {
+                        taken.resumed.extend(sequences);
+                        continue;
+                    }
+                    Err(prefill) => *prefill,
+                };
+            }
+            let tokens = prefill.reserve(cache, grant.tokens);
+            if tokens == 0 {
+                if begun {
+                    // No block for it: it holds neither blocks nor places while it waits.
+                    prefill.preempt();
+                }
+                taken.idle.push((grant.tenant, order, prefill));
+                continue;
+            }
+            taken.scheduled.push(Scheduled { tenant: grant.tenant, order, prefill, tokens });
         }
-        scheduled
+        taken
     }
 
-    /// Puts back the prefills that go on (taken by [`Pending::take`] for `plan`) at the front of their queues, in
-    /// their order, and turns the rotation as `plan` says.
-    pub(super) fn put_back(&mut self, continuing: Vec<(usize, Prefill)>, plan: &Plan) {
-        for (tenant, prefill) in continuing.into_iter().rev() {
-            self.tenants[tenant].queue.push_front(Entry::Prefilling(prefill));
+    /// Puts back the prefills taken by [`Pending::take`] for `plan` that go on, with their tenant and order, at the
+    /// front of their queues in their order, and turns the rotation as `plan` says.
+    pub(super) fn put_back(&mut self, mut back: Vec<(usize, usize, Prefill)>, plan: &Plan) {
+        back.sort_by_key(|(_, order, _)| *order);
+        for (tenant, _, prefill) in back.into_iter().rev() {
+            self.tenants[tenant].queue.push_front(prefill);
         }
         let mut tenants: Vec<Option<Tenant>> = std::mem::take(&mut self.tenants).into_iter().map(Some).collect();
         self.tenants = plan
@@ -176,15 +210,30 @@ impl Pending {
 
     /// Tells every queued request the engine stopped.
     pub(super) fn stop_all(&mut self) {
-        for entry in self.tenants.drain(..).flat_map(|tenant| tenant.queue) {
-            match entry {
-                Entry::Waiting { submission, .. } => submission.events.send(Err(EngineError::Stopped)),
-                Entry::Prefilling(prefill) => prefill.context.events.send(Err(EngineError::Stopped)),
-            };
+        for prefill in self.tenants.drain(..).flat_map(|tenant| tenant.queue) {
+            prefill.fail(EngineError::Stopped);
         }
     }
 
-    fn entries(&self) -> impl Iterator<Item = &Entry> {
+    fn entries(&self) -> impl Iterator<Item = &Prefill> {
         self.tenants.iter().flat_map(|tenant| &tenant.queue)
     }
+}
+
+/// What the planner sees of the front of `queue`: the entries this step could reach (a plan grants a prefix of each
+/// queue, within the budget and the batch's places), so that a long queue costs no lookups in the prefix cache
+/// beyond them.
+fn reachable(queue: &VecDeque<Prefill>, limits: Limits, pool: &BlockPool) -> Vec<Queued> {
+    let mut seen = Vec::new();
+    let (mut tokens, mut starts) = (0, 0);
+    for prefill in queue {
+        if tokens >= limits.budget || starts > limits.places {
+            break;
+        }
+        let queued = prefill.queued(pool);
+        tokens += queued.remaining;
+        starts += usize::from(!queued.started);
+        seen.push(queued);
+    }
+    seen
 }

@@ -2,11 +2,14 @@
 
 use std::sync::Arc;
 
-use loragate_core::{AdapterVersion, EngineError, EngineEvent, FinishReason, ParkSignal, ParkedKv, SampleRequest};
+use loragate_core::{
+    AdapterKey, AdapterVersion, EngineError, EngineEvent, FinishReason, ParkSignal, ParkedKv, SampleRequest,
+};
 use tokio_util::sync::CancellationToken;
 
 use super::outbox::EventSender;
 use crate::lora::AdapterWeights;
+use crate::model::{BlockHash, SequenceBlocks};
 use crate::sampler::{Sampled, Sampler};
 
 /// A request handed to the step thread, with the adapter weights and version it pinned when it was submitted.
@@ -24,16 +27,16 @@ pub(crate) struct Submission {
 }
 
 impl Submission {
+    /// The root of its blocks' prefix chain: its adapter's name and pinned version, its caller's cache scope (a
+    /// tenant's own) and its cache salt. Requests reuse each other's cached prefixes only under the same root.
+    pub(crate) fn prefix_root(&self) -> BlockHash {
+        let request = &self.request;
+        BlockHash::root(request.adapter().as_wire_str(), self.version.0, request.cache_scope(), request.cache_salt())
+    }
+
     /// Whether the caller cancelled it or went away.
     pub(crate) fn is_abandoned(&self) -> bool {
         self.cancel.is_cancelled() || self.events.is_closed()
-    }
-
-    /// Ends every sequence with `Abort` and no tokens (a no-op if the caller is gone).
-    pub(crate) fn abort(&self) {
-        for sequence in 0..self.request.num_samples() {
-            self.events.send(Ok(EngineEvent::Finished { sequence, reason: FinishReason::Abort }));
-        }
     }
 }
 
@@ -44,10 +47,14 @@ pub(crate) struct RequestContext {
     pub(crate) events: EventSender,
     pub(crate) cancel: CancellationToken,
     park: ParkSignal,
+    /// Its tenant: the adapter it runs on, or the base model.
+    pub(crate) adapter_key: AdapterKey,
     pub(crate) version: AdapterVersion,
     pub(crate) adapter: Option<Arc<AdapterWeights>>,
     /// The request's prompt: with a sequence's generated tokens, what its keys and values belong to.
-    prompt: Arc<[u32]>,
+    pub(crate) prompt: Arc<[u32]>,
+    /// The root of its blocks' prefix chain (see [`Submission::prefix_root`]).
+    pub(crate) prefix_root: BlockHash,
     max_tokens: u32,
     /// `stop_token_ids`, plus the model's end-of-sequence tokens unless `ignore_eos`.
     stop_tokens: Vec<u32>,
@@ -55,6 +62,7 @@ pub(crate) struct RequestContext {
 
 impl RequestContext {
     pub(crate) fn new(id: u64, submission: Submission, eos_token_ids: &[u32]) -> (Arc<Self>, SampleRequest) {
+        let prefix_root = submission.prefix_root();
         let Submission { request, adapter, version, cancel, park, resume: _, events } = submission;
         let params = request.params();
         let mut stop_tokens = params.stop_token_ids().to_vec();
@@ -63,7 +71,20 @@ impl RequestContext {
         }
         let prompt = Arc::clone(request.prompt());
         let max_tokens = params.max_tokens();
-        let context = Self { id, events, cancel, park, version, adapter, prompt, max_tokens, stop_tokens };
+        let adapter_key = request.adapter().clone();
+        let context = Self {
+            id,
+            events,
+            cancel,
+            park,
+            adapter_key,
+            version,
+            adapter,
+            prompt,
+            prefix_root,
+            max_tokens,
+            stop_tokens,
+        };
         (Arc::new(context), request)
     }
 
@@ -92,6 +113,11 @@ impl RequestContext {
 /// One sequence being generated.
 pub(crate) struct Sequence {
     pub(crate) request: Arc<RequestContext>,
+    /// Its keys and values: every position but the last token's (fed at its next decode step).
+    pub(crate) blocks: SequenceBlocks,
+    /// When it started running (or joined the batch again), in the step thread's order: the newest is preempted
+    /// first when the cache runs out of blocks.
+    pub(crate) stamp: u64,
     index: u32,
     sampler: Sampler,
     generated: u32,
@@ -104,15 +130,15 @@ pub(crate) struct Sequence {
 }
 
 impl Sequence {
-    pub(crate) fn new(request: Arc<RequestContext>, index: u32, sampler: Sampler, prompt_len: usize) -> Self {
-        let generated_tokens = Vec::new();
-        Self { request, index, sampler, generated: 0, generated_tokens, context_len: prompt_len, next_input: 0 }
+    pub(crate) fn new(request: Arc<RequestContext>, index: u32, sampler: Sampler, blocks: SequenceBlocks) -> Self {
+        let (generated_tokens, context_len) = (Vec::new(), request.prompt.len());
+        Self { request, blocks, stamp: 0, index, sampler, generated: 0, generated_tokens, context_len, next_input: 0 }
     }
 
-    /// The only sequence of a continuation that resumes from parked keys and values: they hold every position of
-    /// its prompt but the last, `last`, which it feeds at its first decode step.
-    pub(crate) fn resumed(request: Arc<RequestContext>, sampler: Sampler, prompt_len: usize, last: u32) -> Self {
-        Self { next_input: last, ..Self::new(request, 0, sampler, prompt_len) }
+    /// The only sequence of a continuation that resumes from parked keys and values, `blocks`: they hold every
+    /// position of its prompt but the last, `last`, which it feeds at its first decode step.
+    pub(crate) fn resumed(request: Arc<RequestContext>, sampler: Sampler, blocks: SequenceBlocks, last: u32) -> Self {
+        Self { next_input: last, ..Self::new(request, 0, sampler, blocks) }
     }
 
     /// Every token of the sequence: its request's prompt and what it generated. Its keys and values hold all but
@@ -124,6 +150,14 @@ impl Sequence {
     /// Whether the caller cancelled the request or went away.
     pub(crate) fn is_abandoned(&self) -> bool {
         self.request.is_abandoned()
+    }
+
+    /// Names the blocks its last decode step filled, so that other requests with this prefix may reuse them.
+    pub(crate) fn register_full_blocks(&mut self) {
+        if self.blocks.root().is_some() && self.blocks.len().is_multiple_of(crate::model::BLOCK_SIZE) {
+            let tokens = self.tokens();
+            self.blocks.register_full_blocks(&tokens);
+        }
     }
 
     /// The sequence's index in its request.

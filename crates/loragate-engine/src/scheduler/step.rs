@@ -7,7 +7,7 @@ use candle_core::{DType, Tensor};
 
 use super::Scheduler;
 use super::fair::Limits;
-use super::pending::Scheduled;
+use super::pending::{Scheduled, Taken};
 use super::prefill::{ChunkOutcome, Prefill};
 use crate::lora::{AdapterWeights, LoraBatch};
 use crate::model::{PackedInput, log_softmax_rows};
@@ -27,10 +27,12 @@ pub(super) struct StepTrace {
 }
 
 impl Scheduler {
-    /// One step: hand back abandoned requests, plan, run every decode row and the planned chunks in one pass, emit.
+    /// One step: hand back abandoned requests, make room for the decode rows, plan, run every decode row and the
+    /// planned chunks in one pass, emit.
     pub(super) fn run_step(&mut self) {
         self.drop_abandoned();
         self.resume_parked();
+        self.reserve_decode_rows();
         let decode_rows = self.batch.len();
         let limits = Limits {
             budget: self.limits.max_num_batched_tokens.saturating_sub(decode_rows),
@@ -38,8 +40,8 @@ impl Scheduler {
             places: self.limits.max_batch_size,
             min_share: MIN_PREFILL_SHARE,
         };
-        let plan = self.pending.plan(limits);
-        let mut scheduled = self.pending.take(&plan, &self.model);
+        let plan = self.pending.plan(limits, self.cache.pool());
+        let Taken { mut scheduled, idle, resumed } = self.pending.take(&plan, &self.cache, &mut self.stamp);
         #[cfg(test)]
         self.trace.push(StepTrace {
             decode: self.batch.rows().iter().map(|row| (row.request.id, row.index())).collect(),
@@ -48,30 +50,31 @@ impl Scheduler {
                 .map(|s| (s.prefill.context.id, s.prefill.tenant().clone(), s.prefill.prefilled(), s.tokens))
                 .collect(),
         });
-        let continuing = if decode_rows == 0 && scheduled.is_empty() {
-            Vec::new()
-        } else {
+        let ran = decode_rows > 0 || !scheduled.is_empty();
+        let mut back = idle;
+        if ran {
             match self.run_pass(&mut scheduled) {
-                Ok(hidden) => self.emit(&hidden, decode_rows, scheduled),
+                Ok(hidden) => back.extend(self.emit(&hidden, decode_rows, scheduled)),
                 Err(err) => {
                     tracing::error!(error = %err, "the step's forward pass failed; failing its requests");
                     let reason = format!("the engine step failed: {err}");
                     self.batch.fail_all(&reason);
                     for Scheduled { prefill, .. } in scheduled {
-                        prefill.context.events.send(Err(loragate_core::EngineError::Internal(reason.clone())));
+                        prefill.fail(loragate_core::EngineError::Internal(reason.clone()));
                     }
-                    Vec::new()
                 }
             }
-        };
-        self.pending.put_back(continuing, &plan);
+        }
+        self.batch.join(resumed);
+        self.pending.put_back(back, &plan);
+        if !ran && !plan.grants.is_empty() {
+            self.unblock_prefills();
+        }
     }
 
     fn drop_abandoned(&mut self) {
         self.pending.drop_abandoned();
-        if let Err(err) = self.batch.drop_abandoned() {
-            self.batch.fail_all(&format!("cannot shrink the batch: {err}"));
-        }
+        self.batch.drop_abandoned();
         let mut waiting = VecDeque::with_capacity(self.resuming.len());
         for resuming in self.resuming.drain(..) {
             if resuming.is_abandoned() {
@@ -91,11 +94,17 @@ impl Scheduler {
         if count == 0 {
             return;
         }
-        let resumed: Vec<_> =
-            self.resuming.drain(..count).map(|resuming| resuming.start(self.pending.next_id(), &self.model)).collect();
-        if let Err(err) = self.batch.rejoin(resumed) {
-            tracing::error!(error = %err, "cannot resume parked sequences in the batch");
-        }
+        let resumed: Vec<_> = self
+            .resuming
+            .drain(..count)
+            .map(|resuming| {
+                let mut sequence = resuming.start(self.pending.next_id(), &self.model);
+                self.stamp += 1;
+                sequence.stamp = self.stamp;
+                sequence
+            })
+            .collect();
+        self.batch.join(resumed);
     }
 
     /// Runs the decode rows and the scheduled chunks in one pass; returns the final hidden states, one row per token.
@@ -110,14 +119,14 @@ impl Scheduler {
         if lora.bank().is_some() {
             self.bank = lora.bank().cloned();
         }
-        let mut decode = self.batch.decode_input();
+        let decode = self.batch.decode_input();
         let chunks = scheduled.iter_mut().map(|chunk| chunk.prefill.chunk(chunk.tokens)).collect();
-        let decode = decode.as_mut().map(|(tokens, cache)| (&tokens[..], &mut **cache));
-        self.model.forward_packed(PackedInput { decode, chunks }, &lora)
+        self.model.forward_packed(PackedInput { decode, chunks }, &lora, &self.cache)
     }
 
-    /// Emits the decode rows' tokens and takes each chunk's results; returns the prefills that go on.
-    fn emit(&mut self, hidden: &Tensor, decode_rows: usize, scheduled: Vec<Scheduled>) -> Vec<(usize, Prefill)> {
+    /// Emits the decode rows' tokens and takes each chunk's results; returns the prefills that go on, with their
+    /// tenants and orders.
+    fn emit(&mut self, hidden: &Tensor, decode_rows: usize, scheduled: Vec<Scheduled>) -> Vec<(usize, usize, Prefill)> {
         if decode_rows > 0
             && let Err(err) = self.advance_decode_rows(hidden, decode_rows)
         {
@@ -127,28 +136,23 @@ impl Scheduler {
         let mut continuing = Vec::new();
         let mut joining = Vec::new();
         let mut offset = decode_rows;
-        for Scheduled { tenant, prefill, tokens } in scheduled {
+        for Scheduled { tenant, order, prefill, tokens } in scheduled {
             let rows = chunk_rows(hidden, offset, tokens);
             offset += tokens;
             let outcome = match rows {
                 Ok((rows, finite)) => prefill.finish_chunk(&rows, finite, &self.model),
                 Err(err) => {
-                    let reason = format!("prefill failed: {err}");
-                    prefill.context.events.send(Err(loragate_core::EngineError::Internal(reason)));
+                    prefill.fail(loragate_core::EngineError::Internal(format!("prefill failed: {err}")));
                     ChunkOutcome::Ended
                 }
             };
             match outcome {
-                ChunkOutcome::Continue(prefill) => continuing.push((tenant, prefill)),
-                ChunkOutcome::Decode { sequences, cache } => joining.push((sequences, cache)),
+                ChunkOutcome::Continue(prefill) => continuing.push((tenant, order, *prefill)),
+                ChunkOutcome::Decode(sequences) => joining.extend(sequences),
                 ChunkOutcome::Ended => {}
             }
         }
-        if !joining.is_empty()
-            && let Err(err) = self.batch.join(joining)
-        {
-            tracing::error!(error = %err, "cannot add prefilled sequences to the batch");
-        }
+        self.batch.join(joining);
         continuing
     }
 
@@ -159,7 +163,8 @@ impl Scheduler {
         // Raw logits too, only when some row's penalty needs them.
         let logits = if self.batch.needs_logits() { Some(logits.flatten_all()?.to_vec1::<f32>()?) } else { None };
         let (vocab, context_length) = (self.model.config().vocab_size, self.model.context_length());
-        self.batch.advance(&logprobs, logits.as_deref(), vocab, context_length)
+        self.batch.advance(&logprobs, logits.as_deref(), vocab, context_length);
+        Ok(())
     }
 }
 

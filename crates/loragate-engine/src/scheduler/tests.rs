@@ -3,6 +3,8 @@
 mod chunked;
 mod interleavings;
 mod park;
+mod preemption;
+mod prefix;
 mod tenants;
 
 use std::sync::Arc;
@@ -32,10 +34,48 @@ impl Harness {
     }
 
     fn with_budget(config: ModelConfig, max_batch_size: usize, max_num_batched_tokens: usize) -> Self {
+        Self::with_cache(config, max_batch_size, max_num_batched_tokens, 1024, true)
+    }
+
+    /// A scheduler over a KV cache of `blocks` blocks, reusing cached prefixes or not.
+    fn with_cache(
+        config: ModelConfig,
+        max_batch_size: usize,
+        max_num_batched_tokens: usize,
+        blocks: usize,
+        prefix_caching: bool,
+    ) -> Self {
         let (commands, receiver) = mpsc::channel();
         let limits = StepLimits { max_batch_size, max_num_batched_tokens };
-        let scheduler = Scheduler::new(tiny_model(config.clone()), receiver, limits);
+        let model = tiny_model(config.clone());
+        let cache = model.kv_cache(blocks, prefix_caching).expect("cache");
+        let scheduler = Scheduler::new(model, cache, receiver, limits);
         Self { config, scheduler, _commands: commands }
+    }
+
+    /// The KV cache's blocks.
+    fn pool(&self) -> &crate::model::BlockPool {
+        self.scheduler.cache.pool()
+    }
+
+    /// Prompt positions computed by prefill chunks so far.
+    fn prefilled(&self) -> u64 {
+        self.pool().counters().prefilled_tokens.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Runs `raw` alone on `adapter` at `version` under `cache_salt`; returns its output and the prompt positions it
+    /// prefilled.
+    fn run_keyed(
+        &mut self,
+        raw: RawSampleRequest,
+        adapter: Option<&Arc<AdapterWeights>>,
+        version: AdapterVersion,
+        cache_salt: Option<&str>,
+    ) -> (Collected, u64) {
+        let before = self.prefilled();
+        let mut events = self.submit_keyed(raw, adapter, version, cache_salt, CancellationToken::new());
+        self.run_until_idle();
+        (drain(&mut events), self.prefilled() - before)
     }
 
     fn submit_with(
@@ -44,12 +84,25 @@ impl Harness {
         adapter: Option<&Arc<AdapterWeights>>,
         cancel: CancellationToken,
     ) -> Events {
-        let (events, receiver) = outbox();
         let version = if adapter.is_some() { AdapterVersion(1) } else { AdapterVersion::BASE };
-        let request = request(&self.config, raw);
+        self.submit_keyed(raw, adapter, version, None, cancel)
+    }
+
+    /// Submits `raw` on `adapter` pinned at `version`, under `cache_salt`.
+    fn submit_keyed(
+        &mut self,
+        raw: RawSampleRequest,
+        adapter: Option<&Arc<AdapterWeights>>,
+        version: AdapterVersion,
+        cache_salt: Option<&str>,
+        cancel: CancellationToken,
+    ) -> Events {
+        let (events, receiver) = outbox();
+        let request = request(&self.config, RawSampleRequest { cache_salt: cache_salt.map(str::to_owned), ..raw });
         let (park, resume) = (loragate_core::ParkSignal::default(), None);
         let adapter = adapter.cloned();
-        self.scheduler.pending.push(Submission { request, adapter, version, cancel, park, resume, events });
+        let submission = Submission { request, adapter, version, cancel, park, resume, events };
+        self.scheduler.pending.push(submission, &self.scheduler.model);
         receiver
     }
 

@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use crate::error::Api;
 use crate::output::{
-    ChoiceDelta, ChunkRenderer, ContentLogprob, ResponseHeader, SegmentJson, StopReason, Usage, content_logprobs,
-    finish_reason, segments_json, stop_reason, to_json,
+    ChoiceDelta, ChunkRenderer, ContentLogprob, PromptTokens, ResponseHeader, SegmentJson, StopReason, Usage,
+    content_logprobs, finish_reason, segments_json, stop_reason, to_json,
 };
 use loragate_text::TextCodec;
 
@@ -86,7 +86,7 @@ pub(crate) struct ChatRender {
     header: ResponseHeader,
     codec: Arc<dyn TextCodec>,
     options: ChatOptions,
-    prompt_tokens: usize,
+    prompt_tokens: PromptTokens,
     completion_tokens: usize,
     started: HashSet<u32>,
 }
@@ -97,9 +97,16 @@ impl ChatRender {
         header: ResponseHeader,
         codec: Arc<dyn TextCodec>,
         options: ChatOptions,
-        prompt_tokens: usize,
+        prompt_tokens: impl Into<PromptTokens>,
     ) -> Self {
-        Self { header, codec, options, prompt_tokens, completion_tokens: 0, started: HashSet::new() }
+        Self {
+            header,
+            codec,
+            options,
+            prompt_tokens: prompt_tokens.into(),
+            completion_tokens: 0,
+            started: HashSet::new(),
+        }
     }
 
     fn completion(
@@ -169,7 +176,7 @@ impl ChunkRenderer for ChatRender {
                 }
             }
         }
-        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        let usage = Usage::new(&self.prompt_tokens, self.completion_tokens);
         let prompt_token_ids = self.options.prompt_token_ids.take();
         let mut completion =
             self.completion("chat.completion", choices.into_values().collect(), Some(usage), prompt_token_ids);
@@ -194,7 +201,7 @@ impl ChunkRenderer for ChatRender {
         if !self.options.include_usage {
             return Vec::new();
         }
-        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        let usage = Usage::new(&self.prompt_tokens, self.completion_tokens);
         vec![to_json(&self.completion("chat.completion.chunk", Vec::new(), Some(usage), None))]
     }
 }

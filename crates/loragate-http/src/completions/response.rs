@@ -14,8 +14,9 @@ use serde::Serialize;
 
 use crate::error::Api;
 use crate::output::{
-    ChoiceDelta, ChunkRenderer, Finish, OrderedLogprobs, PromptLogprobs, ResponseHeader, SegmentJson, StopReason,
-    TokenLogprob, Usage, VllmPromptLogprobs, clamp_logprob, segments_json, stop_reason, to_json, token_label,
+    ChoiceDelta, ChunkRenderer, Finish, OrderedLogprobs, PromptLogprobs, PromptTokens, ResponseHeader, SegmentJson,
+    StopReason, TokenLogprob, Usage, VllmPromptLogprobs, clamp_logprob, segments_json, stop_reason, to_json,
+    token_label,
 };
 use loragate_text::{TextCodec, decode_with_offsets};
 
@@ -129,7 +130,7 @@ pub(crate) struct CompletionRender {
     codec: Arc<dyn TextCodec>,
     options: CompletionOptions,
     /// Prompt tokens over every prompt.
-    prompt_tokens: usize,
+    prompt_tokens: PromptTokens,
     completion_tokens: usize,
     started: HashSet<u32>,
 }
@@ -140,9 +141,16 @@ impl CompletionRender {
         header: ResponseHeader,
         codec: Arc<dyn TextCodec>,
         options: CompletionOptions,
-        prompt_tokens: usize,
+        prompt_tokens: impl Into<PromptTokens>,
     ) -> Self {
-        Self { header, codec, options, prompt_tokens, completion_tokens: 0, started: HashSet::new() }
+        Self {
+            header,
+            codec,
+            options,
+            prompt_tokens: prompt_tokens.into(),
+            completion_tokens: 0,
+            started: HashSet::new(),
+        }
     }
 
     fn completion(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Completion {
@@ -253,7 +261,7 @@ impl ChunkRenderer for CompletionRender {
                 }
             }
         }
-        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        let usage = Usage::new(&self.prompt_tokens, self.completion_tokens);
         let mut choices: Vec<CompletionChoice> = choices.into_values().collect();
         for choice in &mut choices {
             // vLLM's unary choices always carry the key.
@@ -277,7 +285,7 @@ impl ChunkRenderer for CompletionRender {
         if !self.options.include_usage {
             return Vec::new();
         }
-        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        let usage = Usage::new(&self.prompt_tokens, self.completion_tokens);
         vec![to_json(&self.completion(Vec::new(), Some(usage)))]
     }
 }

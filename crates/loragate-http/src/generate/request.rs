@@ -23,6 +23,9 @@ pub(crate) struct GenerateBody {
     pub(crate) stream_options: Option<StreamOptions>,
     /// Multimodal features: refused (out of scope).
     pub(crate) features: Option<Value>,
+    /// vLLM's namespace of the request's cached prefixes: requests with other salts never share cached keys and
+    /// values.
+    pub(crate) cache_salt: Option<String>,
     /// loragate's: the oldest adapter version that may serve the request (0 or absent: any); held at the gate
     /// until the adapter reaches it.
     pub(crate) min_lora_version: Option<u64>,

@@ -10,8 +10,8 @@ use serde::Serialize;
 
 use crate::error::Api;
 use crate::output::{
-    ChoiceDelta, ChunkRenderer, ContentLogprob, PromptLogprobs, ResponseHeader, SegmentJson, Usage, VllmPromptLogprobs,
-    content_logprobs, finish_reason, segments_json, to_json,
+    ChoiceDelta, ChunkRenderer, ContentLogprob, PromptLogprobs, PromptTokens, ResponseHeader, SegmentJson, Usage,
+    VllmPromptLogprobs, content_logprobs, finish_reason, segments_json, to_json,
 };
 use loragate_text::TextCodec;
 
@@ -65,7 +65,7 @@ pub(crate) struct GenerateRender {
     header: ResponseHeader,
     codec: Arc<dyn TextCodec>,
     options: GenerateOptions,
-    prompt_tokens: usize,
+    prompt_tokens: PromptTokens,
     completion_tokens: usize,
     /// Whether a chunk already carried the prompt's logprobs.
     sent_prompt: bool,
@@ -77,9 +77,9 @@ impl GenerateRender {
         header: ResponseHeader,
         codec: Arc<dyn TextCodec>,
         options: GenerateOptions,
-        prompt_tokens: usize,
+        prompt_tokens: impl Into<PromptTokens>,
     ) -> Self {
-        Self { header, codec, options, prompt_tokens, completion_tokens: 0, sent_prompt: false }
+        Self { header, codec, options, prompt_tokens: prompt_tokens.into(), completion_tokens: 0, sent_prompt: false }
     }
 
     fn prompt_json(&self, prompt: Option<Arc<PromptLogprobs>>) -> Option<VllmPromptLogprobs> {
@@ -143,7 +143,7 @@ impl ChunkRenderer for GenerateRender {
             }
         }
         let prompt_logprobs = self.options.prompt_logprobs.then(|| self.prompt_json(prompt));
-        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        let usage = Usage::new(&self.prompt_tokens, self.completion_tokens);
         self.response(choices.into_values().collect(), prompt_logprobs, Some(usage))
     }
 
@@ -165,7 +165,7 @@ impl ChunkRenderer for GenerateRender {
         if !self.options.include_usage {
             return Vec::new();
         }
-        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        let usage = Usage::new(&self.prompt_tokens, self.completion_tokens);
         vec![to_json(&self.response(Vec::new(), None, Some(usage)))]
     }
 }

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use loragate_core::{FinishReason, Segment};
+use loragate_core::{CachedPromptTokens, FinishReason, Segment};
 use serde_json::{Value, json};
 
 use crate::error::Api;
@@ -58,18 +58,22 @@ pub(crate) struct SglangRender {
     options: SglangOptions,
     request_ids: Vec<String>,
     prompt_lengths: Vec<usize>,
+    /// How many of each prompt's tokens the engine found in its prefix cache.
+    cached: Vec<CachedPromptTokens>,
     sequences: BTreeMap<u32, Sequence>,
 }
 
 impl SglangRender {
-    /// A renderer for prompts with `request_ids` and `prompt_lengths`.
+    /// A renderer for prompts with `request_ids` and `prompt_lengths`, of which `cached` say how many tokens the
+    /// engine found in its prefix cache.
     pub(crate) fn new(
         codec: Arc<dyn TextCodec>,
         options: SglangOptions,
         request_ids: Vec<String>,
         prompt_lengths: Vec<usize>,
+        cached: Vec<CachedPromptTokens>,
     ) -> Self {
-        Self { codec, options, request_ids, prompt_lengths, sequences: BTreeMap::new() }
+        Self { codec, options, request_ids, prompt_lengths, cached, sequences: BTreeMap::new() }
     }
 
     fn absorb(&mut self, delta: ChoiceDelta) -> u32 {
@@ -100,7 +104,7 @@ impl SglangRender {
             "finish_reason": sequence.finish.as_ref().map(|finish| finish_reason(finish, completion_tokens)),
             "prompt_tokens": self.prompt_lengths.get(sequence.prompt_index).copied().unwrap_or(0),
             "completion_tokens": completion_tokens,
-            "cached_tokens": 0,
+            "cached_tokens": self.cached.get(sequence.prompt_index).map_or(0, CachedPromptTokens::get),
         });
         if let Some(segments) = &sequence.segments {
             meta["segments"] = json!(segments_json(segments));
@@ -233,7 +237,7 @@ mod tests {
             text_in_logprobs: false,
             as_list,
         };
-        SglangRender::new(Arc::new(ByteCodec), options, vec!["r0".into(), "r1".into()], vec![3, 4])
+        SglangRender::new(Arc::new(ByteCodec), options, vec!["r0".into(), "r1".into()], vec![3, 4], Vec::new())
     }
 
     #[test]

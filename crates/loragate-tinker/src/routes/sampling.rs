@@ -96,7 +96,8 @@ pub(crate) async fn asample(
     let id = state.ids().future_id();
     // Recorded with the future once it validated: a restart validates it again and continues it.
     let request = serde_json::to_value(&body).map_err(|err| TinkerError::invalid("body", err.to_string()))?;
-    let plan = body.into_plan(id, &target, state.coordinator(), None)?;
+    // With tenant keys, a tenant's cached prefixes are its own.
+    let plan = body.into_plan(id, &target, state.coordinator(), None)?.scope_cache_to(caller.cache_scope());
     let num_samples = plan.request.num_samples();
     let subject = FutureSubject { target, creator: Creator::Caller(caller) };
     let id = match state.store().submit(id, subject, dedup, request).await? {

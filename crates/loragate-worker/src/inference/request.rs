@@ -107,6 +107,7 @@ pub(crate) fn parse_generate(
         prompt_top_logprobs: prompt_top_n,
         // vLLM's protocol names versions in the adapter's name (`NAME@V`), never as a minimum.
         min_lora_version: 0,
+        cache_salt: request.kv.as_ref().map(|kv| kv.cache_salt.clone()),
     };
     let request = SampleRequest::parse(raw, model).map_err(WorkerError::from_core)?;
     let options = ResponseOptions {

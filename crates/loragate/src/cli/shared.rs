@@ -9,6 +9,7 @@ use loragate_core::{DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Key, Limits};
 use loragate_engine::{DType, Device, EngineConfig, QuantizedWeights};
 use loragate_net::ConnectionLimits;
 
+use crate::byte_size_arg::parse_byte_size;
 use crate::duration_arg::parse_duration;
 use crate::model::ModelSource;
 use crate::settings::{Authentication, GateDeadlines};
@@ -134,6 +135,20 @@ pub struct EngineArgs {
     /// are always dequantized (`hybrid` is refused there).
     #[arg(long, value_name = "MODE", default_value = "quantized")]
     pub quantized_weights: QuantizedWeights,
+    /// The size of the paged KV cache, every cached position of every sequence (`4GiB`, `512MiB`, `4GB`, or
+    /// bytes; vLLM's flag). Default: a quarter of the memory the machine has available, at most 4 GiB, and no more
+    /// than every place of the batch holding a whole context; on a CPU it is only used as blocks are first
+    /// written, on CUDA it is allocated at once. A full cache preempts the newest sequence (recomputed later); the
+    /// served context never exceeds what it holds. See docs/engine.md.
+    #[arg(long, value_name = "BYTES", value_parser = parse_byte_size)]
+    pub kv_cache_memory_bytes: Option<u64>,
+    /// Reuse the cached keys and values of a prompt prefix earlier requests computed — GRPO groups, multi-turn
+    /// conversations, continuations — named by adapter version and `cache_salt` (on by default; vLLM's flag).
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    /// Compute every prompt whole: no prefix reuse.
+    #[arg(long, overrides_with = "enable_prefix_caching")]
+    pub no_enable_prefix_caching: bool,
     /// Where the demo model is generated and cached (default: $LORAGATE_CACHE_DIR, $XDG_CACHE_HOME/loragate or
     /// ~/.cache/loragate).
     #[arg(long, value_name = "DIR")]
@@ -159,6 +174,8 @@ impl EngineArgs {
             max_adapter_bytes: self.max_adapter_bytes,
             adapter_load_timeout: self.adapter_load_timeout,
             quantized_weights: self.quantized_weights,
+            kv_cache_memory_bytes: self.kv_cache_memory_bytes,
+            enable_prefix_caching: !self.no_enable_prefix_caching,
         }
     }
 

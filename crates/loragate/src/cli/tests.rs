@@ -21,6 +21,28 @@ fn serve_defaults_match_the_contract() {
     assert_eq!(config.engine.adapter_load_timeout, Duration::from_secs(120));
     assert_eq!(config.state, StateLocation::UserDefault, "durable by default");
     assert_eq!(config.engine.max_num_batched_tokens, None, "sized to the device when the engine starts");
+    assert_eq!(config.engine.kv_cache_memory_bytes, None, "sized to the machine when the engine starts");
+    assert!(config.engine.enable_prefix_caching, "prefix caching is on by default");
+}
+
+#[test]
+fn the_kv_cache_flags_take_sizes_with_units_and_switch_prefix_caching_both_ways() {
+    let engine = |flags: &[&str]| {
+        let cli = Cli::try_parse_from([&["loragate", "serve"][..], flags].concat()).expect("parses");
+        let Command::Serve(args) = cli.command else { panic!("serve") };
+        args.into_config().engine
+    };
+    assert_eq!(engine(&["--kv-cache-memory-bytes", "4GiB"]).kv_cache_memory_bytes, Some(4 << 30));
+    assert_eq!(engine(&["--kv-cache-memory-bytes", "1000000"]).kv_cache_memory_bytes, Some(1_000_000));
+    assert!(!engine(&["--no-enable-prefix-caching"]).enable_prefix_caching);
+    assert!(engine(&["--enable-prefix-caching"]).enable_prefix_caching);
+    assert!(engine(&["--no-enable-prefix-caching", "--enable-prefix-caching"]).enable_prefix_caching, "the last wins");
+    assert!(!engine(&["--enable-prefix-caching", "--no-enable-prefix-caching"]).enable_prefix_caching);
+    let bad = Cli::try_parse_from(["loragate", "serve", "--kv-cache-memory-bytes", "lots"]).expect_err("refused");
+    assert!(bad.to_string().contains("kv-cache-memory-bytes"), "{bad}");
+    let worker = Cli::try_parse_from(["loragate", "worker", "--grpc-port", "1", "--kv-cache-memory-bytes", "2GiB"]);
+    let Command::Worker(args) = worker.expect("parses").command else { panic!("worker") };
+    assert_eq!(args.into_settings().engine.kv_cache_memory_bytes, Some(2 << 30), "worker takes the engine flags");
 }
 
 #[test]

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use loragate_core::{AdapterRoot, Engine};
-use loragate_engine::{EngineConfig, EngineLoadError, Tokenizer, read_model_info};
+use loragate_core::{AdapterRoot, Engine, MetricsSource};
+use loragate_engine::{EngineConfig, EngineFacts, EngineLoadError, Tokenizer, read_model_info};
 use loragate_fleet::FleetEngine;
 
 use crate::error::ServeError;
@@ -19,6 +19,8 @@ pub(super) struct Backend {
     pub(super) tokenizer: Option<Tokenizer>,
     /// The fleet, when the engine is one (for `Fleet` and the workers' metrics).
     pub(super) fleet: Option<Arc<FleetEngine>>,
+    /// The in-process engine's facts (its KV cache, its weights) and metrics; none for a fleet.
+    pub(super) in_process: Option<(EngineFacts, Arc<dyn MetricsSource>)>,
 }
 
 impl Backend {
@@ -38,9 +40,10 @@ impl Backend {
     }
 
     async fn in_process(model: &ResolvedModel, config: &EngineConfig) -> Result<Self, ServeError> {
-        let engine = load_engine(&model.path, config.clone()).await?;
+        let engine = Arc::new(load_engine(&model.path, config.clone()).await?);
         let tokenizer = engine.tokenizer().cloned();
-        Ok(Self { engine: Arc::new(engine), tokenizer, fleet: None })
+        let in_process = Some((engine.facts().clone(), engine.clone() as Arc<dyn MetricsSource>));
+        Ok(Self { engine, tokenizer, fleet: None, in_process })
     }
 
     /// The fleet, once at least one worker is ready (waiting up to `--worker-wait` for one). The model's files supply
@@ -60,6 +63,6 @@ impl Backend {
         let fleet_config = settings.fleet_config(adapter_root);
         let fleet = Arc::new(FleetEngine::start(info, settings.workers.clone(), fleet_config).await?);
         fleet.wait_ready().await?;
-        Ok(Self { engine: fleet.clone(), tokenizer, fleet: Some(fleet) })
+        Ok(Self { engine: fleet.clone(), tokenizer, fleet: Some(fleet), in_process: None })
     }
 }

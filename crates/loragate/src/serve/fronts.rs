@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use loragate_core::{Coordinator, FleetControl};
+use loragate_core::{Coordinator, FleetControl, MetricsSource};
 use loragate_engine::Tokenizer;
 use loragate_fleet::FleetEngine;
 use loragate_http::{ChatTemplate, HttpFront};
@@ -50,6 +50,8 @@ pub(super) struct FrontSettings {
     pub(super) chat_template: Result<Option<ChatTemplate>, String>,
     /// The fleet, when the engine is one.
     pub(super) fleet: Option<Arc<FleetEngine>>,
+    /// The in-process engine's metrics (its KV cache's), when the engine is one.
+    pub(super) engine_metrics: Option<Arc<dyn MetricsSource>>,
     /// The Tinker API front's settings.
     pub(super) tinker: TinkerConfig,
 }
@@ -100,7 +102,8 @@ impl Fronts {
 /// The HTTP front: the OpenAI, vLLM, SGLang and SkyRL routes, the Tinker API's, the chat template and, with a
 /// fleet, the workers' metrics.
 async fn http_front(coordinator: &Coordinator, settings: FrontSettings) -> Result<HttpFront, ServeError> {
-    let FrontSettings { served_model_name, connections, tokenizer, chat_template, fleet, tinker } = settings;
+    let FrontSettings { served_model_name, connections, tokenizer, chat_template, fleet, engine_metrics, tinker } =
+        settings;
     let codec: Arc<dyn TextCodec> = Arc::new(TokenizerCodec::new(tokenizer));
     let tinker = TinkerFront::start(coordinator.clone(), served_model_name.clone(), codec.clone(), tinker)
         .await
@@ -115,6 +118,9 @@ async fn http_front(coordinator: &Coordinator, settings: FrontSettings) -> Resul
     }
     if let Some(fleet) = fleet {
         front = front.with_metrics_source(fleet);
+    }
+    if let Some(engine) = engine_metrics {
+        front = front.with_metrics_source(engine);
     }
     Ok(front)
 }

@@ -5,7 +5,7 @@
 //! - any other output is compared line by line, a line that is JSON after an optional `data: ` (server-sent events)
 //!   as JSON;
 //! - ids the server generates (`lg-` + 8 hex digits + `-N`) compare equal to one another, as do the values of the
-//!   keys in [`VARYING_KEYS`] (times and timestamps);
+//!   keys in [`VARYING_KEYS`] (times and timestamps, and the absolute paths adapters were loaded from);
 //! - integers compare exactly, other numbers to a relative 1e-3 or an absolute 1e-5 (logprobs' last digits depend on
 //!   the CPU's kernels and the order of a sum: a logprob a hair below 0 carries the normaliser's f32 rounding, ~1e-6);
 //! - a stream's consecutive token chunks of one sequence are compared merged (how many tokens one chunk carries
@@ -17,7 +17,8 @@
 
 use serde_json::Value;
 
-/// Keys whose values are times: compared for presence only.
+/// Keys whose values are times, or the absolute paths (`source`) adapters were loaded from on the machine that runs
+/// the examples: compared for presence only.
 pub const VARYING_KEYS: &[&str] = &[
     "created",
     "finished_at",
@@ -27,6 +28,7 @@ pub const VARYING_KEYS: &[&str] = &[
     "latency_ms",
     "next_probe_unix_ms",
     "nextProbeUnixMs",
+    "source",
 ];
 
 /// Whether `expected` (a documented output in language `language`) matches `actual`; else a message showing both.

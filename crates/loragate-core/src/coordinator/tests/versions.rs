@@ -266,7 +266,10 @@ async fn retained_versions_and_the_staleness_bound_survive_a_restart() {
 #[tokio::test]
 async fn a_finished_request_answers_its_segments_to_its_sender_only() {
     let (coordinator, _) = retaining(1, &["meow"]).await;
-    let tenant = crate::Principal::Tenant(Arc::new(crate::Tenant { adapters: Vec::new(), control: false }));
+    let tenants = crate::TenantKeys::parse(r#"{"k-a": {"adapters": ["meow"]}, "k-b": {"adapters": ["meow"]}}"#);
+    let keyring = crate::Keyring::new(None, None, tenants.expect("valid tenants")).expect("keys");
+    let (tenant, another) =
+        (keyring.authenticate(Some("k-a")).expect("a"), keyring.authenticate(Some("k-b")).expect("b"));
     let raw = RawSampleRequest {
         request_id: "provenance-1".into(),
         lora_name: "meow".into(),
@@ -287,7 +290,6 @@ async fn a_finished_request_answers_its_segments_to_its_sender_only() {
         assert_eq!(recorded.finish_reason, sequence.finish_reason);
         assert_eq!(recorded.token_count as usize, sequence.token_ids.len());
     }
-    let another = crate::Principal::Tenant(Arc::new(crate::Tenant { adapters: Vec::new(), control: false }));
     assert!(coordinator.finished_request(&id, &another).is_none(), "another tenant cannot read it");
     assert!(coordinator.finished_request(&id, &crate::Principal::Sampler).is_none());
     assert!(coordinator.finished_request(&id, &crate::Principal::Admin).is_some());

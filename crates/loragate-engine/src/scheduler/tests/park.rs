@@ -71,18 +71,22 @@ fn reference(
     count: usize,
 ) -> Vec<u32> {
     let model = tiny_model(config.clone());
-    let mut cache = model.sequence_kv(history.len() + count).expect("cache");
+    let cache = model.kv_cache(16, false).expect("cache");
+    let mut blocks = crate::model::SequenceBlocks::new(cache.pool(), None);
     let cached = history.len() - 1;
     let old_rows = LoraBatch::uniform(Some(old)).expect("lora");
-    let chunk = PrefillChunk { tokens: &history[..cached], cache: &mut cache };
-    model.forward_packed(PackedInput { decode: None, chunks: vec![chunk] }, &old_rows).expect("old keys");
+    cache.reserve(&mut blocks, cached).expect("room");
+    let chunk = PrefillChunk { tokens: &history[..cached], blocks: &mut blocks };
+    model.forward_packed(PackedInput { decode: Vec::new(), chunks: vec![chunk] }, &old_rows, &cache).expect("old keys");
     let new_rows = LoraBatch::uniform(Some(new)).expect("lora");
     let mut next = history[cached];
     let mut tokens = Vec::new();
     for _ in 0..count {
         let input = [next];
-        let chunk = PrefillChunk { tokens: &input, cache: &mut cache };
-        let hidden = model.forward_packed(PackedInput { decode: None, chunks: vec![chunk] }, &new_rows).expect("step");
+        cache.reserve(&mut blocks, 1).expect("room");
+        let chunk = PrefillChunk { tokens: &input, blocks: &mut blocks };
+        let input = PackedInput { decode: Vec::new(), chunks: vec![chunk] };
+        let hidden = model.forward_packed(input, &new_rows, &cache).expect("step");
         let logits = model.logits(&hidden).expect("logits").flatten_all().expect("flat");
         next = logits.argmax(0).expect("argmax").to_scalar::<u32>().expect("token");
         tokens.push(next);
@@ -328,33 +332,39 @@ fn random_interleavings_of_park_resume_cancel_and_unload_leave_nothing_behind() 
         for (seed, watch) in watches {
             assert!(watch.is_freed(), "seed {seed}: parked keys and values outlived their requests");
         }
-        assert!(!harness.scheduler.batch.keeps_buffers_for_parked_rows(), "seed {seed}: no parked row can come back");
-        assert!(!harness.scheduler.batch.holds_spare_buffers(), "seed {seed}: the idle batch gave its buffers back");
+        assert_eq!(harness.pool().usage().used, 0, "seed {seed}: no block outlived its sequence or handle");
+        harness.pool().check();
     }
 }
 
 #[test]
-fn the_emptied_batch_keeps_its_buffers_while_a_parked_row_may_come_back() {
+fn a_parked_row_keeps_its_blocks_by_reference_until_a_continuation_takes_them_or_its_handle_goes() {
     let config = tiny_config(vec![]);
     let (meow, meow_v2) = (tiny_adapter(&config, 1), tiny_adapter(&config, 2));
     let mut harness = Harness::new(config.clone(), 8);
+    // The sequence holds prompt + BEFORE - 1 positions: one block of 16.
     let (before, parked) = park_after_some_tokens(&mut harness, &meow);
-    assert!(harness.scheduler.batch.holds_spare_buffers(), "its only row was parked");
-    assert!(harness.scheduler.batch.keeps_buffers_for_parked_rows(), "kept while the handle is alive");
-    assert!(harness.scheduler.batch.holds_spare_buffers());
+    assert!(harness.scheduler.batch.is_empty());
+    assert_eq!(harness.pool().usage().used, 1, "the parked row's block stays in use, held by its handle");
 
-    // It resumes into the kept buffers, and runs to its end.
+    // It resumes with those very blocks (nothing copied, nothing allocated), and runs to its end.
     let history: Vec<u32> = prompt().into_iter().chain(before.iter().copied()).collect();
     let parking = Parking { park_on_cancel: ParkSignal::default(), resume_from: Some(parked.clone()) };
     let continuation = greedy("meow", &history, BUDGET - BEFORE as u32);
     let mut events =
         harness.submit_parking(continuation, &meow_v2, AdapterVersion(2), CancellationToken::new(), parking);
+    harness.scheduler.run_step();
+    assert_eq!(harness.pool().usage().used, 1, "the resumed row writes into the block it took over");
     harness.run_until_idle();
     assert_eq!(drain(&mut events).single().finish, Some(FinishReason::Length));
-    assert!(harness.scheduler.batch.holds_spare_buffers(), "emptied again: kept while the caller holds the handle");
-    assert!(harness.scheduler.batch.keeps_buffers_for_parked_rows());
-
+    assert_eq!(harness.pool().usage().used, 0, "the continuation took the blocks: the handle holds none any more");
     drop(parked);
-    assert!(!harness.scheduler.batch.keeps_buffers_for_parked_rows(), "no handle is alive");
-    assert!(!harness.scheduler.batch.holds_spare_buffers(), "the buffers were given back");
+    harness.pool().check();
+
+    // Parked, then dropped without a resume (an unload, an abort): its blocks go back at once.
+    let (_, parked) = park_after_some_tokens(&mut harness, &meow);
+    assert_eq!(harness.pool().usage().used, 1);
+    drop(parked);
+    assert_eq!(harness.pool().usage().used, 0, "freed with the handle");
+    harness.pool().check();
 }
