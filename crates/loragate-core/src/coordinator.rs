@@ -12,13 +12,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::adapter::{AdapterHandle, Admitted, PauseRelease, ReleaseTarget};
 use crate::adapter_source::{AdapterRoot, AdapterSource};
-use crate::auth::Keyring;
+use crate::auth::{Keyring, Principal};
 use crate::contract::{
     AbortReport, AdapterKey, AdapterName, AdapterStatus, CoreError, Ending, Field, KvPolicy, ModelInfo, PauseId,
-    PauseMode, PauseOwner, PauseReport, PauseRequest, ResumeReport, Retirement, StalenessPolicy, StalenessStatus,
-    VersionInfo,
+    PauseMode, PauseOwner, PauseReport, PauseRequest, RequestId, ResumeReport, Retirement, StalenessPolicy,
+    StalenessStatus, VersionInfo,
 };
 use crate::engine::{Engine, Parking};
+use crate::finished::{FinishedRequest, FinishedRequests};
 use crate::gate_deadline::GateDeadline;
 use crate::limits::{Limits, LoadSnapshot, ServerLoad};
 use crate::manager::{AdapterManager, AdapterMap, ManagerArgs, ManagerHandle};
@@ -91,6 +92,8 @@ struct Inner {
     live: Arc<LiveRequests>,
     metrics: Arc<CoreMetrics>,
     load: Arc<ServerLoad>,
+    /// The newest finished requests, for [`Coordinator::finished_request`].
+    finished: Arc<FinishedRequests>,
     /// This server's addresses, once its fronts are bound ([`Coordinator::announce`]).
     addresses: std::sync::OnceLock<(std::net::SocketAddr, std::net::SocketAddr)>,
 }
@@ -127,6 +130,7 @@ impl Coordinator {
             live: Arc::default(),
             metrics,
             load,
+            finished: Arc::default(),
             addresses: std::sync::OnceLock::new(),
         };
         let coordinator = Self { inner: Arc::new(inner) };
@@ -217,8 +221,10 @@ impl Coordinator {
         let parking = Parking { park_on_cancel: admission.park_signal().clone(), resume_from: None };
         match self.inner.engine.generate_parking(request.clone(), admission.cancel_token().clone(), parking).await {
             Ok(events) => {
-                let driver = Driver::new(self.inner.engine.clone(), adapter, request, deadline, live, arrived)
-                    .holding(pin, staleness);
+                let finished = self.inner.finished.clone();
+                let driver =
+                    Driver::new(self.inner.engine.clone(), adapter, request, deadline, live, arrived, finished)
+                        .holding(pin, staleness);
                 Ok(SampleStream::spawn(driver, admission, events))
             }
             Err(err) => {
@@ -226,6 +232,13 @@ impl Coordinator {
                 Err(err.into())
             }
         }
+    }
+
+    /// A recently finished request `id` (the newest [`crate::FINISHED_REQUESTS_KEPT`] are kept) that `caller` may
+    /// read: its sequences' finish reasons and version segments. `None` when it is unknown, forgotten, still running
+    /// or someone else's (callers cannot tell which).
+    pub fn finished_request(&self, id: &RequestId, caller: &Principal) -> Option<Arc<FinishedRequest>> {
+        self.inner.finished.find(id).filter(|request| request.readable_by(caller))
     }
 
     /// Sets (or, with `None`, clears) `name`'s staleness bound at its current version (see

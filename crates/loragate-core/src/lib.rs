@@ -64,6 +64,7 @@ mod sampling;
 
 // Floor 3: the seams to the backends (engine, state stores, fleet) and metrics.
 mod engine;
+mod finished;
 mod fleet;
 mod metrics;
 pub mod state;
@@ -92,6 +93,7 @@ pub use adapter_source::{AdapterRoot, AdapterSource, CONFIG_FILE, WEIGHTS_FILE};
 pub use auth::{
     AdapterPattern, Key, KeyConfigError, Keyring, MAX_KEY_LEN, Principal, Tenant, TenantKeys, bearer_token,
 };
+pub use finished::{FINISHED_REQUESTS_KEPT, FinishedRequest, FinishedSequence};
 pub use gate_deadline::GateDeadline;
 pub use limits::{DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Limits, LoadSnapshot};
 pub use request_facts::{Facts, RequestFacts};

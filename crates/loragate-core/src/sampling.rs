@@ -5,6 +5,8 @@ use crate::contract::{
 };
 use std::sync::Arc;
 
+use crate::auth::Principal;
+
 /// The most sequences one request may ask for.
 pub const MAX_NUM_SAMPLES: u32 = 64;
 
@@ -182,13 +184,16 @@ pub struct SampleRequest {
     wanted: VersionWanted,
     cache_salt: Option<Arc<str>>,
     cache_scope: Option<Arc<str>>,
+    /// Who sent it (the only key, besides the admin's, that may read it back once finished).
+    owner: Option<Principal>,
 }
 
 /// What follows a sequence the core stopped for a pause: a request that continues it, or its end.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Continuation {
-    /// Sample the rest: `prompt + tokens so far` with the remaining budget, one sequence.
-    Request(SampleRequest),
+    /// Sample the rest: `prompt + tokens so far` with the remaining budget, one sequence (boxed: a request is
+    /// large beside a finish reason).
+    Request(Box<SampleRequest>),
     /// Nothing is left to sample: its budget is spent, or its last token ends it.
     Finished(FinishReason),
 }
@@ -246,6 +251,7 @@ impl SampleRequest {
             wanted,
             cache_salt: parse_cache_salt(raw.cache_salt)?,
             cache_scope: None,
+            owner: None,
         })
     }
 
@@ -270,6 +276,18 @@ impl SampleRequest {
             ));
         }
         Ok(Self { adapter: AdapterKey::Lora(name), wanted: VersionWanted::Exactly(version), ..self })
+    }
+
+    /// Says who sent the request: once it finished, only that key (or the admin's) may read it back
+    /// ([`crate::Coordinator::finished_request`]). Without an owner, only the admin may.
+    pub fn owned_by(mut self, owner: Principal) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// Who sent the request, if its front said.
+    pub fn owner(&self) -> Option<&Principal> {
+        self.owner.as_ref()
     }
 
     /// Which versions of the adapter may serve the request.
@@ -344,7 +362,7 @@ impl SampleRequest {
             min_tokens: self.params.min_tokens.saturating_sub(produced),
             ..self.params.clone()
         };
-        Continuation::Request(Self {
+        Continuation::Request(Box::new(Self {
             id: self.id.continuation(sequence, attempt),
             adapter: self.adapter.clone(),
             prompt,
@@ -356,7 +374,8 @@ impl SampleRequest {
             wanted: self.wanted,
             cache_salt: self.cache_salt.clone(),
             cache_scope: self.cache_scope.clone(),
-        })
+            owner: self.owner.clone(),
+        }))
     }
 
     /// The request's id.

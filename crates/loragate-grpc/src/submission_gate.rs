@@ -122,8 +122,9 @@ async fn parse_and_hold(
     let message = decode_message(&parts.headers, frame)?;
     let request = coordinator.parse_sample(raw_sample_request(message)).map_err(status_from_core)?;
     principal.authorize(Action::Sample, request.adapter()).map_err(status_from_core)?;
-    // With tenant keys, a tenant's cached prefixes are its own.
-    let request = request.scope_cache_to(principal.cache_scope());
+    // With tenant keys, a tenant's cached prefixes are its own; its sender may read it back once it finished (HTTP
+    // `GET /v1/requests/{id}`).
+    let request = request.scope_cache_to(principal.cache_scope()).owned_by(principal);
     // An unknown adapter is not held: the handler answers NOT_FOUND.
     if let Ok(adapter) = coordinator.adapter(request.adapter()) {
         adapter.hold_while_paused(deadline.hold_until()).await.map_err(status_from_core)?;

@@ -111,6 +111,7 @@ impl Plan {
         sampling.params.top_logprobs = if with_logprobs { body.top_logprobs.unwrap_or(0) } else { 0 };
         sampling.params.cache_salt = body.cache_salt;
         sampling.text.with_logprobs = with_logprobs;
+        sampling.params.min_lora_version = body.min_lora_version.unwrap_or(0);
         let return_token_ids = body.return_token_ids.unwrap_or(false);
         let options = ChatOptions {
             with_logprobs,

@@ -61,6 +61,7 @@ impl Plan {
         sampling.params.prompt_top_logprobs = prompt_alternatives;
         sampling.params.cache_salt = body.cache_salt;
         sampling.text.with_logprobs = body.logprobs.is_some();
+        sampling.params.min_lora_version = body.min_lora_version.unwrap_or(0);
         let ids = prompt_request_ids(base_id, prompts.len());
         let prompts = prompts
             .into_iter()

@@ -85,6 +85,9 @@ pub(crate) enum HttpError {
     /// No endpoint at that path.
     #[error("no endpoint at {0}")]
     NoSuchEndpoint(String),
+    /// `GET /v1/requests/{id}` of a request that is unknown, no longer kept, still running, or someone else's.
+    #[error("no finished request {0:?} of yours is known here (the newest finished requests are kept)")]
+    UnknownRequest(String),
     /// A browser request from another origin (this server serves no pages; such requests are refused).
     #[error("cross-origin browser requests are refused (the request carries {0})")]
     CrossOrigin(&'static str),
@@ -133,7 +136,7 @@ impl HttpError {
                 StatusCode::BAD_REQUEST
             }
             Self::UnknownModel { .. } => StatusCode::NOT_FOUND,
-            Self::NoSuchEndpoint(_) => StatusCode::NOT_FOUND,
+            Self::NoSuchEndpoint(_) | Self::UnknownRequest(_) => StatusCode::NOT_FOUND,
             Self::CrossOrigin(_) => StatusCode::FORBIDDEN,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::MetricsEncoding(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -154,6 +157,7 @@ impl HttpError {
             Self::BatchTooLarge { .. } => "batch_too_large",
             Self::UnknownModel { .. } => "unknown_adapter",
             Self::NoSuchEndpoint(_) => "no_such_endpoint",
+            Self::UnknownRequest(_) => "unknown_request",
             Self::CrossOrigin(_) => "cross_origin",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::MetricsEncoding(_) => "internal",
@@ -173,6 +177,7 @@ impl HttpError {
             Self::CrossOrigin(header) => Some((*header).to_owned()),
             Self::Body(BodyError::TooLarge { .. } | BodyError::Timeout | BodyError::Unreadable(_))
             | Self::NoSuchEndpoint(_)
+            | Self::UnknownRequest(_)
             | Self::MetricsEncoding(_) => None,
         }
     }

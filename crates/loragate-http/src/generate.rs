@@ -82,6 +82,7 @@ impl Plan {
         sampling.params.prompt_top_logprobs = prompt_logprobs;
         sampling.params.cache_salt = body.cache_salt;
         sampling.text.with_logprobs = extras.logprobs.is_some();
+        sampling.params.min_lora_version = body.min_lora_version.unwrap_or(0);
         let options = GenerateOptions {
             with_logprobs: extras.logprobs.is_some(),
             prompt_logprobs: prompt_logprobs.is_some(),

@@ -73,6 +73,8 @@ pub(crate) fn required_action(path: &str) -> Option<Action> {
         | "/v1/unload_lora_adapter"
         | "/load_lora_adapter"
         | "/unload_lora_adapter" => Some(Action::Control),
+        path if crate::versions::is_staleness_path(path) => Some(Action::Control),
+        path if crate::versions::is_finished_request_path(path) => Some(Action::Sample),
         // The engine-wide pause (/pause, /resume, /pause_generation, ...), the engine-wide caches
         // (/reset_prefix_cache, /flush_cache), SGLang's /abort_request and vLLM's /inference/v1/abort_requests (they
         // abort by request id across every adapter) and anything not classified yet.

@@ -46,6 +46,7 @@ mod server;
 mod sglang;
 mod state;
 mod tokenize;
+mod versions;
 
 pub use chat_template::{ChatTemplate, ChatTemplateError};
 pub use front::HttpFront;

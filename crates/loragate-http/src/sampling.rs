@@ -177,8 +177,11 @@ pub(crate) async fn start(
                 prompt_token_ids: prompt.token_ids,
                 ..plan.params.clone()
             };
-            // With tenant keys, a tenant's cached prefixes are its own.
-            coordinator.parse_sample(raw).map(|request| request.scope_cache_to(caller.cache_scope()))
+            // With tenant keys, a tenant's cached prefixes are its own; the caller is the request's owner: only it may
+            // read the finished request back (GET /v1/requests/{id}).
+            coordinator
+                .parse_sample(raw)
+                .map(|request| request.scope_cache_to(caller.cache_scope()).owned_by(caller.clone()))
         })
         .collect::<Result<Vec<SampleRequest>, _>>()
         .map_err(|err| HttpError::in_api(err, api))?;

@@ -156,6 +156,7 @@ fn router(state: AppState) -> Router {
         .route("/areal_continue_generation", post(areal_continue_generation))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .merge(crate::versions::routes())
         // One route layer (each wraps every route once more): authentication first, so refusals are not timed.
         .route_layer(
             ServiceBuilder::new()

@@ -99,6 +99,7 @@ impl Plan {
         sampling.params.prompt_top_logprobs = logprob_start_len.map(|_| top_logprobs_num);
         sampling.params.cache_salt = body.cache_salt;
         sampling.text.with_logprobs = return_logprob;
+        sampling.params.min_lora_version = body.min_lora_version.unwrap_or(0);
         let num_samples = sampling.params.num_samples.max(1);
         let specs = prompts
             .into_iter()

@@ -24,7 +24,7 @@ use doc_blocks::{Block, Marker};
 use spawned::{Spawned, repo_root};
 
 /// The files with `run` blocks, each run by its own test below (the first test checks that none is missing).
-const RUN_FILES: &[&str] = &["README.md", "docs/grpc.md", "docs/http.md", "docs/tinker.md"];
+const RUN_FILES: &[&str] = &["README.md", "docs/grpc.md", "docs/http.md", "docs/tinker.md", "docs/versions.md"];
 
 /// How long one block may run (a Tinker sample on a loaded machine included).
 const BLOCK_PATIENCE: Duration = Duration::from_secs(120);
@@ -73,6 +73,11 @@ fn the_http_examples_run_as_shown() {
 #[test]
 fn the_tinker_example_runs_as_shown() {
     run_examples("docs/tinker.md");
+}
+
+#[test]
+fn the_versions_examples_run_as_shown() {
+    run_examples("docs/versions.md");
 }
 
 /// Runs `file`'s `run` blocks in order against one demo server and compares each with its `output` block; fails

@@ -480,3 +480,28 @@ async fn a_pause_a_live_replica_never_acknowledges_fails_unavailable_and_is_with
     assert!(b.resume("meow", &paused.pause_id).await.was_paused);
     eventually_within("A reopened", PATIENCE, || async { !a.meow().await.paused }).await;
 }
+
+/// A minimum version on a replica that has not got the version yet holds there, as a pause would, and is served by
+/// the version once another replica's load reaches it through etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minimum_version_holds_on_a_replica_until_another_replicas_load_reaches_it() {
+    let Some(binary) = etcd_or_skip("a_minimum_version_holds_on_a_replica") else { return };
+    let etcd = EtcdServer::start(binary);
+    let url = format!("etcd://{}/min-version", etcd.endpoint());
+    let a = Replica::start(&url).await;
+    let b = Replica::start(&url).await;
+    let version = a.meow().await.version;
+    let request = pb::SampleRequest { min_lora_version: version + 1, ..sample_request("b-min", SHORT) };
+    let channel = b.channel.clone();
+    let held = tokio::spawn(async move { SamplerClient::new(channel).sample(request).await });
+    eventually_within("B holds the request for the next version", PATIENCE, || async { b.meow().await.held == 1 })
+        .await;
+    let load = pb::LoadLoraAdapterRequest { lora_name: "meow".into(), path: "woof".into() };
+    let loaded = a.control().load_lora_adapter(load).await.expect("A loads").into_inner().version;
+    assert_eq!(loaded, version + 1);
+    let response = tokio::time::timeout(PATIENCE, held).await.expect("served in time").expect("joined");
+    let response = response.expect("served once B has the version").into_inner();
+    let versions: BTreeSet<u64> = response.sequences[0].segments.iter().map(|segment| segment.lora_version).collect();
+    assert_eq!(versions, BTreeSet::from([version + 1]), "served by the version it waited for");
+    assert_eq!(b.meow().await.held, 0);
+}

@@ -495,3 +495,31 @@ async fn the_unmodified_tinker_sdks_future_resolves_across_a_kill() {
     assert!(status.success(), "{status}");
     server.kill();
 }
+
+#[tokio::test]
+async fn a_staleness_bound_set_over_http_survives_a_kill() {
+    let state = tempfile::tempdir().expect("state dir");
+    let server = Server::start(state.path(), &[]);
+    let http = reqwest::Client::builder().no_proxy().build().expect("client");
+    let url = format!("http://{}/v1/lora_adapters/meow/staleness", server.http_addr);
+    let set = http.put(&url).json(&json!({"max_staleness": 1, "batch_size": 3})).send().await.expect("PUT");
+    assert_eq!(set.status(), StatusCode::OK);
+    let answer: Value = set.json().await.expect("JSON");
+    assert_eq!(answer["staleness"]["capacity"], 6, "(1 + 0 + 1) × 3: {answer}");
+    server.kill();
+
+    let server = Server::start(state.path(), &[]);
+    let mut control = server.control().await;
+    let staleness = adapter(&mut control, "meow").await.staleness.expect("the bound came back");
+    assert_eq!((staleness.max_staleness, staleness.batch_size), (1, 3), "{staleness:?}");
+    assert!(adapter(&mut control, "woof").await.staleness.is_none(), "only meow had one");
+    let http = reqwest::Client::builder().no_proxy().build().expect("client");
+    let url = format!("http://{}/v1/lora_adapters/meow/staleness", server.http_addr);
+    assert_eq!(http.delete(&url).send().await.expect("DELETE").status(), StatusCode::OK);
+    server.kill();
+
+    let server = Server::start(state.path(), &[]);
+    let mut control = server.control().await;
+    assert!(adapter(&mut control, "meow").await.staleness.is_none(), "the DELETE was recorded too");
+    server.kill();
+}

@@ -28,6 +28,7 @@ use crate::contract::{
     AdapterName, AdapterVersion, CoreError, Ending, EngineError, FinishReason, SegmentsBuilder, StopCause,
 };
 use crate::engine::{Engine, EngineEvent, EngineStream, ParkedKv, Parking};
+use crate::finished::{FinishedRequest, FinishedRequests, FinishedSequence};
 use crate::gate_deadline::GateDeadline;
 use crate::request_facts::RequestFacts;
 use crate::sample_stream::SampleEvent;
@@ -62,6 +63,8 @@ struct Sequence {
     resuming_from: Option<AdapterVersion>,
     /// When its latest tokens came (for the inter-token latency).
     last_tokens_at: Option<Instant>,
+    /// Why it ended, once it did.
+    finish_reason: Option<FinishReason>,
 }
 
 /// One engine request of this request, and which of the request's sequences its sequences are.
@@ -96,6 +99,8 @@ pub(crate) struct Driver {
     /// How many of the prompt's tokens the engine found in its prefix cache (the first attempt's), which the
     /// request's [`SampleStream`](super::SampleStream) reads.
     cached_prompt_tokens: Arc<AtomicU32>,
+    /// Where the request is recorded once it ends (`GET /v1/requests/{id}`).
+    finished: Arc<FinishedRequests>,
     _live: LiveRequest,
 }
 
@@ -107,6 +112,7 @@ impl Driver {
         deadline: GateDeadline,
         live: LiveRequest,
         arrived: Instant,
+        finished: Arc<FinishedRequests>,
     ) -> Self {
         let sequences = (0..request.num_samples())
             .map(|_| Sequence {
@@ -117,6 +123,7 @@ impl Driver {
                 parked: None,
                 resuming_from: None,
                 last_tokens_at: None,
+                finish_reason: None,
             })
             .collect();
         let abort_pauses_at_admission = adapter.cell().gate_state().abort_pauses;
@@ -142,6 +149,7 @@ impl Driver {
             _pin: None,
             staleness: None,
             cached_prompt_tokens: Arc::default(),
+            finished,
             _live: live,
         }
     }
@@ -295,7 +303,7 @@ impl Driver {
         let mut continuations = Vec::new();
         for &index in stopped {
             match self.request.continuation(index as u32, self.attempts, &self.sequences[index].token_ids, &model) {
-                Continuation::Request(request) => continuations.push((index, request)),
+                Continuation::Request(request) => continuations.push((index, *request)),
                 Continuation::Finished(reason) => self.finish(index, reason, out),
             }
         }
@@ -351,6 +359,27 @@ impl Driver {
         cell.metrics.requests().record_end(&cell.labels, self.arrived.elapsed());
     }
 
+    /// Records the request in the window of finished requests, once its last sequence ended: before that sequence's
+    /// end is forwarded, so a caller that read its whole output finds it there.
+    fn record_finished(&self) {
+        let sequences = self
+            .sequences
+            .iter()
+            .map(|sequence| FinishedSequence {
+                finish_reason: sequence.finish_reason.unwrap_or(FinishReason::Abort),
+                token_count: u32::try_from(sequence.token_ids.len()).unwrap_or(u32::MAX),
+                segments: sequence.segments.segments().to_vec(),
+            })
+            .collect();
+        self.finished.record(FinishedRequest {
+            request_id: self.request.id().clone(),
+            adapter: self.request.adapter().clone(),
+            owner: self.request.owner().cloned(),
+            finished_at: std::time::SystemTime::now(),
+            sequences,
+        });
+    }
+
     /// Whether a sequence the engine aborted is kept for continuing rather than handed back aborted.
     fn keeps(&self, cause: Option<StopCause>) -> bool {
         match cause {
@@ -372,6 +401,7 @@ impl Driver {
     fn finish(&mut self, index: usize, reason: FinishReason, out: &Output) {
         let sequence = &mut self.sequences[index];
         sequence.progress = Progress::Finished;
+        sequence.finish_reason = Some(reason);
         // Frees parked keys and values nobody will resume from.
         sequence.parked = None;
         self.aborted |= reason == FinishReason::Abort;
@@ -383,6 +413,9 @@ impl Driver {
         }
         let segments = sequence.segments.segments().to_vec();
         self.adapter.cell().metrics.requests().record_finish(reason);
+        if self.sequences.iter().all(|sequence| sequence.progress == Progress::Finished) {
+            self.record_finished();
+        }
         let _ = out.send(Ok(SampleEvent::Finished { sequence: index as u32, reason, segments }));
     }
 }

@@ -61,6 +61,9 @@ struct ChatChoice {
     token_ids: Vec<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     segments: Option<Vec<SegmentJson>>,
+    /// Streamed only: the adapter version that produced this chunk's tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lora_version: Option<u64>,
 }
 
 /// What the request asked its chat completion to show.
@@ -142,6 +145,7 @@ impl ChatRender {
             stop_reason: stop_reason(delta.finish.as_ref(), &self.options.eos_token_ids),
             token_ids: delta.token_ids,
             segments: delta.segments.as_deref().map(segments_json),
+            lora_version: None,
         }
     }
 }
@@ -186,7 +190,9 @@ impl ChunkRenderer for ChatRender {
 
     fn chunks(&mut self, delta: ChoiceDelta) -> Vec<String> {
         let first_ever = self.started.is_empty();
-        let choice = self.choice(delta);
+        let version = delta.version;
+        let mut choice = self.choice(delta);
+        choice.lora_version = version.map(|version| version.0);
         let prompt_token_ids = if first_ever { self.options.prompt_token_ids.clone() } else { None };
         vec![to_json(&self.completion("chat.completion.chunk", vec![choice], None, prompt_token_ids))]
     }

@@ -48,6 +48,9 @@ struct CompletionChoice {
     prompt_logprobs: Option<Option<VllmPromptLogprobs>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     segments: Option<Vec<SegmentJson>>,
+    /// Streamed only: the adapter version that produced this chunk's tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lora_version: Option<u64>,
 }
 
 /// OpenAI's legacy completion logprobs object.
@@ -199,6 +202,7 @@ impl CompletionRender {
             prompt_token_ids,
             prompt_logprobs,
             segments: delta.segments.as_deref().map(segments_json),
+            lora_version: None,
         }
     }
 
@@ -271,7 +275,9 @@ impl ChunkRenderer for CompletionRender {
     }
 
     fn chunks(&mut self, delta: ChoiceDelta) -> Vec<String> {
-        let choice = self.choice(delta);
+        let version = delta.version;
+        let mut choice = self.choice(delta);
+        choice.lora_version = version.map(|version| version.0);
         vec![to_json(&self.completion(vec![choice], None))]
     }
 
@@ -329,6 +335,7 @@ mod tests {
             finish: finish.map(|reason| Finish { reason, matched: None::<Matched> }),
             segments: finish
                 .map(|_| vec![Segment { version: AdapterVersion(2), kv_version: AdapterVersion(2), start: 0, end: 4 }]),
+            version: Some(AdapterVersion(2)),
         }
     }
 

@@ -26,6 +26,9 @@ pub(crate) struct GenerateBody {
     /// vLLM's namespace of the request's cached prefixes: requests with other salts never share cached keys and
     /// values.
     pub(crate) cache_salt: Option<String>,
+    /// loragate's: the oldest adapter version that may serve the request (0 or absent: any); held at the gate
+    /// until the adapter reaches it.
+    pub(crate) min_lora_version: Option<u64>,
 }
 
 /// The one field of `sampling_params` this endpoint reads itself.

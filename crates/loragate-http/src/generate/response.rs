@@ -44,6 +44,9 @@ struct GenerateChoice {
     finish_reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     segments: Option<Vec<SegmentJson>>,
+    /// Streamed only: the adapter version that produced this chunk's tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lora_version: Option<u64>,
 }
 
 /// What the request asked its response to show.
@@ -111,6 +114,7 @@ impl GenerateRender {
             token_ids: delta.token_ids,
             logprobs,
             segments: delta.segments.as_deref().map(segments_json),
+            lora_version: None,
         }
     }
 }
@@ -151,7 +155,9 @@ impl ChunkRenderer for GenerateRender {
         let prompt = delta.prompt.take().filter(|_| self.options.prompt_logprobs && !self.sent_prompt);
         self.sent_prompt |= prompt.is_some();
         let prompt_logprobs = prompt.map(|prompt| self.prompt_json(Some(prompt)));
-        let choice = self.choice(delta);
+        let version = delta.version;
+        let mut choice = self.choice(delta);
+        choice.lora_version = version.map(|version| version.0);
         vec![to_json(&self.response(vec![choice], prompt_logprobs, None))]
     }
 

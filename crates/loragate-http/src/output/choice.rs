@@ -88,6 +88,9 @@ pub(crate) struct ChoiceDelta {
     pub(crate) finish: Option<Finish>,
     /// On the choice's last delta: which adapter version produced which of its tokens.
     pub(crate) segments: Option<Vec<Segment>>,
+    /// The adapter version that produced this delta's tokens (one event of the core, so one version: a delta never
+    /// mixes versions); on a delta without tokens, the version of the choice's latest token (`None` before any).
+    pub(crate) version: Option<AdapterVersion>,
 }
 
 /// One choice in progress.
@@ -100,6 +103,7 @@ struct Choice {
     last_token: Option<u32>,
     decoded_chars: usize,
     segments: SegmentsBuilder,
+    last_version: Option<AdapterVersion>,
     started: bool,
     finished: bool,
 }
@@ -135,6 +139,7 @@ impl Choices {
                 last_token: None,
                 decoded_chars: 0,
                 segments: SegmentsBuilder::default(),
+                last_version: None,
                 started: false,
                 finished: false,
             })
@@ -222,6 +227,7 @@ impl Choices {
             prompt,
             finish: None,
             segments: None,
+            version: choice.last_version,
         };
         Some((position, delta))
     }
@@ -237,6 +243,8 @@ impl Choices {
         let (position, mut delta) = self.delta(sequence)?;
         let (codec, options) = (&*self.codec, &*self.options);
         let choice = &mut self.choices[position];
+        choice.last_version = Some(version);
+        delta.version = Some(version);
         let mut tops = top_logprobs.into_iter();
         for (&token, &logprob) in token_ids.iter().zip(logprobs) {
             let top = tops.next();
@@ -333,6 +341,31 @@ mod tests {
 
     fn finished(sequence: u32, reason: FinishReason) -> SampleEvent {
         SampleEvent::Finished { sequence, reason, segments: Vec::new() }
+    }
+
+    #[test]
+    fn each_delta_says_the_one_version_that_produced_its_tokens() {
+        let mut choices = choices(1, &[], false);
+        let at = |version: u64, text: &str| match tokens(0, text) {
+            SampleEvent::Tokens { sequence, token_ids, logprobs, top_logprobs, .. } => SampleEvent::Tokens {
+                sequence,
+                version: AdapterVersion(version),
+                kv_version: AdapterVersion(version),
+                token_ids,
+                logprobs,
+                top_logprobs,
+            },
+            other => other,
+        };
+        let first = choices.on_event(at(2, "me")).expect("delta");
+        let second = choices.on_event(at(3, "ow")).expect("delta");
+        assert_eq!((first.version, first.token_ids.len()), (Some(AdapterVersion(2)), 2));
+        assert_eq!((second.version, second.token_ids.len()), (Some(AdapterVersion(3)), 2));
+        let last = choices.on_event(finished(0, FinishReason::Length)).expect("delta");
+        assert!(last.token_ids.is_empty());
+        assert_eq!(last.version, Some(AdapterVersion(3)), "a delta without tokens names the latest version");
+        let segments = last.segments.expect("segments on the last delta");
+        assert_eq!(segments.iter().map(|segment| segment.version.0).collect::<Vec<_>>(), vec![2, 3]);
     }
 
     /// A byte codec that records which threads decode.

@@ -14,6 +14,7 @@ mod hardening;
 mod observability;
 mod sglang;
 mod strict;
+mod versions;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -35,6 +35,9 @@ pub(crate) struct SglangBody {
     /// The namespace of the request's cached prefixes (vLLM's `cache_salt`, which loragate honours on every
     /// sampling API): requests with other salts never share cached keys and values.
     pub(crate) cache_salt: Option<String>,
+    /// loragate's: the oldest adapter version that may serve the request (0 or absent: any); held at the gate
+    /// until the adapter reaches it.
+    pub(crate) min_lora_version: Option<u64>,
 }
 
 /// One value, or a list of them (a batch).

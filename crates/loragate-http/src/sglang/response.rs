@@ -225,6 +225,7 @@ mod tests {
                 .as_ref()
                 .map(|_| vec![Segment { version: AdapterVersion(4), kv_version: AdapterVersion(4), start: 0, end: 2 }]),
             finish,
+            version: Some(AdapterVersion(4)),
         }
     }
 

@@ -21,6 +21,7 @@ use serde_json::Value;
 /// the examples: compared for presence only.
 pub const VARYING_KEYS: &[&str] = &[
     "created",
+    "finished_at",
     "timestamp",
     "lease_left_s",
     "leaseLeftS",

@@ -262,3 +262,35 @@ async fn retained_versions_and_the_staleness_bound_survive_a_restart() {
     let bound = status(&coordinator, "meow").await.staleness.expect("the bound came back");
     assert_eq!((bound.policy, bound.capacity), (policy, 24), "re-armed at the restored version");
 }
+
+#[tokio::test]
+async fn a_finished_request_answers_its_segments_to_its_sender_only() {
+    let (coordinator, _) = retaining(1, &["meow"]).await;
+    let tenants = crate::TenantKeys::parse(r#"{"k-a": {"adapters": ["meow"]}, "k-b": {"adapters": ["meow"]}}"#);
+    let keyring = crate::Keyring::new(None, None, tenants.expect("valid tenants")).expect("keys");
+    let (tenant, another) =
+        (keyring.authenticate(Some("k-a")).expect("a"), keyring.authenticate(Some("k-b")).expect("b"));
+    let raw = RawSampleRequest {
+        request_id: "provenance-1".into(),
+        lora_name: "meow".into(),
+        prompt_token_ids: vec![1, 2, 3],
+        max_tokens: Some(SHORT),
+        num_samples: 2,
+        ..Default::default()
+    };
+    let id = RequestId::parse_or_generate("provenance-1").expect("valid id");
+    assert!(coordinator.finished_request(&id, &crate::Principal::Admin).is_none(), "unknown before it ran");
+    let request = coordinator.parse_sample(raw).expect("valid").owned_by(tenant.clone());
+    let output = joined(spawn_request(&coordinator, request, coordinator.gate_deadline(None))).await.expect("served");
+    let finished = coordinator.finished_request(&id, &tenant).expect("its sender reads it");
+    assert_eq!(finished.adapter, AdapterKey::Lora(name("meow")));
+    assert_eq!(finished.sequences.len(), 2);
+    for (recorded, sequence) in finished.sequences.iter().zip(&output.sequences) {
+        assert_eq!(recorded.segments, sequence.segments);
+        assert_eq!(recorded.finish_reason, sequence.finish_reason);
+        assert_eq!(recorded.token_count as usize, sequence.token_ids.len());
+    }
+    assert!(coordinator.finished_request(&id, &another).is_none(), "another tenant cannot read it");
+    assert!(coordinator.finished_request(&id, &crate::Principal::Sampler).is_none());
+    assert!(coordinator.finished_request(&id, &crate::Principal::Admin).is_some());
+}
