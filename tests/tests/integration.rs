@@ -10,6 +10,7 @@
 mod grpc_demo;
 mod http_demo;
 mod pause_modes_demo;
+mod push_demo;
 mod python_package;
 mod retry_client_demo;
 

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::{Coordinator, SwapReport};
 use crate::adapter_source::AdapterSource;
-use crate::adapter_store::{AdapterLayout, LayoutCheck, PushHeader, Receiver};
+use crate::adapter_store::{AdapterLayout, AdapterStore, LayoutCheck, PushHeader, Receiver};
 use crate::contract::{AdapterKey, AdapterName, AdapterVersion, CoreError, Field, KvPolicy, PauseMode};
 use crate::state::RecordedSource;
 
@@ -48,6 +48,11 @@ fn check_push_name(name: &AdapterName) -> Result<(), CoreError> {
 }
 
 impl Coordinator {
+    /// Where pushed versions are kept, if this server takes pushes.
+    pub fn adapter_store(&self) -> Option<&AdapterStore> {
+        self.inner.config.adapter_store.as_ref()
+    }
+
     /// Starts receiving a push to `name`, declared by `header`. Refuses at once a name that cannot take one, a
     /// server that is stopping or has no adapter store, and a declared size over the limit.
     pub async fn begin_push(&self, name: &AdapterName, header: PushHeader) -> Result<PushUpload, CoreError> {
