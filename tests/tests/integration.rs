@@ -11,6 +11,7 @@ mod grpc_demo;
 mod http_demo;
 mod kv_cache_demo;
 mod pause_modes_demo;
+mod push_demo;
 mod python_package;
 mod retry_client_demo;
 

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::adapter::{AdapterHandle, Admitted, PauseRelease, ReleaseTarget};
 use crate::adapter_source::{AdapterRoot, AdapterSource};
+use crate::adapter_store::AdapterStore;
 use crate::auth::{Keyring, Principal};
 use crate::contract::{
     AbortReport, AdapterKey, AdapterName, AdapterStatus, CoreError, Ending, Field, KvPolicy, ModelInfo, PauseId,
@@ -30,9 +31,11 @@ use crate::state::{MemoryStore, Recording, StateError, StateStore};
 
 mod abort;
 mod follow;
+mod push;
 mod restore;
 
 pub use self::abort::AbortsRequested;
+pub use self::push::PushUpload;
 pub use self::restore::{Reconciled, RestoreReport, StartError};
 
 /// Tunables of the coordinator.
@@ -59,6 +62,8 @@ pub struct CoordinatorConfig {
     /// How many versions of each adapter stay loaded and servable to exact pins (`NAME@V`): the current one and
     /// `retain_versions − 1` older ones (`--retain-versions`; at least 1).
     pub retain_versions: usize,
+    /// Where pushed adapter versions are kept ([`Coordinator::begin_push`]); `None` refuses pushes.
+    pub adapter_store: Option<AdapterStore>,
 }
 
 impl Default for CoordinatorConfig {
@@ -73,6 +78,7 @@ impl Default for CoordinatorConfig {
             reserved_names: Vec::new(),
             state: Arc::new(MemoryStore::new()),
             retain_versions: 1,
+            adapter_store: None,
         }
     }
 }
@@ -140,6 +146,7 @@ impl Coordinator {
         if let Some(changes) = remote_changes {
             coordinator.follow(changes);
         }
+        coordinator.collect_store_garbage().await;
         if restored != RestoreReport::default() {
             tracing::info!(
                 adapters = restored.adapters,
@@ -527,7 +534,9 @@ impl Coordinator {
     /// waiters, and frees its weights.
     pub async fn unload_adapter(&self, name: &AdapterName) -> Result<(), CoreError> {
         self.inner.config.state.check_available()?;
-        self.unload(name, true).await
+        let unloaded = self.unload(name, true).await;
+        self.collect_store_garbage().await;
+        unloaded
     }
 
     /// [`Coordinator::unload_adapter`], recording the unload unless another replica did (`record` false).

@@ -12,6 +12,7 @@ use futures::stream::BoxStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::adapter_source::AdapterSource;
+use crate::adapter_store::AdapterLayout;
 use crate::contract::{AdapterName, AdapterVersion, EngineError, FinishReason, ModelInfo, TopLogprobs};
 use crate::sampling::SampleRequest;
 
@@ -179,6 +180,14 @@ pub trait Engine: Send + Sync + 'static {
     /// ([`crate::KvPolicy::Reuse`]). One that cannot (the default) has every keep-mode pause apply RECOMPUTE.
     fn can_park(&self) -> bool {
         false
+    }
+
+    /// Checks a pushed adapter's layout (its configuration and its tensors' names, dtypes and shapes, from the
+    /// safetensors header) against the model, before its tensors are received: the same checks a load of the files
+    /// makes before reading any tensor. The default accepts every layout (the load checks it then).
+    fn check_adapter_layout(&self, layout: &AdapterLayout) -> Result<(), EngineError> {
+        let _ = layout;
+        Ok(())
     }
 
     /// Starts sampling `request`; cancelling `cancel` aborts it.

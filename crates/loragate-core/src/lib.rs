@@ -56,6 +56,7 @@ pub mod contract;
 
 // Floor 2: requests and policy.
 mod adapter_source;
+pub mod adapter_store;
 mod auth;
 mod gate_deadline;
 mod limits;
@@ -90,6 +91,7 @@ pub use contract::{
 };
 
 pub use adapter_source::{AdapterRoot, AdapterSource, CONFIG_FILE, WEIGHTS_FILE};
+pub use adapter_store::{AdapterLayout, AdapterStore, PushHeader};
 pub use auth::{
     AdapterPattern, Key, KeyConfigError, Keyring, MAX_KEY_LEN, Principal, Tenant, TenantKeys, bearer_token,
 };
@@ -111,5 +113,5 @@ pub use adapter::{AdapterHandle, Admission};
 pub use sample_stream::{CachedPromptTokens, SampleEvent, SampleStream};
 
 pub use coordinator::{
-    AbortsRequested, Coordinator, CoordinatorConfig, Reconciled, RestoreReport, StartError, SwapReport,
+    AbortsRequested, Coordinator, CoordinatorConfig, PushUpload, Reconciled, RestoreReport, StartError, SwapReport,
 };

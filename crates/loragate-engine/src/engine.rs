@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use loragate_core::{
-    AdapterKey, AdapterName, AdapterSource, AdapterVersion, Engine, EngineError, EngineStream, ModelInfo, Parking,
-    SampleRequest,
+    AdapterKey, AdapterLayout, AdapterName, AdapterSource, AdapterVersion, Engine, EngineError, EngineStream,
+    ModelInfo, Parking, SampleRequest,
 };
 use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
@@ -19,7 +19,7 @@ use crate::config::EngineConfig;
 use crate::detached::{DetachedError, run_detached};
 use crate::error::EngineLoadError;
 use crate::gguf::{GgufFile, ModelFormat};
-use crate::lora::{AdapterLimits, AdapterWeights, load_peft_adapter};
+use crate::lora::{AdapterLimits, AdapterWeights, check_peft_layout, load_peft_adapter};
 use crate::model::{BLOCK_SIZE, BlockPool, Llama, ModelConfig, kv_cache_error};
 use crate::scheduler::{StepThread, Submission, outbox};
 use crate::tokenizer::Tokenizer;
@@ -227,6 +227,10 @@ impl Engine for CandleEngine {
         let Parking { park_on_cancel: park, resume_from: resume } = parking;
         self.step_thread.submit(Submission { request, adapter, version, cancel, park, resume, events })?;
         Ok(receiver.boxed())
+    }
+
+    fn check_adapter_layout(&self, layout: &AdapterLayout) -> Result<(), EngineError> {
+        check_peft_layout(layout, &self.model_config, self.dtype, self.adapter_limits)
     }
 
     async fn load_adapter(

@@ -2,8 +2,8 @@
 //! replicas sharing the state.
 
 use loragate_core::{
-    Action, AdapterKey, AdapterName, Coordinator, CoreError, PauseId, PauseMode, PauseRequest, StalenessPolicy,
-    parse_timeout_s,
+    Action, AdapterKey, AdapterName, Coordinator, CoreError, PauseId, PauseMode, PauseRequest, PushHeader,
+    StalenessPolicy, parse_timeout_s,
 };
 use loragate_proto::v1 as pb;
 use tonic::{Request, Response, Status};
@@ -159,13 +159,45 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         }))
     }
 
-    // Work in progress (issue 31): the wire messages are fixed by the contract; the server side lands with the
-    // adapter store.
     async fn push_lora_adapter(
         &self,
-        _request: Request<tonic::Streaming<pb::PushLoraAdapterRequest>>,
+        request: Request<tonic::Streaming<pb::PushLoraAdapterRequest>>,
     ) -> Result<Response<pb::PushLoraAdapterResponse>, Status> {
-        Err(Status::unimplemented("PushLoraAdapter is not served by this build yet"))
+        let deadline = client_deadline(request.metadata().as_ref());
+        let principal = caller_of(&request, self.coordinator.auth())?;
+        let mut parts = request.into_inner();
+        let header = match parts.message().await?.and_then(|message| message.part) {
+            Some(pb::push_lora_adapter_request::Part::Header(header)) => header,
+            _ => return Err(Status::invalid_argument("the first message of a push must be its header")),
+        };
+        let name = AdapterName::parse(&header.lora_name).map_err(status_from_core)?;
+        principal.authorize(Action::Control, &AdapterKey::Lora(name.clone())).map_err(status_from_core)?;
+        let mode = pause_mode(header.mode, PauseMode::Keep).map_err(status_from_core)?;
+        let kv = kv_policy(header.kv_policy).map_err(status_from_core)?;
+        let declared =
+            PushHeader::parse(header.adapter_config_json.into_bytes(), &header.sha256, Some(header.total_bytes))
+                .map_err(status_from_core)?;
+        // Dropping the upload (an error, or the client gone) removes what was received.
+        let mut upload = self.coordinator.begin_push(&name, declared).await.map_err(status_from_core)?;
+        while let Some(message) = parts.message().await? {
+            match message.part {
+                Some(pb::push_lora_adapter_request::Part::Chunk(chunk)) => {
+                    upload.write(&chunk).await.map_err(status_from_core)?;
+                }
+                Some(pb::push_lora_adapter_request::Part::Header(_)) => {
+                    return Err(Status::invalid_argument("a push has one header, in its first message"));
+                }
+                None => {}
+            }
+        }
+        let pushed = self.coordinator.finish_push(upload, mode, kv, deadline).await;
+        answer(pushed.map(|swap| pb::PushLoraAdapterResponse {
+            version: swap.installed.version.0,
+            sha256: sha256(&swap.installed),
+            aborted_count: count(swap.aborted),
+            kept_count: count(swap.kept),
+            kv_policy: wire_kv_policy(swap.kv_policy).into(),
+        }))
     }
 
     async fn set_lora_staleness(

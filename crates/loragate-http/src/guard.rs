@@ -75,6 +75,9 @@ pub(crate) fn required_action(path: &str) -> Option<Action> {
         | "/unload_lora_adapter" => Some(Action::Control),
         path if crate::versions::is_staleness_path(path) => Some(Action::Control),
         path if crate::versions::is_finished_request_path(path) => Some(Action::Sample),
+        // A key that may sample may read an adapter's state; pushing a version and reading its files need control of
+        // the adapter, which the handlers check against the adapter the path names.
+        path if path.starts_with("/v1/lora_adapters/") => Some(Action::Sample),
         // The engine-wide pause (/pause, /resume, /pause_generation, ...), the engine-wide caches
         // (/reset_prefix_cache, /flush_cache), SGLang's /abort_request and vLLM's /inference/v1/abort_requests (they
         // abort by request id across every adapter) and anything not classified yet.

@@ -28,6 +28,7 @@
 //! # }
 //! ```
 
+mod adapters;
 mod chat;
 mod chat_template;
 mod completions;

@@ -6,7 +6,7 @@ use std::future::Future;
 
 use axum::Router;
 use axum::body::Body;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -135,6 +135,8 @@ fn router(state: AppState) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/v1/models", get(list_models))
+        .route("/v1/lora_adapters/{name}", put(crate::adapters::push_adapter).get(crate::adapters::adapter_state))
+        .route("/v1/lora_adapters/{name}/versions/{version}/{file}", get(crate::adapters::version_file))
         .route("/v1/load_lora_adapter", post(load_lora_adapter))
         .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
         .route("/load_lora_adapter", post(load_lora_adapter))

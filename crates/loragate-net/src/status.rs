@@ -24,6 +24,8 @@ pub fn http_status(class: ErrorClass) -> StatusCode {
         ErrorClass::Forbidden => StatusCode::FORBIDDEN,
         ErrorClass::Precondition => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorClass::Gone => StatusCode::GONE,
+        ErrorClass::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorClass::UnsupportedFormat => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         ErrorClass::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -33,13 +35,13 @@ pub fn http_status(class: ErrorClass) -> StatusCode {
 pub fn grpc_code(class: ErrorClass) -> tonic::Code {
     use tonic::Code;
     match class {
-        ErrorClass::Invalid => Code::InvalidArgument,
+        ErrorClass::Invalid | ErrorClass::UnsupportedFormat => Code::InvalidArgument,
         ErrorClass::NotFound => Code::NotFound,
         ErrorClass::Unavailable => Code::Unavailable,
         ErrorClass::Timeout => Code::DeadlineExceeded,
         ErrorClass::Conflict => Code::Aborted,
         ErrorClass::AlreadyExists => Code::AlreadyExists,
-        ErrorClass::Overloaded => Code::ResourceExhausted,
+        ErrorClass::Overloaded | ErrorClass::TooLarge => Code::ResourceExhausted,
         ErrorClass::Unauthenticated => Code::Unauthenticated,
         ErrorClass::Forbidden => Code::PermissionDenied,
         // Retrying cannot help: an operator must act (load the adapter again, start a fleet, fix the files).

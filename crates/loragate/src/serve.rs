@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::select_all;
-use loragate_core::{Coordinator, CoordinatorConfig, StateStore};
+use loragate_core::{AdapterStore, Coordinator, CoordinatorConfig, StateError, StateStore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -70,8 +70,10 @@ impl RunningServer {
 
         let initial = &config.adapters.initial;
         let adapters = adapters::initial_adapters(&model, initial, in_fleet, adapter_root.as_ref()).await?;
+        let adapter_store = open_adapter_store(state_dir.as_deref(), config.engine.max_adapter_bytes).await?;
         let coordinator_config = CoordinatorConfig {
             state,
+            adapter_store: Some(adapter_store),
             retain_versions: config.adapters.retain_versions,
             ..coordinator_config(config.deadlines, config.limits, auth, adapter_root, &served_model_name)
         };
@@ -184,4 +186,23 @@ async fn open_state(
         tracing::info!(state_dir = %dir.display(), "recording adapters, versions and pauses");
     }
     Ok((state, state_dir))
+}
+
+/// Opens the store of pushed adapter versions: `STATE_DIR/adapters/` when the state is kept in a directory (pushed
+/// versions then survive a restart like the rest of the state), else a temporary directory removed when the server
+/// stops (with `--state-dir none` or `--state etcd://…`, pushed versions last as long as the process).
+async fn open_adapter_store(state_dir: Option<&Path>, max_bytes: u64) -> Result<AdapterStore, ServeError> {
+    let dir = state_dir.map(|dir| dir.join("adapters"));
+    let opened = tokio::task::spawn_blocking(move || match dir {
+        Some(dir) => AdapterStore::open(&dir, max_bytes).map_err(|err| (Some(dir), err)),
+        None => AdapterStore::temporary(max_bytes).map_err(|err| (None, err)),
+    })
+    .await
+    .map_err(join_error)?;
+    let store = opened.map_err(|(dir, err)| {
+        let place = dir.map_or_else(|| "a temporary directory".to_owned(), |dir| dir.display().to_string());
+        ServeError::State(StateError::Failed(format!("opening the adapter store in {place}: {err}")))
+    })?;
+    tracing::debug!(dir = %store.dir().display(), "pushed adapter versions are kept here");
+    Ok(store)
 }

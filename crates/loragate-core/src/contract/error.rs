@@ -69,6 +69,8 @@ pub enum Field {
     AdapterConfig,
     /// `total_bytes` of a pushed adapter.
     TotalBytes,
+    /// The bytes of a pushed adapter's `adapter_model.safetensors` (gRPC `chunk`s, the HTTP part of that name).
+    Weights,
     /// `max_staleness` of a staleness bound.
     MaxStaleness,
     /// `batch_size` of a staleness bound.
@@ -108,6 +110,7 @@ impl Field {
             Self::Sha256 => "sha256",
             Self::AdapterConfig => "adapter_config_json",
             Self::TotalBytes => "total_bytes",
+            Self::Weights => "adapter_model.safetensors",
             Self::MaxStaleness => "max_staleness",
             Self::BatchSize => "batch_size",
             Self::CacheSalt => "cache_salt",
@@ -154,6 +157,12 @@ pub enum ErrorClass {
     NotServing,
     /// What the request names existed but is gone for good (a released adapter version); retrying cannot help.
     Gone,
+    /// What the request carries is over a size limit (pushed adapter weights over `--max-adapter-bytes`): refused
+    /// the moment the limit is passed; the same request cannot succeed.
+    TooLarge,
+    /// What the request carries is not in a format the server takes (pushed weights that are not safetensors: a
+    /// pickle, a zip, anything else).
+    UnsupportedFormat,
     /// The server failed.
     Internal,
 }
@@ -293,6 +302,19 @@ pub enum CoreError {
         /// Why (the recorded path and version, and the engine's error).
         reason: String,
     },
+    /// Pushed adapter weights are larger than `--max-adapter-bytes`: refused as soon as that was known (declared,
+    /// read from the safetensors header, or received), before the rest was read; nothing was kept.
+    #[error("adapter_model.safetensors: {size} bytes are over the limit of {limit} bytes (--max-adapter-bytes)")]
+    AdapterTooLarge {
+        /// The size declared, announced by the header, or received so far.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// Pushed adapter weights are not a safetensors file (`reason` says what they look like instead); nothing was
+    /// kept.
+    #[error("adapter_model.safetensors: {0}; only safetensors files are accepted")]
+    UnsupportedFormat(String),
     /// The state store could not record a change. A pause is withdrawn and a load issued no version; a resume, an
     /// unload or an installed load took effect here but may be undone by a restart (see `docs/state.md`).
     #[error("{0}")]
@@ -325,6 +347,8 @@ impl CoreError {
             Self::PermissionDenied { .. } => ErrorClass::Forbidden,
             Self::Engine(engine) => engine.class(),
             Self::WeightsMissing { .. } => ErrorClass::NotServing,
+            Self::AdapterTooLarge { .. } => ErrorClass::TooLarge,
+            Self::UnsupportedFormat(_) => ErrorClass::UnsupportedFormat,
             Self::State(state) => state.class(),
         }
     }
@@ -348,6 +372,8 @@ impl CoreError {
             Self::PermissionDenied { .. } => "permission_denied",
             Self::Engine(engine) => engine.kind(),
             Self::WeightsMissing { .. } => "weights_missing",
+            Self::AdapterTooLarge { .. } => "adapter_too_large",
+            Self::UnsupportedFormat(_) => "unsupported_format",
             Self::State(_) => "state_store",
         }
     }

@@ -105,6 +105,8 @@ pub fn every_core_error() -> Vec<CoreError> {
         ],
         Engine => [CoreError::Engine(EngineError::Internal("boom".into()))],
         WeightsMissing => [CoreError::WeightsMissing { adapter: meow(), reason: "/gone/meow is missing".into() }],
+        AdapterTooLarge => [CoreError::AdapterTooLarge { size: 2_000_000, limit: 1_000_000 }],
+        UnsupportedFormat => [CoreError::UnsupportedFormat("it starts with a pickle's magic bytes".into())],
         State => [CoreError::State(StateError::Failed("disk full".into()))],
     });
     samples.extend(every_engine_error().into_iter().map(CoreError::Engine));
@@ -146,6 +148,8 @@ mod tests {
             ErrorClass::Precondition,
             ErrorClass::NotServing,
             ErrorClass::Gone,
+            ErrorClass::TooLarge,
+            ErrorClass::UnsupportedFormat,
             ErrorClass::Internal,
         ] {
             assert!(classes.contains(&class), "no core error of class {class:?}");

@@ -14,11 +14,10 @@
 mod config;
 mod weights_file;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use candle_core::{DType, Device, Tensor};
-use loragate_core::{AdapterSource, EngineError};
-use safetensors::Dtype;
+use loragate_core::{AdapterLayout, AdapterSource, EngineError};
 
 use super::{AdapterWeights, LoraPair, LoraTarget};
 use crate::model::ModelConfig;
@@ -54,44 +53,12 @@ pub(crate) fn load_peft_adapter(
     // Every entry is checked against the config and the model before any tensor is read.
     let mut entries = HashMap::new();
     for (name, info) in file.entries() {
-        let (layer, target, factor) = parse_tensor_name(&name, model.num_layers)?;
-        if !config.targets.contains(&target) {
-            return Err(incompatible(format!(
-                "{name} adapts {}, which target_modules {:?} does not declare",
-                target.module_name(),
-                config.target_names()
-            )));
-        }
-        if !matches!(info.dtype, Dtype::F16 | Dtype::BF16 | Dtype::F32 | Dtype::F64) {
-            return Err(incompatible(format!("{name} has dtype {}, expected floats", info.dtype)));
-        }
-        let expected = factor.shape(target, model, config.rank);
-        if info.shape != expected {
-            return Err(incompatible(format!(
-                "{name} has shape {:?}, expected {expected:?} (rank {} from adapter_config.json, {} → {} features)",
-                info.shape,
-                config.rank,
-                target.features(model).0,
-                target.features(model).1
-            )));
-        }
-        if entries.insert((layer, target, factor), (name.clone(), info)).is_some() {
+        let key = check_entry(&name, &info.dtype.to_string(), &info.shape, &config, model)?;
+        if entries.insert(key, (name.clone(), info)).is_some() {
             return Err(EngineError::AdapterFiles(format!("{name} appears twice (with and without `.default`)")));
         }
     }
-    for layer in 0..model.num_layers {
-        for &target in &config.targets {
-            for factor in [Factor::A, Factor::B] {
-                if !entries.contains_key(&(layer, target, factor)) {
-                    return Err(incompatible(format!(
-                        "{} is a declared target but its {} tensor is missing",
-                        target.module_path(layer),
-                        factor.name()
-                    )));
-                }
-            }
-        }
-    }
+    check_complete(|key| entries.contains_key(&key), &config, model)?;
 
     let mut layers = Vec::with_capacity(model.num_layers);
     for layer in 0..model.num_layers {
@@ -118,6 +85,82 @@ pub(crate) fn load_peft_adapter(
         layers.push(pairs);
     }
     Ok(AdapterWeights::new(layers))
+}
+
+/// Checks a pushed adapter's layout (its config and its tensors' names, dtypes and shapes, from the safetensors
+/// header) as [`load_peft_adapter`] checks the files before reading any tensor.
+pub(crate) fn check_peft_layout(
+    layout: &AdapterLayout,
+    model: &ModelConfig,
+    dtype: DType,
+    limits: AdapterLimits,
+) -> Result<(), EngineError> {
+    let config = AdapterConfig::from_json(layout.config.clone(), limits.max_rank, dtype)?;
+    let mut keys = HashSet::new();
+    for tensor in &layout.tensors {
+        let key = check_entry(&tensor.name, tensor.dtype.as_str(), &tensor.shape, &config, model)?;
+        if !keys.insert(key) {
+            return Err(EngineError::AdapterFiles(format!(
+                "{} appears twice (with and without `.default`)",
+                tensor.name
+            )));
+        }
+    }
+    check_complete(|key| keys.contains(&key), &config, model)
+}
+
+/// Checks one tensor's name, dtype (its safetensors name) and shape against the config and the model; returns which
+/// factor of which layer's target it is.
+fn check_entry(
+    name: &str,
+    dtype: &str,
+    shape: &[usize],
+    config: &AdapterConfig,
+    model: &ModelConfig,
+) -> Result<(usize, LoraTarget, Factor), EngineError> {
+    let (layer, target, factor) = parse_tensor_name(name, model.num_layers)?;
+    if !config.targets.contains(&target) {
+        return Err(incompatible(format!(
+            "{name} adapts {}, which target_modules {:?} does not declare",
+            target.module_name(),
+            config.target_names()
+        )));
+    }
+    if !matches!(dtype, "F16" | "BF16" | "F32" | "F64") {
+        return Err(incompatible(format!("{name} has dtype {dtype}, expected floats")));
+    }
+    let expected = factor.shape(target, model, config.rank);
+    if shape != expected {
+        return Err(incompatible(format!(
+            "{name} has shape {shape:?}, expected {expected:?} (rank {} from adapter_config.json, {} → {} features)",
+            config.rank,
+            target.features(model).0,
+            target.features(model).1
+        )));
+    }
+    Ok((layer, target, factor))
+}
+
+/// Every declared target of every layer has both factors (`present` says whether one was seen).
+fn check_complete(
+    present: impl Fn((usize, LoraTarget, Factor)) -> bool,
+    config: &AdapterConfig,
+    model: &ModelConfig,
+) -> Result<(), EngineError> {
+    for layer in 0..model.num_layers {
+        for &target in &config.targets {
+            for factor in [Factor::A, Factor::B] {
+                if !present((layer, target, factor)) {
+                    return Err(incompatible(format!(
+                        "{} is a declared target but its {} tensor is missing",
+                        target.module_path(layer),
+                        factor.name()
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

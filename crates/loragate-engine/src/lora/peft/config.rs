@@ -45,6 +45,18 @@ impl AdapterConfig {
         Self::parse(raw, max_rank, dtype)
     }
 
+    /// Validates a config given as parsed JSON (a pushed adapter's `adapter_config.json`).
+    pub(super) fn from_json(
+        json: serde_json::Map<String, serde_json::Value>,
+        max_rank: usize,
+        dtype: DType,
+    ) -> Result<Self, EngineError> {
+        let raw: RawAdapterConfig = serde_json::from_value(serde_json::Value::Object(json)).map_err(|err| {
+            EngineError::AdapterFiles(format!("{CONFIG_FILE} is not a valid PEFT LoRA config: {err}"))
+        })?;
+        Self::parse(raw, max_rank, dtype)
+    }
+
     pub(super) fn parse(raw: RawAdapterConfig, max_rank: usize, dtype: DType) -> Result<Self, EngineError> {
         if let Some(peft_type) = &raw.peft_type
             && peft_type != "LORA"

@@ -1,0 +1,224 @@
+//! The adapter store: a content-addressed directory of pushed adapter weights (`PushLoraAdapter`,
+//! `PUT /v1/lora_adapters/{name}`), under the state directory (`STATE_DIR/adapters/`), or a temporary directory the
+//! server owns and removes when it stops when the state is not kept on disk.
+//!
+//! A push is received by a [`Receiver`]: the bytes of `adapter_model.safetensors` are written to a temporary file
+//! under `tmp/` as they arrive, hashed (SHA-256) and counted; `--max-adapter-bytes` is enforced as they arrive; the
+//! safetensors header is parsed and checked as soon as it is complete (see [`safetensors`]), and the model's own
+//! layout check ([`AdapterLayout`], given by the engine) runs on it before the rest is read. At the end the size and
+//! the declared SHA-256 are checked, and the directory (the weights and `adapter_config.json`) is renamed into
+//! `blobs/<sha256>-<config>/` in one step: a crash leaves no half version, and a receiver dropped midway (a client
+//! gone) removes its temporary directory.
+//!
+//! A version's directory is named by content (the weights' SHA-256 and a digest of the configuration), never by the
+//! adapter's name. Directories no recorded version refers to are deleted by [`AdapterStore::collect_garbage`] (the
+//! coordinator runs it at start, after each push and after each unload); a directory a push is installing holds a
+//! [`BlobLease`] and is never collected meanwhile.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::contract::{CoreError, Field, Sha256};
+
+mod receiver;
+pub mod safetensors;
+
+pub use receiver::{Receiver, StoredAdapter};
+pub use safetensors::{AdapterLayout, TensorDtype, TensorLayout};
+
+/// The largest `adapter_config.json` a push may carry.
+pub const MAX_CONFIG_BYTES: usize = 1 << 20;
+
+/// The model's check of a pushed adapter's layout (tensor names, dtypes and shapes against the base model), run on
+/// the safetensors header before the tensors are received.
+pub type LayoutCheck = Arc<dyn Fn(&AdapterLayout) -> Result<(), CoreError> + Send + Sync>;
+
+/// What a push declares before its bytes: validated at the edge.
+#[derive(Clone, Debug)]
+pub struct PushHeader {
+    config: serde_json::Map<String, serde_json::Value>,
+    config_bytes: Vec<u8>,
+    sha256: Option<Sha256>,
+    total_bytes: Option<u64>,
+}
+
+impl PushHeader {
+    /// Parses a push's declarations: `adapter_config_json` (a JSON object, at most [`MAX_CONFIG_BYTES`]), the
+    /// optional `sha256` of the weights file (empty: not declared) and its optional size (`None` or 0: not
+    /// declared). Errors name the field.
+    pub fn parse(config_json: Vec<u8>, sha256: &str, total_bytes: Option<u64>) -> Result<Self, CoreError> {
+        if config_json.len() > MAX_CONFIG_BYTES {
+            return Err(CoreError::invalid(
+                Field::AdapterConfig,
+                format!("is {} bytes, the limit is {MAX_CONFIG_BYTES}", config_json.len()),
+            ));
+        }
+        if config_json.is_empty() {
+            return Err(CoreError::invalid(Field::AdapterConfig, "must not be empty (the adapter_config.json file)"));
+        }
+        let config = match serde_json::from_slice::<serde_json::Value>(&config_json) {
+            Ok(serde_json::Value::Object(config)) => config,
+            Ok(_) => return Err(CoreError::invalid(Field::AdapterConfig, "must be a JSON object")),
+            Err(err) => return Err(CoreError::invalid(Field::AdapterConfig, format!("is not valid JSON: {err}"))),
+        };
+        let sha256 = if sha256.is_empty() { None } else { Some(Sha256::parse_hex(sha256, Field::Sha256)?) };
+        Ok(Self { config, config_bytes: config_json, sha256, total_bytes: total_bytes.filter(|&bytes| bytes > 0) })
+    }
+
+    /// The declared SHA-256 of the weights file, if any.
+    pub fn sha256(&self) -> Option<Sha256> {
+        self.sha256
+    }
+
+    /// The declared size of the weights file, if any.
+    pub fn total_bytes(&self) -> Option<u64> {
+        self.total_bytes
+    }
+}
+
+/// The content-addressed store of pushed adapter versions. Cheap to clone.
+#[derive(Clone)]
+pub struct AdapterStore {
+    inner: Arc<StoreInner>,
+}
+
+impl std::fmt::Debug for AdapterStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdapterStore").field("dir", &self.inner.dir).field("max_bytes", &self.inner.max_bytes).finish()
+    }
+}
+
+struct StoreInner {
+    /// The store's directory: `blobs/` and `tmp/` below it.
+    dir: PathBuf,
+    /// The largest weights file accepted (`--max-adapter-bytes`).
+    max_bytes: u64,
+    /// Blob directories being installed, with how many pushes install each: never collected.
+    leases: Mutex<HashMap<PathBuf, usize>>,
+    /// Whether the store owns `dir` and removes it when dropped (a store without a state directory).
+    owned: bool,
+}
+
+impl Drop for StoreInner {
+    fn drop(&mut self) {
+        if self.owned {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+impl AdapterStore {
+    /// Opens (creating it) the store in `dir`, accepting weights files of at most `max_bytes`. What an earlier
+    /// process left in `tmp/` (a push it never finished) is removed. Blocking.
+    pub fn open(dir: impl Into<PathBuf>, max_bytes: u64) -> io::Result<Self> {
+        Self::create(dir.into(), max_bytes, false)
+    }
+
+    /// A store in a new temporary directory that is removed when the last clone of the store is dropped: for a
+    /// server that keeps no state on disk (pushed versions then last as long as the process). Blocking.
+    pub fn temporary(max_bytes: u64) -> io::Result<Self> {
+        let unique = format!("loragate-adapters-{}-{:016x}", std::process::id(), rand::random::<u64>());
+        Self::create(std::env::temp_dir().join(unique), max_bytes, true)
+    }
+
+    fn create(dir: PathBuf, max_bytes: u64, owned: bool) -> io::Result<Self> {
+        std::fs::create_dir_all(dir.join("blobs"))?;
+        let tmp = dir.join("tmp");
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp)?;
+        }
+        std::fs::create_dir_all(&tmp)?;
+        Ok(Self { inner: Arc::new(StoreInner { dir, max_bytes, leases: Mutex::default(), owned }) })
+    }
+
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// The directory of the installed versions.
+    pub fn blobs_dir(&self) -> PathBuf {
+        self.inner.dir.join("blobs")
+    }
+
+    /// The largest weights file accepted.
+    pub fn max_bytes(&self) -> u64 {
+        self.inner.max_bytes
+    }
+
+    /// Starts receiving a push declared by `header`, whose header will be checked by `check`. Refuses at once a
+    /// declared size over the limit.
+    pub async fn receive(&self, header: PushHeader, check: LayoutCheck) -> Result<Receiver, CoreError> {
+        if let Some(size) = header.total_bytes.filter(|&size| size > self.inner.max_bytes) {
+            return Err(CoreError::AdapterTooLarge { size, limit: self.inner.max_bytes });
+        }
+        Receiver::start(self.clone(), header, check).await
+    }
+
+    /// Holds `dir` (a blob directory) against collection until the lease is dropped.
+    fn lease(&self, dir: PathBuf) -> BlobLease {
+        *self.inner.leases.lock().entry(dir.clone()).or_default() += 1;
+        BlobLease { store: self.inner.clone(), dir }
+    }
+
+    /// Deletes every blob directory that is not in `referenced` (the directories recorded versions name) and that no
+    /// push is installing; returns how many were deleted. Blocking: call it off the async runtime.
+    pub fn collect_garbage(&self, referenced: &HashSet<PathBuf>) -> io::Result<usize> {
+        let leases = self.inner.leases.lock();
+        let mut deleted = 0;
+        for entry in std::fs::read_dir(self.blobs_dir())? {
+            let path = entry?.path();
+            if referenced.contains(&path) || leases.contains_key(&path) {
+                continue;
+            }
+            std::fs::remove_dir_all(&path)?;
+            deleted += 1;
+        }
+        Ok(deleted)
+    }
+
+    /// The blob directories present now (for tests and diagnostics). Blocking.
+    pub fn blob_dirs(&self) -> io::Result<Vec<PathBuf>> {
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(self.blobs_dir())?
+            .map(|entry| entry.map(|entry| entry.path()))
+            .collect::<Result<_, _>>()?;
+        dirs.sort();
+        Ok(dirs)
+    }
+
+    /// The entries of `tmp/` now: pushes being received (for tests and diagnostics). Blocking.
+    pub fn pending_uploads(&self) -> io::Result<usize> {
+        Ok(std::fs::read_dir(self.inner.dir.join("tmp"))?.count())
+    }
+}
+
+/// Keeps a blob directory from being collected while a push installs it.
+pub struct BlobLease {
+    store: Arc<StoreInner>,
+    dir: PathBuf,
+}
+
+impl std::fmt::Debug for BlobLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("BlobLease").field(&self.dir).finish()
+    }
+}
+
+impl Drop for BlobLease {
+    fn drop(&mut self) {
+        let mut leases = self.store.leases.lock();
+        if let Some(count) = leases.get_mut(&self.dir) {
+            *count -= 1;
+            if *count == 0 {
+                leases.remove(&self.dir);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,258 @@
+//! Receiving one push: the weights written to a temporary directory as they arrive, hashed, counted, bounded and
+//! checked, then renamed into the store in one step. Dropping a [`Receiver`] before [`Receiver::finish`] removes its
+//! temporary directory.
+
+use std::path::{Path, PathBuf};
+
+use sha2::Digest;
+
+use super::safetensors::{self, AdapterLayout};
+use super::{AdapterStore, BlobLease, LayoutCheck, PushHeader};
+use crate::adapter_source::{AdapterSource, CONFIG_FILE, WEIGHTS_FILE};
+use crate::contract::{CoreError, Field, Sha256, StateError};
+
+/// A push being received (see the module documentation).
+pub struct Receiver {
+    store: AdapterStore,
+    temp: TempDir,
+    /// The weights file (taken while a write runs on the blocking pool).
+    file: Option<std::fs::File>,
+    hasher: sha2::Sha256,
+    received: u64,
+    header: HeaderState,
+    declared: PushHeader,
+    check: LayoutCheck,
+}
+
+impl std::fmt::Debug for Receiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Receiver").field("temp", &self.temp.0).field("received", &self.received).finish()
+    }
+}
+
+/// How far the safetensors header is.
+enum HeaderState {
+    /// Not complete yet: its bytes so far (the 8-byte length first).
+    Pending(Vec<u8>),
+    /// Parsed and checked: the whole file must be this long.
+    Checked { file_len: u64 },
+}
+
+/// Pushed weights, in the store: what to install, holding the directory against collection until it is installed.
+#[derive(Debug)]
+pub struct StoredAdapter {
+    /// The version's directory in the store, with the weights' digest and size.
+    pub source: AdapterSource,
+    /// The weights' SHA-256.
+    pub sha256: Sha256,
+    /// The weights' size in bytes.
+    pub bytes: u64,
+    /// Keeps the directory from being collected; drop it once the version is installed (or refused).
+    pub lease: BlobLease,
+}
+
+/// A temporary directory removed when dropped (unless it was renamed away).
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if self.0.exists() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn store_failed(what: &str, err: std::io::Error) -> CoreError {
+    CoreError::State(StateError::Failed(format!("adapter store: {what}: {err}")))
+}
+
+impl Receiver {
+    pub(super) async fn start(
+        store: AdapterStore,
+        declared: PushHeader,
+        check: LayoutCheck,
+    ) -> Result<Self, CoreError> {
+        let unique = format!("push-{:016x}", rand::random::<u64>());
+        let temp = TempDir(store.dir().join("tmp").join(unique));
+        tokio::fs::create_dir(&temp.0).await.map_err(|err| store_failed("creating a temporary directory", err))?;
+        let file = std::fs::File::create(temp.0.join(WEIGHTS_FILE))
+            .map_err(|err| store_failed("creating a temporary file", err))?;
+        Ok(Self {
+            store,
+            temp,
+            file: Some(file),
+            hasher: sha2::Sha256::new(),
+            received: 0,
+            header: HeaderState::Pending(Vec::with_capacity(8)),
+            declared,
+            check,
+        })
+    }
+
+    /// How many bytes of the weights file were received so far.
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
+    /// Takes the next bytes of `adapter_model.safetensors`. Refuses, at once: bytes past the limit, past the size
+    /// the header or the push declared, and a header that is not a safetensors header of LoRA factors fitting the
+    /// model. After an error the receiver must be dropped (nothing of it is kept).
+    pub async fn write(&mut self, chunk: &[u8]) -> Result<(), CoreError> {
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        let received = self.received + chunk.len() as u64;
+        let limit = self.store.max_bytes();
+        if received > limit {
+            return Err(CoreError::AdapterTooLarge { size: received, limit });
+        }
+        let expected = match &self.header {
+            HeaderState::Checked { file_len } => Some(*file_len),
+            HeaderState::Pending(_) => self.declared.total_bytes(),
+        };
+        if let Some(expected) = expected.filter(|&expected| received > expected) {
+            return Err(CoreError::invalid(
+                Field::Weights,
+                format!("more than the {expected} bytes the file declares were sent"),
+            ));
+        }
+        if let HeaderState::Pending(_) = self.header {
+            self.take_header_bytes(chunk)?;
+        }
+        self.hasher.update(chunk);
+        self.write_file(chunk.to_vec(), false).await?;
+        self.received = received;
+        Ok(())
+    }
+
+    /// Appends `bytes` to the weights file on the blocking pool (and syncs it to disk with `sync`).
+    async fn write_file(&mut self, bytes: Vec<u8>, sync: bool) -> Result<(), CoreError> {
+        let Some(mut file) = self.file.take() else {
+            return Err(store_failed("writing the weights", std::io::Error::other("an earlier write failed")));
+        };
+        let written = tokio::task::spawn_blocking(move || {
+            use std::io::Write;
+            let written = file.write_all(&bytes).and_then(|()| if sync { file.sync_all() } else { Ok(()) });
+            (file, written)
+        })
+        .await;
+        match written {
+            Ok((file, Ok(()))) => {
+                self.file = Some(file);
+                Ok(())
+            }
+            Ok((_, Err(err))) => Err(store_failed("writing the weights", err)),
+            Err(_) => Err(CoreError::ShuttingDown),
+        }
+    }
+
+    /// Feeds the header check with the bytes of `chunk` that belong to the header; checks it once complete.
+    fn take_header_bytes(&mut self, chunk: &[u8]) -> Result<(), CoreError> {
+        let HeaderState::Pending(pending) = &mut self.header else { return Ok(()) };
+        let limit = self.store.max_bytes();
+        let mut chunk = chunk;
+        if pending.len() < 8 {
+            let take = (8 - pending.len()).min(chunk.len());
+            pending.extend_from_slice(&chunk[..take]);
+            chunk = &chunk[take..];
+            if pending.len() < 8 {
+                return Ok(());
+            }
+        }
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&pending[..8]);
+        let header_len = safetensors::header_len(first, limit)?;
+        let wanted = usize::try_from(8 + header_len).unwrap_or(usize::MAX);
+        let take = (wanted - pending.len()).min(chunk.len());
+        pending.extend_from_slice(&chunk[..take]);
+        if pending.len() < wanted {
+            return Ok(());
+        }
+        let checked = safetensors::check_header(&pending[8..])?;
+        if checked.file_len > limit {
+            return Err(CoreError::AdapterTooLarge { size: checked.file_len, limit });
+        }
+        if let Some(declared) = self.declared.total_bytes().filter(|&declared| declared != checked.file_len) {
+            return Err(CoreError::invalid(
+                Field::TotalBytes,
+                format!("is {declared}, but the safetensors header describes a {}-byte file", checked.file_len),
+            ));
+        }
+        let layout = AdapterLayout { config: self.declared.config.clone(), tensors: checked.tensors };
+        (self.check)(&layout)?;
+        self.header = HeaderState::Checked { file_len: checked.file_len };
+        Ok(())
+    }
+
+    /// Ends the push: checks that the whole file arrived and that its SHA-256 is the declared one, then moves the
+    /// version into the store (`blobs/<sha256>-<config>/`) in one rename.
+    pub async fn finish(mut self) -> Result<StoredAdapter, CoreError> {
+        let file_len = match self.header {
+            HeaderState::Checked { file_len } => file_len,
+            HeaderState::Pending(_) if self.received == 0 => {
+                return Err(CoreError::invalid(Field::Weights, "no bytes were sent"));
+            }
+            HeaderState::Pending(_) => {
+                return Err(CoreError::invalid(
+                    Field::Weights,
+                    format!("truncated: the body ended after {} bytes, inside the safetensors header", self.received),
+                ));
+            }
+        };
+        if self.received != file_len {
+            return Err(CoreError::invalid(
+                Field::Weights,
+                format!("truncated: {} of the {file_len} bytes its header describes were sent", self.received),
+            ));
+        }
+        let sha256 = Sha256(self.hasher.clone().finalize().into());
+        if let Some(declared) = self.declared.sha256().filter(|&declared| declared != sha256) {
+            return Err(CoreError::invalid(
+                Field::Sha256,
+                format!("is {declared}, but the bytes sent have SHA-256 {sha256}; nothing was installed"),
+            ));
+        }
+        self.write_file(Vec::new(), true).await?;
+        let config_digest = sha2::Sha256::digest(&self.declared.config_bytes);
+        let config_hex: String = config_digest[..8].iter().map(|byte| format!("{byte:02x}")).collect();
+        let target = self.store.blobs_dir().join(format!("{sha256}-{config_hex}"));
+        let lease = self.store.lease(target.clone());
+        let temp = std::mem::replace(&mut self.temp.0, PathBuf::new());
+        let config = std::mem::take(&mut self.declared.config_bytes);
+        let moved = tokio::task::spawn_blocking({
+            let target = target.clone();
+            move || move_into_place(&temp, &config, &target)
+        })
+        .await;
+        match moved {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => return Err(store_failed("moving the version into place", err)),
+            Err(_) => return Err(CoreError::ShuttingDown),
+        }
+        let bytes = self.received;
+        Ok(StoredAdapter { source: AdapterSource::pushed(&target, sha256, bytes), sha256, bytes, lease })
+    }
+}
+
+/// Writes the config beside the weights in `temp`, then renames `temp` to `target` (or, when `target` holds the same
+/// content already, removes `temp`). Blocking.
+fn move_into_place(temp: &Path, config: &[u8], target: &Path) -> std::io::Result<()> {
+    let _removed_unless_moved = TempDir(temp.to_owned());
+    let config_path = temp.join(CONFIG_FILE);
+    std::fs::write(&config_path, config)?;
+    std::fs::File::open(&config_path)?.sync_all()?;
+    // The rename is atomic: a directory under `blobs/` is complete or absent.
+    let in_place = |dir: &Path| dir.join(WEIGHTS_FILE).is_file() && dir.join(CONFIG_FILE).is_file();
+    if in_place(target) {
+        // The same weights and configuration were pushed before: the same content is in place already.
+        return Ok(());
+    }
+    if let Err(err) = std::fs::rename(temp, target) {
+        // A push of the same content may have moved its copy into place meanwhile.
+        return if in_place(target) { Ok(()) } else { Err(err) };
+    }
+    if let Some(parent) = target.parent() {
+        std::fs::File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}

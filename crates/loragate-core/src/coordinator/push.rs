@@ -1,0 +1,141 @@
+//! Pushed adapter versions: a push is received into the adapter store ([`crate::adapter_store`]) while it is
+//! checked, then installed as a swap (a name never loaded before is a plain load); the store's directories no
+//! recorded version refers to any more are collected after each push, each unload and at start.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::{Coordinator, SwapReport};
+use crate::adapter_source::AdapterSource;
+use crate::adapter_store::{AdapterLayout, AdapterStore, LayoutCheck, PushHeader, Receiver};
+use crate::contract::{AdapterKey, AdapterName, AdapterVersion, CoreError, Field, KvPolicy, PauseMode};
+use crate::state::RecordedSource;
+
+/// A push being received for one adapter: feed it the weights' bytes ([`PushUpload::write`]), then hand it to
+/// [`Coordinator::finish_push`]. Dropping it (a client gone midway) leaves nothing behind.
+#[derive(Debug)]
+pub struct PushUpload {
+    name: AdapterName,
+    receiver: Receiver,
+}
+
+impl PushUpload {
+    /// The adapter pushed to.
+    pub fn name(&self) -> &AdapterName {
+        &self.name
+    }
+
+    /// Takes the next bytes of `adapter_model.safetensors` (see [`Receiver::write`]).
+    pub async fn write(&mut self, chunk: &[u8]) -> Result<(), CoreError> {
+        self.receiver.write(chunk).await
+    }
+}
+
+/// Refuses names that could be read as a path or a pin: a pushed version is stored by its content, never under its
+/// name, but the name travels to workers and agents.
+fn check_push_name(name: &AdapterName) -> Result<(), CoreError> {
+    let raw = name.as_str();
+    if raw.contains(['/', '\\', '@']) || raw == "." || raw.contains("..") {
+        return Err(CoreError::invalid(
+            Field::LoraName,
+            format!("{raw:?} cannot take a push: a pushed adapter's name has no `/`, `\\`, `@` or `..`"),
+        ));
+    }
+    Ok(())
+}
+
+impl Coordinator {
+    /// Where pushed versions are kept, if this server takes pushes.
+    pub fn adapter_store(&self) -> Option<&AdapterStore> {
+        self.inner.config.adapter_store.as_ref()
+    }
+
+    /// Starts receiving a push to `name`, declared by `header`. Refuses at once a name that cannot take one, a
+    /// server that is stopping or has no adapter store, and a declared size over the limit.
+    pub async fn begin_push(&self, name: &AdapterName, header: PushHeader) -> Result<PushUpload, CoreError> {
+        if self.is_shutting_down() {
+            return Err(CoreError::ShuttingDown);
+        }
+        check_push_name(name)?;
+        self.check_loadable_name(name)?;
+        let Some(store) = &self.inner.config.adapter_store else {
+            return Err(CoreError::invalid(Field::LoraName, "this server takes no pushed adapters"));
+        };
+        let engine = self.inner.engine.clone();
+        let check: LayoutCheck =
+            Arc::new(move |layout: &AdapterLayout| engine.check_adapter_layout(layout).map_err(CoreError::from));
+        let receiver = store.receive(header, check).await?;
+        Ok(PushUpload { name: name.clone(), receiver })
+    }
+
+    /// Ends a push: checks the whole file and its SHA-256, moves it into the store and installs it as
+    /// [`Coordinator::swap_adapter`] does in `mode` (a new name is loaded). On any error the old version keeps
+    /// serving and nothing of the push is kept.
+    pub async fn finish_push(
+        &self,
+        upload: PushUpload,
+        mode: PauseMode,
+        kv_policy: KvPolicy,
+        client_deadline: Option<Instant>,
+    ) -> Result<SwapReport, CoreError> {
+        let PushUpload { name, receiver } = upload;
+        let stored = receiver.finish().await?;
+        let swapped = self.swap_adapter(&name, stored.source.clone(), mode, kv_policy, client_deadline).await;
+        drop(stored.lease);
+        self.collect_store_garbage().await;
+        swapped
+    }
+
+    /// Where the files of `name`'s `version` are (its current or a retained version), as recorded: what
+    /// `GET /v1/lora_adapters/{name}/versions/{version}/{file}` serves.
+    pub async fn version_source(
+        &self,
+        name: &AdapterName,
+        version: AdapterVersion,
+    ) -> Result<AdapterSource, CoreError> {
+        let recorded = self.inner.config.state.recorded().await?;
+        let Some(record) = recorded.adapters.into_iter().find(|record| &record.name == name) else {
+            return Err(CoreError::UnknownAdapter(AdapterKey::Lora(name.clone())));
+        };
+        let mut versions: Vec<(AdapterVersion, RecordedSource)> =
+            record.retained.into_iter().map(|kept| (kept.version, kept.source)).collect();
+        versions.push((record.version, record.source));
+        match versions.iter().find(|(held, _)| *held == version) {
+            Some((_, source)) => self.recorded_source(source).await,
+            None => Err(CoreError::VersionRetired {
+                adapter: name.clone(),
+                requested: version,
+                retained: versions.iter().map(|(held, _)| *held).collect(),
+            }),
+        }
+    }
+
+    /// Deletes the adapter store's directories that no recorded version (current or retained, of any adapter)
+    /// refers to. Failures are logged: a directory left is collected next time.
+    pub(super) async fn collect_store_garbage(&self) {
+        let Some(store) = self.inner.config.adapter_store.clone() else { return };
+        let recorded = match self.inner.config.state.recorded().await {
+            Ok(recorded) => recorded,
+            Err(err) => {
+                tracing::warn!(%err, "adapter store: cannot read the record; nothing collected");
+                return;
+            }
+        };
+        let referenced: HashSet<PathBuf> = recorded
+            .adapters
+            .iter()
+            .flat_map(|record| std::iter::once(&record.source).chain(record.retained.iter().map(|kept| &kept.source)))
+            .filter(|source| source.pushed)
+            .map(|source| source.path.clone())
+            .collect();
+        match tokio::task::spawn_blocking(move || store.collect_garbage(&referenced)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(deleted)) => tracing::info!(deleted, "adapter store: deleted versions no adapter refers to"),
+            Ok(Err(err)) => tracing::warn!(%err, "adapter store: collecting unreferenced versions failed"),
+            Err(_) => {}
+        }
+    }
+}
