@@ -4,8 +4,9 @@
 //! scaled by both blocks' scales, plus `m·s` for a block offset `m`. Decoding one or a few rows is bound by memory
 //! bandwidth, so reading 4.5–8.5 bits per weight instead of 32 is what makes it fast.
 //!
-//! candle's own Q4_1 kernel is scalar; this one uses AVX2 (through `pulp`'s safe intrinsics, chosen at run time,
-//! [`avx2`]) and falls back to the scalar reference ([`dot_rows_scalar`]) on other CPUs. Weights are stored in
+//! candle's own Q4_1 kernel is scalar; this one is chosen at run time ([`Simd`]): AVX-512 VNNI where the CPU has it,
+//! AVX2 otherwise (both in [`avx2`], through `pulp`), the scalar reference ([`dot_rows_scalar`]) last;
+//! `LORAGATE_SIMD=avx2|portable` caps the choice. Weights are stored in
 //! groups of [`ROW_GROUP`] rows, block by block ([`NibbleGroup`], [`ByteGroup`]): the four rows' f32 scales (and
 //! offsets), then their packed values, so that a kernel reads one contiguous stream, loads the four rows' scales as
 //! one vector, never converts f16 in its inner loop, and sums the four rows' integer products with one horizontal
@@ -23,6 +24,50 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::scratch;
+
+/// The widest kernels the quantized products may use, in order: each falls back to the next narrower one the CPU
+/// has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Simd {
+    /// The scalar reference.
+    Portable,
+    /// AVX2 and FMA.
+    Avx2,
+    /// AVX-512 VNNI and VL on 256-bit vectors, with AVX2 and FMA.
+    Avx512Vnni,
+}
+
+impl Simd {
+    /// The environment variable that caps the choice: `avx512` (the default: the widest the CPU has), `avx2`
+    /// or `portable`, to compare kernels or to rule one out.
+    pub(crate) const VARIABLE: &str = "LORAGATE_SIMD";
+
+    /// The cap set by [`Self::VARIABLE`], read once (an unknown value is logged and ignored).
+    pub(crate) fn chosen() -> Self {
+        static CHOSEN: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            let value = std::env::var(Self::VARIABLE).unwrap_or_default();
+            Self::parse(&value).unwrap_or_else(|| {
+                tracing::warn!(
+                    variable = Self::VARIABLE,
+                    value,
+                    "unknown SIMD level, expected avx512, avx2 or portable"
+                );
+                Self::Avx512Vnni
+            })
+        })
+    }
+
+    /// `avx512`, `avx2`, `portable` (or empty: the widest); `None` for anything else.
+    fn parse(value: &str) -> Option<Self> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "" | "avx512" => Some(Self::Avx512Vnni),
+            "avx2" => Some(Self::Avx2),
+            "portable" | "scalar" => Some(Self::Portable),
+            _ => None,
+        }
+    }
+}
 
 /// Values per block, in every format served here.
 pub(crate) const BLOCK: usize = 32;
@@ -181,10 +226,19 @@ impl QuantizedMatrix {
     /// Fills `out_t` (`(rows, m)` from weight row `first_row` on, both whole groups) with the dot products of those
     /// rows with every input row.
     fn dot_rows(&self, input: &QuantizedInput, first_row: usize, out_t: &mut [f32]) {
-        if avx2::dot_rows(self, input, first_row, out_t) {
-            return;
+        self.dot_rows_with(Simd::chosen(), input, first_row, out_t);
+    }
+
+    /// [`Self::dot_rows`] with the widest kernel up to `limit` that the CPU has; the kernel it used.
+    fn dot_rows_with(&self, limit: Simd, input: &QuantizedInput, first_row: usize, out_t: &mut [f32]) -> Simd {
+        if limit >= Simd::Avx512Vnni && avx2::dot_rows_vnni(self, input, first_row, out_t) {
+            return Simd::Avx512Vnni;
+        }
+        if limit >= Simd::Avx2 && avx2::dot_rows(self, input, first_row, out_t) {
+            return Simd::Avx2;
         }
         dot_rows_scalar(self, input, first_row, out_t);
+        Simd::Portable
     }
 
     /// `x·Wᵀ` as a candle op on `x` `(m, cols)` (f32, CPU).
@@ -247,7 +301,8 @@ impl QuantizedInput {
         };
         let x = &x[..rows * cols];
         let quantize = |(x, values): (&[f32], &mut [i8])| {
-            avx2::quantize_blocks(x, values).unwrap_or_else(|| quantize_blocks_scalar(x, values))
+            let vectorised = if Simd::chosen() >= Simd::Avx2 { avx2::quantize_blocks(x, values) } else { None };
+            vectorised.unwrap_or_else(|| quantize_blocks_scalar(x, values))
         };
         let task = QUANTIZE_TASK_ROWS * cols;
         let blocks: Vec<Vec<(f32, i32)>> = if parallel {

@@ -1,4 +1,4 @@
-//! The AVX2 kernel. Per block of a row group ([`ROW_GROUP`] weight rows): each row's 32 values as unsigned bytes
+//! The AVX2 kernel, and its AVX-512 VNNI variant. Per block of a row group ([`ROW_GROUP`] weight rows): each row's 32 values as unsigned bytes
 //! (nibbles unpacked, or Q8_0's absolute values with their signs moved onto the inputs), `vpmaddubsw` against the
 //! 32 signed input bytes and `vpmaddwd` to eight 32-bit sums; three `vphaddd` and one add fold the four rows' sums
 //! into one vector of four exact block products, converted and accumulated with the four rows' combined scales by
@@ -6,6 +6,13 @@
 //! read in tiles of [`INPUT_TILE`] rows that share each unpacked group, every weight row streamed once per pass of
 //! [`TILES_PER_PASS`] tiles. `pulp` checks the CPU at run time and compiles this code with AVX2 and FMA enabled; its
 //! intrinsics are safe functions, and unaligned loads go through `bytemuck`.
+//!
+//! Where the CPU has AVX-512 VNNI (and VL), the same kernel is compiled with those features too and each row's
+//! `vpmaddubsw` + `vpmaddwd` pair becomes one `vpdpbusd` on the same 256-bit vectors ([`Vnni`]): it sums the same
+//! four byte products into each 32-bit lane, exactly, so both variants give bit-identical results. `pulp` (as the
+//! workspace builds it) has no VNNI feature set or intrinsic, so [`Vnni`] holds the crate's only two `unsafe`
+//! blocks: entering the kernel compiled with those features, and the `vpdpbusd` call, both behind a token made
+//! only after the run-time check.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::{__m128, __m256, __m256i};
@@ -23,9 +30,27 @@ const TILES_PER_PASS: usize = 4;
 #[cfg(target_arch = "x86_64")]
 pub(super) fn dot_rows(matrix: &QuantizedMatrix, input: &QuantizedInput, first_row: usize, out_t: &mut [f32]) -> bool {
     let Some(simd) = pulp::x86::V3::try_new() else { return false };
+    let dot = Maddubs;
     match &matrix.groups {
-        RowGroups::Nibbles(groups) => simd.vectorize(Kernel { simd, matrix, groups, input, first_row, out_t }),
-        RowGroups::Bytes(groups) => simd.vectorize(Kernel { simd, matrix, groups, input, first_row, out_t }),
+        RowGroups::Nibbles(groups) => simd.vectorize(Kernel { simd, dot, matrix, groups, input, first_row, out_t }),
+        RowGroups::Bytes(groups) => simd.vectorize(Kernel { simd, dot, matrix, groups, input, first_row, out_t }),
+    }
+    true
+}
+
+/// Computes what [`super::dot_rows_scalar`] computes, if the CPU has AVX-512 VNNI, VL, AVX2 and FMA; `false`
+/// otherwise.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn dot_rows_vnni(
+    matrix: &QuantizedMatrix,
+    input: &QuantizedInput,
+    first_row: usize,
+    out_t: &mut [f32],
+) -> bool {
+    let (Some(dot), Some(simd)) = (Vnni::try_new(), pulp::x86::V3::try_new()) else { return false };
+    match &matrix.groups {
+        RowGroups::Nibbles(groups) => dot.vectorize(Kernel { simd, dot, matrix, groups, input, first_row, out_t }),
+        RowGroups::Bytes(groups) => dot.vectorize(Kernel { simd, dot, matrix, groups, input, first_row, out_t }),
     }
     true
 }
@@ -33,6 +58,82 @@ pub(super) fn dot_rows(matrix: &QuantizedMatrix, input: &QuantizedInput, first_r
 #[cfg(not(target_arch = "x86_64"))]
 pub(super) fn dot_rows(_: &QuantizedMatrix, _: &QuantizedInput, _: usize, _: &mut [f32]) -> bool {
     false
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) fn dot_rows_vnni(_: &QuantizedMatrix, _: &QuantizedInput, _: usize, _: &mut [f32]) -> bool {
+    false
+}
+
+/// How a row's 32 unsigned bytes are multiplied with 32 signed input bytes.
+#[cfg(target_arch = "x86_64")]
+trait Dot: Copy {
+    /// Eight 32-bit sums, lane `i` the exact sum of the products of bytes `4i..4i + 4` (no intermediate
+    /// saturation for the values served here: unsigned bytes up to 128, signed ones within ±127).
+    fn dot(self, simd: pulp::x86::V3, unsigned: __m256i, signed: __m256i) -> __m256i;
+}
+
+/// AVX2: `vpmaddubsw` to pairs in 16 bits (at most 2·128·127, no saturation), `vpmaddwd` by ones to quads.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Maddubs;
+
+#[cfg(target_arch = "x86_64")]
+impl Dot for Maddubs {
+    #[inline(always)]
+    fn dot(self, simd: pulp::x86::V3, unsigned: __m256i, signed: __m256i) -> __m256i {
+        let pairs = simd.avx2._mm256_maddubs_epi16(unsigned, signed);
+        simd.avx2._mm256_madd_epi16(pairs, simd.avx._mm256_set1_epi16(1))
+    }
+}
+
+/// AVX-512 VNNI: one `vpdpbusd`. A token: made only by [`Vnni::try_new`], so holding one proves the CPU has the
+/// features [`Vnni::FEATURES`] names.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Vnni {
+    _checked: (),
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Vnni {
+    /// The run-time check; `None` where the CPU lacks a feature the kernel is compiled with.
+    fn try_new() -> Option<Self> {
+        let has = std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vnni");
+        has.then_some(Self { _checked: () })
+    }
+
+    /// Runs `kernel` compiled with AVX2, FMA and AVX-512 F/BW/VL/VNNI (what `pulp`'s `vectorize` does for its
+    /// own feature sets, which do not include VNNI in the build the workspace uses).
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    fn vectorize<K: pulp::NullaryFnOnce<Output = ()>>(self, kernel: K) {
+        #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+        fn compiled<K: pulp::NullaryFnOnce<Output = ()>>(kernel: K) {
+            kernel.call();
+        }
+        // SAFETY: `compiled` only needs the CPU to have the features it is compiled with, and `self` exists only
+        // once `Vnni::try_new` has detected every one of them at run time.
+        unsafe { compiled(kernel) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Dot for Vnni {
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    fn dot(self, simd: pulp::x86::V3, unsigned: __m256i, signed: __m256i) -> __m256i {
+        let zero = simd.avx._mm256_setzero_si256();
+        // SAFETY: `_mm256_dpbusd_epi32` needs AVX-512 VNNI and VL, and reads only its three register arguments;
+        // `self` exists only once `Vnni::try_new` has detected both on this CPU at run time (and the kernel is
+        // compiled with them through `Vnni::vectorize`, so this call is inlined).
+        unsafe { std::arch::x86_64::_mm256_dpbusd_epi32(zero, unsigned, signed) }
+    }
 }
 
 /// What [`super::quantize_blocks_scalar`] computes, if the CPU has AVX2 and FMA; `None` otherwise.
@@ -106,7 +207,7 @@ trait Group: Copy {
 
     fn unpack(&self, simd: pulp::x86::V3, row: usize) -> Self::Unpacked;
     /// Eight 32-bit partial sums of one row's products with 32 input values.
-    fn products(simd: pulp::x86::V3, weights: Self::Unpacked, x: __m256i) -> __m256i;
+    fn products<D: Dot>(simd: pulp::x86::V3, dot: D, weights: Self::Unpacked, x: __m256i) -> __m256i;
     fn scales(&self) -> __m128;
     fn offsets(&self, simd: pulp::x86::V3) -> __m128;
 }
@@ -124,9 +225,8 @@ impl Group for NibbleGroup {
     }
 
     #[inline(always)]
-    fn products(simd: pulp::x86::V3, weights: __m256i, x: __m256i) -> __m256i {
-        let pairs = simd.avx2._mm256_maddubs_epi16(weights, x);
-        simd.avx2._mm256_madd_epi16(pairs, simd.avx._mm256_set1_epi16(1))
+    fn products<D: Dot>(simd: pulp::x86::V3, dot: D, weights: __m256i, x: __m256i) -> __m256i {
+        dot.dot(simd, weights, x)
     }
 
     #[inline(always)]
@@ -153,9 +253,8 @@ impl Group for ByteGroup {
     }
 
     #[inline(always)]
-    fn products(simd: pulp::x86::V3, (absolute, signed): (__m256i, __m256i), x: __m256i) -> __m256i {
-        let pairs = simd.avx2._mm256_maddubs_epi16(absolute, simd.avx2._mm256_sign_epi8(x, signed));
-        simd.avx2._mm256_madd_epi16(pairs, simd.avx._mm256_set1_epi16(1))
+    fn products<D: Dot>(simd: pulp::x86::V3, dot: D, (absolute, signed): (__m256i, __m256i), x: __m256i) -> __m256i {
+        dot.dot(simd, absolute, simd.avx2._mm256_sign_epi8(x, signed))
     }
 
     #[inline(always)]
@@ -172,9 +271,15 @@ impl Group for ByteGroup {
 /// The four rows' block products with one input block, summed exactly: `[Σ row 0, Σ row 1, Σ row 2, Σ row 3]`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn block_products<G: Group>(simd: pulp::x86::V3, weights: &[G::Unpacked; ROW_GROUP], x: __m256i) -> __m128 {
-    let sums01 = simd.avx2._mm256_hadd_epi32(G::products(simd, weights[0], x), G::products(simd, weights[1], x));
-    let sums23 = simd.avx2._mm256_hadd_epi32(G::products(simd, weights[2], x), G::products(simd, weights[3], x));
+fn block_products<G: Group, D: Dot>(
+    simd: pulp::x86::V3,
+    dot: D,
+    weights: &[G::Unpacked; ROW_GROUP],
+    x: __m256i,
+) -> __m128 {
+    let products = |row: usize| G::products(simd, dot, weights[row], x);
+    let sums01 = simd.avx2._mm256_hadd_epi32(products(0), products(1));
+    let sums23 = simd.avx2._mm256_hadd_epi32(products(2), products(3));
     // [row 0, row 1, row 2, row 3] from the low and from the high 128 bits.
     let halves = simd.avx2._mm256_hadd_epi32(sums01, sums23);
     let sums = simd
@@ -186,8 +291,9 @@ fn block_products<G: Group>(simd: pulp::x86::V3, weights: &[G::Unpacked; ROW_GRO
 /// The kernel's body, a struct rather than a closure so that it is inlined into the function `pulp` compiles with
 /// AVX2 enabled (`#[inline(always)]` on [`pulp::NullaryFnOnce::call`]).
 #[cfg(target_arch = "x86_64")]
-struct Kernel<'a, G> {
+struct Kernel<'a, G, D> {
     simd: pulp::x86::V3,
+    dot: D,
     matrix: &'a QuantizedMatrix,
     groups: &'a [G],
     input: &'a QuantizedInput,
@@ -196,21 +302,21 @@ struct Kernel<'a, G> {
 }
 
 #[cfg(target_arch = "x86_64")]
-impl<G: Group> pulp::NullaryFnOnce for Kernel<'_, G> {
+impl<G: Group, D: Dot> pulp::NullaryFnOnce for Kernel<'_, G, D> {
     type Output = ();
 
     #[inline(always)]
     fn call(self) {
-        let Self { simd, matrix, groups, input, first_row, out_t } = self;
+        let Self { simd, dot, matrix, groups, input, first_row, out_t } = self;
         let blocks = matrix.blocks_per_row();
         let (first, count) = (first_row / ROW_GROUP, out_t.len() / input.rows / ROW_GROUP);
         let groups = &groups[first * blocks..(first + count) * blocks];
         if input.rows < INPUT_TILE {
             for input_row in 0..input.rows {
-                single(simd, groups, input, input_row, out_t);
+                single(simd, dot, groups, input, input_row, out_t);
             }
         } else {
-            tiles(simd, groups, input, out_t);
+            tiles(simd, dot, groups, input, out_t);
         }
     }
 }
@@ -219,7 +325,14 @@ impl<G: Group> pulp::NullaryFnOnce for Kernel<'_, G> {
 /// bound by reading the weights once.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn single<G: Group>(simd: pulp::x86::V3, groups: &[G], input: &QuantizedInput, input_row: usize, out_t: &mut [f32]) {
+fn single<G: Group, D: Dot>(
+    simd: pulp::x86::V3,
+    dot: D,
+    groups: &[G],
+    input: &QuantizedInput,
+    input_row: usize,
+    out_t: &mut [f32],
+) {
     let blocks = input.blocks_per_row;
     let row_blocks = input_row * blocks..(input_row + 1) * blocks;
     let values: &[u8] = bytemuck::cast_slice(&input.values[row_blocks.start * BLOCK..row_blocks.end * BLOCK]);
@@ -230,7 +343,7 @@ fn single<G: Group>(simd: pulp::x86::V3, groups: &[G], input: &QuantizedInput, i
             let x: __m256i = bytemuck::pod_read_unaligned(x);
             let weights = [block.unpack(simd, 0), block.unpack(simd, 1), block.unpack(simd, 2), block.unpack(simd, 3)];
             let combined = simd.sse._mm_mul_ps(block.scales(), simd.sse._mm_set1_ps(x_scale));
-            total = simd.fma._mm_fmadd_ps(block_products::<G>(simd, &weights, x), combined, total);
+            total = simd.fma._mm_fmadd_ps(block_products::<G, D>(simd, dot, &weights, x), combined, total);
             if G::OFFSETS {
                 total = simd.fma._mm_fmadd_ps(block.offsets(simd), simd.sse._mm_set1_ps(x_sum), total);
             }
@@ -247,7 +360,7 @@ fn single<G: Group>(simd: pulp::x86::V3, groups: &[G], input: &QuantizedInput, i
 /// stay there too.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn tiles<G: Group>(simd: pulp::x86::V3, groups: &[G], input: &QuantizedInput, out_t: &mut [f32]) {
+fn tiles<G: Group, D: Dot>(simd: pulp::x86::V3, dot: D, groups: &[G], input: &QuantizedInput, out_t: &mut [f32]) {
     let blocks = input.blocks_per_row;
     for (pass, pass_tiles) in input.tiles.chunks(TILES_PER_PASS * blocks).enumerate() {
         for (group, out) in groups.chunks_exact(blocks).zip(out_t.chunks_exact_mut(ROW_GROUP * input.rows)) {
@@ -258,7 +371,7 @@ fn tiles<G: Group>(simd: pulp::x86::V3, groups: &[G], input: &QuantizedInput, ou
                         [block.unpack(simd, 0), block.unpack(simd, 1), block.unpack(simd, 2), block.unpack(simd, 3)];
                     let (scales, offsets) = (block.scales(), block.offsets(simd));
                     for (lane, total) in totals.iter_mut().enumerate() {
-                        let products = block_products::<G>(simd, &weights, bytemuck::cast(x.values[lane]));
+                        let products = block_products::<G, D>(simd, dot, &weights, bytemuck::cast(x.values[lane]));
                         let combined = simd.sse._mm_mul_ps(scales, simd.sse._mm_set1_ps(x.scales[lane]));
                         *total = simd.fma._mm_fmadd_ps(products, combined, *total);
                         if G::OFFSETS {

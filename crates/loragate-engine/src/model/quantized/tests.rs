@@ -97,3 +97,69 @@ fn the_vectorised_input_quantization_equals_the_scalar_reference() {
     assert_eq!(vectorised, scalar);
     assert!(scalar[32..64].iter().all(|&q| q == 0), "a zero block stays zero");
 }
+
+#[test]
+fn every_kernel_the_cpu_has_equals_the_scalar_reference() {
+    for format in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0] {
+        // 70 and 13 output features: ragged row groups; 96 and 576 inputs: 3 and 18 blocks.
+        for (features, inputs) in [(70, 96), (13, 576)] {
+            let weights = QTensor::quantize(&random(features, inputs, 21), format).expect("quantize");
+            let matrix = QuantizedMatrix::from_qtensor(&weights).expect("read").expect("a served format");
+            for rows in [1, 3, 4, 5, 17] {
+                let values: Vec<f32> =
+                    random(rows, inputs, 22).flatten_all().and_then(|x| x.to_vec1()).expect("values");
+                let input = QuantizedInput::new(&values, rows, inputs, false);
+                let mut reference = vec![0f32; matrix.padded_rows() * rows];
+                dot_rows_scalar(&matrix, &input, 0, &mut reference);
+                for kernel in [Simd::Avx2, Simd::Avx512Vnni] {
+                    let mut got = vec![0f32; matrix.padded_rows() * rows];
+                    let used = matrix.dot_rows_with(kernel, &input, 0, &mut got);
+                    if used != kernel {
+                        println!("skipped: this CPU has no {kernel:?} kernel (fell back to {used:?})");
+                        continue;
+                    }
+                    // The integer sums are exact; only the order of the scaled f32 additions differs.
+                    for (index, (got, want)) in got.iter().zip(&reference).enumerate() {
+                        assert!(
+                            (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                            "{kernel:?} {format:?} {features}x{inputs}, {rows} rows, #{index}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_vnni_kernel_gives_the_avx2_kernels_bits() {
+    // Both sum the same exact integer quads in the same order: not merely close, identical.
+    for format in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0] {
+        let weights = QTensor::quantize(&random(70, 576, 23), format).expect("quantize");
+        let matrix = QuantizedMatrix::from_qtensor(&weights).expect("read").expect("a served format");
+        for rows in [1, 6, 33] {
+            let values: Vec<f32> = random(rows, 576, 24).flatten_all().and_then(|x| x.to_vec1()).expect("values");
+            let input = QuantizedInput::new(&values, rows, 576, false);
+            let mut avx2 = vec![0f32; matrix.padded_rows() * rows];
+            let mut vnni = vec![0f32; matrix.padded_rows() * rows];
+            let (narrow, wide) = (
+                matrix.dot_rows_with(Simd::Avx2, &input, 0, &mut avx2),
+                matrix.dot_rows_with(Simd::Avx512Vnni, &input, 0, &mut vnni),
+            );
+            if (narrow, wide) != (Simd::Avx2, Simd::Avx512Vnni) {
+                println!("skipped: this CPU has no AVX2 or no AVX-512 VNNI kernel ({narrow:?}, {wide:?})");
+                return;
+            }
+            assert_eq!(avx2, vnni, "{format:?}, {rows} rows");
+        }
+    }
+}
+
+#[test]
+fn the_simd_variable_parses_its_three_levels_and_nothing_else() {
+    assert_eq!(Simd::parse(""), Some(Simd::Avx512Vnni));
+    assert_eq!(Simd::parse("avx512"), Some(Simd::Avx512Vnni));
+    assert_eq!(Simd::parse(" AVX2 "), Some(Simd::Avx2));
+    assert_eq!(Simd::parse("portable"), Some(Simd::Portable));
+    assert_eq!(Simd::parse("sse4"), None);
+}
