@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command of the README (and of CI): installs the Python clients the interop tests drive into .venv, then
-# runs every test of the workspace. Needs a Rust toolchain (1.88+) and Python 3 with venv; nothing else, no protoc.
+# runs every test of the workspace. Needs a Rust toolchain (1.89+) and Python 3 with venv; nothing else, no protoc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
