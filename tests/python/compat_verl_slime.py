@@ -60,7 +60,10 @@ def slime(client):
         check(isinstance(answer["text"], str) and ids and all(map(finite_logprob, logprobs)), f"slime: {answer}")
         check(meta["finish_reason"]["type"] in ("length", "stop"), f"finish_reason {meta['finish_reason']}")
         check(meta["prompt_tokens"] == len(P) and meta["completion_tokens"] == len(ids), f"counts {meta}")
-        check(meta["cached_tokens"] == 0 and isinstance(meta.get("weight_version", ""), str), f"metrics {meta}")
+        # The prompt's whole blocks may come from the prefix cache (an earlier request sent the same prompt).
+        cached = meta["cached_tokens"]
+        check(isinstance(cached, int) and 0 <= cached < meta["prompt_tokens"], f"cached_tokens {meta}")
+        check(isinstance(meta.get("weight_version", ""), str), f"metrics {meta}")
     same_seed = [post(client, "/generate", {"sampling_params": slime_sampling_params(16), "input_ids": P})["output_ids"]
                  for _ in range(2)]
     check(same_seed[0] == same_seed[1], "sampling_seed fixes the draws")

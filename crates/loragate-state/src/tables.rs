@@ -157,39 +157,12 @@ pub(crate) fn apply(txn: &WriteTransaction, change: &StateChange) -> Result<(), 
             adapters.insert(name.as_str(), json(&stored)?.as_slice()).map_err(failed)?;
         }
         StateChange::Staleness { name, policy } => {
-            let mut adapters = txn.open_table(ADAPTERS).map_err(failed)?;
-            let old = adapters.get(name.as_str()).map_err(failed)?.map(|old| old.value().to_vec());
-            if let Some(old) = old {
-                let mut stored = parse_adapter(name.as_str(), &old)?;
-                stored.staleness = policy.map(StoredStaleness::of);
-                adapters.insert(name.as_str(), json(&stored)?.as_slice()).map_err(failed)?;
-            }
+            update_adapter(txn, name, |stored| stored.staleness = policy.map(StoredStaleness::of))?;
         }
         StateChange::Declared { name, path } => {
-            let mut adapters = txn.open_table(ADAPTERS).map_err(failed)?;
-            let old = adapters.get(name.as_str()).map_err(failed)?.map(|old| old.value().to_vec());
-            if let Some(old) = old {
-                let mut stored = parse_adapter(name.as_str(), &old)?;
-                stored.declared_path = Some(path.clone());
-                adapters.insert(name.as_str(), json(&stored)?.as_slice()).map_err(failed)?;
-            }
+            update_adapter(txn, name, |stored| stored.declared_path = Some(path.clone()))?;
         }
-        StateChange::Unloaded { name } => {
-            txn.open_table(ADAPTERS).map_err(failed)?.remove(name.as_str()).map_err(failed)?;
-            let mut pauses = txn.open_table(PAUSES).map_err(failed)?;
-            let ids: Vec<String> = pauses
-                .range((name.as_str(), "")..)
-                .map_err(failed)?
-                .map_while(|entry| {
-                    let (key, _) = entry.ok()?;
-                    let (adapter, id) = key.value();
-                    (adapter == name.as_str()).then(|| id.to_owned())
-                })
-                .collect();
-            for id in ids {
-                pauses.remove((name.as_str(), id.as_str())).map_err(failed)?;
-            }
-        }
+        StateChange::Unloaded { name } => remove_adapter(txn, name)?,
         StateChange::VersionReturned { name, version } => {
             let mut issued = txn.open_table(ISSUED).map_err(failed)?;
             let current = issued.get(name.as_str()).map_err(failed)?.map(|value| value.value());
@@ -236,6 +209,41 @@ pub(crate) fn apply(txn: &WriteTransaction, change: &StateChange) -> Result<(), 
         StateChange::FrontRecordRemoved { table, key } => {
             txn.open_table(FRONT_RECORDS).map_err(failed)?.remove((table.as_str(), key.as_str())).map_err(failed)?;
         }
+    }
+    Ok(())
+}
+
+/// Changes `name`'s stored record with `change`, if it is recorded.
+fn update_adapter(
+    txn: &WriteTransaction,
+    name: &AdapterName,
+    change: impl FnOnce(&mut StoredAdapter),
+) -> Result<(), StateError> {
+    let mut adapters = txn.open_table(ADAPTERS).map_err(failed)?;
+    let old = adapters.get(name.as_str()).map_err(failed)?.map(|old| old.value().to_vec());
+    if let Some(old) = old {
+        let mut stored = parse_adapter(name.as_str(), &old)?;
+        change(&mut stored);
+        adapters.insert(name.as_str(), json(&stored)?.as_slice()).map_err(failed)?;
+    }
+    Ok(())
+}
+
+/// Removes `name`'s record and every pause of it.
+fn remove_adapter(txn: &WriteTransaction, name: &AdapterName) -> Result<(), StateError> {
+    txn.open_table(ADAPTERS).map_err(failed)?.remove(name.as_str()).map_err(failed)?;
+    let mut pauses = txn.open_table(PAUSES).map_err(failed)?;
+    let ids: Vec<String> = pauses
+        .range((name.as_str(), "")..)
+        .map_err(failed)?
+        .map_while(|entry| {
+            let (key, _) = entry.ok()?;
+            let (adapter, id) = key.value();
+            (adapter == name.as_str()).then(|| id.to_owned())
+        })
+        .collect();
+    for id in ids {
+        pauses.remove((name.as_str(), id.as_str())).map_err(failed)?;
     }
     Ok(())
 }

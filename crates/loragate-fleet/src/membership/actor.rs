@@ -167,28 +167,9 @@ impl Actor for MembershipActor {
                 let _ = reply.send(added);
             }
             MembershipMsg::Remove { identity, drain, reply } => state.remove(&myself, &identity, drain, reply),
-            MembershipMsg::Drained { address, incarnation } => {
-                if let Some(index) = state.find(&address, incarnation)
-                    && state.members[index].state == WorkerState::Draining
-                {
-                    let member = state.members.remove(index);
-                    member.session.cancel();
-                    state.metrics.forget(&address);
-                    state.epoch += 1;
-                    tracing::info!(worker = %address, "drained worker removed from the fleet");
-                    state.publish();
-                    for waiter in member.drain_waiters {
-                        let _ = waiter.send(Ok(()));
-                    }
-                }
-            }
+            MembershipMsg::Drained { address, incarnation } => state.drained(&address, incarnation),
             MembershipMsg::Tick => {
-                let now = Instant::now();
-                for index in 0..state.members.len() {
-                    if state.members[index].failures.due(now) {
-                        state.check(&myself, index);
-                    }
-                }
+                state.check_due(&myself);
                 return Ok(());
             }
             MembershipMsg::CheckNow { address, incarnation } => {
@@ -276,6 +257,33 @@ impl Actor for MembershipActor {
 }
 
 impl MembershipState {
+    /// Removes a draining worker whose last request ended, and answers those waiting for its removal.
+    fn drained(&mut self, address: &WorkerAddress, incarnation: u64) {
+        if let Some(index) = self.find(address, incarnation)
+            && self.members[index].state == WorkerState::Draining
+        {
+            let member = self.members.remove(index);
+            member.session.cancel();
+            self.metrics.forget(address);
+            self.epoch += 1;
+            tracing::info!(worker = %address, "drained worker removed from the fleet");
+            self.publish();
+            for waiter in member.drain_waiters {
+                let _ = waiter.send(Ok(()));
+            }
+        }
+    }
+
+    /// Starts the health checks that are due (a health-check round).
+    fn check_due(&mut self, myself: &ActorRef<MembershipMsg>) {
+        let now = Instant::now();
+        for index in 0..self.members.len() {
+            if self.members[index].failures.due(now) {
+                self.check(myself, index);
+            }
+        }
+    }
+
     fn find(&self, address: &WorkerAddress, incarnation: u64) -> Option<usize> {
         self.members.iter().position(|member| member.link.address() == address && member.incarnation == incarnation)
     }
