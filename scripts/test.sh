@@ -57,7 +57,8 @@ for arg in "$@"; do
             --benches | --bench | --bench=* | --all-targets) run_doc_tests=0 ;;
     esac
 done
-cargo test --workspace --locked --lib --bins --tests "$@"
+# --no-fail-fast: one run reports every failing test binary, not only the first.
+cargo test --workspace --locked --no-fail-fast --lib --bins --tests "$@"
 if [ "$run_doc_tests" = 1 ]; then
     cargo test --workspace --locked --doc "$@"
 fi
