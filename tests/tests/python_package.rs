@@ -9,12 +9,6 @@ use std::time::{Duration, Instant};
 
 use loragate_tests::DemoServer;
 
-/// Tests that need server features still being built are deselected until they land; the markers are declared in
-/// `crates/loragate-py/pyproject.toml`.
-// The push (issue 31) server side answers UNIMPLEMENTED in this tree: its tests are deselected. Remove this line
-// once it has landed, so that every test of the package runs.
-const DESELECTED: &str = "not needs_push";
-
 /// A bound on the whole suite, so that a hung test fails instead of blocking CI (it takes seconds normally).
 const SUITE_LIMIT: Duration = Duration::from_secs(20 * 60);
 
@@ -42,7 +36,6 @@ async fn the_python_package_passes_its_pytest_suite_against_a_real_server() {
     pytest
         .current_dir(&repo)
         .args(["-m", "pytest", "crates/loragate-py/tests", "-q", "-p", "no:cacheprovider", "--strict-markers"])
-        .args(["-m", DESELECTED])
         .env("LORAGATE_TEST_GRPC", demo.server.grpc_addr().to_string())
         .env("LORAGATE_TEST_HTTP", demo.server.http_addr().to_string())
         .env("LORAGATE_TEST_ADAPTERS", demo.adapter_root.to_path_buf())
@@ -54,6 +47,10 @@ async fn the_python_package_passes_its_pytest_suite_against_a_real_server() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "the package's tests failed ({}):\n{stdout}\n{stderr}", output.status);
     assert!(stdout.contains(" passed"), "pytest ran no test:\n{stdout}\n{stderr}");
+    assert!(
+        !stdout.contains(" deselected") && !stdout.contains(" skipped"),
+        "every test of the package runs:\n{stdout}"
+    );
 }
 
 /// Runs `command` to its end, killing it after `limit`.
