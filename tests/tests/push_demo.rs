@@ -341,3 +341,77 @@ async fn twenty_concurrent_pushes_to_one_name_each_get_their_own_version() {
         assert_eq!(listed.and_then(|held| held["sha256"].as_str()), Some(sha.as_str()), "v{version}: {state}");
     }
 }
+
+/// `PUT` of the demo adapter's files to `name`, presenting `key`.
+async fn put_as(demo: &DemoServer, key: Option<&str>, name: &str, body: Vec<u8>) -> StatusCode {
+    let mut request = reqwest::Client::new()
+        .put(demo.http_url(&format!("/v1/lora_adapters/{name}")))
+        .header("content-type", format!("multipart/form-data; boundary={BOUNDARY}"))
+        .body(body);
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    request.send().await.expect("the push is answered").status()
+}
+
+/// `GET` of `path` on the HTTP front, presenting `key`.
+async fn get_as(demo: &DemoServer, key: &str, path: &str) -> StatusCode {
+    let response = reqwest::Client::new().get(demo.http_url(path)).bearer_auth(key).send().await.expect("answered");
+    response.status()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_pushes_to_and_reads_only_the_adapters_its_key_owns() {
+    const ADMIN: &str = "k-admin-push-test";
+    const TEAM_A: &str = "k-team-a-trainer";
+    const TEAM_B: &str = "k-team-b-trainer";
+    const A_ROLLOUTS: &str = "k-team-a-rollouts";
+    let keys = tempfile::Builder::new().prefix("loragate-tenant-keys-").tempdir().expect("a temporary directory");
+    let file = keys.path().join("tenants.json");
+    let tenants = json!({
+        TEAM_A: {"adapters": ["a-*"], "control": true},
+        TEAM_B: {"adapters": ["b-*"], "control": true},
+        A_ROLLOUTS: {"adapters": ["a-*"]},
+    });
+    std::fs::write(&file, tenants.to_string()).expect("tenant file");
+    let demo = DemoServer::start_with(|config| {
+        config.authentication.admin_key = Some(ADMIN.parse().expect("a key"));
+        config.authentication.tenant_keys = Some(file);
+    })
+    .await;
+    let (config, weights) = demo_files(&demo, "meow");
+    let body = |variant_byte| {
+        let changed = variant(&weights, variant_byte);
+        multipart(&[("adapter_config.json", &config), ("adapter_model.safetensors", &changed)])
+    };
+
+    assert_eq!(put_as(&demo, Some(TEAM_A), "a-policy", body(1)).await, StatusCode::OK, "its own adapter");
+    assert_eq!(put_as(&demo, Some(TEAM_B), "b-policy", body(2)).await, StatusCode::OK, "its own adapter");
+    let a_policy = |demo: &DemoServer| {
+        let request = reqwest::Client::new().get(demo.http_url("/v1/lora_adapters/a-policy")).bearer_auth(ADMIN);
+        async move { request.send().await.expect("answered").json::<Value>().await.expect("JSON") }
+    };
+    let before = a_policy(&demo).await;
+    assert_eq!(before["version"].as_u64(), Some(1), "{before}");
+
+    // Another tenant's adapter, one no tenant owns, a key that may only sample, no key: refused, nothing changed.
+    assert_eq!(put_as(&demo, Some(TEAM_B), "a-policy", body(3)).await, StatusCode::FORBIDDEN);
+    assert_eq!(put_as(&demo, Some(TEAM_A), "meow", body(4)).await, StatusCode::FORBIDDEN);
+    assert_eq!(put_as(&demo, Some(A_ROLLOUTS), "a-policy", body(5)).await, StatusCode::FORBIDDEN);
+    assert_eq!(put_as(&demo, None, "a-policy", body(6)).await, StatusCode::UNAUTHORIZED);
+    let after = a_policy(&demo).await;
+    assert_eq!((&after["version"], &after["sha256"]), (&before["version"], &before["sha256"]), "nothing changed");
+    let store = demo.server.coordinator().adapter_store().expect("a store");
+    assert_eq!(store.pending_uploads().expect("tmp"), 0, "no refused push left a temporary file");
+
+    // The files of a version: the owning tenant and the admin read them, no one else.
+    let file = "/v1/lora_adapters/a-policy/versions/1/adapter_model.safetensors";
+    assert_eq!(get_as(&demo, TEAM_A, file).await, StatusCode::OK);
+    assert_eq!(get_as(&demo, ADMIN, file).await, StatusCode::OK);
+    assert_eq!(get_as(&demo, TEAM_B, file).await, StatusCode::FORBIDDEN);
+    assert_eq!(get_as(&demo, TEAM_B, "/v1/lora_adapters/a-policy").await, StatusCode::FORBIDDEN);
+    assert_eq!(
+        get_as(&demo, TEAM_A, "/v1/lora_adapters/b-policy/versions/1/adapter_config.json").await,
+        StatusCode::FORBIDDEN
+    );
+}
