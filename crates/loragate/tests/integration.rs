@@ -9,6 +9,7 @@ mod binary;
 mod documentation;
 mod fleet;
 mod held_memory;
+mod push_restart;
 mod real_model;
 mod replicas;
 mod restart;

@@ -72,11 +72,13 @@ impl Coordinator {
         let mut report = RestoreReport::default();
         let mut loads = futures::stream::iter(recorded.adapters)
             .map(|record| async move {
+                let record = self.release_beyond_retention(record).await?;
                 let loaded = self.load_recorded_weights(&record).await;
-                (record, loaded)
+                Ok::<_, CoreError>((record, loaded))
             })
             .buffer_unordered(RESTORE_CONCURRENCY);
-        while let Some((record, (mut servable, loaded))) = loads.next().await {
+        while let Some(restoring) = loads.next().await {
+            let (record, (mut servable, loaded)) = restoring?;
             let weights_error = match loaded {
                 Ok(current) => {
                     servable.push(current);
@@ -111,6 +113,31 @@ impl Coordinator {
             self.pause_all(mode, KvPolicy::Recompute, None).await?;
         }
         Ok(report)
+    }
+
+    /// Drops from `record` the retained versions beyond `--retain-versions` (the oldest: a server restarted with a
+    /// lower count) and records the shorter list, so that their weights are not loaded and the adapter store
+    /// collects their files.
+    async fn release_beyond_retention(&self, mut record: AdapterRecord) -> Result<AdapterRecord, CoreError> {
+        let keep = self.inner.config.retain_versions.saturating_sub(1);
+        let beyond = record.retained.len().saturating_sub(keep);
+        if beyond == 0 {
+            return Ok(record);
+        }
+        record.retained.sort_by_key(|older| older.version);
+        let released: Vec<AdapterVersion> = record.retained.drain(..beyond).map(|older| older.version).collect();
+        tracing::info!(
+            adapter = %record.name, ?released, retain_versions = self.inner.config.retain_versions,
+            "retained versions beyond --retain-versions are released at start"
+        );
+        let change = StateChange::Installed {
+            name: record.name.clone(),
+            version: record.version,
+            source: record.source.clone(),
+            retained: record.retained.clone(),
+        };
+        self.inner.config.state.record(vec![change]).await?;
+        Ok(record)
     }
 
     /// Loads a recorded adapter's weights into the engine: the older versions it retained (those that still load;

@@ -264,6 +264,31 @@ async fn retained_versions_and_the_staleness_bound_survive_a_restart() {
 }
 
 #[tokio::test]
+async fn a_restart_retaining_fewer_versions_releases_the_oldest_and_records_it() {
+    let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
+    let start = |store: Arc<dyn StateStore>, retain_versions| async move {
+        let engine = Arc::new(ScriptedEngine::new(HOLD_AFTER));
+        let config = CoordinatorConfig { retain_versions, state: store, ..CoordinatorConfig::default() };
+        (Coordinator::start(engine.clone(), config).await.expect("starts"), engine)
+    };
+    let (coordinator, _) = start(store.clone(), 3).await;
+    for step in 1..=3 {
+        load(&coordinator, "meow", &format!("/a/meow-{step}")).await;
+    }
+    coordinator.shutdown(Duration::ZERO).await;
+    drop(coordinator);
+
+    let (coordinator, engine) = start(store.clone(), 2).await;
+    assert_eq!(engine.held(&name("meow")), vec![AdapterVersion(2), AdapterVersion(3)], "version 1 is not loaded");
+    let refused = joined(spawn_sample(&coordinator, "meow@1", SHORT, "pinned")).await.expect_err("released");
+    assert!(matches!(refused, CoreError::VersionRetired { .. }), "{refused}");
+    let recorded = store.recorded().await.expect("read");
+    let meow = recorded.adapters.iter().find(|record| record.name == name("meow")).expect("recorded");
+    let retained: Vec<AdapterVersion> = meow.retained.iter().map(|older| older.version).collect();
+    assert_eq!((meow.version, retained), (AdapterVersion(3), vec![AdapterVersion(2)]), "the record says so");
+}
+
+#[tokio::test]
 async fn a_finished_request_answers_its_segments_to_its_sender_only() {
     let (coordinator, _) = retaining(1, &["meow"]).await;
     let tenants = crate::TenantKeys::parse(r#"{"k-a": {"adapters": ["meow"]}, "k-b": {"adapters": ["meow"]}}"#);
