@@ -8,8 +8,11 @@
 //!
 //! Then, on loragate alone, the isolation scenes of `scenes` (`swap`, `swap-reuse`, `head-of-line`); `--scenes`
 //! picks among `throughput` and those (default: all four). The KV-reuse scenes of `reuse` (`multi-turn` against
-//! llama.cpp with its slot prompt cache, `grpo`, `continuation`, `kv-memory` on loragate) run when named.
+//! llama.cpp with its slot prompt cache, `grpo`, `continuation`, `kv-memory` on loragate) and the `push` scene
+//! (`push`: installs by path and by push, timed to the new version's first token) run when named.
 
+#[path = "bench_real_model/push.rs"]
+mod push;
 #[path = "bench_real_model/reuse.rs"]
 mod reuse;
 #[path = "bench_real_model/scenes.rs"]
@@ -56,7 +59,8 @@ struct Args {
     #[arg(long = "loragate-arg", allow_hyphen_values = true)]
     loragate_args: Vec<String>,
     /// What to run: `throughput` (both servers), `swap`, `swap-reuse` and `head-of-line` (loragate), and the KV-reuse
-    /// scenes `multi-turn` (both servers), `grpo`, `continuation` and `kv-memory` (loragate), comma-separated.
+    /// scenes `multi-turn` (both servers), `grpo`, `continuation` and `kv-memory` (loragate), and `push` (a loragate
+    /// of its own: path load vs HTTP and gRPC pushes, and 100 pushes' memory), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "throughput,swap,swap-reuse,head-of-line")]
     scenes: Vec<String>,
 }
@@ -262,6 +266,9 @@ async fn main() {
     }
     if args.runs("kv-memory") {
         reuse::kv_memory(&target).await;
+    }
+    if args.runs("push") {
+        push::push(&args, &model, &client).await;
     }
     println!("\nload average at the end: {}", load_average());
 }
