@@ -11,12 +11,18 @@ use super::{AdapterStore, BlobLease, LayoutCheck, PushHeader};
 use crate::adapter_source::{AdapterSource, CONFIG_FILE, WEIGHTS_FILE};
 use crate::contract::{CoreError, Field, Sha256, StateError};
 
+/// Received bytes are gathered up to this size before they are written: one blocking write per this many bytes
+/// rather than one per network chunk (HTTP bodies arrive in chunks of a few KiB).
+const WRITE_BATCH_BYTES: usize = 1 << 20;
+
 /// A push being received (see the module documentation).
 pub struct Receiver {
     store: AdapterStore,
     temp: TempDir,
     /// The weights file (taken while a write runs on the blocking pool).
     file: Option<std::fs::File>,
+    /// Received bytes not written yet (at most [`WRITE_BATCH_BYTES`] and one chunk).
+    unwritten: Vec<u8>,
     hasher: sha2::Sha256,
     received: u64,
     header: HeaderState,
@@ -81,6 +87,7 @@ impl Receiver {
             store,
             temp,
             file: Some(file),
+            unwritten: Vec::new(),
             hasher: sha2::Sha256::new(),
             received: 0,
             header: HeaderState::Pending(Vec::with_capacity(8)),
@@ -120,8 +127,12 @@ impl Receiver {
             self.take_header_bytes(chunk)?;
         }
         self.hasher.update(chunk);
-        self.write_file(chunk.to_vec(), false).await?;
+        self.unwritten.extend_from_slice(chunk);
         self.received = received;
+        if self.unwritten.len() >= WRITE_BATCH_BYTES {
+            let batch = std::mem::replace(&mut self.unwritten, Vec::with_capacity(WRITE_BATCH_BYTES + chunk.len()));
+            self.write_file(batch, false).await?;
+        }
         Ok(())
     }
 
@@ -212,7 +223,8 @@ impl Receiver {
                 format!("is {declared}, but the bytes sent have SHA-256 {sha256}; nothing was installed"),
             ));
         }
-        self.write_file(Vec::new(), true).await?;
+        let rest = std::mem::take(&mut self.unwritten);
+        self.write_file(rest, true).await?;
         let config_digest = sha2::Sha256::digest(&self.declared.config_bytes);
         let config_hex: String = config_digest[..8].iter().map(|byte| format!("{byte:02x}")).collect();
         let target = self.store.blobs_dir().join(format!("{sha256}-{config_hex}"));

@@ -180,7 +180,8 @@ fn variant(weights: &[u8], variant: usize) -> Vec<u8> {
 pub(crate) async fn push(args: &Args, model: &Path, client: &reqwest::Client) {
     let scene = start(args, model);
     let trainer = TrainerClient::connect(scene.grpc_url.clone()).await.expect("the trainer connects");
-    let weights_bytes = std::fs::metadata(scene.adapter_dir(0).join("adapter_model.safetensors")).expect("weights").len();
+    let weights_bytes =
+        std::fs::metadata(scene.adapter_dir(0).join("adapter_model.safetensors")).expect("weights").len();
     // A first version, and one warm-up of each way.
     for (round, how) in Install::ALL.into_iter().enumerate() {
         let version = scene.install(client, &trainer, how, &scene.adapter_dir(round)).await;
