@@ -10,6 +10,7 @@ mod documentation;
 mod fleet;
 mod held_memory;
 mod real_model;
+mod replica_push;
 mod replicas;
 mod restart;
 mod vllm_interop;
