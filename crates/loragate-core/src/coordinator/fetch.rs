@@ -133,7 +133,7 @@ impl Coordinator {
 
     /// One attempt: the files into this replica's adapter store (unless they are there already), then into the
     /// engine.
-    async fn fetch_and_load(
+    pub(super) async fn fetch_and_load(
         &self,
         name: &AdapterName,
         version: AdapterVersion,

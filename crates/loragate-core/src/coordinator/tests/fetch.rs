@@ -8,7 +8,7 @@ use futures::StreamExt;
 use sha2::Digest;
 use tokio::sync::watch;
 
-use super::remote::{HOLDER, installed, replica_with};
+use super::remote::{HOLDER, installed, replica_joining, replica_with};
 use super::*;
 use crate::contract::{ErrorClass, Sha256};
 use crate::state::{RecordedSource, RemoteChange, StateChange, StateStore};
@@ -245,4 +245,37 @@ async fn a_served_adapter_whose_new_version_has_the_wrong_bytes_refuses_samples_
     assert_eq!(current_sha(&status(&coordinator, "meow").await), Some(sha(&good)));
     let output = joined(spawn_sample(&coordinator, "meow", SHORT, "served")).await.expect("served");
     assert_eq!(output.sequences[0].segments[0].version, AdapterVersion(2));
+}
+
+#[tokio::test]
+async fn a_replica_starting_after_a_push_elsewhere_fetches_it_at_start_or_retries_after() {
+    let good = weights(1);
+    let RemoteChange::Installed { name: lora, version, source } = pushed("meow", 4, &good) else { unreachable!() };
+    let record =
+        || vec![StateChange::Installed { name: lora.clone(), version, source: source.clone(), retained: Vec::new() }];
+    let config = |files: &Arc<FilesByTest>| CoordinatorConfig {
+        adapter_store: Some(AdapterStore::temporary(1 << 20).expect("a store")),
+        version_fetcher: Some(files.clone()),
+        ..CoordinatorConfig::default()
+    };
+
+    // The holder answers: served at the recorded version from the start.
+    let files = FilesByTest::new(true, Some((CONFIG.to_vec(), good.clone())));
+    let (coordinator, _store, engine, _feed) = replica_joining(config(&files), record()).await;
+    let served = status(&coordinator, "meow").await;
+    assert_eq!((served.version, current_sha(&served)), (AdapterVersion(4), Some(sha(&good))));
+    assert!(served.weights_error.is_none(), "{served:?}");
+    assert_eq!(engine.installed(&name("meow")), Some(AdapterVersion(4)));
+
+    // The holder is out of reach at start: listed with the error, served once the files come.
+    let files = FilesByTest::new(true, None);
+    let (coordinator, _store, _engine, _feed) = replica_joining(config(&files), record()).await;
+    assert!(status(&coordinator, "meow").await.weights_error.is_some_and(|reason| reason.contains(HOLDER)));
+    *files.files.lock() = Some((CONFIG.to_vec(), good.clone()));
+    eventually_within("meow is served once the holder answers", Duration::from_secs(60), || async {
+        status(&coordinator, "meow").await.weights_error.is_none()
+    })
+    .await;
+    let output = joined(spawn_sample(&coordinator, "meow", SHORT, "served")).await.expect("served");
+    assert_eq!(output.sequences[0].segments[0].version, AdapterVersion(4));
 }

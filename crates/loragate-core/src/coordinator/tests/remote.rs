@@ -66,12 +66,23 @@ async fn replica() -> (Coordinator, Arc<SharedByTest>, Arc<ScriptedEngine>, mpsc
 pub(super) async fn replica_with(
     config: CoordinatorConfig,
 ) -> (Coordinator, Arc<SharedByTest>, Arc<ScriptedEngine>, mpsc::UnboundedSender<RemoteChange>) {
+    replica_joining(config, Vec::new()).await
+}
+
+/// A replica started with `config` on a shared record that other replicas wrote `recorded` to before it started.
+pub(super) async fn replica_joining(
+    config: CoordinatorConfig,
+    recorded: Vec<StateChange>,
+) -> (Coordinator, Arc<SharedByTest>, Arc<ScriptedEngine>, mpsc::UnboundedSender<RemoteChange>) {
     let (feed, changes) = mpsc::unbounded_channel();
     let store = Arc::new(SharedByTest {
         records: MemoryStore::new(),
         recorded_changes: Mutex::default(),
         changes: Mutex::new(Some(changes)),
     });
+    if !recorded.is_empty() {
+        store.records.record(recorded).await.expect("recorded before the start");
+    }
     let engine = Arc::new(ScriptedEngine::new(HOLD_AFTER));
     let config = CoordinatorConfig { state: store.clone(), ..config };
     let coordinator = Coordinator::start(engine.clone(), config).await.expect("the coordinator starts");
