@@ -10,9 +10,6 @@
 
 use crate::spawned;
 
-#[path = "../../loragate-etcd/tests/support/etcd.rs"]
-mod etcd;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -22,7 +19,7 @@ use serde_json::{Value, json};
 use sha2::Digest;
 use spawned::{PATIENCE, Spawned};
 
-use self::etcd::{EtcdServer, etcd_or_skip};
+use crate::replicas::etcd::{EtcdServer, etcd_or_skip};
 
 const ADMIN_KEY: &str = "replica-push-admin-key";
 const BOUNDARY: &str = "loragate-replica-push-boundary";
