@@ -33,8 +33,9 @@ pub use self::registry::Admission;
 pub(crate) use self::registry::PendingHandBacks;
 pub(crate) use self::versions::Servable;
 use crate::contract::{
-    AbortReport, AdapterKey, AdapterName, AdapterStatus, AdapterVersion, CoreError, GateState, PauseId, PauseMode,
-    PauseReport, PauseRequest, RequestId, ResumeReport, Retirement, StalenessPolicy, VersionWanted,
+    AbortReport, AdapterKey, AdapterName, AdapterStatus, AdapterVersion, CoreError, GateState, KvPolicy, PauseId,
+    PauseMode, PauseOwner, PauseReport, PauseRequest, RequestId, ResumeReport, Retirement, StalenessPolicy,
+    VersionWanted,
 };
 use crate::limits::Occupancy;
 use crate::state::PauseRecord;
@@ -320,6 +321,29 @@ impl AdapterHandle {
     /// has loaded.
     pub(crate) async fn install_remote(&self, servable: Servable) -> Result<(), CoreError> {
         self.call(|reply| AdapterMsg::InstallRemote { servable: servable.clone(), reply }).await
+    }
+
+    /// Holds new requests at the gate, exactly as a pause does, while the files of a version another replica pushed
+    /// are fetched: a pause under an owner of its own (never recorded, never shared) that lets admitted requests run
+    /// on at the version they were admitted at. Dropping the returned guard releases it.
+    pub(crate) async fn hold_for_fetch(&self) -> Result<PauseRelease, CoreError> {
+        let request = PauseRequest {
+            mode: PauseMode::Wait,
+            owner: PauseOwner::new_fetch(),
+            lease: None,
+            kv_policy: KvPolicy::Recompute,
+        };
+        let ticket = self.call(|reply| AdapterMsg::Pause { request: request.clone(), reply }).await?;
+        let release = PauseRelease::new(self.clone(), ticket.pause_id);
+        // Nothing waits for the admitted requests, and a pause of this owner records nothing.
+        drop((ticket.pending, ticket.recorded));
+        Ok(release)
+    }
+
+    /// Refuses the adapter's samples with [`CoreError::WeightsMissing`] for `reason` until an install gives it
+    /// weights (another replica's version could not be fetched in time).
+    pub(crate) async fn mark_weights_missing(&self, reason: String) -> Result<(), CoreError> {
+        self.call(|reply| AdapterMsg::WeightsMissing { reason: reason.clone(), reply }).await
     }
 
     /// Sets (or, with `None`, clears) the adapter's staleness bound, at its current version (see

@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::adapter_source::{AdapterSource, CONFIG_FILE, WEIGHTS_FILE};
 use crate::contract::{CoreError, Field, Sha256};
 
 mod receiver;
@@ -157,6 +158,22 @@ impl AdapterStore {
             return Err(CoreError::AdapterTooLarge { size, limit: self.inner.max_bytes });
         }
         Receiver::start(self.clone(), header, check).await
+    }
+
+    /// The version stored under `dir_name` (a directory name under `blobs/`, as a record names it), if this store
+    /// holds it complete, held against collection; its weights have `sha256` and `bytes` (the name is their content).
+    /// Blocking.
+    pub fn stored(&self, dir_name: &std::ffi::OsStr, sha256: Sha256, bytes: u64) -> Option<StoredAdapter> {
+        let dir = self.blobs_dir().join(dir_name);
+        let lease = self.lease(dir.clone());
+        let complete = dir.join(WEIGHTS_FILE).is_file() && dir.join(CONFIG_FILE).is_file();
+        let named_by_digest = dir_name.to_str().is_some_and(|name| name.starts_with(&sha256.to_hex()));
+        (complete && named_by_digest).then(|| StoredAdapter {
+            source: AdapterSource::pushed(&dir, sha256, bytes),
+            sha256,
+            bytes,
+            lease,
+        })
     }
 
     /// Holds `dir` (a blob directory) against collection until the lease is dropped.

@@ -28,8 +28,10 @@ use crate::metrics::CoreMetrics;
 use crate::sample_stream::{Driver, LiveRequests, SampleStream};
 use crate::sampling::{RawSampleRequest, SampleRequest};
 use crate::state::{MemoryStore, StateError, StateStore};
+use crate::version_fetch::VersionFetcher;
 
 mod abort;
+mod fetch;
 mod follow;
 mod global_pause;
 mod push;
@@ -65,6 +67,9 @@ pub struct CoordinatorConfig {
     pub retain_versions: usize,
     /// Where pushed adapter versions are kept ([`Coordinator::begin_push`]); `None` refuses pushes.
     pub adapter_store: Option<AdapterStore>,
+    /// How this replica fetches the files of versions other replicas sharing its state store pushed (into
+    /// `adapter_store`); `None`: it reads their recorded path, as for a version loaded by path.
+    pub version_fetcher: Option<Arc<dyn VersionFetcher>>,
 }
 
 impl Default for CoordinatorConfig {
@@ -80,6 +85,7 @@ impl Default for CoordinatorConfig {
             state: Arc::new(MemoryStore::new()),
             retain_versions: 1,
             adapter_store: None,
+            version_fetcher: None,
         }
     }
 }

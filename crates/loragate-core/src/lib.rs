@@ -69,6 +69,7 @@ mod finished;
 mod fleet;
 mod metrics;
 pub mod state;
+mod version_fetch;
 
 // Floor 4: the actors.
 mod adapter;
@@ -108,6 +109,7 @@ pub use engine::{Engine, EngineEvent, EngineStream, ParkSignal, ParkedKv, Parked
 pub use fleet::{FleetControl, FleetControlError, FleetSnapshot, MetricsSource, WorkerSnapshot, WorkerState};
 pub use metrics::{AdapterLabels, AdapterVersionLabels, CoreMetrics};
 pub use state::{MemoryStore, RemoteChange, ReplicaRecord, StateStore};
+pub use version_fetch::{FetchError, FileChunks, VersionFetcher};
 
 pub use adapter::{AdapterHandle, Admission};
 pub use sample_stream::{CachedPromptTokens, SampleEvent, SampleStream};

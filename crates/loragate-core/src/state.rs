@@ -67,6 +67,10 @@ pub struct RecordedSource {
     pub bytes: Option<u64>,
     /// Whether the weights were pushed (they live in the adapter store, under `path`).
     pub pushed: bool,
+    /// For pushed weights in a store shared by replicas: the id of the replica whose adapter store holds them (at
+    /// `path` there). Another replica fetches them from it ([`crate::VersionFetcher`]). The shared store sets it when
+    /// the version is recorded; `None` elsewhere.
+    pub holder: Option<String>,
 }
 
 /// One servable version of an adapter other than its current one, as recorded (`--retain-versions`).

@@ -2,7 +2,7 @@
 //!
 //! | key | value |
 //! | --- | --- |
-//! | `adapters/NAME` | `{"version", "path", "confined", "sha256", "bytes", "pushed", "retained": [{"version", "path", "confined", "sha256", "bytes", "pushed"}], "by"}`; an unloaded adapter is `{"unloaded": true, "by"}` |
+//! | `adapters/NAME` | `{"version", "path", "confined", "sha256", "bytes", "pushed", "holder", "retained": [{"version", "path", "confined", "sha256", "bytes", "pushed", "holder"}], "by"}`; an unloaded adapter is `{"unloaded": true, "by"}`; `holder`: the replica whose adapter store holds pushed weights |
 //! | `staleness/NAME` | `{"max_staleness", "batch_size", "by"}`: the adapter's staleness bound (no key: none) |
 //! | `declared/NAME` | the path its `--adapter` flag last named (JSON string) |
 //! | `issued/NAME` | the highest version ever issued for the name (decimal; kept after an unload) |
@@ -186,23 +186,37 @@ pub(crate) struct StoredSource {
     bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pushed: bool,
+    /// For pushed weights: the replica whose adapter store holds them (the others fetch them from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    holder: Option<String>,
 }
 
 impl StoredSource {
-    pub(crate) fn of(source: &RecordedSource) -> Self {
+    /// The stored form of `source`, recorded by replica `by`: pushed weights without a holder are in `by`'s adapter
+    /// store.
+    pub(crate) fn of(source: &RecordedSource, by: &str) -> Self {
+        let holder = source.pushed.then(|| source.holder.clone().unwrap_or_else(|| by.to_owned()));
         Self {
             path: source.path.clone(),
             confined: source.confined,
             sha256: source.sha256.map(|sha| sha.to_hex()),
             bytes: source.bytes,
             pushed: source.pushed,
+            holder,
         }
     }
 
     fn recorded(self) -> RecordedSource {
         // An unreadable digest is dropped (the version's identity is then unknown), not fatal.
         let sha256 = self.sha256.and_then(|hex| Sha256::parse_hex(&hex, Field::Sha256).ok());
-        RecordedSource { path: self.path, confined: self.confined, sha256, bytes: self.bytes, pushed: self.pushed }
+        RecordedSource {
+            path: self.path,
+            confined: self.confined,
+            sha256,
+            bytes: self.bytes,
+            pushed: self.pushed,
+            holder: self.holder,
+        }
     }
 }
 
@@ -215,8 +229,8 @@ pub(crate) struct StoredVersion {
 }
 
 impl StoredVersion {
-    pub(crate) fn of(record: &VersionRecord) -> Self {
-        Self { version: record.version.0, source: StoredSource::of(&record.source) }
+    pub(crate) fn of(record: &VersionRecord, by: &str) -> Self {
+        Self { version: record.version.0, source: StoredSource::of(&record.source, by) }
     }
 }
 

@@ -49,8 +49,8 @@ async fn apply(shared: &Shared, changes: Vec<StateChange>) -> Result<i64, StateE
                 let stored = StoredAdapter {
                     unloaded: false,
                     version: version.0,
-                    source: StoredSource::of(&source),
-                    retained: retained.iter().map(StoredVersion::of).collect(),
+                    source: StoredSource::of(&source, &shared.replica_id),
+                    retained: retained.iter().map(|kept| StoredVersion::of(kept, &shared.replica_id)).collect(),
                     by: shared.replica_id.clone(),
                 };
                 revision = revision.max(install(shared, &name, stored).await?);

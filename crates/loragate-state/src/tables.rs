@@ -86,7 +86,14 @@ impl StoredSource {
             .sha256
             .map(|hex| Sha256::parse_hex(&hex, Field::Sha256).map_err(|err| damaged(what, err)))
             .transpose()?;
-        Ok(RecordedSource { path: self.path, confined: self.confined, sha256, bytes: self.bytes, pushed: self.pushed })
+        Ok(RecordedSource {
+            path: self.path,
+            confined: self.confined,
+            sha256,
+            bytes: self.bytes,
+            pushed: self.pushed,
+            holder: None,
+        })
     }
 }
 

@@ -47,6 +47,7 @@ async fn identities_retained_versions_and_the_staleness_bound_are_read_back() {
         sha256: Some(Sha256([0xab; 32])),
         bytes: Some(4096),
         pushed: true,
+        holder: None,
     };
     let policy = StalenessPolicy { max_staleness: 2, batch_size: 16 };
     {

@@ -21,10 +21,12 @@ mod adapters;
 mod backend;
 mod config;
 mod fronts;
+mod version_fetch;
 
 use self::backend::Backend;
 pub use self::config::ServeConfig;
 use self::fronts::{FrontSettings, Fronts, Listeners};
+use self::version_fetch::HttpVersionFetcher;
 
 /// A running server. [`RunningServer::shutdown`] stops it gracefully.
 pub struct RunningServer {
@@ -71,9 +73,12 @@ impl RunningServer {
         let initial = &config.adapters.initial;
         let adapters = adapters::initial_adapters(&model, initial, in_fleet, adapter_root.as_ref()).await?;
         let adapter_store = open_adapter_store(state_dir.as_deref(), config.engine.max_adapter_bytes).await?;
+        let version_fetcher = HttpVersionFetcher::new(config.authentication.admin_key.clone())
+            .map_err(|err| ServeError::State(StateError::Failed(format!("building the HTTP client: {err}"))))?;
         let coordinator_config = CoordinatorConfig {
             state,
             adapter_store: Some(adapter_store),
+            version_fetcher: Some(Arc::new(version_fetcher)),
             retain_versions: config.adapters.retain_versions,
             ..coordinator_config(config.deadlines, config.limits, auth, adapter_root, &served_model_name)
         };

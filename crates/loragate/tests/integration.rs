@@ -11,6 +11,7 @@ mod fleet;
 mod held_memory;
 mod push_restart;
 mod real_model;
+mod replica_push;
 mod replicas;
 mod restart;
 mod vllm_interop;

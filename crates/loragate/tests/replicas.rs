@@ -13,8 +13,9 @@
 
 use crate::spawned;
 
+/// The etcd the tests start (shared with `replica_push.rs`).
 #[path = "../../loragate-etcd/tests/support/etcd.rs"]
-mod etcd;
+pub(crate) mod etcd;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -39,6 +39,9 @@ pub(crate) enum AdapterMsg {
     /// Serves a version another replica installed (or one recorded before a restart) that this replica's engine has
     /// loaded.
     InstallRemote { servable: Servable, reply: RpcReplyPort<()> },
+    /// Marks the adapter as having no servable weights, for `reason` (another replica's version could not be fetched
+    /// in time): its samples are refused until an install gives it weights.
+    WeightsMissing { reason: String, reply: RpcReplyPort<()> },
     /// Tells the engine to release versions no longer servable and no longer pinned.
     ReleaseVersions { versions: Vec<AdapterVersion> },
     /// Sets (or clears) the staleness bound; answers with its record (none if `record` is false: another replica set
@@ -223,6 +226,10 @@ impl Actor for AdapterActor {
                     let release = state.cell.install(servable);
                     state.release_from_engine(release);
                 }
+                let _ = reply.send(());
+            }
+            AdapterMsg::WeightsMissing { reason, reply } => {
+                state.cell.set_weights_missing(&reason);
                 let _ = reply.send(());
             }
             AdapterMsg::ReleaseVersions { versions } => state.release_from_engine(versions),
@@ -462,6 +469,7 @@ pub(crate) async fn servable(version: AdapterVersion, source: &AdapterSource) ->
         sha256,
         bytes,
         pushed: source.is_pushed(),
+        holder: None,
     };
     Servable { info, source: recorded }
 }

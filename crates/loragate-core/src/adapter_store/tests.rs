@@ -89,6 +89,25 @@ async fn a_push_lands_in_a_directory_named_by_content_with_both_files() {
     assert_eq!(store.pending_uploads().expect("tmp"), 0);
 }
 
+#[tokio::test]
+async fn a_stored_version_is_found_by_its_content_name_and_kept_from_collection_while_held() {
+    let (_dir, store) = new_store(1 << 20);
+    let file = good_file();
+    let sha = Sha256(sha2::Sha256::digest(&file).into());
+    let pushed = push(&store, header("", None), &file, 64).await.expect("stored");
+    let dir = pushed.source.dir().to_owned();
+    drop(pushed.lease);
+    let name = dir.file_name().expect("a name").to_owned();
+    let found = store.stored(&name, sha, file.len() as u64).expect("found by its name");
+    assert_eq!((found.source.dir(), found.sha256), (dir.as_path(), sha));
+    assert_eq!(store.collect_garbage(&HashSet::new()).expect("collected"), 0, "held: not collected");
+    let other = Sha256([7; 32]);
+    assert!(store.stored(&name, other, file.len() as u64).is_none(), "a name that is not that content");
+    assert!(store.stored(std::ffi::OsStr::new("absent"), sha, 1).is_none());
+    drop(found);
+    assert_eq!(store.collect_garbage(&HashSet::new()).expect("collected"), 1, "released: collected");
+}
+
 /// A body that must be refused: what it is, its bytes, the class, the field named and words of the message.
 type Refusal = (&'static str, Vec<u8>, ErrorClass, Option<Field>, &'static str);
 

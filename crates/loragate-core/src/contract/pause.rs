@@ -118,6 +118,9 @@ pub enum PauseOwner {
     Global,
     /// One `SwapLoraAdapter` call (each swap holds its own pause).
     Swap(u64),
+    /// One version another replica pushed, held at this replica's gate while its files are fetched (each fetch holds
+    /// its own pause; never recorded).
+    Fetch(u64),
 }
 
 impl PauseOwner {
@@ -140,6 +143,12 @@ impl PauseOwner {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         Self::Swap(NEXT.fetch_add(1, Ordering::Relaxed))
     }
+
+    /// A fresh owner for one fetch of another replica's pushed version.
+    pub(crate) fn new_fetch() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        Self::Fetch(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
 }
 
 impl fmt::Display for PauseOwner {
@@ -148,6 +157,7 @@ impl fmt::Display for PauseOwner {
             Self::Named(name) => f.write_str(name),
             Self::Global => f.write_str("(global)"),
             Self::Swap(n) => write!(f, "(swap {n})"),
+            Self::Fetch(n) => write!(f, "(fetch {n})"),
         }
     }
 }

@@ -10,10 +10,10 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 
 use super::{Coordinator, Inner};
-use crate::adapter::{ReleaseTarget, servable};
-use crate::adapter_source::AdapterSource;
+use crate::adapter::{ReleaseTarget, Servable};
+use crate::adapter_source::{AdapterSource, CONFIG_FILE, WEIGHTS_FILE};
 use crate::contract::{
-    AbortReport, AdapterKey, AdapterName, AdapterVersion, CoreError, PauseId, PauseOwner, StalenessPolicy,
+    AbortReport, AdapterKey, AdapterName, AdapterVersion, CoreError, PauseId, PauseOwner, Sha256, StalenessPolicy,
 };
 use crate::manager::RestoredAdapter;
 use crate::state::{PauseRecord, RecordedSource, RecordedState, RemoteChange, ReplicaRecord};
@@ -94,56 +94,62 @@ impl Coordinator {
     }
 
     /// Loads `version` of `name` into this engine, then serves it: publishes a new adapter (with the pauses the
-    /// record holds for it), or moves a served one to it (an older version than it serves changes nothing).
+    /// record holds for it), or moves a served one to it (an older version than it serves changes nothing). Weights
+    /// another replica pushed are fetched from it first (`coordinator/fetch.rs`).
     async fn install_remote(&self, name: AdapterName, version: AdapterVersion, source: RecordedSource) {
         if let Ok(handle) = self.lora(&name)
             && handle.gate().version >= version
         {
             return;
         }
+        if let Some(holder) = self.fetch_from(&source) {
+            let holder = holder.to_owned();
+            return self.follow_pushed(name, version, source, holder).await;
+        }
         let loaded = match self.recorded_source(&source).await {
-            Ok(weights) => match self.inner.engine.load_adapter(&name, version, &weights).await {
-                Ok(()) => Ok(servable(version, &weights).await),
-                Err(err) => Err(CoreError::from(err)),
-            },
+            Ok(weights) => self.load_remote(&name, version, &weights).await,
             Err(err) => Err(err),
         };
-        if let Err(err) = &loaded {
+        let loaded = loaded.map_err(|err| {
             tracing::error!(adapter = %name, %version, %err, "could not load another replica's new version");
+            let path = source.path.display();
+            format!("another replica loaded {version} from {path}; this one could not: {err}")
+        });
+        self.serve_remote(&name, version, loaded).await;
+    }
+
+    /// Serves `version` of `name`, loaded into this engine (or, with an error, not): a served adapter moves to it (a
+    /// served adapter keeps what it serves on an error); a new one is published, with the pauses the record holds
+    /// for it and, on an error, with it as its `weights_error`.
+    pub(super) async fn serve_remote(
+        &self,
+        name: &AdapterName,
+        version: AdapterVersion,
+        loaded: Result<Servable, String>,
+    ) {
+        if let Ok(handle) = self.lora(name) {
+            if let Ok(servable) = loaded
+                && let Err(err) = handle.install_remote(servable).await
+            {
+                tracing::warn!(adapter = %name, %err, "serving another replica's new version failed");
+            }
+            return;
         }
-        match self.lora(&name) {
-            Ok(handle) => {
-                if let Ok(servable) = loaded
-                    && let Err(err) = handle.install_remote(servable).await
-                {
-                    tracing::warn!(adapter = %name, %err, "serving another replica's new version failed");
-                }
+        let pauses = match self.inner.config.state.recorded().await {
+            Ok(recorded) => recorded.pauses.into_iter().filter(|pause| &pause.adapter == name).collect(),
+            Err(err) => {
+                tracing::warn!(adapter = %name, %err, "could not read the new adapter's pauses");
+                Vec::new()
             }
-            Err(_) => {
-                let pauses = match self.inner.config.state.recorded().await {
-                    Ok(recorded) => recorded.pauses.into_iter().filter(|pause| pause.adapter == name).collect(),
-                    Err(err) => {
-                        tracing::warn!(adapter = %name, %err, "could not read the new adapter's pauses");
-                        Vec::new()
-                    }
-                };
-                let (servable, weights_error) = match loaded {
-                    Ok(servable) => (vec![servable], None),
-                    Err(err) => {
-                        let path = source.path.display();
-                        (
-                            Vec::new(),
-                            Some(format!("another replica loaded {version} from {path}; this one could not: {err}")),
-                        )
-                    }
-                };
-                let staleness = self.recorded_staleness(&name).await;
-                let restored =
-                    RestoredAdapter { name: name.clone(), version, servable, weights_error, pauses, staleness };
-                if self.inner.manager.restore(restored).await.is_err() {
-                    tracing::warn!(adapter = %name, "could not publish another replica's new adapter");
-                }
-            }
+        };
+        let (servable, weights_error) = match loaded {
+            Ok(servable) => (vec![servable], None),
+            Err(reason) => (Vec::new(), Some(reason)),
+        };
+        let staleness = self.recorded_staleness(name).await;
+        let restored = RestoredAdapter { name: name.clone(), version, servable, weights_error, pauses, staleness };
+        if self.inner.manager.restore(restored).await.is_err() {
+            tracing::warn!(adapter = %name, "could not publish another replica's new adapter");
         }
     }
 
@@ -157,9 +163,27 @@ impl Coordinator {
     /// adapter root again; pushed weights are in the adapter store, with their known digest).
     pub(super) async fn recorded_source(&self, source: &RecordedSource) -> Result<AdapterSource, CoreError> {
         match (source.pushed, source.sha256, source.bytes) {
-            (true, Some(sha256), Some(bytes)) => Ok(AdapterSource::pushed(&source.path, sha256, bytes)),
+            (true, Some(sha256), Some(bytes)) => Ok(self.pushed_here(&source.path, sha256, bytes)),
             _ if source.confined => self.resolve_adapter_path(&source.path.to_string_lossy()).await,
             _ => Ok(AdapterSource::trusted(&source.path)),
+        }
+    }
+
+    /// Pushed weights recorded at `path`: this replica's own copy in its adapter store when it holds one under the
+    /// same (content) name (a version fetched from another replica), else `path`.
+    fn pushed_here(&self, path: &std::path::Path, sha256: Sha256, bytes: u64) -> AdapterSource {
+        let here = self
+            .inner
+            .config
+            .adapter_store
+            .as_ref()
+            .zip(path.file_name())
+            .map(|(store, name)| store.blobs_dir().join(name));
+        match here {
+            Some(dir) if dir.join(WEIGHTS_FILE).is_file() && dir.join(CONFIG_FILE).is_file() => {
+                AdapterSource::pushed(dir, sha256, bytes)
+            }
+            _ => AdapterSource::pushed(path, sha256, bytes),
         }
     }
 

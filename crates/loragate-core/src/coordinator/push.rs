@@ -64,11 +64,15 @@ impl Coordinator {
         let Some(store) = &self.inner.config.adapter_store else {
             return Err(CoreError::invalid(Field::LoraName, "this server takes no pushed adapters"));
         };
-        let engine = self.inner.engine.clone();
-        let check: LayoutCheck =
-            Arc::new(move |layout: &AdapterLayout| engine.check_adapter_layout(layout).map_err(CoreError::from));
-        let receiver = store.receive(header, check).await?;
+        let receiver = store.receive(header, self.layout_check()).await?;
         Ok(PushUpload { name: name.clone(), receiver })
+    }
+
+    /// The engine's check of an adapter's layout, for the adapter store's receiver (a push, or a version fetched from
+    /// another replica).
+    pub(super) fn layout_check(&self) -> LayoutCheck {
+        let engine = self.inner.engine.clone();
+        Arc::new(move |layout: &AdapterLayout| engine.check_adapter_layout(layout).map_err(CoreError::from))
     }
 
     /// Ends a push: checks the whole file and its SHA-256, moves it into the store and installs it as
@@ -114,7 +118,7 @@ impl Coordinator {
     }
 
     /// Deletes the adapter store's directories that no recorded version (current or retained, of any adapter)
-    /// refers to. Failures are logged: a directory left is collected next time.
+    /// refers to by name. Failures are logged: a directory left is collected next time.
     pub(super) async fn collect_store_garbage(&self) {
         let Some(store) = self.inner.config.adapter_store.clone() else { return };
         let recorded = match self.inner.config.state.recorded().await {
@@ -124,12 +128,15 @@ impl Coordinator {
                 return;
             }
         };
+        // By the directory's name (its content): a version another replica pushed is recorded under that replica's
+        // path, and kept here under the same name once fetched.
+        let blobs = store.blobs_dir();
         let referenced: HashSet<PathBuf> = recorded
             .adapters
             .iter()
             .flat_map(|record| std::iter::once(&record.source).chain(record.retained.iter().map(|kept| &kept.source)))
             .filter(|source| source.pushed)
-            .map(|source| source.path.clone())
+            .filter_map(|source| source.path.file_name().map(|name| blobs.join(name)))
             .collect();
         match tokio::task::spawn_blocking(move || store.collect_garbage(&referenced)).await {
             Ok(Ok(0)) => {}

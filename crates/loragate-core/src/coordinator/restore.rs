@@ -12,7 +12,7 @@ use ractor::SpawnErr;
 use super::Coordinator;
 use crate::adapter::{Servable, servable};
 use crate::adapter_source::AdapterSource;
-use crate::contract::{AdapterName, AdapterVersion, CoreError, KvPolicy};
+use crate::contract::{AdapterKey, AdapterName, AdapterVersion, CoreError, KvPolicy};
 use crate::manager::RestoredAdapter;
 use crate::state::{AdapterRecord, PauseRecord, RecordedSource, StateChange};
 
@@ -98,6 +98,10 @@ impl Coordinator {
             report.adapters += 1;
             report.without_weights += usize::from(weights_error.is_some());
             report.pauses += adapter_pauses.len();
+            let fetch_later = weights_error
+                .as_ref()
+                .and_then(|_| self.fetch_from(&record.source))
+                .map(|holder| (record.name.clone(), record.version, record.source.clone(), holder.to_owned()));
             let restored = RestoredAdapter {
                 name: record.name,
                 version: record.version,
@@ -107,6 +111,10 @@ impl Coordinator {
                 staleness: record.staleness,
             };
             self.inner.manager.restore(restored).await?;
+            if let Some((name, version, source, holder)) = fetch_later {
+                let coordinator = self.clone();
+                tokio::spawn(async move { coordinator.follow_pushed(name, version, source, holder).await });
+            }
         }
         if let Some(mode) = recorded.global_pause {
             // Nothing runs yet: this only closes every gate again under the global owner.
@@ -163,6 +171,15 @@ impl Coordinator {
         version: AdapterVersion,
         source: &RecordedSource,
     ) -> Result<Servable, CoreError> {
+        if let Some(holder) = self.fetch_from(source) {
+            // Pushed to another replica: fetched from it (once here; retried once the adapter is published).
+            let fetched = self.fetch_and_load(name, version, source, holder).await;
+            let (servable, _stored) = fetched.map_err(|reason| CoreError::WeightsMissing {
+                adapter: AdapterKey::Lora(name.clone()),
+                reason: format!("fetching its files from replica {holder} failed: {reason}"),
+            })?;
+            return Ok(servable);
+        }
         let weights = self.recorded_source(source).await?;
         self.inner.engine.load_adapter(name, version, &weights).await?;
         Ok(servable(version, &weights).await)

@@ -20,6 +20,7 @@ use crate::contract::{
 };
 use crate::testing::{ScriptedEngine, coordinator_with_adapters, eventually};
 
+mod fetch;
 mod interleavings;
 mod pause_modes;
 mod remote;

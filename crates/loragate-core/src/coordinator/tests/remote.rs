@@ -8,13 +8,15 @@ use tokio::sync::{mpsc, oneshot};
 use super::*;
 use crate::contract::StateError;
 use crate::state::{
-    MemoryStore, PauseRecord, RecordedSource, RecordedState, Recording, RemoteChange, StateChange, StateStore,
+    MemoryStore, PauseRecord, RecordedSource, RecordedState, Recording, RemoteChange, ReplicaRecord, StateChange,
+    StateStore,
 };
 
-/// A memory store that hands out a feed of remote changes and counts what this replica records.
+/// A memory store that hands out a feed of remote changes and counts what this replica records; it lists this
+/// replica and one other, [`HOLDER`].
 #[derive(Debug)]
-struct SharedByTest {
-    records: MemoryStore,
+pub(super) struct SharedByTest {
+    pub(super) records: MemoryStore,
     recorded_changes: Mutex<Vec<StateChange>>,
     changes: Mutex<Option<mpsc::UnboundedReceiver<RemoteChange>>>,
 }
@@ -41,22 +43,53 @@ impl StateStore for SharedByTest {
     fn remote_changes(&self) -> Option<mpsc::UnboundedReceiver<RemoteChange>> {
         self.changes.lock().take()
     }
+
+    async fn replicas(&self) -> Result<Vec<ReplicaRecord>, StateError> {
+        let listed = |id: &str, http_addr: &str, this_replica| ReplicaRecord {
+            id: id.into(),
+            grpc_addr: String::new(),
+            http_addr: http_addr.into(),
+            this_replica,
+        };
+        Ok(vec![listed("this-one", "127.0.0.1:2", true), listed(HOLDER, "127.0.0.1:1", false)])
+    }
 }
 
+/// The id of the other replica [`SharedByTest`] lists.
+pub(super) const HOLDER: &str = "replica-a";
+
 async fn replica() -> (Coordinator, Arc<SharedByTest>, Arc<ScriptedEngine>, mpsc::UnboundedSender<RemoteChange>) {
+    replica_with(CoordinatorConfig::default()).await
+}
+
+/// A replica started with `config` (its state store replaced by a [`SharedByTest`]).
+pub(super) async fn replica_with(
+    config: CoordinatorConfig,
+) -> (Coordinator, Arc<SharedByTest>, Arc<ScriptedEngine>, mpsc::UnboundedSender<RemoteChange>) {
+    replica_joining(config, Vec::new()).await
+}
+
+/// A replica started with `config` on a shared record that other replicas wrote `recorded` to before it started.
+pub(super) async fn replica_joining(
+    config: CoordinatorConfig,
+    recorded: Vec<StateChange>,
+) -> (Coordinator, Arc<SharedByTest>, Arc<ScriptedEngine>, mpsc::UnboundedSender<RemoteChange>) {
     let (feed, changes) = mpsc::unbounded_channel();
     let store = Arc::new(SharedByTest {
         records: MemoryStore::new(),
         recorded_changes: Mutex::default(),
         changes: Mutex::new(Some(changes)),
     });
+    if !recorded.is_empty() {
+        store.records.record(recorded).await.expect("recorded before the start");
+    }
     let engine = Arc::new(ScriptedEngine::new(HOLD_AFTER));
-    let config = CoordinatorConfig { state: store.clone(), ..CoordinatorConfig::default() };
+    let config = CoordinatorConfig { state: store.clone(), ..config };
     let coordinator = Coordinator::start(engine.clone(), config).await.expect("the coordinator starts");
     (coordinator, store, engine, feed)
 }
 
-fn installed(lora: &str, version: u64) -> RemoteChange {
+pub(super) fn installed(lora: &str, version: u64) -> RemoteChange {
     let source = RecordedSource { path: format!("/a/{lora}-{version}").into(), confined: false, ..Default::default() };
     RemoteChange::Installed { name: name(lora), version: AdapterVersion(version), source }
 }
