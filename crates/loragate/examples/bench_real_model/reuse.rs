@@ -94,15 +94,14 @@ pub(crate) fn print_multi_turn(loragate: Duration, llama_cpp: Duration) {
     );
 }
 
-/// The loragate server's `/metrics` value of `series` (its first sample), or 0.
+/// The loragate server's `/metrics` value of `series`, summed over its labels (one series per adapter), or 0.
 async fn metric(target: &Target<'_>, series: &str) -> f64 {
     let text = target.client.get(format!("{}/metrics", target.base_url)).send().await.expect("metrics");
     let text = text.text().await.expect("metrics text");
     text.lines()
-        .find(|line| line.starts_with(series))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(0.0)
+        .filter(|line| line.strip_prefix(series).is_some_and(|rest| rest.starts_with(['{', ' '])))
+        .filter_map(|line| line.rsplit(' ').next().and_then(|value| value.parse::<f64>().ok()))
+        .sum()
 }
 
 /// The GRPO-group scene; prints its figures.
