@@ -34,6 +34,26 @@ pub use safetensors::{AdapterLayout, TensorDtype, TensorLayout};
 /// The largest `adapter_config.json` a push may carry.
 pub const MAX_CONFIG_BYTES: usize = 1 << 20;
 
+/// Refuses names that could be read as a path or a pin: a pushed version is stored by its content, never under its
+/// name, but the name travels to workers and agents (an agent writes `DIR/NAME@V/`). `raw` is an adapter name
+/// (whitespace and control characters are refused by its parsing already; they are refused here too).
+pub fn check_push_name(raw: &str) -> Result<(), CoreError> {
+    if raw.is_empty()
+        || raw.contains(['/', '\\', '@'])
+        || raw == "."
+        || raw.contains("..")
+        || raw.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(CoreError::invalid(
+            Field::LoraName,
+            format!(
+                "{raw:?} cannot take a push: a pushed adapter's name has no `/`, `\\`, `@`, `..`, whitespace or control character"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The model's check of a pushed adapter's layout (tensor names, dtypes and shapes against the base model), run on
 /// the safetensors header before the tensors are received.
 pub type LayoutCheck = Arc<dyn Fn(&AdapterLayout) -> Result<(), CoreError> + Send + Sync>;

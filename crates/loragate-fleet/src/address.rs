@@ -56,11 +56,14 @@ pub struct WorkerAddress {
     protocol: Protocol,
     host: Arc<str>,
     port: u16,
+    /// The `loragate agent` beside an HTTP worker (`?agent=HOST:PORT`), which receives pushed versions for it.
+    agent: Option<Arc<str>>,
 }
 
 impl WorkerAddress {
     /// Parses `grpc://HOST[:PORT]` (or `http://`, its alias), `vllm+http://HOST[:PORT]` or
-    /// `sglang+http://HOST[:PORT]`; a trailing `/` is allowed, nothing else after the authority. Errors name the
+    /// `sglang+http://HOST[:PORT]`; a trailing `/` is allowed, and for the HTTP protocols a query naming the worker's
+    /// `loragate agent`, `?agent=HOST:PORT`; nothing else after the authority. Errors name the
     /// `address` field and quote the address without its user-info, query or fragment.
     pub fn parse(raw: &str) -> Result<Self, FleetError> {
         let invalid = |reason: &str| FleetError::InvalidAddress { address: redacted(raw), reason: reason.to_owned() };
@@ -87,11 +90,19 @@ impl WorkerAddress {
                 port => port,
             },
         };
-        if uri.path_and_query().is_some_and(|path| !matches!(path.as_str(), "" | "/")) {
-            return Err(invalid("must have no path or query"));
+        if !matches!(uri.path(), "" | "/") {
+            return Err(invalid("must have no path"));
         }
-        let canonical = format!("{}://{host}:{port}", protocol.scheme());
-        Ok(Self { canonical: canonical.into(), protocol, host: host.into(), port })
+        let agent = match uri.query() {
+            None => None,
+            Some(query) if protocol != Protocol::Grpc => Some(parse_agent(query).map_err(|reason| invalid(&reason))?),
+            Some(_) => return Err(invalid("must have no query (only vllm+http:// and sglang+http:// name an agent)")),
+        };
+        let mut canonical = format!("{}://{host}:{port}", protocol.scheme());
+        if let Some(agent) = &agent {
+            canonical.push_str(&format!("?agent={agent}"));
+        }
+        Ok(Self { canonical: canonical.into(), protocol, host: host.into(), port, agent: agent.map(Into::into) })
     }
 
     /// The canonical address.
@@ -107,6 +118,11 @@ impl WorkerAddress {
     /// The URL the worker is reached at over plain HTTP (`http://host:port`; gRPC runs over HTTP/2 on it).
     pub(crate) fn http_base(&self) -> String {
         format!("http://{}:{}", self.host, self.port)
+    }
+
+    /// The URL of the worker's `loragate agent` (`http://HOST:PORT`), if its address names one.
+    pub(crate) fn agent_base(&self) -> Option<String> {
+        self.agent.as_deref().map(|agent| format!("http://{agent}"))
     }
 
     /// The socket addresses the host resolves to now (empty if it does not resolve in time: the worker is then
@@ -157,6 +173,20 @@ impl WorkerIdentity {
         (self.address.host == other.address.host && self.address.port == other.address.port)
             || self.sockets.iter().any(|socket| other.sockets.contains(socket))
     }
+}
+
+/// The agent named by an address's query: exactly `agent=HOST:PORT` (host in lower case, a port other than 0).
+fn parse_agent(query: &str) -> Result<String, String> {
+    let Some(agent) = query.strip_prefix("agent=") else {
+        return Err("may have only the query agent=HOST:PORT (its loragate agent)".to_owned());
+    };
+    let authority: http::uri::Authority =
+        agent.parse().map_err(|_| "agent: must be HOST:PORT (its loragate agent's --http-addr)".to_owned())?;
+    let port = authority.port_u16().filter(|&port| port != 0);
+    if authority.as_str().contains('@') || authority.host().is_empty() || port.is_none() {
+        return Err("agent: must be HOST:PORT (its loragate agent's --http-addr), no credentials".to_owned());
+    }
+    Ok(format!("{}:{}", authority.host().to_ascii_lowercase(), port.unwrap_or_default()))
 }
 
 /// `raw` without user-info, query or fragment, for error messages: a credential never reaches a log or a reply.
@@ -229,6 +259,29 @@ mod tests {
             assert!(!err.contains("hunter2") && err.starts_with("address"), "{err}");
         }
         assert!(WorkerAddress::parse("http://u:p@h:1").expect_err("user-info").to_string().contains("user-info"));
+    }
+
+    #[test]
+    fn http_workers_may_name_their_agent_and_nothing_else_in_a_query() {
+        let address = WorkerAddress::parse("vllm+http://GPU-1:8000/?agent=GPU-1:9100").expect("valid");
+        assert_eq!(address.as_str(), "vllm+http://gpu-1:8000?agent=gpu-1:9100");
+        assert_eq!(address.agent_base().as_deref(), Some("http://gpu-1:9100"));
+        assert_eq!(address.http_base(), "http://gpu-1:8000");
+        let sglang = WorkerAddress::parse("sglang+http://h:30000?agent=127.0.0.1:9100").expect("valid");
+        assert_eq!(sglang.agent_base().as_deref(), Some("http://127.0.0.1:9100"));
+        assert_eq!(WorkerAddress::parse("vllm+http://h:8000").expect("valid").agent_base(), None);
+        for bad in [
+            "grpc://h:1?agent=h:2",
+            "vllm+http://h:1?agent=h",
+            "vllm+http://h:1?agent=h:0",
+            "vllm+http://h:1?agent=",
+            "vllm+http://h:1?agnt=h:2",
+            "vllm+http://h:1?agent=u:p@h:2",
+            "sglang+http://h:1/v1?agent=h:2",
+        ] {
+            let err = WorkerAddress::parse(bad).expect_err(bad).to_string();
+            assert!(err.starts_with("address") && !err.contains("u:p"), "{bad}: {err}");
+        }
     }
 
     #[tokio::test]

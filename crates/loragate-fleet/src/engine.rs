@@ -12,6 +12,7 @@ use loragate_core::{
 use tokio_util::sync::CancellationToken;
 
 use crate::address::{WorkerAddress, versioned_name};
+use crate::delivery::Delivery;
 use crate::error::FleetError;
 use crate::generate;
 use crate::membership::{FailurePolicy, Membership, MembershipSettings};
@@ -183,12 +184,12 @@ impl Engine for FleetEngine {
         source: &AdapterSource,
     ) -> Result<(), EngineError> {
         let engine_name = versioned_name(name, version);
-        let source_path = self.path_for_workers(source.dir());
-        let staged = stage(&self.membership, &engine_name, &source_path, self.config.adapter_timeout).await;
+        let delivery = Delivery::of(source, self.path_for_workers(source.dir()));
+        let staged = stage(&self.membership, &engine_name, &delivery, self.config.adapter_timeout).await;
         self.metrics.record_stage(staged.is_ok());
         staged?;
         let unavailable = |err: FleetError| EngineError::Unavailable(err.to_string());
-        self.membership.install(engine_name.clone(), source_path).await.map_err(unavailable)?;
+        self.membership.install(engine_name.clone(), delivery).await.map_err(unavailable)?;
         self.versions.install(name, version);
         tracing::info!(adapter = %engine_name, "adapter version staged on every ready worker and installed");
         Ok(())

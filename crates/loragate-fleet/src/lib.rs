@@ -43,6 +43,7 @@
 
 mod address;
 mod control;
+mod delivery;
 mod engine;
 mod error;
 mod generate;

@@ -10,6 +10,7 @@ use loragate_core::Key;
 use tokio::sync::{Notify, Semaphore, mpsc};
 
 use crate::address::WorkerAddress;
+use crate::delivery::Delivery;
 use crate::metrics::{FleetMetrics, WorkerCounters};
 use crate::worker::{self, ClientSettings, WorkerClient, WorkerError};
 
@@ -100,14 +101,14 @@ impl WorkerLink {
     pub(crate) async fn replace_adapter(
         &self,
         engine_name: &str,
-        source_path: &str,
+        delivery: &Delivery,
         timeout: Duration,
     ) -> Result<(), WorkerError> {
-        match self.client.load_adapter(engine_name, source_path, timeout).await {
+        match self.client.load_adapter(engine_name, delivery, timeout).await {
             Err(WorkerError::AlreadyExists(_)) => {
                 tracing::info!(worker = %self.address, %engine_name, "replacing a leftover copy");
                 self.unload_adapter(engine_name, timeout).await?;
-                self.client.load_adapter(engine_name, source_path, timeout).await
+                self.client.load_adapter(engine_name, delivery, timeout).await
             }
             outcome => outcome,
         }

@@ -32,6 +32,7 @@ use self::actor::{MembershipActor, MembershipArgs, MembershipMsg};
 pub(crate) use self::probation::FailurePolicy;
 use self::probation::FailureRecord;
 use crate::address::{WorkerAddress, WorkerIdentity};
+use crate::delivery::Delivery;
 use crate::error::FleetError;
 use crate::link::{InFlight, WorkerLink};
 use crate::metrics::FleetMetrics;
@@ -199,10 +200,10 @@ impl Membership {
         });
     }
 
-    /// Adds `engine_name` (loaded from `source_path`) to the set every worker must hold: joining workers load it,
+    /// Adds `engine_name` (delivered as `delivery` says) to the set every worker must hold: joining workers load it,
     /// READY ones that lack it (they joined during the staging) get it topped up.
-    pub(crate) async fn install(&self, engine_name: String, source_path: String) -> Result<(), FleetError> {
-        self.call(|reply| MembershipMsg::Install { engine_name, source_path, reply }).await
+    pub(crate) async fn install(&self, engine_name: String, delivery: Delivery) -> Result<(), FleetError> {
+        self.call(|reply| MembershipMsg::Install { engine_name, delivery, reply }).await
     }
 
     /// Removes `engine_name` from the set and unloads it from every worker holding it; answers when done.

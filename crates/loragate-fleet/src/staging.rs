@@ -8,15 +8,16 @@ use std::time::Duration;
 use futures::future::join_all;
 use loragate_core::EngineError;
 
+use crate::delivery::Delivery;
 use crate::membership::{Membership, StageTarget};
 use crate::worker::WorkerError;
 
-/// Stages `engine_name` from `source_path` on every READY worker; on any failure rolls back and fails with the
+/// Stages `engine_name` as `delivery` says on every READY worker; on any failure rolls back and fails with the
 /// per-worker report.
 pub(crate) async fn stage(
     membership: &Membership,
     engine_name: &str,
-    source_path: &str,
+    delivery: &Delivery,
     timeout: Duration,
 ) -> Result<(), EngineError> {
     let targets = membership.stage_targets().await.map_err(|err| EngineError::Unavailable(err.to_string()))?;
@@ -24,7 +25,7 @@ pub(crate) async fn stage(
         return Err(EngineError::Unavailable(format!("no READY worker to load {engine_name} on")));
     }
     let loads = targets.iter().map(|target| async move {
-        let outcome = target.link.replace_adapter(engine_name, source_path, timeout).await;
+        let outcome = target.link.replace_adapter(engine_name, delivery, timeout).await;
         if outcome.is_ok() {
             membership.adapter_changed(target, engine_name, true);
         }

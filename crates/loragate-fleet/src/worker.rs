@@ -8,6 +8,7 @@
 //!
 //! [`connect`] picks the implementation from the address's scheme.
 
+mod agent;
 mod grpc;
 mod http;
 mod sglang_http;
@@ -22,6 +23,7 @@ use futures::stream::BoxStream;
 use loragate_core::{FinishReason, Key, SampleRequest, TopLogprobs};
 
 use crate::address::{Protocol, WorkerAddress};
+use crate::delivery::Delivery;
 
 /// What went wrong with a call to a worker, in the terms the fleet acts on.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -116,8 +118,9 @@ pub(crate) trait WorkerClient: Send + Sync + 'static {
     /// Its context and adapters, and whatever else the protocol needs to know of it (probed endpoints).
     async fn describe(&self, timeout: Duration) -> Result<WorkerFacts, WorkerError>;
 
-    /// Loads adapter `engine_name` from `path` (as the worker sees it). `AlreadyExists` if it holds the name.
-    async fn load_adapter(&self, engine_name: &str, path: &str, timeout: Duration) -> Result<(), WorkerError>;
+    /// Loads adapter `engine_name` as `delivery` says: a pushed version's files streamed to the worker (or its agent)
+    /// where the protocol can, else from the path as the worker sees it. `AlreadyExists` if it holds the name.
+    async fn load_adapter(&self, engine_name: &str, delivery: &Delivery, timeout: Duration) -> Result<(), WorkerError>;
 
     /// Unloads adapter `engine_name`. `NotFound` if it does not hold it.
     async fn unload_adapter(&self, engine_name: &str, timeout: Duration) -> Result<(), WorkerError>;

@@ -109,7 +109,7 @@ pub(crate) async fn push_adapter(
 }
 
 /// The next part, which must be named `expected`.
-async fn next_part<'a>(
+pub(crate) async fn next_part<'a>(
     parts: &mut multer::Multipart<'a>,
     expected: &'static str,
 ) -> Result<multer::Field<'a>, HttpError> {
@@ -126,7 +126,7 @@ async fn next_part<'a>(
 }
 
 /// A body that is not well-formed multipart (or could not be read) is refused naming what was being read.
-fn multipart_error(err: multer::Error) -> HttpError {
+pub(crate) fn multipart_error(err: multer::Error) -> HttpError {
     HttpError::invalid("body", format!("not a readable multipart/form-data body: {err}"))
 }
 

@@ -29,6 +29,7 @@
 //! ```
 
 mod adapters;
+pub mod agent;
 mod chat;
 mod chat_template;
 mod completions;

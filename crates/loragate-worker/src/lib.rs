@@ -22,6 +22,9 @@
 //! - with an HTTP listener ([`WorkerListeners::http`], `--http-addr`), `GET /metrics` there serves the
 //!   coordinator's metrics as `loragate serve` does (vLLM's `vllm:` request metrics and the core's `loragate_`
 //!   series);
+//! - `loragate.v1.LoraControl/PushLoraAdapter` on the same port and admin key: a fleet coordinator streams a pushed
+//!   adapter version's files to the worker, which receives them into its own adapter store (checked against its
+//!   model) and loads them as the header's `NAME@V`, answering the SHA-256 it computed (no shared filesystem);
 //! - weight transfer, sleep and KV-event RPCs, text prompts and sampling features the engine
 //!   lacks (stop strings, candidates by id, `num_sequences > 1`) are refused naming the field or RPC.
 //!
@@ -49,6 +52,7 @@ mod error;
 mod inference;
 mod loras;
 mod metrics;
+mod push;
 mod server;
 
 pub use error::WorkerError;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use loragate_core::{Action, Coordinator, Keyring};
 use loragate_net::{AccessLogLayer, ActivityLayer, ConnectionLimits, GuardedListener};
+use loragate_proto::v1::lora_control_server::LoraControlServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
@@ -21,6 +22,7 @@ use crate::control::{ControlService, ServerFacts};
 use crate::inference::InferenceService;
 use crate::loras::LoraTable;
 use crate::metrics::serve_metrics;
+use crate::push::PushService;
 
 /// How a worker's front serves. What the coordinator decides (the adapter root, the gate deadline, the admission
 /// limits, the keys) is the coordinator's configuration, made by whoever starts it.
@@ -128,6 +130,11 @@ pub async fn serve_worker(
         InferenceService::new(coordinator.clone(), served_model_name),
         RequireKey::new(keys.clone(), Action::Sample),
     );
+    // Pushed adapter versions arrive on the same port, behind the same admin key as `vllm.Control`.
+    let push = LoraControlServer::with_interceptor(
+        PushService::new(coordinator.clone(), loras.clone()),
+        RequireKey::new(keys.clone(), Action::Admin),
+    );
     let control = ControlServer::with_interceptor(
         ControlService::new(coordinator.clone(), loras, facts, config.shutdown.clone()),
         RequireKey::new(keys, Action::Admin),
@@ -164,6 +171,7 @@ pub async fn serve_worker(
         .add_service(health_service)
         .add_service(inference)
         .add_service(control)
+        .add_service(push)
         .serve_with_incoming_shutdown(incoming, stop);
     let grpc = async move { grpc.await.map_err(WorkerServeError::from) };
     match metrics {

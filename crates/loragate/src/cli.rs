@@ -5,8 +5,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use loragate_core::{AdapterName, Limits};
+use loragate_core::{AdapterName, Key, Limits};
+use loragate_engine::EngineConfig;
 
+use crate::agent::AgentSettings;
 use crate::duration_arg::parse_duration;
 use crate::listen_addr::{parse_host, parse_listen_addr};
 use crate::logging::LogFormat;
@@ -47,6 +49,10 @@ pub enum Command {
     /// Serve the model over vLLM's own gRPC protocol (vllm.Inference, vllm.Control, grpc.health.v1) as one worker
     /// of a fleet behind `loragate serve --worker URL` (the built-in demo model when no --model is given).
     Worker(Box<WorkerArgs>),
+    /// Receive pushed adapter versions beside a vLLM or SGLang HTTP worker and write them under a directory it
+    /// loads from (`DIR/NAME@V/`): the sidecar a fleet coordinator pushes to when the worker's address names it
+    /// (`vllm+http://HOST:PORT?agent=HOST:PORT`).
+    Agent(AgentArgs),
     /// Write the demo base model (Hugging Face format) and its `meow` and `woof` adapters (PEFT format) to a
     /// directory: DIR/model/, DIR/adapters/meow/, DIR/adapters/woof/.
     DemoModel {
@@ -185,6 +191,37 @@ pub struct ServeArgs {
     /// How the model runs in-process (with --worker, only --max-context-length and --cache-dir apply).
     #[command(flatten)]
     pub engine: EngineArgs,
+}
+
+/// `loragate agent`.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// Where pushed versions are written, as DIR/NAME@V/ (created if missing; the worker beside it must be able to
+    /// read it).
+    #[arg(long, value_name = "DIR")]
+    pub adapter_dir: PathBuf,
+    /// Address of the HTTP server taking `PUT /v1/lora_adapters/{name}`; HOST is an IP address or a host name.
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen_addr)]
+    pub http_addr: SocketAddr,
+    /// The key every call must present as `Authorization: Bearer KEY` (the fleet coordinator's --worker-key);
+    /// without it, anyone who reaches the port may write adapters into the directory.
+    #[arg(long, value_name = "KEY", env = "LORAGATE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<Key>,
+    /// The largest adapter weights file (adapter_model.safetensors) accepted, in bytes (1073741824 is 1 GiB).
+    #[arg(long, value_name = "BYTES", default_value_t = EngineConfig::DEFAULT_MAX_ADAPTER_BYTES)]
+    pub max_adapter_bytes: u64,
+}
+
+impl AgentArgs {
+    /// The agent these arguments describe.
+    pub fn into_settings(self) -> AgentSettings {
+        AgentSettings {
+            http_addr: self.http_addr,
+            adapter_dir: self.adapter_dir,
+            api_key: self.api_key,
+            max_adapter_bytes: self.max_adapter_bytes,
+        }
+    }
 }
 
 /// `loragate worker`.

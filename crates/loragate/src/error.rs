@@ -67,6 +67,9 @@ pub enum ServeError {
     /// The HTTP server failed.
     #[error(transparent)]
     Http(#[from] loragate_http::HttpServeError),
+    /// `loragate agent`'s server failed (its directory could not be opened, or serving failed).
+    #[error("agent: {0}")]
+    Agent(String),
     /// A blocking start-up task panicked.
     #[error("start-up task failed: {0}")]
     Startup(String),

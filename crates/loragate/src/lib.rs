@@ -23,6 +23,7 @@
 //! # }
 //! ```
 
+mod agent;
 mod byte_size_arg;
 mod cli;
 mod compute_threads;
@@ -41,10 +42,11 @@ mod stats_log;
 mod text_codec;
 mod worker;
 
+pub use agent::{AgentSettings, RunningAgent};
 pub use byte_size_arg::parse_byte_size;
 pub use cli::{
-    AdmissionArgs, Cli, Command, ConnectionArgs, EngineArgs, FleetArgs, GateArgs, KeyArgs, ServeArgs, TinkerArgs,
-    WorkerArgs,
+    AdmissionArgs, AgentArgs, Cli, Command, ConnectionArgs, EngineArgs, FleetArgs, GateArgs, KeyArgs, ServeArgs,
+    TinkerArgs, WorkerArgs,
 };
 pub use compute_threads::{default_compute_threads, set_compute_threads};
 pub use duration_arg::parse_duration;

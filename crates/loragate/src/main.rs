@@ -1,9 +1,9 @@
-//! The `loragate` command: `loragate serve`, `loragate worker` and `loragate demo-model --out DIR`.
+//! The `loragate` command: `loragate serve`, `loragate worker`, `loragate agent` and `loragate demo-model --out DIR`.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use loragate::{Cli, Command, RunningServer, RunningWorker};
+use loragate::{Cli, Command, RunningAgent, RunningServer, RunningWorker};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -15,7 +15,7 @@ fn main() -> ExitCode {
         // On one compute thread, as `serve` generates the same files: candle sizing its work for every core inside
         // the generator's one-thread pool made it about 2.6x slower (125 s against 47 s on a loaded 2-core machine).
         Command::DemoModel { .. } => Some(1),
-        Command::RandomAdapter { .. } => None,
+        Command::RandomAdapter { .. } | Command::Agent(_) => None,
     };
     if let Some(threads) = compute_threads {
         // SAFETY: no other thread exists yet: the async runtime starts below, and logging spawns none.
@@ -35,6 +35,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve(args) => serve(*args).await,
             Command::Worker(args) => worker(*args).await,
+            Command::Agent(args) => agent(args).await,
             Command::DemoModel { out } => {
                 eprintln!(
                     "loragate: writing the demo model and its adapters to {} (training the adapters)",
@@ -109,4 +110,18 @@ async fn worker(args: loragate::WorkerArgs) -> Result<(), String> {
         })
     );
     worker.run_until_signal().await.map_err(|err| err.to_string())
+}
+
+async fn agent(args: loragate::AgentArgs) -> Result<(), String> {
+    let agent = RunningAgent::start(args.into_settings()).await.map_err(|err| err.to_string())?;
+    // The same machine-readable ready line as `serve`.
+    println!(
+        "{}",
+        serde_json::json!({
+            "event": "ready",
+            "http_addr": agent.http_addr().to_string(),
+            "adapter_dir": agent.adapter_dir().display().to_string(),
+        })
+    );
+    agent.run_until_signal().await.map_err(|err| err.to_string())
 }

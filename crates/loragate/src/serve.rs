@@ -196,7 +196,7 @@ async fn open_state(
 /// Opens the store of pushed adapter versions: `STATE_DIR/adapters/` when the state is kept in a directory (pushed
 /// versions then survive a restart like the rest of the state), else a temporary directory removed when the server
 /// stops (with `--state-dir none` or `--state etcd://…`, pushed versions last as long as the process).
-async fn open_adapter_store(state_dir: Option<&Path>, max_bytes: u64) -> Result<AdapterStore, ServeError> {
+pub(crate) async fn open_adapter_store(state_dir: Option<&Path>, max_bytes: u64) -> Result<AdapterStore, ServeError> {
     let dir = state_dir.map(|dir| dir.join("adapters"));
     let opened = tokio::task::spawn_blocking(move || match dir {
         Some(dir) => AdapterStore::open(&dir, max_bytes).map_err(|err| (Some(dir), err)),

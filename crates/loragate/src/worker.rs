@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use loragate_core::{Coordinator, Limits};
+use loragate_core::{Coordinator, CoordinatorConfig, Limits};
 use loragate_engine::EngineConfig;
 use loragate_net::ConnectionLimits;
 use loragate_worker::{WorkerConfig, WorkerListeners, serve_worker};
@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::ServeError;
 use crate::model::{ModelSource, ResolvedModel};
+use crate::serve::open_adapter_store;
 use crate::settings::{Authentication, GateDeadlines, coordinator_config};
 use crate::startup::{ShutdownSignals, bind, join_error, load_engine};
 
@@ -76,8 +77,13 @@ impl RunningWorker {
         let adapter_root = model.adapter_root(settings.adapter_root.clone(), false)?;
         let keys = settings.authentication.keyring()?;
         let engine = load_engine(&model.path, settings.engine.clone()).await?;
-        let coordinator_config =
-            coordinator_config(settings.deadlines, settings.limits, keys, adapter_root, &served_model_name);
+        // Versions a fleet coordinator pushes (no shared filesystem) are kept in a temporary store: a worker keeps no
+        // state across restarts, and its coordinator re-delivers the fleet's versions when it rejoins.
+        let adapter_store = open_adapter_store(None, settings.engine.max_adapter_bytes).await?;
+        let coordinator_config = CoordinatorConfig {
+            adapter_store: Some(adapter_store),
+            ..coordinator_config(settings.deadlines, settings.limits, keys, adapter_root, &served_model_name)
+        };
         let coordinator = Coordinator::start(Arc::new(engine), coordinator_config).await?;
         let shutdown = CancellationToken::new();
         let config = WorkerConfig {

@@ -8,6 +8,7 @@
 mod binary;
 mod documentation;
 mod fleet;
+mod fleet_push;
 mod held_memory;
 mod push_restart;
 mod real_model;

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use loragate_client::{AdapterPayload, SwapOptions, TrainerClient};
 use loragate_core::testing::eventually_within;
 use loragate_proto::v1::lora_control_client::LoraControlClient;
 use loragate_proto::v1::sampler_client::SamplerClient;
@@ -355,4 +356,39 @@ async fn a_real_vllm_behind_the_coordinator_samples_loads_aborts_and_swaps_as_lo
     let swapped = greedy(&fleet_channel, "alpha", &prompt, 24).await;
     assert_agree("alpha@2 (beta's weights)", &swapped, &greedy(&engine_channel, "beta", &prompt, 24).await);
     assert!(swapped.versions.iter().all(|&version| version == 2), "alpha@2 produced it: {:?}", swapped.versions);
+
+    // The same vLLM behind a coordinator that is sent the weights, not a path: pushed through an agent.
+    drop(fleet);
+    let beta_greedy = greedy(&engine_channel, "beta", &prompt, 24).await;
+    push_through_an_agent(&server, &client, &model_arg, &root.join("beta"), scratch.path(), &prompt, &beta_greedy)
+        .await;
+}
+
+/// A trainer pushes `adapter_dir` to a coordinator whose vLLM worker names a `loragate agent` writing to a directory
+/// of its own (not the trainer's): vLLM loads the agent's copy as gamma@1, which samples as `expected`.
+async fn push_through_an_agent(
+    server: &Vllm,
+    client: &reqwest::Client,
+    model_arg: &str,
+    adapter_dir: &Path,
+    scratch: &Path,
+    prompt: &[u32],
+    expected: &Greedy,
+) {
+    let agent_dir = scratch.join("agent");
+    let agent_arg = agent_dir.display().to_string();
+    let agent = Spawned::start(&["agent", "--http-addr", "127.0.0.1:0", "--adapter-dir", &agent_arg]);
+    let worker = format!("vllm+http://127.0.0.1:{}?agent={}", server.port, agent.field("http_addr"));
+    let fleet = Spawned::serve(&["--model", model_arg, "--worker", &worker]);
+    let fleet_channel = channel(&fleet).await;
+    let trainer = TrainerClient::new(fleet_channel.clone());
+    let payload = AdapterPayload::Directory(adapter_dir.to_owned());
+    let pushed = trainer.push_adapter("gamma", payload, SwapOptions::default()).await.expect("push");
+    assert_eq!(pushed.version, 1);
+    let written = std::fs::canonicalize(&agent_dir).expect("agent dir").join("gamma@1").display().to_string();
+    let from_the_agent = || async { server.adapters(client).await == [("gamma@1".to_owned(), written.clone())] };
+    eventually_within("vLLM holds gamma@1 from the agent's directory", Duration::from_secs(60), from_the_agent).await;
+    let sampled = greedy(&fleet_channel, "gamma", prompt, 24).await;
+    assert_agree("gamma@1 (pushed through the agent)", &sampled, expected);
+    assert!(sampled.versions.iter().all(|&version| version == 1), "gamma@1 produced it: {:?}", sampled.versions);
 }

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::{Coordinator, SwapReport};
 use crate::adapter_source::AdapterSource;
-use crate::adapter_store::{AdapterLayout, AdapterStore, LayoutCheck, PushHeader, Receiver};
+use crate::adapter_store::{AdapterLayout, AdapterStore, LayoutCheck, PushHeader, Receiver, check_push_name};
 use crate::contract::{AdapterKey, AdapterName, AdapterVersion, CoreError, Field, KvPolicy, PauseMode};
 use crate::state::RecordedSource;
 
@@ -34,19 +34,6 @@ impl PushUpload {
     }
 }
 
-/// Refuses names that could be read as a path or a pin: a pushed version is stored by its content, never under its
-/// name, but the name travels to workers and agents.
-fn check_push_name(name: &AdapterName) -> Result<(), CoreError> {
-    let raw = name.as_str();
-    if raw.contains(['/', '\\', '@']) || raw == "." || raw.contains("..") {
-        return Err(CoreError::invalid(
-            Field::LoraName,
-            format!("{raw:?} cannot take a push: a pushed adapter's name has no `/`, `\\`, `@` or `..`"),
-        ));
-    }
-    Ok(())
-}
-
 impl Coordinator {
     /// Where pushed versions are kept, if this server takes pushes.
     pub fn adapter_store(&self) -> Option<&AdapterStore> {
@@ -59,7 +46,28 @@ impl Coordinator {
         if self.is_shutting_down() {
             return Err(CoreError::ShuttingDown);
         }
-        check_push_name(name)?;
+        check_push_name(name.as_str())?;
+        self.receive_push(name, header).await
+    }
+
+    /// Starts receiving a push to a fleet worker's `NAME@V` (the engine-side name of version V of a fleet adapter,
+    /// which a fleet coordinator pushes to its `loragate worker`s): as [`Coordinator::begin_push`], with exactly one
+    /// `@` followed by the version's digits allowed after a name that could take a push.
+    pub async fn begin_versioned_push(&self, name: &AdapterName, header: PushHeader) -> Result<PushUpload, CoreError> {
+        if self.is_shutting_down() {
+            return Err(CoreError::ShuttingDown);
+        }
+        let versioned = name.as_str().rsplit_once('@').filter(|(base, version)| {
+            !base.is_empty() && !version.is_empty() && version.bytes().all(|byte| byte.is_ascii_digit())
+        });
+        let Some((base, _)) = versioned else {
+            return Err(CoreError::invalid(Field::LoraName, format!("{name:?} is not a versioned name NAME@VERSION")));
+        };
+        check_push_name(base)?;
+        self.receive_push(name, header).await
+    }
+
+    async fn receive_push(&self, name: &AdapterName, header: PushHeader) -> Result<PushUpload, CoreError> {
         self.check_loadable_name(name)?;
         let Some(store) = &self.inner.config.adapter_store else {
             return Err(CoreError::invalid(Field::LoraName, "this server takes no pushed adapters"));

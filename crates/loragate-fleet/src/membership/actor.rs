@@ -18,6 +18,7 @@ use super::catch_up::catch_up;
 use super::probation::{FailureRecord, Verdict};
 use super::{MembershipSettings, Roster, StageTarget, WorkerView};
 use crate::address::{WorkerAddress, WorkerIdentity};
+use crate::delivery::Delivery;
 use crate::error::FleetError;
 use crate::link::WorkerLink;
 use crate::metrics::FleetMetrics;
@@ -75,7 +76,7 @@ pub(crate) enum MembershipMsg {
     },
     Install {
         engine_name: String,
-        source_path: String,
+        delivery: Delivery,
         reply: RpcReplyPort<()>,
     },
     Retire {
@@ -117,7 +118,7 @@ pub(crate) struct MembershipState {
     epoch: u64,
     next_incarnation: u64,
     /// The adapter set every worker must hold: engine-side name → source path as the workers see it.
-    desired: BTreeMap<String, String>,
+    desired: BTreeMap<String, Delivery>,
     /// Grows whenever `desired` changes, so a catch-up that started before knows it must run again.
     generation: u64,
     roster: watch::Sender<Arc<Roster>>,
@@ -226,10 +227,10 @@ impl Actor for MembershipActor {
                 let _ = reply.send(targets);
                 return Ok(());
             }
-            MembershipMsg::Install { engine_name, source_path, reply } => {
-                state.desired.insert(engine_name.clone(), source_path.clone());
+            MembershipMsg::Install { engine_name, delivery, reply } => {
+                state.desired.insert(engine_name.clone(), delivery.clone());
                 state.generation += 1;
-                state.top_up(&myself, &engine_name, &source_path);
+                state.top_up(&myself, &engine_name, &delivery);
                 let _ = reply.send(());
             }
             MembershipMsg::Retire { engine_name, reply } => state.retire(&myself, engine_name, reply),
@@ -478,17 +479,17 @@ impl MembershipState {
     }
 
     /// Loads `engine_name` on READY workers that lack it (they became ready while it was being staged).
-    fn top_up(&mut self, myself: &ActorRef<MembershipMsg>, engine_name: &str, source_path: &str) {
+    fn top_up(&mut self, myself: &ActorRef<MembershipMsg>, engine_name: &str, delivery: &Delivery) {
         let timeout = self.settings.adapter_timeout;
         for member in &self.members {
             if member.state != WorkerState::Ready || member.adapters.contains(engine_name) {
                 continue;
             }
             let (link, incarnation, myself) = (member.link.clone(), member.incarnation, myself.clone());
-            let (engine_name, source_path) = (engine_name.to_owned(), source_path.to_owned());
+            let (engine_name, delivery) = (engine_name.to_owned(), delivery.clone());
             tokio::spawn(async move {
                 let address = link.address().clone();
-                match link.replace_adapter(&engine_name, &source_path, timeout).await {
+                match link.replace_adapter(&engine_name, &delivery, timeout).await {
                     Ok(()) => {
                         let _ = myself.cast(MembershipMsg::AdapterChanged {
                             address,

@@ -1,6 +1,6 @@
 //! Bringing one worker to the fleet's adapter set, whatever its protocol: check that it serves enough context, load
-//! every `NAME@V` it lacks (paths as the workers see them, the same rule as staging), replace copies loaded from
-//! elsewhere (or from a path the worker does not report), unload the `NAME@V` copies the fleet no longer wants (left
+//! every `NAME@V` it lacks (delivered as staging delivers it: pushed versions streamed, others by path), replace
+//! copies loaded from elsewhere (or from a source the worker does not report), unload the `NAME@V` copies the fleet no longer wants (left
 //! from before a restart of the coordinator, or retired while the worker was unreachable). Adapters not named like
 //! the fleet's are someone else's and stay.
 
@@ -8,13 +8,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::MembershipSettings;
 use crate::address::is_versioned_name;
+use crate::delivery::Delivery;
 use crate::link::WorkerLink;
 
-/// Catches `link`'s worker up with `desired` (engine-side name → source path). Answers the `NAME@V` adapters it
+/// Catches `link`'s worker up with `desired` (engine-side name → how it is delivered). Answers the `NAME@V` adapters it
 /// holds after.
 pub(super) async fn catch_up(
     link: &WorkerLink,
-    desired: &BTreeMap<String, String>,
+    desired: &BTreeMap<String, Delivery>,
     settings: &MembershipSettings,
 ) -> Result<BTreeSet<String>, String> {
     let timeout = settings.adapter_timeout;
@@ -28,8 +29,8 @@ pub(super) async fn catch_up(
         ));
     }
     let mut held: BTreeSet<String> = facts.adapters.keys().cloned().collect();
-    for (engine_name, source_path) in desired {
-        if facts.adapters.get(engine_name).is_some_and(|held_from| held_from.as_deref() == Some(source_path)) {
+    for (engine_name, delivery) in desired {
+        if facts.adapters.get(engine_name).is_some_and(|held_from| delivery.is_held_as(held_from.as_deref())) {
             continue;
         }
         // Missing, or a copy from elsewhere (or from a path it does not say) under the same name (a rolled-back
@@ -37,7 +38,7 @@ pub(super) async fn catch_up(
         if held.contains(engine_name) {
             link.unload_adapter(engine_name, timeout).await.map_err(|err| format!("unloading {engine_name}: {err}"))?;
         }
-        link.replace_adapter(engine_name, source_path, timeout)
+        link.replace_adapter(engine_name, delivery, timeout)
             .await
             .map_err(|err| format!("loading {engine_name}: {err}"))?;
         held.insert(engine_name.clone());

@@ -7,6 +7,8 @@ mod wire;
 use std::time::Duration;
 
 use futures::StreamExt;
+use loragate_proto::v1 as lg;
+use loragate_proto::v1::lora_control_client::LoraControlClient;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -19,6 +21,7 @@ use vllm_proto::inference_client::InferenceClient;
 
 use super::{AbortBy, ClientSettings, OpenedSequence, SequenceRequest, WorkerClient, WorkerError, WorkerFacts};
 use crate::address::WorkerAddress;
+use crate::delivery::{Delivery, PushedFiles};
 
 /// The largest `GenerateStream` message read from a worker (a few tokens with their candidates; the prompt's
 /// logprobs with theirs): longer ones are refused by their length prefix, before being buffered.
@@ -68,6 +71,38 @@ impl GrpcWorker {
     }
 }
 
+impl GrpcWorker {
+    /// Streams a pushed version's files to the worker over its channel (`loragate.v1.LoraControl/PushLoraAdapter`,
+    /// presenting the worker key): the header names `engine_name` and declares the weights' SHA-256 and size, then
+    /// the weights follow in chunks. The worker stores and loads them under that name and answers the SHA-256 it
+    /// computed, which must be the pushed one.
+    async fn push(&self, engine_name: &str, files: &PushedFiles, timeout: Duration) -> Result<(), WorkerError> {
+        let header = lg::PushLoraAdapterHeader {
+            lora_name: engine_name.to_owned(),
+            adapter_config_json: files.config_json().await?,
+            sha256: files.sha256().to_string(),
+            total_bytes: files.bytes(),
+            ..Default::default()
+        };
+        let first = lg::PushLoraAdapterRequest { part: Some(lg::push_lora_adapter_request::Part::Header(header)) };
+        let mut weights = files.weights().await?;
+        // The messages go through a channel: tonic's streaming call over a boxed stream is not provably `Send`.
+        let (feed, messages) = tokio::sync::mpsc::channel(2);
+        tokio::spawn(async move {
+            let _ = feed.send(first).await;
+            while let Some(chunk) = weights.next().await {
+                if feed.send(chunk_message(chunk)).await.is_err() {
+                    return; // the call ended
+                }
+            }
+        });
+        let messages = tokio_stream::wrappers::ReceiverStream::new(messages);
+        let mut client = LoraControlClient::new(self.channel.clone());
+        let receipt = bounded(timeout, client.push_lora_adapter(self.call(messages))).await?;
+        files.check_receipt(&receipt.sha256, None)
+    }
+}
+
 #[async_trait::async_trait]
 impl WorkerClient for GrpcWorker {
     async fn check_health(&self, timeout: Duration) -> Result<(), WorkerError> {
@@ -92,8 +127,14 @@ impl WorkerClient for GrpcWorker {
         })
     }
 
-    async fn load_adapter(&self, engine_name: &str, path: &str, timeout: Duration) -> Result<(), WorkerError> {
-        let request = pb::LoadLoraRequest { lora_name: engine_name.to_owned(), source_path: path.to_owned() };
+    /// A pushed version is streamed to the worker (`PushLoraAdapter`, see [`GrpcWorker::push`]); any other is
+    /// loaded from its path (`LoadLora`).
+    async fn load_adapter(&self, engine_name: &str, delivery: &Delivery, timeout: Duration) -> Result<(), WorkerError> {
+        if let Some(files) = delivery.pushed() {
+            return self.push(engine_name, files, timeout).await;
+        }
+        let request =
+            pb::LoadLoraRequest { lora_name: engine_name.to_owned(), source_path: delivery.path().to_owned() };
         bounded(timeout, self.control().load_lora(self.call(request))).await.map(drop)
     }
 
@@ -133,6 +174,11 @@ impl WorkerClient for GrpcWorker {
     async fn abort(&self, ids: Vec<String>, timeout: Duration) -> Result<(), WorkerError> {
         bounded(timeout, self.control().abort(self.call(pb::AbortRequest { request_ids: ids }))).await.map(drop)
     }
+}
+
+/// A chunk of pushed weights as a push's message.
+fn chunk_message(chunk: Vec<u8>) -> lg::PushLoraAdapterRequest {
+    lg::PushLoraAdapterRequest { part: Some(lg::push_lora_adapter_request::Part::Chunk(chunk)) }
 }
 
 /// Runs `call` for at most `timeout`; running out is `Unavailable`.

@@ -15,9 +15,11 @@ use loragate_core::SampleRequest;
 use reqwest::StatusCode;
 use serde_json::{Map, Value, json};
 
+use super::agent::push_to_agent;
 use super::sse::{self, SseEvent};
 use super::{AbortBy, ClientSettings, OpenedSequence, SequenceEvent, SequenceRequest, WorkerError, WorkerFacts};
 use crate::address::WorkerAddress;
+use crate::delivery::Delivery;
 
 /// The largest unstreamed answer read from a worker (a scoring answer carries a prompt's logprobs and their
 /// candidates: tens of bytes per prompt token).
@@ -75,6 +77,8 @@ pub(super) fn streamed_events(
 pub(crate) struct HttpEndpoint {
     client: reqwest::Client,
     base: String,
+    /// The worker's `loragate agent`, if its address names one: pushed versions are delivered through it.
+    agent_base: Option<String>,
 }
 
 /// An answer that is not a success: its status and the message its body carried.
@@ -127,7 +131,21 @@ impl HttpEndpoint {
             .pool_idle_timeout(Duration::from_secs(30))
             .build()
             .map_err(|err| WorkerError::InvalidArgument(format!("an HTTP client: {err}")))?;
-        Ok(Self { client, base: address.http_base() })
+        Ok(Self { client, base: address.http_base(), agent_base: address.agent_base() })
+    }
+
+    /// The directory the worker loads `delivery` from: for a pushed version of a worker with an agent, where the
+    /// agent wrote the files pushed to it ([`super::agent`]); else the delivery's path, as the workers see it.
+    pub(crate) async fn adapter_path(
+        &self,
+        engine_name: &str,
+        delivery: &Delivery,
+        timeout: Duration,
+    ) -> Result<String, WorkerError> {
+        match (&self.agent_base, delivery.pushed()) {
+            (Some(agent), Some(files)) => push_to_agent(&self.client, agent, engine_name, files, timeout).await,
+            _ => Ok(delivery.path().to_owned()),
+        }
     }
 
     fn url(&self, path: &str) -> String {
@@ -198,7 +216,7 @@ impl HttpEndpoint {
 
 /// A response's JSON (`Null` for an empty or non-JSON success body), or its refusal. A body over
 /// [`MAX_BODY_BYTES`] is a protocol error (read no further).
-async fn answer(response: reqwest::Response) -> Result<Result<Value, Refusal>, WorkerError> {
+pub(super) async fn answer(response: reqwest::Response) -> Result<Result<Value, Refusal>, WorkerError> {
     let status = response.status();
     let text = bounded_text(response).await?;
     let json: Option<Value> = serde_json::from_str(&text).ok();
@@ -284,7 +302,7 @@ pub(super) fn sampling_fields(request: &SampleRequest, sequence: u32, names: &Sa
 }
 
 /// A transport error (connection refused or reset, timeout) in the fleet's terms.
-fn transport(err: reqwest::Error) -> WorkerError {
+pub(super) fn transport(err: reqwest::Error) -> WorkerError {
     let what = if err.is_timeout() {
         "no answer in time"
     } else if err.is_connect() {

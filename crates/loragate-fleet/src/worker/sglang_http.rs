@@ -25,6 +25,7 @@ use super::{
     most_likely, rank_among,
 };
 use crate::address::WorkerAddress;
+use crate::delivery::Delivery;
 
 /// SGLang's `/health` generates a token and waits up to 20 s for the scheduler: never bound it below this.
 const MIN_HEALTH_TIMEOUT: Duration = Duration::from_secs(25);
@@ -101,7 +102,8 @@ impl WorkerClient for SglangHttpWorker {
         self.http.models(timeout).await
     }
 
-    async fn load_adapter(&self, engine_name: &str, path: &str, timeout: Duration) -> Result<(), WorkerError> {
+    async fn load_adapter(&self, engine_name: &str, delivery: &Delivery, timeout: Duration) -> Result<(), WorkerError> {
+        let path = self.http.adapter_path(engine_name, delivery, timeout).await?;
         let body = json!({"lora_name": engine_name, "lora_path": path});
         match self.http.post("/load_lora_adapter", &body, timeout).await? {
             Ok(answer) if answer["success"] == false => Err(WorkerError::InvalidArgument(

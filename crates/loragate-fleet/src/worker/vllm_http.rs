@@ -32,6 +32,7 @@ use super::{
     most_likely, rank_among,
 };
 use crate::address::WorkerAddress;
+use crate::delivery::Delivery;
 
 /// A vLLM HTTP worker.
 pub(crate) struct VllmHttpWorker {
@@ -131,7 +132,8 @@ impl WorkerClient for VllmHttpWorker {
         Ok(facts)
     }
 
-    async fn load_adapter(&self, engine_name: &str, path: &str, timeout: Duration) -> Result<(), WorkerError> {
+    async fn load_adapter(&self, engine_name: &str, delivery: &Delivery, timeout: Duration) -> Result<(), WorkerError> {
+        let path = self.http.adapter_path(engine_name, delivery, timeout).await?;
         let body = json!({"lora_name": engine_name, "lora_path": path});
         match self.http.post("/v1/load_lora_adapter", &body, timeout).await? {
             Ok(_) => Ok(()),

@@ -448,3 +448,19 @@ fn demo_model_takes_an_output_directory() {
     assert!(matches!(cli.command, Command::DemoModel { out } if out == std::path::Path::new("/tmp/demo")));
     assert!(Cli::try_parse_from(["loragate", "demo-model"]).is_err(), "--out is required");
 }
+
+#[test]
+fn agent_takes_a_directory_an_address_and_an_optional_key() {
+    let cli = Cli::try_parse_from(["loragate", "agent", "--adapter-dir", "/srv/a", "--http-addr", "127.0.0.1:9100"]);
+    let Command::Agent(args) = cli.expect("parses").command else { panic!("the agent subcommand") };
+    let settings = args.into_settings();
+    assert_eq!(settings.adapter_dir, std::path::Path::new("/srv/a"));
+    assert_eq!(settings.http_addr.to_string(), "127.0.0.1:9100");
+    assert!(settings.api_key.is_none());
+    assert_eq!(settings.max_adapter_bytes, 1 << 30);
+    let keyed = ["loragate", "agent", "--adapter-dir", "d", "--http-addr", "127.0.0.1:0", "--api-key", "k"];
+    let Command::Agent(args) = Cli::try_parse_from(keyed).expect("parses").command else { panic!("agent") };
+    assert_eq!(args.api_key.expect("a key").expose_secret(), "k");
+    assert!(Cli::try_parse_from(["loragate", "agent", "--http-addr", "127.0.0.1:0"]).is_err(), "--adapter-dir");
+    assert!(Cli::try_parse_from(["loragate", "agent", "--adapter-dir", "d"]).is_err(), "--http-addr");
+}

@@ -1,0 +1,175 @@
+//! How an adapter version's files reach a worker: a [`Delivery`] is the path the workers read (as they see it) and,
+//! for a version pushed to the coordinator, its files in the coordinator's adapter store, which the coordinator
+//! streams to each worker itself (a `loragate worker` over its gRPC channel, an HTTP worker through its
+//! `loragate agent`), with the SHA-256 every receiver must answer.
+
+use std::path::PathBuf;
+
+use futures::stream::{BoxStream, StreamExt};
+use loragate_core::{AdapterSource, CONFIG_FILE, Sha256, WEIGHTS_FILE};
+
+use crate::worker::WorkerError;
+
+/// The size of the chunks the weights are streamed in.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// What a worker needs to load one adapter version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Delivery {
+    /// The directory as the workers see it (what is sent where no push is possible).
+    path: String,
+    /// For a pushed version, its files in the coordinator's store.
+    pushed: Option<PushedFiles>,
+}
+
+/// A pushed version's files in the coordinator's adapter store (never changed once there), with their identity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PushedFiles {
+    dir: PathBuf,
+    sha256: Sha256,
+    bytes: u64,
+}
+
+impl Delivery {
+    /// The delivery of `source`, whose directory the workers see as `path`.
+    pub(crate) fn of(source: &AdapterSource, path: String) -> Self {
+        // A pushed source's digest is known since it was received: this reads no file.
+        let pushed = source.is_pushed().then(|| source.digest().ok()).flatten().map(|(sha256, bytes)| PushedFiles {
+            dir: source.dir().to_owned(),
+            sha256,
+            bytes,
+        });
+        Self { path, pushed }
+    }
+
+    /// A version read from `path` by the workers (no push).
+    #[cfg(test)]
+    pub(crate) fn path_only(path: impl Into<String>) -> Self {
+        Self { path: path.into(), pushed: None }
+    }
+
+    /// The directory as the workers see it.
+    pub(crate) fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The pushed files, for a pushed version.
+    pub(crate) fn pushed(&self) -> Option<&PushedFiles> {
+        self.pushed.as_ref()
+    }
+
+    /// Whether a copy a worker holds, loaded from `reported` (the source it reports), is this version's: loaded from
+    /// its path, or pushed with its SHA-256 (a `loragate worker` reports `push:SHA256`). A copy an agent wrote is
+    /// not recognised and is delivered again.
+    pub(crate) fn is_held_as(&self, reported: Option<&str>) -> bool {
+        let Some(reported) = reported else { return false };
+        reported == self.path
+            || self.pushed.as_ref().is_some_and(|pushed| reported == format!("push:{}", pushed.sha256))
+    }
+}
+
+impl PushedFiles {
+    /// The SHA-256 of `adapter_model.safetensors`.
+    pub(crate) fn sha256(&self) -> Sha256 {
+        self.sha256
+    }
+
+    /// The size of `adapter_model.safetensors`.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The text of `adapter_config.json`.
+    pub(crate) async fn config_json(&self) -> Result<String, WorkerError> {
+        tokio::fs::read_to_string(self.dir.join(CONFIG_FILE))
+            .await
+            .map_err(|err| WorkerError::Unavailable(format!("reading the pushed {CONFIG_FILE}: {err}")))
+    }
+
+    /// The bytes of `adapter_model.safetensors`, in chunks. A read failing midway ends the stream early (the
+    /// receiver then refuses the truncated file by the size and SHA-256 it was told).
+    pub(crate) async fn weights(&self) -> Result<BoxStream<'static, Vec<u8>>, WorkerError> {
+        let path = self.dir.join(WEIGHTS_FILE);
+        let file = tokio::task::spawn_blocking(move || std::fs::File::open(path))
+            .await
+            .map_err(|err| WorkerError::Unavailable(err.to_string()))?
+            .map_err(|err| WorkerError::Unavailable(format!("reading the pushed {WEIGHTS_FILE}: {err}")))?;
+        let chunks = futures::stream::unfold(Some(file), |file| async move {
+            let mut file = file?;
+            let read = tokio::task::spawn_blocking(move || {
+                use std::io::Read;
+                let mut chunk = vec![0u8; CHUNK_BYTES];
+                let read = file.read(&mut chunk).map(|len| {
+                    chunk.truncate(len);
+                    chunk
+                });
+                (file, read)
+            })
+            .await;
+            match read {
+                Ok((_, Ok(chunk))) if chunk.is_empty() => None,
+                Ok((file, Ok(chunk))) => Some((chunk, Some(file))),
+                Ok((_, Err(err))) => {
+                    tracing::warn!(%err, "reading pushed weights failed midway; the push ends truncated");
+                    None
+                }
+                Err(_) => None,
+            }
+        });
+        Ok(chunks.boxed())
+    }
+
+    /// Checks what a receiver answered having stored the push: the SHA-256 (and size, if it says) it computed must be
+    /// the pushed ones, else the delivery failed (no silent partial delivery).
+    pub(crate) fn check_receipt(&self, sha256: &str, bytes: Option<u64>) -> Result<(), WorkerError> {
+        if !sha256.eq_ignore_ascii_case(&self.sha256.to_string()) {
+            return Err(WorkerError::Malformed(format!(
+                "it answered SHA-256 {sha256:?} for pushed weights whose SHA-256 is {}; not installed",
+                self.sha256
+            )));
+        }
+        if let Some(bytes) = bytes.filter(|&bytes| bytes != self.bytes) {
+            return Err(WorkerError::Malformed(format!(
+                "it answered {bytes} bytes for pushed weights of {} bytes; not installed",
+                self.bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pushed() -> Delivery {
+        let sha256 = Sha256([7; 32]);
+        Delivery::of(&AdapterSource::pushed("/store/blobs/x", sha256, 42), "/store/blobs/x".into())
+    }
+
+    #[test]
+    fn a_receipt_with_another_digest_or_size_fails_the_delivery() {
+        let delivery = pushed();
+        let files = delivery.pushed().expect("pushed");
+        let sha = files.sha256().to_string();
+        files.check_receipt(&sha, Some(42)).expect("the pushed digest and size");
+        files.check_receipt(&sha.to_uppercase(), None).expect("hex in either case, size unsaid");
+        let other = Sha256([8; 32]).to_string();
+        assert!(matches!(files.check_receipt(&other, Some(42)), Err(WorkerError::Malformed(_))));
+        assert!(matches!(files.check_receipt("", None), Err(WorkerError::Malformed(_))), "no digest is a failure");
+        assert!(matches!(files.check_receipt(&sha, Some(41)), Err(WorkerError::Malformed(_))));
+    }
+
+    #[test]
+    fn held_copies_are_recognised_by_path_or_pushed_digest() {
+        let delivery = pushed();
+        let sha = Sha256([7; 32]);
+        assert!(delivery.is_held_as(Some("/store/blobs/x")));
+        assert!(delivery.is_held_as(Some(&format!("push:{sha}"))));
+        assert!(!delivery.is_held_as(Some(&format!("push:{}", Sha256([8; 32])))));
+        assert!(!delivery.is_held_as(Some("/agent/meow@1")) && !delivery.is_held_as(None));
+        let by_path = Delivery::path_only("/adapters/meow");
+        assert!(by_path.pushed().is_none() && by_path.is_held_as(Some("/adapters/meow")));
+        assert!(!by_path.is_held_as(Some(&format!("push:{sha}"))));
+    }
+}
