@@ -5,6 +5,9 @@
 //!   process, streaming the files from disk) and a gRPC push (the Rust `TrainerClient` streaming the directory);
 //!   each timed from the call to the first token of the new version (a 1-token completion whose `segments` name
 //!   it). The median of each, and each push against the path load (goal: ≤ 1.5×).
+//! - **fleet**: a coordinator (`serve --worker …`) in front of three `loragate worker`s on separate empty adapter
+//!   roots: a gRPC push to the coordinator, timed to the first token of the new version (the push returns once every
+//!   worker serves it), against the single server's gRPC push above (goal: ≤ 2×).
 //! - **retention**: 100 pushes of distinct weights to one name: the server's RSS and the store's size after the 5th
 //!   and after the 100th (goal: within 10 %).
 
@@ -135,14 +138,6 @@ impl PushServer {
         state["version"].as_u64().unwrap_or_else(|| panic!("version in {state}"))
     }
 
-    /// A 1-token completion of [`NAME`]: the version its token was sampled with.
-    async fn first_token_version(&self, client: &reqwest::Client) -> u64 {
-        let body = json!({"model": NAME, "prompt": "Hello", "max_tokens": 1, "temperature": 0.0});
-        let url = format!("{}/v1/completions", self.server.base_url);
-        let answer: Value = client.post(url).json(&body).send().await.expect("sent").json().await.expect("JSON");
-        answer["choices"][0]["segments"][0]["lora_version"].as_u64().unwrap_or_else(|| panic!("segments: {answer}"))
-    }
-
     fn rss_bytes(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.server.child.id())).expect("status");
         let line = status.lines().find(|line| line.starts_with("VmRSS:")).expect("VmRSS");
@@ -185,7 +180,7 @@ pub(crate) async fn push(args: &Args, model: &Path, client: &reqwest::Client) {
     // A first version, and one warm-up of each way.
     for (round, how) in Install::ALL.into_iter().enumerate() {
         let version = scene.install(client, &trainer, how, &scene.adapter_dir(round)).await;
-        assert_eq!(scene.first_token_version(client).await, version);
+        assert_eq!(first_token_version(client, &scene.server.base_url).await, version);
     }
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); Install::ALL.len()];
     for round in 0..args.rounds.max(1) * 3 {
@@ -195,7 +190,7 @@ pub(crate) async fn push(args: &Args, model: &Path, client: &reqwest::Client) {
             let dir = scene.adapter_dir(round + step);
             let started = Instant::now();
             let version = scene.install(client, &trainer, Install::ALL[index], &dir).await;
-            let sampled = scene.first_token_version(client).await;
+            let sampled = first_token_version(client, &scene.server.base_url).await;
             times[index].push(started.elapsed().as_secs_f64());
             assert_eq!(sampled, version, "the first token after the install is of its version");
         }
@@ -213,6 +208,9 @@ pub(crate) async fn push(args: &Args, model: &Path, client: &reqwest::Client) {
         let value = median(&mut times[index]);
         println!("| {} | {:.1} ms | {:.2}× |", how.label(), value * 1e3, value / path_load);
     }
+
+    let single_grpc = median(&mut times[2].clone());
+    fleet(args, model, client, &scene, single_grpc).await;
 
     let weights = std::fs::read(scene.adapter_dir(0).join("adapter_model.safetensors")).expect("weights");
     let distinct = scene.adapters.path().join("distinct");
@@ -240,4 +238,77 @@ pub(crate) async fn push(args: &Args, model: &Path, client: &reqwest::Client) {
         store_after as f64 / 1e6,
         (store_after as f64 / store_before as f64 - 1.0) * 100.0,
     );
+}
+
+/// Workers in the fleet part.
+const FLEET_WORKERS: usize = 3;
+
+/// The fleet part: three `loragate worker`s behind a coordinator; prints its line.
+async fn fleet(args: &Args, model: &Path, client: &reqwest::Client, scene: &PushServer, single_grpc: f64) {
+    let roots: Vec<tempfile::TempDir> = (0..FLEET_WORKERS)
+        .map(|_| tempfile::Builder::new().prefix("bench-push-worker-").tempdir().expect("a temporary directory"))
+        .collect();
+    let workers: Vec<Server> = roots
+        .iter()
+        .map(|root| {
+            let mut child = Command::new(&args.loragate)
+                .args(["worker", "--grpc-addr", "127.0.0.1:0", "--compute-threads", &args.threads.to_string()])
+                .arg("--model")
+                .arg(model)
+                .arg("--adapter-root")
+                .arg(root.path())
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("loragate worker starts");
+            let ready = ready_line(&mut child);
+            let address = format!("grpc://{}", ready["grpc_addr"].as_str().expect("grpc_addr"));
+            Server { name: "worker", child, base_url: address, model: String::new(), extra: json!({}) }
+        })
+        .collect();
+    let mut command = Command::new(&args.loragate);
+    command.args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--state-dir", "none"]);
+    command.arg("--model").arg(model);
+    for worker in &workers {
+        command.args(["--worker", &worker.base_url]);
+    }
+    let mut child =
+        command.env("RUST_LOG", "warn").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("serve");
+    let ready = ready_line(&mut child);
+    let base_url = format!("http://{}", ready["http_addr"].as_str().expect("http_addr"));
+    let grpc_url = format!("http://{}", ready["grpc_addr"].as_str().expect("grpc_addr"));
+    let coordinator = Server { name: "coordinator", child, base_url, model: String::new(), extra: json!({}) };
+    let trainer = TrainerClient::connect(grpc_url).await.expect("the trainer connects");
+    let mut times = Vec::new();
+    for round in 0..args.rounds.max(1) * 3 + 1 {
+        let started = Instant::now();
+        let payload = AdapterPayload::Directory(scene.adapter_dir(round));
+        let version = trainer.push_adapter(NAME, payload, SwapOptions::default()).await.expect("a fleet push").version;
+        let sampled = first_token_version(client, &coordinator.base_url).await;
+        let elapsed = started.elapsed().as_secs_f64();
+        assert_eq!(sampled, version, "the first token after the push is of its version");
+        if round > 0 {
+            times.push(elapsed);
+        }
+    }
+    let value = median(&mut times);
+    println!(
+        "\nfleet push ({FLEET_WORKERS} `loragate worker`s on separate empty adapter roots behind a coordinator, gRPC \
+         push → first token of the new version, median of {}): {:.1} ms = {:.2}× the single server's gRPC push \
+         (goal ≤ 2×)",
+        times.len(),
+        value * 1e3,
+        value / single_grpc
+    );
+    drop(coordinator);
+    drop(workers);
+}
+
+/// A 1-token completion of [`NAME`] on the server at `base_url`: the version its token was sampled with.
+async fn first_token_version(client: &reqwest::Client, base_url: &str) -> u64 {
+    let body = json!({"model": NAME, "prompt": "Hello", "max_tokens": 1, "temperature": 0.0});
+    let url = format!("{base_url}/v1/completions");
+    let answer: Value = client.post(url).json(&body).send().await.expect("sent").json().await.expect("JSON");
+    answer["choices"][0]["segments"][0]["lora_version"].as_u64().unwrap_or_else(|| panic!("segments: {answer}"))
 }
