@@ -21,6 +21,7 @@ use crate::contract::{
 use crate::testing::{ScriptedEngine, coordinator_with_adapters, eventually};
 
 mod interleavings;
+mod max_loras;
 mod pause_modes;
 mod remote;
 mod restart;

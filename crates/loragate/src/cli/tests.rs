@@ -448,3 +448,16 @@ fn demo_model_takes_an_output_directory() {
     assert!(matches!(cli.command, Command::DemoModel { out } if out == std::path::Path::new("/tmp/demo")));
     assert!(Cli::try_parse_from(["loragate", "demo-model"]).is_err(), "--out is required");
 }
+
+#[test]
+fn serve_takes_vllms_lora_flags_and_caps_the_loaded_adapters() {
+    assert_eq!(serve_config(&["loragate", "serve"]).adapters.max_loras, None, "no cap by default");
+    let lora_flags = ["--enable-lora", "--max-loras", "4", "--max-cpu-loras", "8", "--max-lora-rank", "16"];
+    let config = serve_config(&[&["loragate", "serve"][..], &lora_flags].concat());
+    assert_eq!((config.adapters.max_loras, config.engine.max_lora_rank), (Some(4), 16));
+    for refused in [["--max-loras", "0"], ["--max-cpu-loras", "0"]] {
+        let mut args = vec!["loragate", "serve"];
+        args.extend(refused);
+        assert!(Cli::try_parse_from(&args).is_err(), "{refused:?}");
+    }
+}
