@@ -10,7 +10,7 @@ use futures::future::join_all;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::adapter::{AdapterHandle, Admitted, PauseRelease};
+use crate::adapter::{AdapterHandle, Admitted};
 use crate::adapter_source::{AdapterRoot, AdapterSource};
 use crate::adapter_store::AdapterStore;
 use crate::auth::{Keyring, Principal};
