@@ -97,7 +97,18 @@ impl AdapterSource {
             let place = if self.root.is_some() { "a regular file inside the adapter root" } else { "a regular file" };
             io::Error::new(io::ErrorKind::InvalidInput, format!("{name} is not {place}"))
         };
-        let missing = || io::Error::new(io::ErrorKind::NotFound, format!("{name} is missing"));
+        let missing = || {
+            // A directory that is not there is what to say, not the first file looked for in it.
+            let message = match (std::fs::metadata(&self.dir), &self.root) {
+                (Err(_), None) => format!("the adapter directory {} does not exist", self.dir.display()),
+                (Err(_), Some(_)) => "the adapter directory does not exist".to_owned(),
+                (Ok(metadata), None) if !metadata.is_dir() => {
+                    format!("{} is not a directory (an adapter is a PEFT directory)", self.dir.display())
+                }
+                (Ok(_), _) => format!("{name} is missing"),
+            };
+            io::Error::new(io::ErrorKind::NotFound, message)
+        };
         let unreadable = |err: io::Error| io::Error::new(err.kind(), format!("cannot read {name}: {err}"));
         let path = self.dir.join(name);
         match std::fs::symlink_metadata(&path) {
@@ -259,6 +270,12 @@ mod tests {
         assert!(source.dir().ends_with("root/meow"));
         assert_eq!(source.confined_to(), Some(root.path()));
         let (_, len) = source.open_file("adapter_config.json").expect("a regular file opens");
+        let gone = AdapterSource::trusted(base.path().join("no-such-adapter"));
+        let err = gone.open_file("adapter_config.json").expect_err("no directory");
+        let text = err.to_string();
+        assert!(text.contains("no-such-adapter does not exist") && !text.contains("adapter_config"), "{text}");
+        let err = source.open_file("adapter_model.safetensors").expect_err("no weights file");
+        assert_eq!(err.to_string(), "adapter_model.safetensors is missing", "the directory exists: name the file");
         assert_eq!(len, 2);
         let absolute = base.path().join("root/meow");
         assert!(root.resolve(absolute.to_str().expect("utf8")).await.is_ok());

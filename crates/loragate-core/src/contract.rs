@@ -29,6 +29,6 @@ pub use self::pause::{
     KvPolicy, MAX_LEASE, MAX_OWNER_LEN, MAX_WAIT_TIMEOUT, PauseId, PauseInfo, PauseMode, PauseOwner, PauseRequest,
     parse_timeout_s,
 };
-pub use self::report::{AbortReport, AdapterStatus, PauseReport, ResumeReport};
+pub use self::report::{AbortReport, AdapterStatus, PauseReport, ResumeReport, ShutdownReport};
 pub use self::staleness::{MAX_STALENESS_VALUE, StalenessPolicy, StalenessStatus};
 pub use self::version::{Sha256, VersionInfo, VersionOrigin, VersionWanted};

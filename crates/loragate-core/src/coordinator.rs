@@ -10,14 +10,14 @@ use futures::future::join_all;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::adapter::{AdapterHandle, Admitted, PauseRelease};
+use crate::adapter::{AdapterHandle, Admitted};
 use crate::adapter_source::{AdapterRoot, AdapterSource};
 use crate::adapter_store::AdapterStore;
 use crate::auth::{Keyring, Principal};
 use crate::contract::{
-    AdapterKey, AdapterName, AdapterStatus, CoreError, Ending, Field, KvPolicy, ModelInfo, PauseId, PauseMode,
-    PauseOwner, PauseReport, PauseRequest, RequestId, ResumeReport, Retirement, StalenessPolicy, StalenessStatus,
-    VersionInfo,
+    AbortReport, AdapterKey, AdapterName, AdapterStatus, CoreError, Ending, Field, KvPolicy, ModelInfo, PauseId,
+    PauseMode, PauseOwner, PauseReport, PauseRequest, RequestId, ResumeReport, Retirement, ShutdownReport,
+    StalenessPolicy, StalenessStatus, VersionInfo,
 };
 use crate::engine::{Engine, Parking};
 use crate::finished::{FinishedRequest, FinishedRequests};
@@ -36,10 +36,12 @@ mod follow;
 mod global_pause;
 mod push;
 mod restore;
+mod swap;
 
 pub use self::abort::AbortsRequested;
 pub use self::push::PushUpload;
 pub use self::restore::{Reconciled, RestoreReport, StartError};
+pub use self::swap::SwapReport;
 
 /// Tunables of the coordinator.
 #[derive(Clone, Debug)]
@@ -70,6 +72,10 @@ pub struct CoordinatorConfig {
     /// How this replica fetches the files of versions other replicas sharing its state store pushed (into
     /// `adapter_store`); `None`: it reads their recorded path, as for a version loaded by path.
     pub version_fetcher: Option<Arc<dyn VersionFetcher>>,
+    /// The most LoRA adapters loaded (or loading) at once (`--max-loras`, vLLM's name): a load under a new name
+    /// past it is refused ([`CoreError::TooManyAdapters`]) until one is unloaded; `None`: no cap. Adapters put back
+    /// from the recorded state at start count, but are never refused.
+    pub max_loras: Option<usize>,
 }
 
 impl Default for CoordinatorConfig {
@@ -86,6 +92,7 @@ impl Default for CoordinatorConfig {
             retain_versions: 1,
             adapter_store: None,
             version_fetcher: None,
+            max_loras: None,
         }
     }
 }
@@ -124,6 +131,9 @@ impl Coordinator {
     pub async fn start(engine: Arc<dyn Engine>, config: CoordinatorConfig) -> Result<Self, StartError> {
         let published: AdapterMap = Arc::new(DashMap::new());
         let metrics = Arc::new(CoreMetrics::default());
+        if let Some(max_loras) = config.max_loras {
+            metrics.set_max_loras(max_loras);
+        }
         let load = ServerLoad::new(config.limits);
         let args = ManagerArgs {
             engine: engine.clone(),
@@ -132,6 +142,7 @@ impl Coordinator {
             server_load: load.clone(),
             state: config.state.clone(),
             retain_versions: config.retain_versions,
+            max_loras: config.max_loras,
         };
         let manager = AdapterManager::start(args).await?;
         let inner = Inner {
@@ -339,65 +350,6 @@ impl Coordinator {
         self.lora(name)?.wait_unpaused(timeout).await
     }
 
-    /// The atomic swap: pauses `name` in `mode` under a pause of its own, loads `source`, and releases that pause
-    /// (the adapter reopens unless another pause holds it). Kept requests continue on the new weights. If the load
-    /// fails, the old version keeps serving, the adapter is reopened just the same, kept requests continue on the
-    /// old weights, and the error says so. A name not loaded yet is simply loaded. Kept requests keep their keys and
-    /// values as the KV policy applied says ([`Coordinator::kv_policy_applied`] for `kv_policy`).
-    pub async fn swap_adapter(
-        &self,
-        name: &AdapterName,
-        source: AdapterSource,
-        mode: PauseMode,
-        kv_policy: KvPolicy,
-        client_deadline: Option<Instant>,
-    ) -> Result<SwapReport, CoreError> {
-        let kv_policy = self.kv_policy_applied(mode, kv_policy);
-        let adapter = match self.lora(name) {
-            Ok(adapter) => adapter,
-            Err(CoreError::UnknownAdapter(_)) => {
-                let installed = self.load_adapter(name, source).await?;
-                return Ok(SwapReport { installed, aborted: 0, kept: 0, kv_policy });
-            }
-            Err(err) => return Err(err),
-        };
-        let request = PauseRequest { mode, owner: PauseOwner::new_swap(), lease: None, kv_policy };
-        let pause = self.pause(name, request, client_deadline).await?;
-        let reopen = PauseRelease::new(adapter.clone(), pause.pause_id.clone());
-        let started = std::time::Instant::now();
-        let loaded = self.install(name, source).await;
-        reopen.release().await?;
-        match loaded {
-            Ok(installed) => {
-                let report = SwapReport {
-                    installed,
-                    aborted: pause.aborted.len(),
-                    kept: pause.kept.len(),
-                    kv_policy: pause.kv_policy,
-                };
-                tracing::info!(
-                    adapter = %name,
-                    version = %report.installed.version,
-                    source = %report.installed.origin,
-                    sha256 = %report.installed.sha256.map(|sha| sha.to_hex()).unwrap_or_default(),
-                    bytes = report.installed.bytes.unwrap_or_default(),
-                    load_ms = started.elapsed().as_millis(),
-                    mode = mode.as_str(),
-                    kv_policy = report.kv_policy.as_str(),
-                    aborted = report.aborted,
-                    kept = report.kept,
-                    "adapter swapped"
-                );
-                Ok(report)
-            }
-            Err(err) => Err(CoreError::SwapFailed {
-                adapter: name.clone(),
-                serving: adapter.gate().version,
-                source: Box::new(err),
-            }),
-        }
-    }
-
     fn drain_until(&self, client_deadline: Option<Instant>) -> Instant {
         let server_limit = Instant::now() + self.inner.config.max_pause_drain;
         client_deadline.map_or(server_limit, |client| client.min(server_limit))
@@ -416,7 +368,18 @@ impl Coordinator {
 
     /// Loads weights under `name` (new, or a swap); returns the new version with its identity. On error the old
     /// weights stay served.
+    /// A failed load logs one WARN with the adapter, the source and the reason.
     pub async fn load_adapter(&self, name: &AdapterName, source: AdapterSource) -> Result<VersionInfo, CoreError> {
+        let origin = source.origin();
+        let loaded = self.install_logged(name, source).await;
+        if let Err(err) = &loaded {
+            tracing::warn!(adapter = %name, source = %origin, reason = %err, "adapter load failed");
+        }
+        loaded
+    }
+
+    /// [`Coordinator::install`] with its INFO line once loaded: the source, the SHA-256, the size, the load time.
+    async fn install_logged(&self, name: &AdapterName, source: AdapterSource) -> Result<VersionInfo, CoreError> {
         let started = std::time::Instant::now();
         let installed = self.install(name, source).await?;
         tracing::info!(
@@ -444,9 +407,17 @@ impl Coordinator {
     /// Loads weights under `name` from `requested_path` (resolved against the adapter root, see
     /// [`Coordinator::resolve_adapter_path`]); what `LoadLoraAdapter` does. The name is checked before the path.
     pub async fn load_adapter_at(&self, name: &AdapterName, requested_path: &str) -> Result<VersionInfo, CoreError> {
-        self.check_loadable_name(name)?;
-        let source = self.resolve_adapter_path(requested_path).await?;
-        self.load_adapter(name, source).await
+        let resolved = match self.check_loadable_name(name) {
+            Ok(()) => self.resolve_adapter_path(requested_path).await,
+            Err(err) => Err(err),
+        };
+        match resolved {
+            Ok(source) => self.load_adapter(name, source).await,
+            Err(err) => {
+                tracing::warn!(adapter = %name, source = requested_path, reason = %err, "adapter load failed");
+                Err(err)
+            }
+        }
     }
 
     /// Refuses the names reserved for the base model ([`CoordinatorConfig::reserved_names`]); every load does, and a
@@ -530,36 +501,34 @@ impl Coordinator {
     }
 
     /// Stops serving: admits nothing new, lets running requests finish for up to `grace`, then aborts the rest
-    /// (handing back their partial output) and fails held submissions and waiters with "shutting down".
-    pub async fn shutdown(&self, grace: Duration) {
+    /// (handing back their partial output) and fails held submissions and waiters with "shutting down". Says how
+    /// many requests it found, aborted and failed.
+    pub async fn shutdown(&self, grace: Duration) -> ShutdownReport {
         self.inner.shutting_down.cancel();
+        let in_flight = self.statuses().await.iter().map(|status| status.in_flight as usize).sum();
         let _ = tokio::time::timeout(grace, self.inner.live.all_done()).await;
+        let held =
+            self.statuses().await.iter().map(|status| (status.held + status.waiting + status.kept) as usize).sum();
         let handles: Vec<AdapterHandle> = self.inner.published.iter().map(|entry| entry.value().clone()).collect();
         let ack_timeout = self.inner.config.abort_ack_timeout;
-        join_all(handles.iter().map(|handle| async move {
-            if let Ok(pending) = handle.retire(Retirement::ShuttingDown).await {
-                pending.wait(ack_timeout).await;
+        let reports = join_all(handles.iter().map(|handle| async move {
+            match handle.retire(Retirement::ShuttingDown).await {
+                Ok(pending) => pending.wait(ack_timeout).await,
+                Err(_) => AbortReport::default(),
             }
         }))
         .await;
+        let mut report = ShutdownReport { in_flight, held, ..ShutdownReport::default() };
+        for abort in reports {
+            report.aborted += abort.aborted.len() + abort.kept.len();
+            report.unacknowledged += abort.unacknowledged.len();
+        }
         self.inner.manager.stop_and_wait("shutdown", Duration::from_secs(5)).await;
         if let Err(err) = self.inner.config.state.leave().await {
             tracing::warn!(%err, "could not leave the replicas sharing the state; they stop counting this one later");
         }
+        report
     }
-}
-
-/// What a swap did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SwapReport {
-    /// The adapter's version after the swap, with its identity.
-    pub installed: VersionInfo,
-    /// Requests the swap's pause handed back aborted.
-    pub aborted: usize,
-    /// Requests the swap's pause kept (they continue on the new weights).
-    pub kept: usize,
-    /// The KV policy applied to the kept requests.
-    pub kv_policy: KvPolicy,
 }
 
 #[cfg(test)]

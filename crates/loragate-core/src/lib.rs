@@ -87,8 +87,8 @@ pub use contract::{
     ErrorClass, Field, FinishReason, GateState, KvPolicy, Limit, MAX_ADAPTER_NAME_LEN, MAX_LEASE, MAX_OWNER_LEN,
     MAX_REQUEST_ID_LEN, MAX_STALENESS_VALUE, MAX_WAIT_TIMEOUT, ModelInfo, PauseId, PauseInfo, PauseMode, PauseOwner,
     PauseReport, PauseRequest, RequestId, ResumeReport, Retirement, SampleOutput, Segment, SegmentsBuilder,
-    SequenceOutput, Sha256, StalenessPolicy, StalenessStatus, StateError, StopCause, TopLogprobs, VersionInfo,
-    VersionOrigin, VersionWanted, parse_timeout_s,
+    SequenceOutput, Sha256, ShutdownReport, StalenessPolicy, StalenessStatus, StateError, StopCause, TopLogprobs,
+    VersionInfo, VersionOrigin, VersionWanted, parse_timeout_s,
 };
 
 pub use adapter_source::{AdapterRoot, AdapterSource, CONFIG_FILE, WEIGHTS_FILE};

@@ -78,6 +78,8 @@ pub(crate) struct ManagerArgs {
     pub(crate) state: Arc<dyn StateStore>,
     /// How many versions of each adapter stay servable (`--retain-versions`).
     pub(crate) retain_versions: usize,
+    /// The most LoRA adapters loaded or loading at once (`--max-loras`; `None`: no cap).
+    pub(crate) max_loras: Option<usize>,
 }
 
 /// One adapter under supervision.
@@ -96,6 +98,7 @@ pub(crate) struct ManagerState {
     server_load: Arc<ServerLoad>,
     state: Arc<dyn StateStore>,
     retain_versions: usize,
+    max_loras: Option<usize>,
     supervised: HashMap<AdapterKey, Supervised>,
     keys_by_actor: HashMap<ActorId, AdapterKey>,
     /// The global pause, which every new adapter starts with while it is set.
@@ -127,6 +130,7 @@ impl Actor for AdapterManager {
             server_load: args.server_load,
             state: args.state,
             retain_versions: args.retain_versions,
+            max_loras: args.max_loras,
             supervised: HashMap::new(),
             keys_by_actor: HashMap::new(),
             global_pause: None,

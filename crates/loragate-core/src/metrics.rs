@@ -221,6 +221,11 @@ impl CoreMetrics {
         &self.requests
     }
 
+    /// Reports `--max-loras` as `vllm:lora_requests_info`'s `max_lora` (set once, at start).
+    pub(crate) fn set_max_loras(&self, max_loras: usize) {
+        self.requests.set_max_loras(max_loras);
+    }
+
     /// Sets the state gauges from a snapshot of every adapter (adapters no longer listed disappear).
     pub fn set_adapter_gauges(&self, statuses: &[AdapterStatus]) {
         self.requests.set_gauges(statuses);

@@ -466,7 +466,7 @@ fn parse_cache_salt(salt: Option<String>) -> Result<Option<Arc<str>>, CoreError>
 
 fn parse_temperature(temperature: f32) -> Result<f32, CoreError> {
     if !temperature.is_finite() || temperature < 0.0 {
-        return Err(CoreError::invalid(Field::Temperature, format!("must be finite and >= 0, got {temperature}")));
+        return Err(CoreError::invalid(Field::Temperature, format!("must be finite and >= 0, got {temperature:?}")));
     }
     Ok(temperature)
 }
@@ -475,7 +475,7 @@ fn parse_top_p(top_p: Option<f32>) -> Result<f32, CoreError> {
     match top_p {
         None => Ok(1.0),
         Some(p) if p.is_finite() && p > 0.0 && p <= 1.0 => Ok(p),
-        Some(p) => Err(CoreError::invalid(Field::TopP, format!("must be in (0, 1], got {p}"))),
+        Some(p) => Err(CoreError::invalid(Field::TopP, format!("must be in (0, 1], got {p:?}"))),
     }
 }
 
@@ -491,7 +491,7 @@ fn parse_min_p(min_p: f32) -> Result<f32, CoreError> {
     if min_p.is_finite() && (0.0..=1.0).contains(&min_p) {
         Ok(min_p)
     } else {
-        Err(CoreError::invalid(Field::MinP, format!("must be in [0, 1], got {min_p}")))
+        Err(CoreError::invalid(Field::MinP, format!("must be in [0, 1], got {min_p:?}")))
     }
 }
 
@@ -499,7 +499,7 @@ fn parse_repetition_penalty(penalty: Option<f32>) -> Result<f32, CoreError> {
     match penalty {
         None => Ok(1.0),
         Some(p) if p.is_finite() && p > 0.0 => Ok(p),
-        Some(p) => Err(CoreError::invalid(Field::RepetitionPenalty, format!("must be finite and > 0, got {p}"))),
+        Some(p) => Err(CoreError::invalid(Field::RepetitionPenalty, format!("must be finite and > 0, got {p:?}"))),
     }
 }
 
@@ -507,7 +507,7 @@ fn parse_penalty(penalty: f32, field: Field) -> Result<f32, CoreError> {
     if penalty.is_finite() && PENALTY_RANGE.contains(&penalty) {
         Ok(penalty)
     } else {
-        Err(CoreError::invalid(field, format!("must be in [-2, 2], got {penalty}")))
+        Err(CoreError::invalid(field, format!("must be in [-2, 2], got {penalty:?}")))
     }
 }
 

@@ -54,7 +54,7 @@ const SEC_FETCH_SITE: &str = "sec-fetch-site";
 /// the admin key, so a new endpoint is closed until it is classified.
 pub(crate) fn required_action(path: &str) -> Option<Action> {
     match path {
-        "/health" | "/metrics" => None,
+        "/health" | "/ready" | "/metrics" => None,
         "/v1/completions"
         | "/v1/chat/completions"
         | "/inference/v1/generate"
@@ -367,6 +367,7 @@ mod tests {
     #[test]
     fn every_endpoint_is_classified_and_new_ones_need_the_admin_key() {
         assert_eq!(required_action("/health"), None);
+        assert_eq!(required_action("/ready"), None);
         assert_eq!(required_action("/metrics"), None);
         assert_eq!(required_action("/v1/completions"), Some(Action::Sample));
         assert_eq!(required_action("/skyrl/v1/wait_lora_unpaused"), Some(Action::Sample));

@@ -229,3 +229,19 @@ pub(crate) async fn health(State(state): State<AppState>) -> Response {
         Json(json!({"status": "ok"})).into_response()
     }
 }
+
+/// `GET /ready`: whether to send this server work (a Kubernetes readiness probe): 200 `{"status": "ready"}` while
+/// serving; 503 `{"status": "draining"}` once the server is stopping, 503 `{"status": "unhealthy", "reason"}` while
+/// the state store cannot record. While the server starts, the listener answers 503 `{"status": "starting"}` (see
+/// [`crate::StartingResponder`]).
+pub(crate) async fn ready(State(state): State<AppState>) -> Response {
+    let coordinator = state.front().coordinator();
+    if state.is_draining() || coordinator.is_shutting_down() {
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "draining"}))).into_response()
+    } else if let Err(err) = coordinator.state_health() {
+        let body = json!({"status": "unhealthy", "reason": err.to_string()});
+        (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+    } else {
+        Json(json!({"status": "ready"})).into_response()
+    }
+}

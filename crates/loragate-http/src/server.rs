@@ -28,7 +28,7 @@ use crate::global_pause::{
 };
 use crate::guard::{AuthenticateLayer, GuardLayer, no_such_endpoint};
 use crate::models::list_models;
-use crate::observability::{TrackRequestsLayer, health, metrics};
+use crate::observability::{TrackRequestsLayer, health, metrics, ready};
 use crate::state::AppState;
 use crate::tokenize::{detokenize, tokenize};
 
@@ -157,6 +157,7 @@ fn router(state: AppState) -> Router {
         .route("/areal_pause_generation", post(areal_pause_generation))
         .route("/areal_continue_generation", post(areal_continue_generation))
         .route("/health", get(health))
+        .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .merge(crate::versions::routes())
         // One route layer (each wraps every route once more): authentication first, so refusals are not timed.

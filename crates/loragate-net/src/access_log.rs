@@ -120,7 +120,8 @@ impl Line {
             path = self.path,
             status = self.status,
             grpc_status = self.grpc_status.as_deref().unwrap_or(""),
-            adapter = facts.adapter.as_deref().unwrap_or(""),
+            // Absent for a request that sampled nothing; `""` for the base model.
+            adapter = facts.adapter.as_deref(),
             prompt_tokens = facts.prompt_tokens,
             generated_tokens = facts.generated_tokens,
             latency_ms = self.head_ms,

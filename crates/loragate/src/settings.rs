@@ -36,7 +36,7 @@ impl Default for GateDeadlines {
 }
 
 /// The adapters `serve` starts with and how it keeps their versions: `--adapter` / `--lora-modules`,
-/// `--adapter-root`, `--retain-versions`.
+/// `--adapter-root`, `--retain-versions`, `--max-loras`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdapterSettings {
     /// Adapters to load at start.
@@ -46,12 +46,20 @@ pub struct AdapterSettings {
     /// How many versions of each adapter stay loaded and servable to exact pins (`NAME@V`), the current one
     /// included (`--retain-versions`; at least 1).
     pub retain_versions: usize,
+    /// The most LoRA adapters loaded at once (`--max-loras`; `None`: no cap): loads under new names past it are
+    /// refused until one is unloaded.
+    pub max_loras: Option<usize>,
 }
 
 impl Default for AdapterSettings {
     /// No initial adapter, no root, only the current version retained.
     fn default() -> Self {
-        Self { initial: Vec::new(), root: None, retain_versions: CoordinatorConfig::default().retain_versions }
+        Self {
+            initial: Vec::new(),
+            root: None,
+            retain_versions: CoordinatorConfig::default().retain_versions,
+            max_loras: None,
+        }
     }
 }
 

@@ -2,7 +2,9 @@
 //! generation throughput: … tokens/s, Running: N reqs, Waiting: N reqs", with what loragate adds: the requests held at
 //! paused gates and kept by pauses, and the paused adapters with their pause counts. Its counts are those of the
 //! `vllm:num_requests_running` and `vllm:num_requests_waiting` metrics. Logged at INFO while anything runs, waits or
-//! flows, at DEBUG when the server is idle (as vLLM does).
+//! flows, at DEBUG when the server is idle (as vLLM does). Its numbers are fields of the event as well
+//! (`prompt_throughput`, `generation_throughput`, `running`, `waiting`, `held`, `kept`, `paused`: numbers in
+//! `--log-format json`).
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -25,10 +27,25 @@ pub(crate) async fn log_stats(coordinator: Coordinator, interval: Duration, stop
         let now = (Instant::now(), coordinator.metrics().token_totals());
         let (elapsed, (prompt, generation)) = (now.0 - last.0, (now.1.0 - last.1.0, now.1.1 - last.1.1));
         let line = StatsLine::of(&statuses, elapsed, prompt, generation);
+        // The numbers as fields too: `--log-format json` pipelines read them without parsing the message.
+        macro_rules! emit {
+            ($level:ident) => {
+                tracing::$level!(
+                    prompt_throughput = line.prompt_throughput,
+                    generation_throughput = line.generation_throughput,
+                    running = line.running,
+                    waiting = line.waiting,
+                    held = line.held,
+                    kept = line.kept,
+                    paused = line.paused.len(),
+                    "{line}"
+                )
+            };
+        }
         if line.is_idle() {
-            tracing::debug!("{line}");
+            emit!(debug);
         } else {
-            tracing::info!("{line}");
+            emit!(info);
         }
         last = now;
     }

@@ -172,3 +172,89 @@ fn the_access_log_names_each_requests_adapter_and_tokens_once_its_answer_has_end
     assert!(stream["duration_ms"].as_f64() >= stream["latency_ms"].as_f64(), "{stream}");
     served.terminate();
 }
+
+/// `GET PATH` over a plain connection (HTTP/1.1, closed after the answer): the status code and the body.
+fn plain_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("a connection");
+    stream.set_read_timeout(Some(spawned::PATIENCE)).expect("a read timeout");
+    write!(stream, "GET {path} HTTP/1.1\r\nhost: loragate\r\nconnection: close\r\n\r\n").expect("the request");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("the answer");
+    let status = answer.split(' ').nth(1).and_then(|code| code.parse().ok()).expect("a status line");
+    let body = answer.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+#[test]
+fn a_start_waiting_for_a_worker_says_so_first_answers_503_starting_and_stops_on_sigterm() {
+    use std::io::BufRead;
+    // A worker nobody listens on: the start waits for it (up to --worker-wait) as long as this test needs.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("a port").local_addr().expect("its address");
+    let worker = format!("grpc://{closed}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_loragate"))
+        .args(["--log-format", "json", "serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(["--state-dir", "none", "--worker", &worker, "--worker-wait", "600"])
+        .env("LORAGATE_CACHE_DIR", spawned::cache_dir())
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("loragate starts");
+    let mut lines = std::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let first: serde_json::Value =
+        serde_json::from_str(&lines.next().expect("a first line").expect("UTF-8")).expect("a JSON log line");
+    let message = first["fields"]["message"].as_str().expect("a message").to_owned();
+    assert!(message.starts_with("starting: preparing the demo model in "), "{message}");
+    assert!(message.contains("waiting for a first of 1 worker(s)"), "the first line names every step: {message}");
+    let http_addr = first["fields"]["http_addr"].as_str().expect("the HTTP address on the first line").to_owned();
+    // Wait until the start is at the worker (the demo may be generated first), then probe.
+    let waiting = lines
+        .map_while(Result::ok)
+        .find(|line| line.contains("\"starting: waiting for a first of 1 worker(s)"))
+        .expect("the step is said as it begins");
+    assert!(waiting.contains("starting"), "{waiting}");
+    for path in ["/health", "/ready"] {
+        let (status, body) = plain_get(&http_addr, path);
+        assert_eq!(status, 503, "{path}: {body}");
+        let body: serde_json::Value = serde_json::from_str(&body).expect("a JSON body");
+        assert_eq!(body["status"], "starting", "{path}: {body}");
+        assert!(body["step"].as_str().is_some_and(|step| step.contains("worker")), "{path}: {body}");
+    }
+    let (status, body) = plain_get(&http_addr, "/v1/models");
+    assert!(status == 503 && body.contains("GET /ready"), "{status} {body}");
+
+    let sent = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill runs");
+    assert!(sent.success());
+    let deadline = std::time::Instant::now() + spawned::PATIENCE;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "a signal while starting stops the start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(!status.success(), "nothing was served");
+}
+
+#[test]
+fn serve_is_ready_once_serving_and_says_what_sigterm_aborted_and_that_shutdown_is_done() {
+    let served = Spawned::serve_logging(&["--log-format", "json"], "info");
+    let http_addr = served.field("http_addr");
+    assert_eq!(plain_get(&http_addr, "/ready"), (200, r#"{"status":"ready"}"#.to_owned()));
+    assert_eq!(plain_get(&http_addr, "/health").0, 200);
+    let (status, stderr) = served.terminate_with_stderr();
+    assert!(status.success(), "{stderr}");
+    let lines: Vec<serde_json::Value> = stderr.lines().filter_map(|line| serde_json::from_str(line).ok()).collect();
+    let first = lines.first().expect("a first line");
+    assert!(first["fields"]["message"].as_str().is_some_and(|message| message.starts_with("starting: ")), "{first}");
+    let report = lines
+        .iter()
+        .find(|line| line["fields"]["message"].as_str().is_some_and(|message| message.starts_with("shutdown: ")))
+        .unwrap_or_else(|| panic!("the shutdown's counts in {stderr}"));
+    for count in ["in_flight", "finished", "aborted", "unacknowledged", "held"] {
+        assert_eq!(report["fields"][count], 0, "nothing ran: {report}");
+    }
+    let last = lines.last().expect("a last line");
+    assert_eq!(last["fields"]["message"], "shutdown complete", "{stderr}");
+}

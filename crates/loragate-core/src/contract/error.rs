@@ -277,6 +277,13 @@ pub enum CoreError {
         /// The adapter (or base model) the request was for.
         adapter: AdapterKey,
     },
+    /// A load under a new name while `--max-loras` adapters are loaded or loading: refused at once; unloading one
+    /// frees a place.
+    #[error("--max-loras {max_loras} adapters are loaded or loading; unload one before loading another name")]
+    TooManyAdapters {
+        /// The cap.
+        max_loras: usize,
+    },
     /// Authentication is on and the caller presented no key, or an unknown one (the reason never contains the
     /// key).
     #[error("unauthenticated: {0} (send `Authorization: Bearer <key>`)")]
@@ -342,7 +349,7 @@ impl CoreError {
             Self::DrainTimedOut { .. } => ErrorClass::Timeout,
             Self::SwapFailed { source, .. } => source.class(),
             Self::AbortedWhileKept(_) => ErrorClass::Conflict,
-            Self::Overloaded { .. } => ErrorClass::Overloaded,
+            Self::Overloaded { .. } | Self::TooManyAdapters { .. } => ErrorClass::Overloaded,
             Self::Unauthenticated(_) => ErrorClass::Unauthenticated,
             Self::PermissionDenied { .. } => ErrorClass::Forbidden,
             Self::Engine(engine) => engine.class(),
@@ -368,6 +375,7 @@ impl CoreError {
             Self::AdapterUnavailable(_) => "adapter_unavailable",
             Self::ShuttingDown => "shutting_down",
             Self::Overloaded { .. } => "overloaded",
+            Self::TooManyAdapters { .. } => "too_many_adapters",
             Self::Unauthenticated(_) => "unauthenticated",
             Self::PermissionDenied { .. } => "permission_denied",
             Self::Engine(engine) => engine.kind(),

@@ -192,12 +192,12 @@ impl PauseRequest {
     pub fn parse(mode: PauseMode, owner: &str, lease_s: f64) -> Result<Self, CoreError> {
         let owner = PauseOwner::named(owner)?;
         if !lease_s.is_finite() || lease_s < 0.0 {
-            return Err(CoreError::invalid(Field::LeaseS, format!("must be finite and >= 0, got {lease_s}")));
+            return Err(CoreError::invalid(Field::LeaseS, format!("must be finite and >= 0, got {lease_s:?}")));
         }
         if lease_s > MAX_LEASE.as_secs_f64() {
             return Err(CoreError::invalid(
                 Field::LeaseS,
-                format!("is {lease_s} s, the longest lease is {} s (24 h)", MAX_LEASE.as_secs()),
+                format!("is {lease_s:?} s, the longest lease is {} s (24 h)", MAX_LEASE.as_secs()),
             ));
         }
         let lease = (lease_s > 0.0).then(|| Duration::from_secs_f64(lease_s));
@@ -268,7 +268,7 @@ pub const MAX_WAIT_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 /// Parses a `timeout_s`: finite and non-negative; values over [`MAX_WAIT_TIMEOUT`] are shortened to it.
 pub fn parse_timeout_s(raw: f64) -> Result<Duration, CoreError> {
     if !raw.is_finite() || raw < 0.0 {
-        return Err(CoreError::invalid(Field::TimeoutS, format!("must be finite and >= 0, got {raw}")));
+        return Err(CoreError::invalid(Field::TimeoutS, format!("must be finite and >= 0, got {raw:?}")));
     }
     Ok(Duration::from_secs_f64(raw.min(MAX_WAIT_TIMEOUT.as_secs_f64())))
 }
@@ -276,6 +276,16 @@ pub fn parse_timeout_s(raw: f64) -> Result<Duration, CoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refused_numbers_are_printed_readably() {
+        let err = PauseRequest::parse(PauseMode::Abort, "x", 1e300).expect_err("too long");
+        assert!(err.to_string().contains("is 1e300 s"), "{err}");
+        let err = parse_timeout_s(-1e300).expect_err("negative");
+        assert!(err.to_string().ends_with("got -1e300"), "{err}");
+        let err = PauseRequest::parse(PauseMode::Abort, "x", -2.5).expect_err("negative");
+        assert!(err.to_string().ends_with("got -2.5"), "{err}");
+    }
 
     #[test]
     fn bad_owners_leases_and_modes_name_their_field() {

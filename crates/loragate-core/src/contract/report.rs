@@ -1,5 +1,5 @@
 //! What the control operations answer: an adapter's state (as `ListLoraAdapters` reports it), and what a pause, a
-//! resume and an abort did.
+//! resume, an abort and a shutdown did.
 
 use super::ids::{AdapterKey, AdapterVersion, RequestId};
 use super::pause::{KvPolicy, PauseId, PauseInfo, PauseMode};
@@ -93,4 +93,18 @@ impl AbortReport {
             );
         }
     }
+}
+
+/// What a shutdown did to the requests it found (counts over every adapter).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Sampling requests admitted (queued or running) when the shutdown began.
+    pub in_flight: usize,
+    /// Of those, the ones still running after the grace, handed back with `FINISH_REASON_ABORT`.
+    pub aborted: usize,
+    /// Requests cancelled but not handed back within the acknowledgement timeout (they still end as aborted).
+    pub unacknowledged: usize,
+    /// Requests held at a paused gate, waiting for an adapter to reopen or kept by a keep-mode pause when the grace
+    /// ended: they fail with `UNAVAILABLE` (retry elsewhere).
+    pub held: usize,
 }

@@ -30,7 +30,11 @@ impl PushUpload {
 
     /// Takes the next bytes of `adapter_model.safetensors` (see [`Receiver::write`]).
     pub async fn write(&mut self, chunk: &[u8]) -> Result<(), CoreError> {
-        self.receiver.write(chunk).await
+        let written = self.receiver.write(chunk).await;
+        if let Err(err) = &written {
+            tracing::warn!(adapter = %self.name, source = "push", reason = %err, "adapter push failed");
+        }
+        written
     }
 }
 
@@ -43,6 +47,15 @@ impl Coordinator {
     /// Starts receiving a push to `name`, declared by `header`. Refuses at once a name that cannot take one, a
     /// server that is stopping or has no adapter store, and a declared size over the limit.
     pub async fn begin_push(&self, name: &AdapterName, header: PushHeader) -> Result<PushUpload, CoreError> {
+        let begun = self.start_push(name, header).await;
+        if let Err(err) = &begun {
+            tracing::warn!(adapter = %name, source = "push", reason = %err, "adapter push failed");
+        }
+        begun
+    }
+
+    /// [`Coordinator::begin_push`] without its warning on failure.
+    async fn start_push(&self, name: &AdapterName, header: PushHeader) -> Result<PushUpload, CoreError> {
         if self.is_shutting_down() {
             return Err(CoreError::ShuttingDown);
         }
@@ -85,7 +98,8 @@ impl Coordinator {
 
     /// Ends a push: checks the whole file and its SHA-256, moves it into the store and installs it as
     /// [`Coordinator::swap_adapter`] does in `mode` (a new name is loaded). On any error the old version keeps
-    /// serving and nothing of the push is kept.
+    /// serving and nothing of the push is kept. Every failure logs one WARN (a failed swap of the pushed weights as
+    /// `adapter swap failed`, source `push`).
     pub async fn finish_push(
         &self,
         upload: PushUpload,
@@ -94,7 +108,9 @@ impl Coordinator {
         client_deadline: Option<Instant>,
     ) -> Result<SwapReport, CoreError> {
         let PushUpload { name, receiver } = upload;
-        let stored = receiver.finish().await?;
+        let stored = receiver.finish().await.inspect_err(|err| {
+            tracing::warn!(adapter = %name, source = "push", reason = %err, "adapter push failed");
+        })?;
         let swapped = self.swap_adapter(&name, stored.source.clone(), mode, kv_policy, client_deadline).await;
         drop(stored.lease);
         self.collect_store_garbage().await;

@@ -198,7 +198,29 @@ impl Coordinator {
             Some(record) if serving && declares(&record, &dir) => {
                 (Reconciled::Kept(record.version), record.declared_path.as_deref() == Some(dir.as_path()))
             }
-            _ => (Reconciled::Loaded(self.load_adapter(name, source).await?.version), false),
+            Some(record) => {
+                let installed = self.load_adapter(name, source).await?;
+                let why = if serving {
+                    "the flag names another directory than the one it was loaded from"
+                } else {
+                    "the recorded weights could not be loaded"
+                };
+                tracing::warn!(
+                    adapter = %name,
+                    recorded_version = %record.version,
+                    recorded_source = %record.source.path.display(),
+                    version = %installed.version,
+                    source = %dir.display(),
+                    "{name} now serves other weights than recorded: {why}, so version {} from {} replaces the \
+                     recorded version {} from {}",
+                    installed.version,
+                    dir.display(),
+                    record.version,
+                    record.source.path.display()
+                );
+                (Reconciled::Loaded(installed.version), false)
+            }
+            None => (Reconciled::Loaded(self.load_adapter(name, source).await?.version), false),
         };
         if !already_declared {
             self.inner.config.state.record(vec![StateChange::Declared { name: name.clone(), path: dir }]).await?;

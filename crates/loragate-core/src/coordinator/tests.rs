@@ -22,6 +22,7 @@ use crate::testing::{ScriptedEngine, coordinator_with_adapters, eventually};
 
 mod fetch;
 mod interleavings;
+mod max_loras;
 mod pause_modes;
 mod remote;
 mod restart;

@@ -23,6 +23,12 @@ impl ManagerState {
     ) {
         let key = AdapterKey::Lora(name.clone());
         if !self.supervised.contains_key(&key) {
+            if let Some(max_loras) = self.max_loras
+                && self.supervised.keys().filter(|key| matches!(key, AdapterKey::Lora(_))).count() >= max_loras
+            {
+                let _ = reply.send(Err(CoreError::TooManyAdapters { max_loras }));
+                return;
+            }
             // Its versions come from the state store, above every version issued for the name before.
             if let Err(err) = self.spawn(myself, key.clone(), AdapterVersion::BASE).await {
                 tracing::error!(adapter = %name, %err, "could not start the adapter's actor");

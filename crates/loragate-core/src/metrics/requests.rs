@@ -77,6 +77,8 @@ pub(crate) struct RequestMetrics {
     generation_tokens: Family<AdapterLabels, Counter>,
     success: Family<FinishLabels, Counter>,
     lora_info: Family<LoraInfoLabels, TimestampGauge>,
+    /// `--max-loras`, reported as `max_lora` when set (else the number of adapters loaded).
+    max_loras: Arc<std::sync::OnceLock<usize>>,
     totals: Arc<TokenTotals>,
 }
 
@@ -105,6 +107,7 @@ impl Default for RequestMetrics {
             generation_tokens: Family::default(),
             success: Family::default(),
             lora_info: Family::default(),
+            max_loras: Arc::default(),
             totals: Arc::default(),
         }
     }
@@ -173,6 +176,11 @@ impl RequestMetrics {
         }
     }
 
+    /// Reports `max_loras` (`--max-loras`) as `vllm:lora_requests_info`'s `max_lora` (set once, at start).
+    pub(crate) fn set_max_loras(&self, max_loras: usize) {
+        let _ = self.max_loras.set(max_loras);
+    }
+
     /// Sets `vllm:lora_requests_info` from a snapshot of every adapter: one series, valued now (unix seconds).
     fn set_lora_info(&self, statuses: &[AdapterStatus]) {
         let mut running = Vec::new();
@@ -184,7 +192,7 @@ impl RequestMetrics {
         running.sort_unstable();
         waiting.sort_unstable();
         let labels = LoraInfoLabels {
-            max_lora: (running.len() + waiting.len()).to_string(),
+            max_lora: self.max_loras.get().copied().unwrap_or(running.len() + waiting.len()).to_string(),
             running_lora_adapters: running.join(","),
             waiting_lora_adapters: waiting.join(","),
         };

@@ -131,7 +131,8 @@ impl Driver {
         cell.metrics.requests().record_prompt(&cell.labels, request.prompt().len());
         let facts = RequestFacts::current();
         if let Some(facts) = &facts {
-            let adapter = request.adapter().adapter_name().map_or("base", AdapterName::as_str);
+            // The base model is `""`, as its key's wire form and the metrics' `adapter` label spell it.
+            let adapter = request.adapter().adapter_name().map_or("", AdapterName::as_str);
             facts.record_prompt(adapter, request.prompt().len());
         }
         Self {

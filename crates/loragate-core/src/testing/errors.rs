@@ -98,6 +98,7 @@ pub fn every_core_error() -> Vec<CoreError> {
         AdapterUnavailable => [CoreError::AdapterUnavailable(meow())],
         ShuttingDown => [CoreError::ShuttingDown],
         Overloaded => [CoreError::Overloaded { limit: Limit::InFlightPerAdapter, cap: 8, adapter: meow() }],
+        TooManyAdapters => [CoreError::TooManyAdapters { max_loras: 4 }],
         Unauthenticated => [CoreError::Unauthenticated("no API key was presented")],
         PermissionDenied => [
             CoreError::PermissionDenied { action: Action::Control, adapter: Some(meow()) },

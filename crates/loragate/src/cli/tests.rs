@@ -464,3 +464,16 @@ fn agent_takes_a_directory_an_address_and_an_optional_key() {
     assert!(Cli::try_parse_from(["loragate", "agent", "--http-addr", "127.0.0.1:0"]).is_err(), "--adapter-dir");
     assert!(Cli::try_parse_from(["loragate", "agent", "--adapter-dir", "d"]).is_err(), "--http-addr");
 }
+
+#[test]
+fn serve_takes_vllms_lora_flags_and_caps_the_loaded_adapters() {
+    assert_eq!(serve_config(&["loragate", "serve"]).adapters.max_loras, None, "no cap by default");
+    let lora_flags = ["--enable-lora", "--max-loras", "4", "--max-cpu-loras", "8", "--max-lora-rank", "16"];
+    let config = serve_config(&[&["loragate", "serve"][..], &lora_flags].concat());
+    assert_eq!((config.adapters.max_loras, config.engine.max_lora_rank), (Some(4), 16));
+    for refused in [["--max-loras", "0"], ["--max-cpu-loras", "0"]] {
+        let mut args = vec!["loragate", "serve"];
+        args.extend(refused);
+        assert!(Cli::try_parse_from(&args).is_err(), "{refused:?}");
+    }
+}

@@ -21,8 +21,10 @@ use crate::text_codec::TokenizerCodec;
 
 /// Both fronts' listeners, bound before anything else starts so that a port clash fails before the model loads.
 pub(super) struct Listeners {
-    grpc: TcpListener,
-    http: TcpListener,
+    /// The gRPC listener.
+    pub(super) grpc: TcpListener,
+    /// The HTTP listener.
+    pub(super) http: TcpListener,
     /// Where gRPC was bound.
     pub(super) grpc_addr: SocketAddr,
     /// Where HTTP was bound.

@@ -34,10 +34,15 @@ impl Spawned {
     /// [`Spawned::start`], or what the child wrote to stderr if it exited before its ready line. Its stderr is
     /// passed on line by line (captured with the test's output).
     pub fn try_start(args: &[&str]) -> Result<Self, String> {
+        Self::try_start_logging(args, "warn")
+    }
+
+    /// [`Spawned::try_start`] with `RUST_LOG=rust_log`.
+    pub fn try_start_logging(args: &[&str], rust_log: &str) -> Result<Self, String> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_loragate"))
             .args(args)
             .env("LORAGATE_CACHE_DIR", cache_dir())
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", rust_log)
             .env("RAYON_NUM_THREADS", "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -75,6 +80,11 @@ impl Spawned {
 
     /// `loragate serve ARGS` on free loopback ports, with its own temporary state directory.
     pub fn serve(args: &[&str]) -> Self {
+        Self::serve_logging(args, "warn")
+    }
+
+    /// [`Spawned::serve`] with `RUST_LOG=rust_log`.
+    pub fn serve_logging(args: &[&str], rust_log: &str) -> Self {
         let state_dir = tempfile::tempdir().expect("a state directory");
         let state_path = state_dir.path().to_str().expect("a UTF-8 temporary path").to_owned();
         let mut all = vec!["serve"];
@@ -87,7 +97,8 @@ impl Spawned {
             "--state-dir",
             &state_path,
         ]);
-        let mut spawned = Self::start(&all);
+        let mut spawned = Self::try_start_logging(&all, rust_log)
+            .unwrap_or_else(|stderr| panic!("loragate {all:?} did not start: {stderr}"));
         // Dropped after the child is killed (`Drop` runs before the fields go).
         spawned._state_dir = Some(state_dir);
         spawned
@@ -106,6 +117,21 @@ impl Spawned {
     /// The child's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// [`Spawned::terminate`], and everything it wrote to stderr (its stderr read to its end).
+    pub fn terminate_with_stderr(self) -> (ExitStatus, String) {
+        let written = self.stderr.clone();
+        let status = self.terminate();
+        let deadline = Instant::now() + PATIENCE;
+        // The reader thread sees the end of stderr once the child is gone; poll for its last line.
+        loop {
+            let text = written.lock().expect("stderr lock").clone();
+            if text.contains("shutdown complete") || Instant::now() > deadline {
+                return (status, text);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Sends SIGTERM and waits (bounded) for the exit status.

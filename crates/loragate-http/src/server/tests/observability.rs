@@ -1,4 +1,4 @@
-//! `/metrics` and `/health`.
+//! `/metrics`, `/health` and `/ready`.
 
 use serde_json::json;
 
@@ -103,21 +103,24 @@ async fn vllm_shaped_metrics_are_there_at_zero_from_the_start_and_count_requests
 }
 
 #[tokio::test]
-async fn health_turns_503_once_draining_begins() {
+async fn health_and_readiness_turn_503_once_draining_begins() {
     let mut harness = serve(&["meow"]).await;
     let (status, body) = harness.get("/health").await;
     assert_eq!((status, body), (StatusCode::OK, json!({"status": "ok"})));
+    assert_eq!(harness.get("/ready").await, (StatusCode::OK, json!({"status": "ready"})));
     let _ = harness.drain.take().expect("drain once").send(());
     eventually("health reports draining", || async {
         harness.get("/health").await.0 == StatusCode::SERVICE_UNAVAILABLE
     })
     .await;
+    let draining = (StatusCode::SERVICE_UNAVAILABLE, json!({"status": "draining"}));
+    assert_eq!(harness.get("/ready").await, draining, "not ready while draining");
     let (status, _) = harness.post("/v1/completions", json!({"model": "meow", "prompt": "x", "max_tokens": 1})).await;
     assert_eq!(status, StatusCode::OK, "draining servers still finish work (the coordinator decides when to stop)");
 }
 
 #[tokio::test]
-async fn health_is_503_while_the_state_store_cannot_record_and_200_once_it_can() {
+async fn health_and_readiness_are_503_while_the_state_store_cannot_record_and_200_once_it_can() {
     let store = Arc::new(loragate_core::testing::FailingStore::default());
     let config = CoordinatorConfig { state: store.clone(), ..CoordinatorConfig::default() };
     let harness = serve_engine(ScriptedEngine::new(HOLD_AFTER), config, &["meow"]).await;
@@ -126,8 +129,11 @@ async fn health_is_503_while_the_state_store_cannot_record_and_200_once_it_can()
     let (status, body) = harness.get("/health").await;
     assert_eq!((status, &body["status"]), (StatusCode::SERVICE_UNAVAILABLE, &json!("unhealthy")), "{body}");
     assert!(body["reason"].as_str().is_some_and(|reason| reason.contains("disk full")), "{body}");
+    let (status, body) = harness.get("/ready").await;
+    assert_eq!((status, &body["status"]), (StatusCode::SERVICE_UNAVAILABLE, &json!("unhealthy")), "{body}");
     store.set_failing(false);
     assert_eq!(harness.get("/health").await, (StatusCode::OK, json!({"status": "ok"})), "healthy again at once");
+    assert_eq!(harness.get("/ready").await, (StatusCode::OK, json!({"status": "ready"})), "ready again at once");
 }
 
 #[tokio::test]
