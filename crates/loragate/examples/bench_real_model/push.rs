@@ -97,7 +97,7 @@ fn start(args: &Args, model: &Path) -> PushServer {
 
 impl PushServer {
     fn adapter_dir(&self, round: usize) -> PathBuf {
-        self.adapters.path().join(if round % 2 == 0 { "rank16-11" } else { "rank16-12" })
+        self.adapters.path().join(if round.is_multiple_of(2) { "rank16-11" } else { "rank16-12" })
     }
 
     /// Installs `dir` as the next version of [`NAME`] by `how`; the version installed.
