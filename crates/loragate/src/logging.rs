@@ -45,7 +45,10 @@ where
     W: for<'writer> MakeWriter<'writer> + Send + Sync + 'static,
 {
     let filter = filter(access_log);
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
+    // A log line that cannot be written (stderr closed: a log collector gone, a reader that stopped reading) is
+    // dropped. The default reports it with `eprintln!` to the same closed stderr, which panics: the server would die
+    // of its logs.
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).log_internal_errors(false);
     match format {
         LogFormat::Text => builder.with_ansi(ansi).init(),
         LogFormat::Json => builder.with_ansi(false).event_format(JsonLines).init(),
