@@ -14,11 +14,12 @@ use http::Uri;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use loragate_core::{
     Action, AdapterKey, AdapterName, AdapterVersion, CONFIG_FILE, CoreError, KvPolicy, PauseMode, Principal,
-    PushHeader, VersionOrigin, WEIGHTS_FILE,
+    VersionOrigin, WEIGHTS_FILE,
 };
 use serde_json::{Value, json};
 
 use crate::error::HttpError;
+use crate::push_body::PushBody;
 use crate::state::AppState;
 
 /// The query of a push: `mode` (`abort`, `wait`, `keep`; default keep), `kv` (`recompute`, `reuse`; default
@@ -65,36 +66,12 @@ pub(crate) async fn push_adapter(
 ) -> Result<Json<Value>, HttpError> {
     let name = authorized(&caller, &raw_name, Action::Control)?;
     let PushQuery { mode, kv_policy, sha256 } = push_query(request.uri())?;
-    let content_type = request.headers().get(CONTENT_TYPE).and_then(|value| value.to_str().ok()).map(str::to_owned);
-    let boundary = content_type
-        .as_deref()
-        .and_then(|value| multer::parse_boundary(value).ok())
-        .ok_or_else(|| HttpError::UnsupportedMediaType(content_type.clone()))?;
-    let mut parts = multer::Multipart::new(request.into_body().into_data_stream(), boundary);
+    let mut body = PushBody::of(request)?;
     let coordinator = state.front().coordinator();
-
-    let mut config = next_part(&mut parts, CONFIG_FILE).await?;
-    let mut config_bytes = Vec::new();
-    while let Some(chunk) = config.chunk().await.map_err(multipart_error)? {
-        if config_bytes.len() + chunk.len() > loragate_core::adapter_store::MAX_CONFIG_BYTES {
-            return Err(HttpError::invalid(CONFIG_FILE, "is over 1 MiB"));
-        }
-        config_bytes.extend_from_slice(&chunk);
-    }
-    // A part must be dropped before the next one is read.
-    drop(config);
-    let declared = PushHeader::parse(config_bytes, &sha256, None).map_err(HttpError::control)?;
-    let mut weights = next_part(&mut parts, WEIGHTS_FILE).await?;
+    let declared = body.header(&sha256).await?;
     // Dropping the upload (an error, or the client gone) removes what was received.
     let mut upload = coordinator.begin_push(&name, declared).await.map_err(HttpError::control)?;
-    while let Some(chunk) = weights.chunk().await.map_err(multipart_error)? {
-        upload.write(&chunk).await.map_err(HttpError::control)?;
-    }
-    drop(weights);
-    if let Some(extra) = parts.next_field().await.map_err(multipart_error)? {
-        let extra = extra.name().unwrap_or("(unnamed)").to_owned();
-        return Err(HttpError::invalid(extra, "a push has two parts: adapter_config.json, adapter_model.safetensors"));
-    }
+    body.weights_into(&mut upload).await?;
     let swap = coordinator.finish_push(upload, mode, kv_policy, None).await.map_err(HttpError::control)?;
     Ok(Json(json!({
         "status": "ok",
@@ -106,28 +83,6 @@ pub(crate) async fn push_adapter(
         "kept_count": swap.kept,
         "kv_policy": swap.kv_policy.as_str(),
     })))
-}
-
-/// The next part, which must be named `expected`.
-pub(crate) async fn next_part<'a>(
-    parts: &mut multer::Multipart<'a>,
-    expected: &'static str,
-) -> Result<multer::Field<'a>, HttpError> {
-    let Some(field) = parts.next_field().await.map_err(multipart_error)? else {
-        return Err(HttpError::MissingField(expected));
-    };
-    match field.name() {
-        Some(name) if name == expected => Ok(field),
-        other => Err(HttpError::invalid(
-            other.unwrap_or("(unnamed part)").to_owned(),
-            format!("expected the part {expected}: a push sends adapter_config.json, then adapter_model.safetensors"),
-        )),
-    }
-}
-
-/// A body that is not well-formed multipart (or could not be read) is refused naming what was being read.
-pub(crate) fn multipart_error(err: multer::Error) -> HttpError {
-    HttpError::invalid("body", format!("not a readable multipart/form-data body: {err}"))
 }
 
 /// `GET /v1/lora_adapters/{name}`: the adapter's state, its current `version` and `sha256`, and every servable

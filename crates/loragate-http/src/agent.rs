@@ -22,19 +22,15 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::header::AUTHORIZATION;
 use axum::routing::put;
 use http::Uri;
-use loragate_core::adapter_store::MAX_CONFIG_BYTES;
-use loragate_core::{
-    AdapterLayout, AdapterStore, CONFIG_FILE, CoreError, Key, Keyring, PushHeader, WEIGHTS_FILE, bearer_token,
-    check_push_name,
-};
+use loragate_core::{AdapterLayout, AdapterStore, CoreError, Key, Keyring, bearer_token, check_push_name};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-use crate::adapters::{multipart_error, next_part};
 use crate::error::HttpError;
+use crate::push_body::PushBody;
 
 /// The directory under the agent's directory where pushes are received.
 pub const AGENT_STORE_DIR: &str = ".loragate-agent";
@@ -126,36 +122,13 @@ async fn push(
     loragate_core::AdapterName::parse(&name).map_err(HttpError::control)?;
     check_push_name(&name).map_err(HttpError::control)?;
     let AgentQuery { sha256, version } = agent_query(request.uri())?;
-    let content_type = request.headers().get(CONTENT_TYPE).and_then(|value| value.to_str().ok()).map(str::to_owned);
-    let boundary = content_type
-        .as_deref()
-        .and_then(|value| multer::parse_boundary(value).ok())
-        .ok_or_else(|| HttpError::UnsupportedMediaType(content_type.clone()))?;
-    let mut parts = multer::Multipart::new(request.into_body().into_data_stream(), boundary);
-
-    let mut config = next_part(&mut parts, CONFIG_FILE).await?;
-    let mut config_bytes = Vec::new();
-    while let Some(chunk) = config.chunk().await.map_err(multipart_error)? {
-        if config_bytes.len() + chunk.len() > MAX_CONFIG_BYTES {
-            return Err(HttpError::invalid(CONFIG_FILE, "is over 1 MiB"));
-        }
-        config_bytes.extend_from_slice(&chunk);
-    }
-    drop(config);
-    let declared = PushHeader::parse(config_bytes, &sha256, None).map_err(HttpError::control)?;
-    let mut weights = next_part(&mut parts, WEIGHTS_FILE).await?;
+    let mut body = PushBody::of(request)?;
+    let declared = body.header(&sha256).await?;
     // No model here: the safetensors structure is checked by the receiver, the layout by the worker when it loads.
     let no_layout_check = Arc::new(|_: &AdapterLayout| Ok::<(), CoreError>(()));
     // Dropping the receiver (an error, or the client gone) removes what was received.
     let mut receiver = agent.store.receive(declared, no_layout_check).await.map_err(HttpError::control)?;
-    while let Some(chunk) = weights.chunk().await.map_err(multipart_error)? {
-        receiver.write(&chunk).await.map_err(HttpError::control)?;
-    }
-    drop(weights);
-    if let Some(extra) = parts.next_field().await.map_err(multipart_error)? {
-        let extra = extra.name().unwrap_or("(unnamed)").to_owned();
-        return Err(HttpError::invalid(extra, "a push has two parts: adapter_config.json, adapter_model.safetensors"));
-    }
+    body.weights_into(&mut receiver).await?;
     let stored = receiver.finish().await.map_err(HttpError::control)?;
     let (sha256, bytes) = (stored.sha256, stored.bytes);
     let (dir, store, blob) = (agent.dir.clone(), agent.store.clone(), stored.source.dir().to_owned());

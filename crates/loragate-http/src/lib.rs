@@ -43,6 +43,7 @@ mod json_body;
 mod models;
 mod observability;
 mod output;
+mod push_body;
 mod sampling;
 mod server;
 mod sglang;
