@@ -117,7 +117,7 @@ pub struct EngineArgs {
     /// 16, at most what --max-num-batched-tokens leaves) that keep it within FACTOR times the decode-only step of the
     /// batch the waiting requests bring in, and the rest of the prompts go in the steps after; with nothing decoding
     /// prompts take the whole budget. So other adapters' inter-token gaps stay near their decode-only gaps while a
-    /// swap's continuations or long prompts are prefilled. Default 1.5: the goal is another stream's largest gap
+    /// swap's continuations or long prompts are prefilled. Why 1.5: the goal is another stream's largest gap
     /// within 2x its p99 during a swap, and 1.5 leaves a third of that for the fit's error on a busy machine, while a
     /// swap's 32 continuations, judged against the 33-row batch they rejoin, still get chunks near the full budget
     /// beside the rows left (smaller factors refill them more slowly). `off`: every step takes the whole token
