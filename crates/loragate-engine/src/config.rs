@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::EngineLoadError;
-use crate::scheduler::StepLimits;
+use crate::scheduler::{StepCostModel, StepLimits, StepTarget};
 
 /// Where the model runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -220,6 +220,13 @@ pub struct EngineConfig {
     /// `enable_prefix_caching`): full blocks named by their adapter, its version, the request's cache salt and
     /// every token up to them.
     pub enable_prefix_caching: bool,
+    /// How much longer than a decode-only step of the batch a step with prompt chunks may take
+    /// (`--max-step-slowdown`): the engine times its steps, fits what a decode row and a prompt token cost, and
+    /// gives each step only the prompt tokens that keep it within this many times the decode-only step of the batch
+    /// the queued requests bring in; the rest of the prompts go in the steps after. So other tenants' inter-token
+    /// gaps stay near their decode-only gaps while prompts (a swap's continuations) arrive. `None`: every step takes
+    /// the whole token budget ([`EngineConfig::max_num_batched_tokens`]).
+    pub max_step_slowdown: Option<StepTarget>,
 }
 
 impl EngineConfig {
@@ -352,7 +359,8 @@ impl EngineConfig {
                 device_default.max(max_batch_size + Self::MIN_PREFILL_TOKENS_PER_STEP)
             }
         };
-        Ok(StepLimits { max_batch_size, max_num_batched_tokens })
+        let cost_prior = if device.is_cuda() { StepCostModel::gpu_prior() } else { StepCostModel::cpu_prior() };
+        Ok(StepLimits { max_batch_size, max_num_batched_tokens, step_target: self.max_step_slowdown, cost_prior })
     }
 }
 
@@ -370,6 +378,7 @@ impl Default for EngineConfig {
             quantized_weights: QuantizedWeights::default(),
             kv_cache_memory_bytes: None,
             enable_prefix_caching: true,
+            max_step_slowdown: Some(StepTarget::DEFAULT),
         }
     }
 }

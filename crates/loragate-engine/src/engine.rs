@@ -145,6 +145,12 @@ impl CandleEngine {
         KvCacheStats::of(&self.kv_pool)
     }
 
+    /// What an engine step costs, as fitted to the steps run so far (the cautious prior until one has run): what
+    /// `--max-step-slowdown` sizes prompt chunks by.
+    pub fn step_cost(&self) -> crate::StepCost {
+        self.step_thread.step_cost()
+    }
+
     /// Refuses a request one of whose sequences could not fit in the KV cache even alone.
     fn check_fits(&self, request: &SampleRequest) -> Result<(), EngineError> {
         // The last token's keys and values are never computed.

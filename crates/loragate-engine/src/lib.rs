@@ -49,5 +49,6 @@ pub use engine::{CandleEngine, EngineFacts, KvCacheStats, read_model_info};
 pub use error::EngineLoadError;
 pub use gguf::{ChatTemplateSource, ModelFormat, gguf_chat_template};
 pub use random_adapter::{RandomAdapter, RandomAdapterError, write_random_adapter};
+pub use scheduler::{StepCost, StepTarget};
 pub use synthetic::ModelShape;
 pub use tokenizer::{TOKENIZER_FILE, Tokenizer, TokenizerError};

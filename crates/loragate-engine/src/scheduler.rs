@@ -27,6 +27,7 @@
 //! current step, and every request still in it ends with [`EngineError::Stopped`].
 
 mod batch;
+mod cost;
 mod fair;
 mod outbox;
 mod park;
@@ -50,6 +51,8 @@ use crate::model::{KvCache, Llama};
 use batch::Batch;
 use pending::Pending;
 
+pub(crate) use cost::StepCostModel;
+pub use cost::{StepCost, StepTarget};
 pub(crate) use outbox::outbox;
 pub(crate) use sequence::Submission;
 
@@ -65,6 +68,8 @@ pub(crate) enum Command {
 pub(crate) struct StepThread {
     commands: Sender<Command>,
     handle: Option<JoinHandle<()>>,
+    /// The step cost the thread has fitted, as of its last step.
+    cost: Arc<parking_lot::Mutex<StepCost>>,
 }
 
 impl StepThread {
@@ -72,6 +77,7 @@ impl StepThread {
     pub(crate) fn spawn(model: Llama, cache: KvCache, limits: StepLimits) -> std::io::Result<Self> {
         let (commands, receiver) = mpsc::channel();
         let scheduler = Scheduler::new(model, cache, receiver, limits);
+        let cost = scheduler.published_cost.clone();
         let threads = rayon::current_num_threads();
         let handle = std::thread::Builder::new().name("loragate-engine-step".into()).spawn(move || {
             // The steps run on a worker of the engine's own compute pool: a forward pass's parallel products then
@@ -89,7 +95,12 @@ impl StepThread {
                 }
             }
         })?;
-        Ok(Self { commands, handle: Some(handle) })
+        Ok(Self { commands, handle: Some(handle), cost })
+    }
+
+    /// What a step costs, as fitted to the steps run so far (the prior until one has run).
+    pub(crate) fn step_cost(&self) -> StepCost {
+        *self.cost.lock()
     }
 
     /// Hands `submission` to the thread; fails with [`EngineError::Stopped`] if the thread is gone.
@@ -116,6 +127,11 @@ pub(crate) struct StepLimits {
     pub(crate) max_batch_size: usize,
     /// The most tokens of one forward pass: one per decoding sequence, the rest prompt chunks.
     pub(crate) max_num_batched_tokens: usize,
+    /// How long a step with decode rows and prompt chunks may take, against a decode-only step of the batch
+    /// (`None`: as long as the token budget makes it).
+    pub(crate) step_target: Option<StepTarget>,
+    /// What steps are assumed to cost until measured.
+    pub(crate) cost_prior: StepCost,
 }
 
 struct Scheduler {
@@ -135,6 +151,12 @@ struct Scheduler {
     batch: Batch,
     /// The LoRA bank of the last pass, reused while the set of adapters in the pass does not change.
     bank: Option<Arc<LoraBank>>,
+    /// What a step costs, fitted to the steps run so far.
+    cost: StepCostModel,
+    /// Where the fitted cost is published (for the metrics).
+    published_cost: Arc<parking_lot::Mutex<StepCost>>,
+    /// How a step's time is taken.
+    clock: step::StepClock,
     /// What each step ran, for tests of the scheduler's invariants.
     #[cfg(test)]
     trace: Vec<step::StepTrace>,
@@ -145,6 +167,7 @@ impl Scheduler {
         let limits = StepLimits {
             max_batch_size: limits.max_batch_size.max(1),
             max_num_batched_tokens: limits.max_num_batched_tokens.max(1),
+            ..limits
         };
         Self {
             model,
@@ -156,6 +179,9 @@ impl Scheduler {
             resuming: VecDeque::new(),
             batch: Batch::new(),
             bank: None,
+            cost: StepCostModel::new(limits.cost_prior),
+            published_cost: Arc::new(parking_lot::Mutex::new(limits.cost_prior)),
+            clock: step::StepClock::Wall,
             #[cfg(test)]
             trace: Vec::new(),
         }

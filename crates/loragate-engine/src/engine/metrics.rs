@@ -23,6 +23,12 @@ struct CacheConfigLabels {
     enable_prefix_caching: String,
 }
 
+/// The terms of the fitted step cost.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepCostLabels {
+    term: &'static str,
+}
+
 /// The metrics, set from the cache's counters at each scrape.
 pub(super) struct KvCacheMetrics {
     usage: Gauge<f64, AtomicU64>,
@@ -31,6 +37,7 @@ pub(super) struct KvCacheMetrics {
     preemptions: Counter,
     prefilled_tokens: Counter,
     config: Family<CacheConfigLabels, Gauge>,
+    step_cost: Family<StepCostLabels, Gauge<f64, AtomicU64>>,
     /// Serialises refreshes: counters are brought up to the cache's by their difference.
     refreshing: Mutex<()>,
 }
@@ -52,13 +59,19 @@ impl KvCacheMetrics {
             preemptions: Counter::default(),
             prefilled_tokens: Counter::default(),
             config,
+            step_cost: Family::default(),
             refreshing: Mutex::new(()),
         }
     }
 
-    /// Sets every metric from `stats`.
-    pub(super) fn refresh(&self, stats: &KvCacheStats) {
+    /// Sets every metric from `stats` and the fitted step cost.
+    pub(super) fn refresh(&self, stats: &KvCacheStats, cost: crate::StepCost) {
         let _serialised = self.refreshing.lock();
+        for (term, seconds) in
+            [("base", cost.base), ("decode_row", cost.per_decode_row), ("prefill_token", cost.per_prefill_token)]
+        {
+            self.step_cost.get_or_create(&StepCostLabels { term }).set(seconds);
+        }
         self.usage.set(stats.usage());
         for (counter, total) in [
             (&self.prefix_queries, stats.prefix_cache_queries),
@@ -78,6 +91,12 @@ impl MetricsSource for CandleEngine {
             "prompt_tokens_prefilled",
             "Prompt positions computed by prefill (prefix cache hits left out; preempted sequences' recomputation in)",
             self.metrics.prefilled_tokens.clone(),
+        );
+        registry.register(
+            "step_cost_seconds",
+            "What an engine step costs, as the engine fits it to its timed steps: seconds per step (term=base), per \
+             decode row and per prompt token; --max-step-slowdown sizes prompt chunks by it",
+            self.metrics.step_cost.clone(),
         );
     }
 
@@ -111,6 +130,6 @@ impl MetricsSource for CandleEngine {
     }
 
     fn refresh(&self) {
-        self.metrics.refresh(&self.kv_cache_stats());
+        self.metrics.refresh(&self.kv_cache_stats(), self.step_cost());
     }
 }

@@ -113,6 +113,11 @@ impl Pending {
         self.entries().filter(|prefill| prefill.is_started()).map(Prefill::samples).sum()
     }
 
+    /// The batch places every queued request's sequences will take, started or not.
+    pub(super) fn queued_places(&self) -> usize {
+        self.entries().map(Prefill::samples).sum()
+    }
+
     /// The stamp of the newest started prefill.
     pub(super) fn newest_started(&self) -> Option<u64> {
         self.entries().filter(|prefill| prefill.is_started()).map(|prefill| prefill.stamp).max()

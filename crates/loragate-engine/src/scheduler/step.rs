@@ -2,10 +2,12 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 use candle_core::{DType, Tensor};
 
 use super::Scheduler;
+use super::cost::StepShape;
 use super::fair::Limits;
 use super::pending::{Scheduled, Taken};
 use super::prefill::{ChunkOutcome, Prefill};
@@ -15,6 +17,30 @@ use crate::model::{PackedInput, log_softmax_rows};
 /// The smallest share of a step's prefill budget dealt to one tenant while the budget allows it: smaller chunks
 /// would cost more in per-chunk overhead than they gain in fairness.
 const MIN_PREFILL_SHARE: usize = 16;
+
+/// How a step's time is taken.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum StepClock {
+    /// The wall clock around the pass and its emission.
+    Wall,
+    /// A machine whose steps cost exactly this (tests of the planner, which must not depend on the real clock).
+    #[cfg(test)]
+    Simulated(super::cost::StepCost),
+}
+
+impl StepClock {
+    /// The seconds a step of `shape` that started at `started` took.
+    fn seconds(self, started: Instant, shape: StepShape) -> f64 {
+        match self {
+            Self::Wall => {
+                let _ = shape;
+                started.elapsed().as_secs_f64()
+            }
+            #[cfg(test)]
+            Self::Simulated(cost) => cost.predict(shape),
+        }
+    }
+}
 
 /// What one step ran, for tests of the scheduler's invariants.
 #[cfg(test)]
@@ -35,7 +61,7 @@ impl Scheduler {
         self.reserve_decode_rows();
         let decode_rows = self.batch.len();
         let limits = Limits {
-            budget: self.limits.max_num_batched_tokens.saturating_sub(decode_rows),
+            budget: self.prefill_budget(decode_rows),
             places_taken: decode_rows + self.pending.places_taken(),
             places: self.limits.max_batch_size,
             min_share: MIN_PREFILL_SHARE,
@@ -53,8 +79,14 @@ impl Scheduler {
         let ran = decode_rows > 0 || !scheduled.is_empty();
         let mut back = idle;
         if ran {
+            let started = Instant::now();
+            let shape = StepShape { decode_rows, prefill_tokens: scheduled.iter().map(|chunk| chunk.tokens).sum() };
             match self.run_pass(&mut scheduled) {
-                Ok(hidden) => back.extend(self.emit(&hidden, decode_rows, scheduled)),
+                Ok(hidden) => {
+                    back.extend(self.emit(&hidden, decode_rows, scheduled));
+                    self.cost.observe(shape, self.clock.seconds(started, shape));
+                    *self.published_cost.lock() = self.cost.cost();
+                }
                 Err(err) => {
                     tracing::error!(error = %err, "the step's forward pass failed; failing its requests");
                     let reason = format!("the engine step failed: {err}");
@@ -70,6 +102,17 @@ impl Scheduler {
         if !ran && !plan.grants.is_empty() {
             self.unblock_prefills();
         }
+    }
+
+    /// The prompt tokens this step may take beside its `decode_rows`: what the token budget leaves, or with a step
+    /// target, what keeps the step within it (see [`super::cost`]) — judged against the batch the queued requests
+    /// bring in.
+    fn prefill_budget(&self, decode_rows: usize) -> usize {
+        let token_budget = self.limits.max_num_batched_tokens.saturating_sub(decode_rows);
+        let Some(target) = self.limits.step_target else { return token_budget };
+        let incoming = self.pending.queued_places() + self.resuming.len();
+        let reference_rows = (decode_rows + incoming).min(self.limits.max_batch_size.max(decode_rows));
+        self.cost.prefill_budget(target, decode_rows, reference_rows, token_budget, MIN_PREFILL_SHARE)
     }
 
     fn drop_abandoned(&mut self) {

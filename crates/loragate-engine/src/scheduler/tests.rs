@@ -3,6 +3,7 @@
 mod chunked;
 mod interleavings;
 mod park;
+mod planner;
 mod preemption;
 mod prefix;
 mod tenants;
@@ -46,7 +47,12 @@ impl Harness {
         prefix_caching: bool,
     ) -> Self {
         let (commands, receiver) = mpsc::channel();
-        let limits = StepLimits { max_batch_size, max_num_batched_tokens };
+        let limits = StepLimits {
+            max_batch_size,
+            max_num_batched_tokens,
+            step_target: None,
+            cost_prior: StepCostModel::cpu_prior(),
+        };
         let model = tiny_model(config.clone());
         let cache = model.kv_cache(blocks, prefix_caching).expect("cache");
         let scheduler = Scheduler::new(model, cache, receiver, limits);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 use loragate_core::{DEFAULT_MAX_HELD, DEFAULT_MAX_IN_FLIGHT, Key, Limits};
-use loragate_engine::{DType, Device, EngineConfig, QuantizedWeights};
+use loragate_engine::{DType, Device, EngineConfig, QuantizedWeights, StepTarget};
 use loragate_net::ConnectionLimits;
 
 use crate::byte_size_arg::parse_byte_size;
@@ -111,6 +111,19 @@ pub struct EngineArgs {
     /// raised to --max-batch-size + 16 if that is more; see docs/engine.md).
     #[arg(long, value_name = "N")]
     pub max_num_batched_tokens: Option<usize>,
+    /// How much longer than a decode-only step a step that also prefills prompts may take, or `off`. The engine
+    /// times its steps and fits what a step, a decode row and a prompt token cost (published as
+    /// loragate_engine_step_cost_seconds); while sequences decode, each step gets only the prompt tokens (at least
+    /// 16, at most what --max-num-batched-tokens leaves) that keep it within FACTOR times the decode-only step of the
+    /// batch the waiting requests bring in, and the rest of the prompts go in the steps after; with nothing decoding
+    /// prompts take the whole budget. So other adapters' inter-token gaps stay near their decode-only gaps while a
+    /// swap's continuations or long prompts are prefilled. Why 1.5: the goal is another stream's largest gap
+    /// within 2x its p99 during a swap, and 1.5 leaves a third of that for the fit's error on a busy machine, while a
+    /// swap's 32 continuations, judged against the 33-row batch they rejoin, still get chunks near the full budget
+    /// beside the rows left (smaller factors refill them more slowly). `off`: every step takes the whole token
+    /// budget. See docs/engine.md.
+    #[arg(long, value_name = "FACTOR", default_value = "1.5", value_parser = parse_step_slowdown)]
+    pub max_step_slowdown: StepSlowdown,
     /// CPU threads for the engine's tensor operations (default: $RAYON_NUM_THREADS, else half the cores, at least
     /// 1). Candle's small CPU ops lose more to cross-thread synchronisation than they gain, and the async runtime
     /// needs cores too (see docs/benchmarks.md).
@@ -155,6 +168,17 @@ pub struct EngineArgs {
     pub cache_dir: Option<PathBuf>,
 }
 
+/// `--max-step-slowdown`: a factor, or `off` (`None`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepSlowdown(pub Option<StepTarget>);
+
+fn parse_step_slowdown(text: &str) -> Result<StepSlowdown, String> {
+    if text.trim().eq_ignore_ascii_case("off") {
+        return Ok(StepSlowdown(None));
+    }
+    text.parse().map(|target| StepSlowdown(Some(target)))
+}
+
 impl EngineArgs {
     /// The CPU threads for tensor operations: --compute-threads, else its default (see
     /// [`default_compute_threads`](crate::default_compute_threads)).
@@ -176,6 +200,7 @@ impl EngineArgs {
             quantized_weights: self.quantized_weights,
             kv_cache_memory_bytes: self.kv_cache_memory_bytes,
             enable_prefix_caching: !self.no_enable_prefix_caching,
+            max_step_slowdown: self.max_step_slowdown.0,
         }
     }
 

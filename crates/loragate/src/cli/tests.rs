@@ -23,6 +23,23 @@ fn serve_defaults_match_the_contract() {
     assert_eq!(config.engine.max_num_batched_tokens, None, "sized to the device when the engine starts");
     assert_eq!(config.engine.kv_cache_memory_bytes, None, "sized to the machine when the engine starts");
     assert!(config.engine.enable_prefix_caching, "prefix caching is on by default");
+    assert_eq!(config.engine.max_step_slowdown, Some(loragate_engine::StepTarget::DEFAULT), "the step target is on");
+}
+
+#[test]
+fn the_step_target_takes_a_factor_or_off() {
+    let engine = |flags: &[&str]| {
+        let cli = Cli::try_parse_from([&["loragate", "serve"][..], flags].concat()).expect("parses");
+        let Command::Serve(args) = cli.command else { panic!("serve") };
+        args.into_config().engine
+    };
+    let target = engine(&["--max-step-slowdown", "2.5"]).max_step_slowdown.expect("a target");
+    assert_eq!(target.factor(), 2.5);
+    assert_eq!(engine(&["--max-step-slowdown", "off"]).max_step_slowdown, None);
+    for bad in ["1", "fast"] {
+        let err = Cli::try_parse_from(["loragate", "serve", "--max-step-slowdown", bad]).expect_err("refused");
+        assert!(err.to_string().contains("max-step-slowdown"), "{err}");
+    }
 }
 
 #[test]
