@@ -8,19 +8,22 @@
 //! - the **admin key** (`--admin-key`, `LORAGATE_ADMIN_KEY`) may do everything: pause, resume, load, unload, fleet
 //!   changes, and sample;
 //! - a **tenant key** (`--tenant-keys FILE`) may sample only its own adapters (names, or prefix patterns such as
-//!   `team-a/*`) and, with `"control": true`, pause, resume, load and unload them. Tenant keys may also sample the
-//!   base model, which belongs to nobody and whose weights no tenant can change.
+//!   `team-a/*`) and, with `"control": true`, pause, resume, load and unload them, loading only from its own
+//!   directories under the adapter root (`"paths"`, by default its adapter patterns read as directories; see
+//!   [`PathGrant`]). Tenant keys may also sample the base model, which belongs to nobody and whose weights no tenant
+//!   can change.
 //!
 //! Fronts only extract the presented key (`authorization: Bearer KEY` on HTTP and gRPC; other schemes such as
 //! Tinker's `X-API-Key` pass the raw key to [`Keyring::authenticate`]) and map the errors:
 //! [`CoreError::Unauthenticated`] (401 / `UNAUTHENTICATED`) and [`CoreError::PermissionDenied`] (403 /
 //! `PERMISSION_DENIED`). A front checks [`Principal::may`] before reading a request, and
-//! [`Principal::authorize`] once it knows the adapter the request is for.
+//! [`Principal::authorize`] once it knows the adapter the request is for; the coordinator checks a requested adapter
+//! path with [`Principal::check_adapter_path`] ([`CoreError::PathNotPermitted`], 403 / `PERMISSION_DENIED`).
 //!
 //! The tenant file is JSON, an object from key to grant:
 //!
 //! ```json
-//! {"k-team-a": {"adapters": ["team-a/*"], "control": true},
+//! {"k-team-a": {"adapters": ["team-a/*"], "control": true, "paths": ["team-a/", "shared/base-inits"]},
 //!  "k-rollouts": {"adapters": ["team-a/policy", "team-b/policy"]}}
 //! ```
 //!
@@ -32,8 +35,12 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use crate::contract::{Action, AdapterKey, AdapterName, CoreError};
+use crate::contract::{Action, AdapterKey, AdapterName, CoreError, Field};
 use serde::Deserialize;
+
+mod paths;
+
+pub use paths::{PathGrant, PathPattern};
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 512;
@@ -123,6 +130,8 @@ pub struct Tenant {
     pub adapters: Vec<AdapterPattern>,
     /// Whether it may pause, resume, load and unload its adapters.
     pub control: bool,
+    /// The directories under the adapter root it may load adapters from.
+    pub paths: PathGrant,
     /// The scope its requests' cached prefixes are confined to (`tenant-N`, by the key's place in the file): two
     /// tenants never share cached keys and values, since prefix-cache timing would let one learn the other's prompts.
     scope: Arc<str>,
@@ -144,6 +153,9 @@ struct TenantEntry {
     adapters: Vec<String>,
     #[serde(default)]
     control: bool,
+    /// Directories under the adapter root it may load from; absent: its adapter patterns, read as directories.
+    #[serde(default)]
+    paths: Option<Vec<String>>,
 }
 
 /// The tenant keys of a `--tenant-keys` file, checked.
@@ -151,8 +163,10 @@ struct TenantEntry {
 pub struct TenantKeys(Vec<(Key, Tenant)>);
 
 impl TenantKeys {
-    /// Parses the JSON object `{"KEY": {"adapters": [...], "control": bool}, ...}`. Unknown fields are refused, so a
-    /// misspelt `control` cannot silently grant less (or more) than meant.
+    /// Parses the JSON object `{"KEY": {"adapters": [...], "control": bool, "paths": [...]}, ...}`. Unknown fields
+    /// are refused, so a misspelt `control` cannot silently grant less (or more) than meant. Without `paths` a tenant
+    /// may load from the directories its `adapters` patterns spell (`meow`: `ROOT/meow` and below; `team-a/*`:
+    /// `ROOT/team-a/...`).
     pub fn parse(json: &str) -> Result<Self, KeyConfigError> {
         let entries: std::collections::BTreeMap<String, TenantEntry> =
             serde_json::from_str(json).map_err(|err| KeyConfigError::BadTenantFile(err.to_string()))?;
@@ -161,8 +175,14 @@ impl TenantKeys {
             let key = Key::parse(&raw_key)?;
             let adapters =
                 entry.adapters.iter().map(|raw| AdapterPattern::parse(raw)).collect::<Result<Vec<_>, _>>()?;
+            let paths = match &entry.paths {
+                Some(raw) => {
+                    PathGrant::new(raw.iter().map(|raw| PathPattern::parse(raw)).collect::<Result<Vec<_>, _>>()?)
+                }
+                None => PathGrant::from_adapter_patterns(entry.adapters.iter().map(String::as_str)),
+            };
             let scope = format!("tenant-{index}").into();
-            tenants.push((key, Tenant { adapters, control: entry.control, scope }));
+            tenants.push((key, Tenant { adapters, control: entry.control, paths, scope }));
         }
         Ok(Self(tenants))
     }
@@ -249,6 +269,23 @@ impl Principal {
             Self::Anyone | Self::Admin | Self::Sampler => true,
         };
         if allowed { Ok(()) } else { Err(CoreError::PermissionDenied { action, adapter: Some(adapter.clone()) }) }
+    }
+
+    /// Whether this principal may load adapter weights from `path` (relative to the adapter root `root`, or absolute
+    /// under it): every principal but a tenant key may load from anywhere in the root; a tenant key only from its own
+    /// directories ([`PathGrant`]). Decided by the path's spelling: the coordinator checks the path as requested,
+    /// before looking at the disk (so the answer says nothing about what exists outside the tenant's directories),
+    /// and again once resolved (so a symlink cannot lead out of them). The refusal names the `path` field and the
+    /// tenant's own directories, nothing else.
+    pub fn check_adapter_path(&self, root: &Path, path: &Path, requested: &str) -> Result<(), CoreError> {
+        match self {
+            Self::Tenant(tenant) if !tenant.paths.permits(root, path) => Err(CoreError::PathNotPermitted {
+                field: Field::Path,
+                requested: requested.to_owned(),
+                allowed: tenant.paths.describe(),
+            }),
+            Self::Anyone | Self::Admin | Self::Sampler | Self::Tenant(_) => Ok(()),
+        }
     }
 
     /// Whether `self` and `other` presented the same key: the same tenant key (two tenant keys with the same grant are

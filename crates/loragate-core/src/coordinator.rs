@@ -355,15 +355,27 @@ impl Coordinator {
         client_deadline.map_or(server_limit, |client| client.min(server_limit))
     }
 
-    /// Resolves a requested adapter path against the adapter root.
-    pub async fn resolve_adapter_path(&self, requested: &str) -> Result<AdapterSource, CoreError> {
-        match &self.inner.config.adapter_root {
-            Some(root) => root.resolve(requested).await,
-            None => Err(CoreError::invalid(
-                Field::Path,
-                "this server loads no adapters by path (start it with --adapter-root DIR)",
-            )),
-        }
+    /// Resolves a path `caller` asked to load from against the adapter root: a tenant key only within its own
+    /// directories ([`Principal::check_adapter_path`]), checked as spelled before the disk is looked at (so a refusal
+    /// says nothing about what exists outside them) and again once symlinks are resolved.
+    pub async fn resolve_adapter_path(&self, caller: &Principal, requested: &str) -> Result<AdapterSource, CoreError> {
+        let root = self.adapter_root()?;
+        caller.check_adapter_path(root.path(), std::path::Path::new(requested), requested)?;
+        let source = root.resolve(requested).await?;
+        caller.check_adapter_path(root.path(), source.dir(), requested)?;
+        Ok(source)
+    }
+
+    /// Resolves a recorded path against this replica's adapter root (no caller: the path was checked when it was
+    /// loaded).
+    pub(crate) async fn resolve_recorded_path(&self, recorded: &str) -> Result<AdapterSource, CoreError> {
+        self.adapter_root()?.resolve(recorded).await
+    }
+
+    fn adapter_root(&self) -> Result<&AdapterRoot, CoreError> {
+        self.inner.config.adapter_root.as_ref().ok_or_else(|| {
+            CoreError::invalid(Field::Path, "this server loads no adapters by path (start it with --adapter-root DIR)")
+        })
     }
 
     /// Loads weights under `name` (new, or a swap); returns the new version with its identity. On error the old
@@ -404,11 +416,16 @@ impl Coordinator {
         self.inner.manager.load(name.clone(), source).await
     }
 
-    /// Loads weights under `name` from `requested_path` (resolved against the adapter root, see
+    /// Loads weights under `name` from `requested_path` (resolved against the adapter root for `caller`, see
     /// [`Coordinator::resolve_adapter_path`]); what `LoadLoraAdapter` does. The name is checked before the path.
-    pub async fn load_adapter_at(&self, name: &AdapterName, requested_path: &str) -> Result<VersionInfo, CoreError> {
+    pub async fn load_adapter_at(
+        &self,
+        caller: &Principal,
+        name: &AdapterName,
+        requested_path: &str,
+    ) -> Result<VersionInfo, CoreError> {
         let resolved = match self.check_loadable_name(name) {
-            Ok(()) => self.resolve_adapter_path(requested_path).await,
+            Ok(()) => self.resolve_adapter_path(caller, requested_path).await,
             Err(err) => Err(err),
         };
         match resolved {

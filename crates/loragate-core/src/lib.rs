@@ -94,7 +94,8 @@ pub use contract::{
 pub use adapter_source::{AdapterRoot, AdapterSource, CONFIG_FILE, WEIGHTS_FILE};
 pub use adapter_store::{AdapterLayout, AdapterStore, PushHeader, check_push_name};
 pub use auth::{
-    AdapterPattern, Key, KeyConfigError, Keyring, MAX_KEY_LEN, Principal, Tenant, TenantKeys, bearer_token,
+    AdapterPattern, Key, KeyConfigError, Keyring, MAX_KEY_LEN, PathGrant, PathPattern, Principal, Tenant, TenantKeys,
+    bearer_token,
 };
 pub use finished::{FINISHED_REQUESTS_KEPT, FinishedRequest, FinishedSequence};
 pub use gate_deadline::GateDeadline;

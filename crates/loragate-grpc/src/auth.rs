@@ -5,7 +5,7 @@
 //! [`AuthLayer`] sits in front of every service. Health is open; every other call must present a known key when
 //! authentication is on (`UNAUTHENTICATED` otherwise) whose principal may do the RPC's kind of action at all
 //! (`PERMISSION_DENIED` otherwise): sampling, `WaitLoraUnpaused`, `ListLoraAdapters` and reflection need a key that
-//! may sample; the other `LoraControl` RPCs one that may control; anything else (services added later, such as the
+//! may sample; `ListReplicas` the admin key; the other `LoraControl` RPCs one that may control; anything else (services added later, such as the
 //! fleet's) the admin key. The principal travels to the handlers in a request extension; handlers check it against
 //! the adapter each request names. With authentication off the layer passes every call straight through.
 
@@ -29,6 +29,8 @@ fn required_action(path: &str) -> Option<Action> {
         }
         "loragate.v1.LoraControl" => match method {
             "WaitLoraUnpaused" | "ListLoraAdapters" => Some(Action::Sample),
+            // The replicas' addresses describe the deployment, not an adapter a tenant controls.
+            "ListReplicas" => Some(Action::Admin),
             _ => Some(Action::Control),
         },
         _ => Some(Action::Admin),

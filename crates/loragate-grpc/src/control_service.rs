@@ -83,11 +83,12 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
     ) -> Result<Response<pb::SwapLoraAdapterResponse>, Status> {
         let deadline = client_deadline(request.metadata().as_ref());
         let name = self.authorized(&request, &request.get_ref().lora_name, Action::Control)?;
+        let caller = caller_of(&request, self.coordinator.auth())?;
         let wire = request.into_inner();
         let mode = pause_mode(wire.mode, PauseMode::Keep).map_err(status_from_core)?;
         let kv_policy = kv_policy(wire.kv_policy).map_err(status_from_core)?;
         self.coordinator.check_loadable_name(&name).map_err(status_from_core)?;
-        let source = self.coordinator.resolve_adapter_path(&wire.path).await.map_err(status_from_core)?;
+        let source = self.coordinator.resolve_adapter_path(&caller, &wire.path).await.map_err(status_from_core)?;
         let swapped = self.coordinator.swap_adapter(&name, source, mode, kv_policy, deadline).await;
         answer(swapped.map(|swap| pb::SwapLoraAdapterResponse {
             version: swap.installed.version.0,
@@ -114,7 +115,8 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         request: Request<pb::LoadLoraAdapterRequest>,
     ) -> Result<Response<pb::LoadLoraAdapterResponse>, Status> {
         let name = self.authorized(&request, &request.get_ref().lora_name, Action::Control)?;
-        let loaded = self.coordinator.load_adapter_at(&name, &request.get_ref().path).await;
+        let caller = caller_of(&request, self.coordinator.auth())?;
+        let loaded = self.coordinator.load_adapter_at(&caller, &name, &request.get_ref().path).await;
         answer(
             loaded.map(|version| pb::LoadLoraAdapterResponse { version: version.version.0, sha256: sha256(&version) }),
         )
@@ -143,7 +145,9 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         &self,
         request: Request<pb::ListReplicasRequest>,
     ) -> Result<Response<pb::ListReplicasResponse>, Status> {
-        caller_of(&request, self.coordinator.auth())?.may(Action::Control).map_err(status_from_core)?;
+        // The replicas' addresses describe the deployment, not any adapter: the admin key's (replicas fetch pushed
+        // versions from each other with it), not a tenant's.
+        caller_of(&request, self.coordinator.auth())?.may(Action::Admin).map_err(status_from_core)?;
         answer(self.coordinator.replicas().await.map(|replicas| {
             pb::ListReplicasResponse {
                 replicas: replicas

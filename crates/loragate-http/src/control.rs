@@ -200,7 +200,7 @@ async fn load(
     coordinator.check_loadable_name(&name).map_err(HttpError::control)?;
     let kv_policy = parse_kv_policy(body.kv_policy.as_deref())?;
     let path = body.lora_path.ok_or(HttpError::MissingField("lora_path"))?;
-    let source = coordinator.resolve_adapter_path(&path).await.map_err(HttpError::control)?;
+    let source = coordinator.resolve_adapter_path(caller, &path).await.map_err(HttpError::control)?;
     let (installed, kept, aborted, kv_policy) = match swap {
         Some(mode) => {
             let swap =

@@ -292,7 +292,9 @@ pub(crate) fn wire_name(field: Field, api: Api) -> &'static str {
 fn core_param(error: &CoreError, api: Api) -> Option<&'static str> {
     let adapter_field = wire_name(Field::LoraName, api);
     match error {
-        CoreError::InvalidArgument { field, .. } => Some(wire_name(*field, api)),
+        CoreError::InvalidArgument { field, .. } | CoreError::PathNotPermitted { field, .. } => {
+            Some(wire_name(*field, api))
+        }
         CoreError::UnknownAdapter(_)
         | CoreError::Engine(EngineError::AdapterNotLoaded(_))
         | CoreError::Overloaded { .. }
@@ -307,6 +309,12 @@ fn core_param(error: &CoreError, api: Api) -> Option<&'static str> {
 fn core_message(error: &CoreError, api: Api) -> String {
     match error {
         CoreError::InvalidArgument { field, reason } => format!("{}: {reason}", wire_name(*field, api)),
+        // The same sentence with this front's name for the field.
+        CoreError::PathNotPermitted { field, .. } => {
+            let message = error.to_string();
+            let rest = message.strip_prefix(field.grpc_path()).unwrap_or(&message);
+            format!("{}{rest}", wire_name(*field, api))
+        }
         other => other.to_string(),
     }
 }

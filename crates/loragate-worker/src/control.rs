@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use loragate_core::{AdapterName, Coordinator, CoreError, KvPolicy, PauseMode, RequestId};
+use loragate_core::{AdapterName, Coordinator, CoreError, KvPolicy, PauseMode, Principal, RequestId};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use vllm_proto as pb;
@@ -55,7 +55,8 @@ impl ControlService {
         let reservation = self.loras.reserve_load(name.as_str())?;
         let coordinator = self.coordinator.clone();
         let loaded = tokio::spawn(async move {
-            coordinator.load_adapter_at(&name, &request.source_path).await?;
+            // `vllm.Control` needs the admin key (`RequireKey`), which may load from anywhere under the root.
+            coordinator.load_adapter_at(&Principal::Admin, &name, &request.source_path).await?;
             tracing::info!(lora = %name, path = %request.source_path, "LoRA adapter loaded");
             Ok::<_, WorkerError>(reservation.commit(request.source_path))
         });

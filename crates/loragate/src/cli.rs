@@ -175,7 +175,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub keys: KeyArgs,
     /// Turns authentication on with per-tenant keys: a JSON file mapping each key to
-    /// {"adapters": [names or prefixes like "team-a/*"], "control": bool} (see docs/security.md).
+    /// {"adapters": [names or prefixes like "team-a/*"], "control": bool, "paths": [directories under
+    /// --adapter-root it may load from; by default its adapter patterns]} (see docs/security.md).
     #[arg(long, value_name = "FILE")]
     pub tenant_keys: Option<PathBuf>,
     /// Where loaded adapters, their versions and pauses are recorded, so that a restart puts them back: a directory

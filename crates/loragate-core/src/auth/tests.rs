@@ -114,6 +114,9 @@ fn bad_keys_patterns_and_tenant_files_are_refused_at_start() {
         r#"{"k": {"adapters": "x"}}"#,
         r#"{"bad key": {"adapters": ["x"]}}"#,
         r#"{"k": {"adapters": ["a*b"]}}"#,
+        r#"{"k": {"adapters": ["x"], "paths": ["/srv/adapters/x"]}}"#,
+        r#"{"k": {"adapters": ["x"], "paths": ["x/../y"]}}"#,
+        r#"{"k": {"adapters": ["x"], "paths": "x"}}"#,
     ] {
         assert!(TenantKeys::parse(bad).is_err(), "{bad}");
     }
@@ -152,4 +155,48 @@ fn each_tenant_key_has_a_cache_scope_of_its_own_and_the_other_callers_share_one(
     assert_eq!(scope("k-team-a"), tenants[0], "a tenant's scope is stable");
     assert_eq!((scope("k-api"), scope("k-admin")), (None, None));
     assert_eq!(Keyring::open().authenticate(None).expect("open").cache_scope(), None);
+}
+
+#[test]
+fn a_tenant_loads_only_from_its_paths_and_by_default_from_its_adapter_patterns() {
+    let tenants = TenantKeys::parse(
+        r#"{"k-paths": {"adapters": ["team-a/*"], "control": true, "paths": ["team-a/", "shared/inits"]},
+            "k-default": {"adapters": ["meow", "team-b/*"], "control": true},
+            "k-none": {"adapters": ["woof"], "control": true, "paths": []}}"#,
+    )
+    .expect("a valid tenant file");
+    let keyring = Keyring::new(Some(key("k-api")), Some(key("k-admin")), tenants).expect("distinct keys");
+    let principal = |raw: &str| keyring.authenticate(Some(raw)).expect("known key");
+    let root = Path::new("/srv/adapters");
+    let check = |who: &Principal, path: &str| who.check_adapter_path(root, Path::new(path), path).is_ok();
+    let cases: Vec<(&str, &str, bool)> = vec![
+        ("k-paths", "team-a/step-2", true),
+        ("k-paths", "shared/inits/r8", true),
+        ("k-paths", "shared/other", false),
+        ("k-paths", "team-ab/x", false),
+        ("k-paths", "/srv/adapters/team-a/x", true),
+        ("k-paths", "/srv/adapters/team-b/x", false),
+        ("k-default", "meow", true),
+        ("k-default", "meow/step-3", true),
+        ("k-default", "meow2", false),
+        ("k-default", "team-b/x", true),
+        ("k-default", "woof", false),
+        ("k-none", "woof", false),
+        ("k-admin", "woof", true),
+        ("k-admin", "/srv/adapters/anything", true),
+        ("k-api", "woof", true),
+    ];
+    for (who, path, allowed) in cases {
+        assert_eq!(check(&principal(who), path), allowed, "{who} loading from {path}");
+    }
+    assert!(Principal::Anyone.check_adapter_path(root, Path::new("woof"), "woof").is_ok());
+    let err = principal("k-paths").check_adapter_path(root, Path::new("woof"), "woof").expect_err("refused");
+    assert!(matches!(err, CoreError::PathNotPermitted { field: Field::Path, .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "path: \"woof\" is outside the directories this key may load adapters from (team-a/, shared/inits/, under the \
+         adapter root)"
+    );
+    let err = principal("k-none").check_adapter_path(root, Path::new("woof"), "woof").expect_err("refused");
+    assert!(err.to_string().contains("(none, under the adapter root)"), "{err}");
 }

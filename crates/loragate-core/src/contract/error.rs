@@ -296,6 +296,19 @@ pub enum CoreError {
         /// The adapter it wanted to do it on, if the request named one.
         adapter: Option<AdapterKey>,
     },
+    /// The caller's key may not load adapters from this path: a tenant key loads only from its own directories under
+    /// the adapter root. Said the same whether or not the path exists.
+    #[error(
+        "{field}: {requested:?} is outside the directories this key may load adapters from ({allowed}, under the adapter root)"
+    )]
+    PathNotPermitted {
+        /// The path field of the request.
+        field: Field,
+        /// The path as requested.
+        requested: String,
+        /// The directories the key may load from (its own grant).
+        allowed: String,
+    },
     /// The engine refused or failed the operation.
     #[error(transparent)]
     Engine(#[from] EngineError),
@@ -351,7 +364,7 @@ impl CoreError {
             Self::AbortedWhileKept(_) => ErrorClass::Conflict,
             Self::Overloaded { .. } | Self::TooManyAdapters { .. } => ErrorClass::Overloaded,
             Self::Unauthenticated(_) => ErrorClass::Unauthenticated,
-            Self::PermissionDenied { .. } => ErrorClass::Forbidden,
+            Self::PermissionDenied { .. } | Self::PathNotPermitted { .. } => ErrorClass::Forbidden,
             Self::Engine(engine) => engine.class(),
             Self::WeightsMissing { .. } => ErrorClass::NotServing,
             Self::AdapterTooLarge { .. } => ErrorClass::TooLarge,
@@ -378,6 +391,7 @@ impl CoreError {
             Self::TooManyAdapters { .. } => "too_many_adapters",
             Self::Unauthenticated(_) => "unauthenticated",
             Self::PermissionDenied { .. } => "permission_denied",
+            Self::PathNotPermitted { .. } => "path_not_permitted",
             Self::Engine(engine) => engine.kind(),
             Self::WeightsMissing { .. } => "weights_missing",
             Self::AdapterTooLarge { .. } => "adapter_too_large",

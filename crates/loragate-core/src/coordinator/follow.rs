@@ -164,7 +164,7 @@ impl Coordinator {
     pub(super) async fn recorded_source(&self, source: &RecordedSource) -> Result<AdapterSource, CoreError> {
         match (source.pushed, source.sha256, source.bytes) {
             (true, Some(sha256), Some(bytes)) => Ok(self.pushed_here(&source.path, sha256, bytes)),
-            _ if source.confined => self.resolve_adapter_path(&source.path.to_string_lossy()).await,
+            _ if source.confined => self.resolve_recorded_path(&source.path.to_string_lossy()).await,
             _ => Ok(AdapterSource::trusted(&source.path)),
         }
     }

@@ -546,7 +546,8 @@ async fn the_base_models_served_name_cannot_become_an_adapter() {
     let coordinator = coordinator_with_adapters(ScriptedEngine::new(HOLD_AFTER), config, &[]).await;
     let err = coordinator.load_adapter(&name("demo"), AdapterSource::trusted("/a/demo")).await.expect_err("reserved");
     assert!(matches!(err, CoreError::InvalidArgument { field: crate::contract::Field::LoraName, .. }), "{err}");
-    let err = coordinator.load_adapter_at(&name("demo"), "no/such/path").await.expect_err("reserved");
+    let err =
+        coordinator.load_adapter_at(&Principal::Anyone, &name("demo"), "no/such/path").await.expect_err("reserved");
     assert!(err.to_string().starts_with("lora_name"), "the name is checked before the path: {err}");
     assert!(coordinator.list_adapters().await.is_empty(), "nothing was created");
     coordinator.load_adapter(&name("demo2"), AdapterSource::trusted("/a/demo2")).await.expect("other names load");

@@ -104,6 +104,11 @@ pub fn every_core_error() -> Vec<CoreError> {
             CoreError::PermissionDenied { action: Action::Control, adapter: Some(meow()) },
             CoreError::PermissionDenied { action: Action::Admin, adapter: None },
         ],
+        PathNotPermitted => [CoreError::PathNotPermitted {
+            field: Field::Path,
+            requested: "woof".into(),
+            allowed: "meow/".into(),
+        }],
         Engine => [CoreError::Engine(EngineError::Internal("boom".into()))],
         WeightsMissing => [CoreError::WeightsMissing { adapter: meow(), reason: "/gone/meow is missing".into() }],
         AdapterTooLarge => [CoreError::AdapterTooLarge { size: 2_000_000, limit: 1_000_000 }],

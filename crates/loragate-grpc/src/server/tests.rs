@@ -15,6 +15,7 @@ use tonic::transport::Channel;
 use super::*;
 
 mod hardening;
+mod matrix;
 
 /// Tokens each scripted request emits before it waits to be aborted.
 const HOLD_AFTER: u32 = 3;

@@ -11,6 +11,7 @@ mod errors;
 mod gate;
 mod generate;
 mod hardening;
+mod matrix;
 mod observability;
 mod sglang;
 mod strict;
