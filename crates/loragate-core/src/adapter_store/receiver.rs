@@ -1,29 +1,31 @@
-//! Receiving one push: the weights written to a temporary directory as they arrive, hashed, counted, bounded and
-//! checked, then renamed into the store in one step. Dropping a [`Receiver`] before [`Receiver::finish`] removes its
-//! temporary directory.
+//! Receiving one push: the weights counted, bounded and checked as they arrive, hashed and written to a temporary
+//! directory by a writer of their own ([`writer`]) while the next bytes are received, then renamed into the store in
+//! one step. Dropping a [`Receiver`] before [`Receiver::finish`] removes its temporary directory.
 
 use std::path::{Path, PathBuf};
 
 use sha2::Digest;
 
+use self::writer::BatchWriter;
 use super::safetensors::{self, AdapterLayout};
 use super::{AdapterStore, BlobLease, LayoutCheck, PushHeader};
 use crate::adapter_source::{AdapterSource, CONFIG_FILE, WEIGHTS_FILE};
 use crate::contract::{CoreError, Field, Sha256, StateError};
 
-/// Received bytes are gathered up to this size before they are written: one blocking write per this many bytes
-/// rather than one per network chunk (HTTP bodies arrive in chunks of a few KiB).
+mod writer;
+
+/// Received bytes are gathered up to this size before they go to the writer: one hand-over and one blocking write per
+/// this many bytes rather than one per network chunk (HTTP bodies arrive in chunks of a few KiB).
 const WRITE_BATCH_BYTES: usize = 1 << 20;
 
 /// A push being received (see the module documentation).
 pub struct Receiver {
     store: AdapterStore,
     temp: TempDir,
-    /// The weights file (taken while a write runs on the blocking pool).
-    file: Option<std::fs::File>,
-    /// Received bytes not written yet (at most [`WRITE_BATCH_BYTES`] and one chunk).
+    /// Hashes and writes the weights file.
+    writer: BatchWriter,
+    /// Received bytes not handed to the writer yet (at most [`WRITE_BATCH_BYTES`] and one chunk).
     unwritten: Vec<u8>,
-    hasher: sha2::Sha256,
     received: u64,
     header: HeaderState,
     declared: PushHeader,
@@ -86,9 +88,8 @@ impl Receiver {
         Ok(Self {
             store,
             temp,
-            file: Some(file),
+            writer: BatchWriter::start(file),
             unwritten: Vec::new(),
-            hasher: sha2::Sha256::new(),
             received: 0,
             header: HeaderState::Pending(Vec::with_capacity(8)),
             declared,
@@ -103,8 +104,10 @@ impl Receiver {
 
     /// Takes the next bytes of `adapter_model.safetensors`. Refuses, at once: bytes past the limit, past the size
     /// the header or the push declared, and a header that is not a safetensors header of LoRA factors fitting the
-    /// model. After an error the receiver must be dropped (nothing of it is kept).
-    pub async fn write(&mut self, chunk: &[u8]) -> Result<(), CoreError> {
+    /// model. After an error the receiver must be dropped (nothing of it is kept). A chunk given owned (a gRPC
+    /// message's bytes) of at least a batch's size goes to the writer without being copied.
+    pub async fn write(&mut self, owned: impl AsRef<[u8]> + Into<Vec<u8>>) -> Result<(), CoreError> {
+        let chunk = owned.as_ref();
         if chunk.is_empty() {
             return Ok(());
         }
@@ -126,35 +129,23 @@ impl Receiver {
         if let HeaderState::Pending(_) = self.header {
             self.take_header_bytes(chunk)?;
         }
-        self.hasher.update(chunk);
-        self.unwritten.extend_from_slice(chunk);
         self.received = received;
+        let len = chunk.len();
+        if self.unwritten.is_empty() && len >= WRITE_BATCH_BYTES {
+            // A large chunk goes to the writer as it is, not gathered into a batch.
+            return self.hand_over(owned.into()).await;
+        }
+        self.unwritten.extend_from_slice(chunk);
         if self.unwritten.len() >= WRITE_BATCH_BYTES {
-            let batch = std::mem::replace(&mut self.unwritten, Vec::with_capacity(WRITE_BATCH_BYTES + chunk.len()));
-            self.write_file(batch, false).await?;
+            let batch = std::mem::replace(&mut self.unwritten, Vec::with_capacity(WRITE_BATCH_BYTES + len));
+            self.hand_over(batch).await?;
         }
         Ok(())
     }
 
-    /// Appends `bytes` to the weights file on the blocking pool (and syncs it to disk with `sync`).
-    async fn write_file(&mut self, bytes: Vec<u8>, sync: bool) -> Result<(), CoreError> {
-        let Some(mut file) = self.file.take() else {
-            return Err(store_failed("writing the weights", std::io::Error::other("an earlier write failed")));
-        };
-        let written = tokio::task::spawn_blocking(move || {
-            use std::io::Write;
-            let written = file.write_all(&bytes).and_then(|()| if sync { file.sync_all() } else { Ok(()) });
-            (file, written)
-        })
-        .await;
-        match written {
-            Ok((file, Ok(()))) => {
-                self.file = Some(file);
-                Ok(())
-            }
-            Ok((_, Err(err))) => Err(store_failed("writing the weights", err)),
-            Err(_) => Err(CoreError::ShuttingDown),
-        }
+    /// Hands `batch` to the writer (waiting while it is behind).
+    async fn hand_over(&mut self, batch: Vec<u8>) -> Result<(), CoreError> {
+        self.writer.write(batch).await.map_err(|err| store_failed("writing the weights", err))
     }
 
     /// Feeds the header check with the bytes of `chunk` that belong to the header; checks it once complete.
@@ -216,15 +207,17 @@ impl Receiver {
                 format!("truncated: {} of the {file_len} bytes its header describes were sent", self.received),
             ));
         }
-        let sha256 = Sha256(self.hasher.clone().finalize().into());
+        let rest = std::mem::take(&mut self.unwritten);
+        if !rest.is_empty() {
+            self.hand_over(rest).await?;
+        }
+        let sha256 = self.writer.finish().await.map_err(|err| store_failed("writing the weights", err))?;
         if let Some(declared) = self.declared.sha256().filter(|&declared| declared != sha256) {
             return Err(CoreError::invalid(
                 Field::Sha256,
                 format!("is {declared}, but the bytes sent have SHA-256 {sha256}; nothing was installed"),
             ));
         }
-        let rest = std::mem::take(&mut self.unwritten);
-        self.write_file(rest, true).await?;
         let config_digest = sha2::Sha256::digest(&self.declared.config_bytes);
         let config_hex: String = config_digest[..8].iter().map(|byte| format!("{byte:02x}")).collect();
         let target = self.store.blobs_dir().join(format!("{sha256}-{config_hex}"));

@@ -294,6 +294,52 @@ async fn a_push_dropped_midway_leaves_nothing() {
     assert!(store.blob_dirs().expect("list").is_empty());
 }
 
+/// A file of several writer batches (about 9 MiB): the writer runs behind the receiving, and syncs midway.
+fn large_file() -> Vec<u8> {
+    safetensors_file(&[(Q_A, &[1024, 1100]), (Q_B, &[1100, 1024])], None)
+}
+
+#[tokio::test]
+async fn a_large_push_is_stored_whole_whatever_its_chunks() {
+    let (_dir, store) = new_store(1 << 24);
+    let file = large_file();
+    let sha = Sha256(sha2::Sha256::digest(&file).into());
+    for chunk in [16 << 10, 1 << 20, (1 << 20) + 5, 3 << 20] {
+        let stored = push(&store, header(&sha.to_hex(), Some(file.len() as u64)), &file, chunk).await.expect("stored");
+        assert_eq!((stored.sha256, stored.bytes), (sha, file.len() as u64));
+        assert!(std::fs::read(stored.source.dir().join(WEIGHTS_FILE)).expect("weights") == file, "chunks of {chunk}");
+    }
+    let wrong = Sha256([9; 32]).to_hex();
+    let refused = push(&store, header(&wrong, None), &file, 1 << 20).await.expect_err("another digest");
+    assert_eq!(field_of(&refused), Some(Field::Sha256));
+    assert_eq!(store.blob_dirs().expect("list").len(), 1);
+    assert_eq!(store.pending_uploads().expect("tmp"), 0);
+}
+
+#[tokio::test]
+async fn a_large_push_cut_midway_leaves_no_file() {
+    let (_dir, store) = new_store(1 << 24);
+    let file = large_file();
+    for cut in [(1 << 20) + 1, file.len() / 2, file.len() - 1] {
+        let mut receiver = store.receive(header("", None), accept_all()).await.expect("starts");
+        for part in file[..cut].chunks(64 << 10) {
+            receiver.write(part).await.expect("a part");
+        }
+        assert_eq!(store.pending_uploads().expect("tmp"), 1);
+        // The client is gone: the receiver is dropped while the writer may still have batches queued.
+        drop(receiver);
+        assert_eq!(store.pending_uploads().expect("tmp"), 0, "cut after {cut} bytes");
+        assert!(store.blob_dirs().expect("list").is_empty());
+    }
+    // A body that ends early and is finished is refused, and leaves nothing either.
+    let mut receiver = store.receive(header("", None), accept_all()).await.expect("starts");
+    receiver.write(&file[..file.len() - 1]).await.expect("all but one byte");
+    let refused = receiver.finish().await.expect_err("truncated");
+    assert_eq!(field_of(&refused), Some(Field::Weights));
+    assert_eq!(store.pending_uploads().expect("tmp"), 0);
+    assert!(store.blob_dirs().expect("list").is_empty());
+}
+
 #[tokio::test]
 async fn garbage_collection_keeps_what_is_referenced_or_being_installed() {
     let (dir, store) = new_store(1 << 20);

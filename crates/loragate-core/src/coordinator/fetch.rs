@@ -178,7 +178,7 @@ impl Coordinator {
         let mut chunks = fetcher.fetch(&replica, name, version, WEIGHTS_FILE).await.map_err(|err| err.to_string())?;
         while let Some(chunk) = chunks.next().await {
             let chunk = chunk.map_err(|err| err.to_string())?;
-            receiver.write(&chunk).await.map_err(|err| err.to_string())?;
+            receiver.write(&chunk[..]).await.map_err(|err| err.to_string())?;
         }
         receiver.finish().await.map_err(|err| err.to_string())
     }

@@ -20,6 +20,8 @@ use crate::state::RecordedSource;
 pub struct PushUpload {
     name: AdapterName,
     receiver: Receiver,
+    /// When the push began: its phases are logged at DEBUG (`adapter push timing`).
+    began: Instant,
 }
 
 impl PushUpload {
@@ -29,7 +31,7 @@ impl PushUpload {
     }
 
     /// Takes the next bytes of `adapter_model.safetensors` (see [`Receiver::write`]).
-    pub async fn write(&mut self, chunk: &[u8]) -> Result<(), CoreError> {
+    pub async fn write(&mut self, chunk: impl AsRef<[u8]> + Into<Vec<u8>>) -> Result<(), CoreError> {
         let written = self.receiver.write(chunk).await;
         if let Err(err) = &written {
             tracing::warn!(adapter = %self.name, source = "push", reason = %err, "adapter push failed");
@@ -86,7 +88,7 @@ impl Coordinator {
             return Err(CoreError::invalid(Field::LoraName, "this server takes no pushed adapters"));
         };
         let receiver = store.receive(header, self.layout_check()).await?;
-        Ok(PushUpload { name: name.clone(), receiver })
+        Ok(PushUpload { name: name.clone(), receiver, began: Instant::now() })
     }
 
     /// The engine's check of an adapter's layout, for the adapter store's receiver (a push, or a version fetched from
@@ -107,13 +109,27 @@ impl Coordinator {
         kv_policy: KvPolicy,
         client_deadline: Option<Instant>,
     ) -> Result<SwapReport, CoreError> {
-        let PushUpload { name, receiver } = upload;
+        let PushUpload { name, receiver, began } = upload;
+        let received = Instant::now();
         let stored = receiver.finish().await.inspect_err(|err| {
             tracing::warn!(adapter = %name, source = "push", reason = %err, "adapter push failed");
         })?;
+        let stored_at = Instant::now();
         let swapped = self.swap_adapter(&name, stored.source.clone(), mode, kv_policy, client_deadline).await;
         drop(stored.lease);
+        let installed = Instant::now();
         self.collect_store_garbage().await;
+        // Where a push's time goes beyond the load's: receiving (and hashing and writing meanwhile), making the file
+        // durable and moving it into place, then the install (the same as a swap from a path).
+        tracing::debug!(
+            adapter = %name,
+            bytes = stored.bytes,
+            receive_ms = millis(received - began),
+            store_ms = millis(stored_at - received),
+            install_ms = millis(installed - stored_at),
+            collect_ms = millis(installed.elapsed()),
+            "adapter push timing"
+        );
         swapped
     }
 
@@ -169,4 +185,9 @@ impl Coordinator {
             Err(_) => {}
         }
     }
+}
+
+/// A duration in milliseconds, for a log line.
+fn millis(duration: std::time::Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
 }
