@@ -46,7 +46,9 @@ install_python_packages() {
 python_log=$(mktemp)
 python_install=
 # A failed build stops the script: stop the installation with it.
-trap 'kill "$python_install" 2>/dev/null; rm -f "$python_log"' EXIT
+# (The trap keeps the script's own exit status: a `kill` of an installation already done fails, and under `set -e`
+# that failure would become it.)
+trap 'status=$?; kill "$python_install" 2>/dev/null || true; rm -f "$python_log"; exit "$status"' EXIT
 install_python_packages >"$python_log" 2>&1 &
 python_install=$!
 
