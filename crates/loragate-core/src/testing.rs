@@ -3,6 +3,7 @@
 
 mod errors;
 mod failing_store;
+mod key_matrix;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -22,6 +23,7 @@ use crate::sampling::SampleRequest;
 
 pub use self::errors::{every_core_error, every_engine_error, every_fleet_error, every_state_error};
 pub use self::failing_store::FailingStore;
+pub use self::key_matrix::{MATRIX_KEYS, matrix_keyring};
 
 /// Called on every `generate` with the request and its cancellation token, before anything is emitted.
 pub type GenerateHook = Box<dyn Fn(&SampleRequest, &CancellationToken) + Send + Sync>;

@@ -2,24 +2,13 @@
 //! API key, a tenant key that may only sample and a tenant key with `control` (and with no key), each on a fresh
 //! server, answers the code the matrix says. The tenants own `team-a/*`; `team-b/*` belongs to another tenant.
 
-use loragate_core::{AdapterRoot, Key, Keyring, TenantKeys};
+use loragate_core::AdapterRoot;
+use loragate_core::testing::{MATRIX_KEYS, matrix_keyring};
 use loragate_proto::v1::fleet_client::FleetClient;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Status};
 
 use super::*;
-
-/// The keys of the matrix's columns, in order.
-const KEYS: [&str; 4] = ["k-admin", "k-api", "k-a-sampler", "k-a-control"];
-
-fn keyring() -> Keyring {
-    let tenants = TenantKeys::parse(
-        r#"{"k-a-sampler": {"adapters": ["team-a/*"]}, "k-a-control": {"adapters": ["team-a/*"], "control": true}}"#,
-    )
-    .expect("a valid tenant file");
-    let key = |raw| Key::parse(raw).expect("key");
-    Keyring::new(Some(key("k-api")), Some(key("k-admin")), tenants).expect("distinct keys")
-}
 
 /// One RPC with its arguments.
 #[derive(Clone, Copy, Debug)]
@@ -113,7 +102,7 @@ fn adapter_root() -> tempfile::TempDir {
 /// `call` with `key` on a fresh server (authentication on, `team-a/policy` and `team-b/policy` loaded).
 async fn code_of(root: &tempfile::TempDir, call: Call, key: Option<&str>) -> (Code, String) {
     let config = CoordinatorConfig {
-        auth: keyring(),
+        auth: matrix_keyring(),
         adapter_root: Some(AdapterRoot::new(root.path()).expect("root")),
         ..CoordinatorConfig::default()
     };
@@ -197,7 +186,7 @@ async fn every_rpc_answers_each_key_as_the_matrix_says() {
         if code != without_key {
             wrong.push(format!("{call:?} without a key: {code:?}, not {without_key:?} ({message})"));
         }
-        for (key, expected) in KEYS.iter().zip(codes) {
+        for (key, expected) in MATRIX_KEYS.iter().zip(codes) {
             let (code, message) = code_of(&root, call, Some(key)).await;
             if code != expected {
                 wrong.push(format!("{call:?} with {key}: {code:?}, not {expected:?} ({message})"));

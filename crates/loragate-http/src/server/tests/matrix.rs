@@ -2,25 +2,14 @@
 //! API key, a tenant key that may only sample and a tenant key with `control` (and with no key), each on a fresh
 //! server, answers the status the matrix says. The tenants own `team-a/*`; `team-b/*` belongs to another tenant.
 
-use loragate_core::{AdapterRoot, AdapterStore, Key, Keyring, TenantKeys};
+use loragate_core::testing::{MATRIX_KEYS, matrix_keyring};
+use loragate_core::{AdapterRoot, AdapterStore};
 use serde_json::json;
 use tower::ServiceExt;
 
 use super::*;
 
-/// The keys of the matrix's columns, in order.
-const KEYS: [&str; 4] = ["k-admin", "k-api", "k-a-sampler", "k-a-control"];
-
-fn keyring() -> Keyring {
-    let tenants = TenantKeys::parse(
-        r#"{"k-a-sampler": {"adapters": ["team-a/*"]}, "k-a-control": {"adapters": ["team-a/*"], "control": true}}"#,
-    )
-    .expect("a valid tenant file");
-    let key = |raw| Key::parse(raw).expect("key");
-    Keyring::new(Some(key("k-api")), Some(key("k-admin")), tenants).expect("distinct keys")
-}
-
-/// One row: a call and the status it gets with each key of [`KEYS`]; without a key every row but the open ones is
+/// One row: a call and the status it gets with each key of [`MATRIX_KEYS`]; without a key every row but the open ones is
 /// 401.
 struct Row {
     method: &'static str,
@@ -164,7 +153,7 @@ fn adapter_root() -> tempfile::TempDir {
 async fn call(root: &tempfile::TempDir, row: &Row, key: Option<&str>) -> (u16, String) {
     let store = AdapterStore::open(root.path().join(".store"), 1 << 20).expect("an adapter store");
     let mut config = CoordinatorConfig {
-        auth: keyring(),
+        auth: matrix_keyring(),
         adapter_root: Some(AdapterRoot::new(root.path()).expect("root")),
         adapter_store: Some(store),
         ..CoordinatorConfig::default()
@@ -199,7 +188,7 @@ async fn every_route_answers_each_key_as_the_matrix_says() {
         if status != without_key {
             wrong.push(format!("{} {} without a key: {status}, not {without_key} ({body})", row.method, row.path));
         }
-        for (key, expected) in KEYS.iter().zip(row.statuses) {
+        for (key, expected) in MATRIX_KEYS.iter().zip(row.statuses) {
             let (status, body) = call(&root, &row, Some(key)).await;
             if status != expected {
                 let shown = row.body.as_ref().map(Value::to_string).unwrap_or_default();
@@ -223,7 +212,7 @@ async fn a_tenant_loading_or_swapping_from_another_tenants_directory_is_refused_
     #[cfg(unix)]
     std::os::unix::fs::symlink(root.path().join("team-b/step-2"), root.path().join("team-a/link")).expect("symlink");
     let config = CoordinatorConfig {
-        auth: keyring(),
+        auth: matrix_keyring(),
         adapter_root: Some(AdapterRoot::new(root.path()).expect("root")),
         ..CoordinatorConfig::default()
     };
