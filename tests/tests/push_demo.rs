@@ -121,9 +121,10 @@ async fn an_http_multipart_push_is_served_at_its_new_version_and_its_files_come_
     let released =
         reqwest::get(demo.http_url("/v1/lora_adapters/purr/versions/1/adapter_model.safetensors")).await.expect("get");
     assert_eq!(released.status(), StatusCode::GONE, "version 1 was released (--retain-versions 1)");
-    // Only the served version's files are kept.
+    // Only the served version's files are kept (the released version's are deleted after the push answered).
     let store = demo.server.coordinator().adapter_store().expect("a store");
-    assert_eq!(store.blob_dirs().expect("list").len(), 1);
+    eventually("version 1's files are collected", PATIENCE, || async { store.blob_dirs().expect("list").len() == 1 })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

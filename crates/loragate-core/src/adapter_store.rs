@@ -11,11 +11,12 @@
 //! gone) removes its temporary directory.
 //!
 //! A version's directory is named by content (the weights' SHA-256 and a digest of the configuration), never by the
-//! adapter's name. Directories no recorded version refers to are deleted by [`AdapterStore::collect_garbage`] (the
-//! coordinator runs it at start, after each push and after each unload); a directory a push is installing holds a
-//! [`BlobLease`] and is never collected meanwhile.
+//! adapter's name. Directories no recorded version refers to are deleted by a [`Collection`] (the coordinator runs one
+//! at start, and in the background after each push, fetch and unload); a directory a push is installing holds a
+//! [`BlobLease`] and is never collected meanwhile, nor by a collection that began before its install ended (that
+//! collection read a record older than the install).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -118,10 +119,33 @@ struct StoreInner {
     dir: PathBuf,
     /// The largest weights file accepted (`--max-adapter-bytes`).
     max_bytes: u64,
-    /// Blob directories being installed, with how many pushes install each: never collected.
-    leases: Mutex<HashMap<PathBuf, usize>>,
+    /// Which blob directories are held against collection.
+    holds: Mutex<Holds>,
     /// Whether the store owns `dir` and removes it when dropped (a store without a state directory).
     owned: bool,
+}
+
+/// Which blob directories no collection may delete.
+#[derive(Default)]
+struct Holds {
+    /// Blob directories being installed, with how many pushes install each: never collected.
+    leases: HashMap<PathBuf, usize>,
+    /// How many times a directory's last lease ended so far: a collection's mark.
+    releases: u64,
+    /// When each directory's last lease ended (`releases` then), kept while a collection that began before may run.
+    released: HashMap<PathBuf, u64>,
+    /// The marks of the collections begun and not dropped, with how many have each.
+    collections: BTreeMap<u64, usize>,
+}
+
+impl Holds {
+    /// Forgets the releases no running collection began before.
+    fn prune(&mut self) {
+        match self.collections.keys().next().copied() {
+            Some(oldest) => self.released.retain(|_, &mut released| released > oldest),
+            None => self.released.clear(),
+        }
+    }
 }
 
 impl Drop for StoreInner {
@@ -153,7 +177,7 @@ impl AdapterStore {
             std::fs::remove_dir_all(&tmp)?;
         }
         std::fs::create_dir_all(&tmp)?;
-        Ok(Self { inner: Arc::new(StoreInner { dir, max_bytes, leases: Mutex::default(), owned }) })
+        Ok(Self { inner: Arc::new(StoreInner { dir, max_bytes, holds: Mutex::default(), owned }) })
     }
 
     /// The store's directory.
@@ -198,24 +222,22 @@ impl AdapterStore {
 
     /// Holds `dir` (a blob directory) against collection until the lease is dropped.
     fn lease(&self, dir: PathBuf) -> BlobLease {
-        *self.inner.leases.lock().entry(dir.clone()).or_default() += 1;
+        *self.inner.holds.lock().leases.entry(dir.clone()).or_default() += 1;
         BlobLease { store: self.inner.clone(), dir }
     }
 
-    /// Deletes every blob directory that is not in `referenced` (the directories recorded versions name) and that no
-    /// push is installing; returns how many were deleted. Blocking: call it off the async runtime.
+    /// Begins a collection: call it *before* reading the record whose directories [`Collection::collect`] is given.
+    pub fn begin_collection(&self) -> Collection {
+        let mut holds = self.inner.holds.lock();
+        let mark = holds.releases;
+        *holds.collections.entry(mark).or_default() += 1;
+        Collection { store: self.clone(), mark }
+    }
+
+    /// Deletes every blob directory that no push is installing, now: for a store no record refers into (an agent's,
+    /// whose versions link to their files). Blocking: call it off the async runtime.
     pub fn collect_garbage(&self, referenced: &HashSet<PathBuf>) -> io::Result<usize> {
-        let leases = self.inner.leases.lock();
-        let mut deleted = 0;
-        for entry in std::fs::read_dir(self.blobs_dir())? {
-            let path = entry?.path();
-            if referenced.contains(&path) || leases.contains_key(&path) {
-                continue;
-            }
-            std::fs::remove_dir_all(&path)?;
-            deleted += 1;
-        }
-        Ok(deleted)
+        self.begin_collection().collect(referenced)
     }
 
     /// The blob directories present now (for tests and diagnostics). Blocking.
@@ -247,13 +269,65 @@ impl std::fmt::Debug for BlobLease {
 
 impl Drop for BlobLease {
     fn drop(&mut self) {
-        let mut leases = self.store.leases.lock();
-        if let Some(count) = leases.get_mut(&self.dir) {
-            *count -= 1;
-            if *count == 0 {
-                leases.remove(&self.dir);
+        let mut holds = self.store.holds.lock();
+        let Some(count) = holds.leases.get_mut(&self.dir) else { return };
+        *count -= 1;
+        if *count == 0 {
+            holds.leases.remove(&self.dir);
+            holds.releases += 1;
+            if !holds.collections.is_empty() {
+                let released = holds.releases;
+                holds.released.insert(self.dir.clone(), released);
             }
         }
+    }
+}
+
+/// A collection of the store's unreferenced directories ([`AdapterStore::begin_collection`]), begun before its caller
+/// read which directories are referenced: a directory whose install ended after that may be referenced by a record
+/// newer than the one read, so this collection keeps it (the next one decides).
+pub struct Collection {
+    store: AdapterStore,
+    /// `Holds::releases` when it began.
+    mark: u64,
+}
+
+impl std::fmt::Debug for Collection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Collection").field("mark", &self.mark).finish()
+    }
+}
+
+impl Collection {
+    /// Deletes every blob directory that is not in `referenced` (the directories recorded versions name), that no push
+    /// is installing and whose install did not end since the collection began; returns how many were deleted.
+    /// Blocking: call it off the async runtime.
+    pub fn collect(self, referenced: &HashSet<PathBuf>) -> io::Result<usize> {
+        let holds = self.store.inner.holds.lock();
+        let mut deleted = 0;
+        for entry in std::fs::read_dir(self.store.blobs_dir())? {
+            let path = entry?.path();
+            let installed_since = holds.released.get(&path).is_some_and(|&released| released > self.mark);
+            if referenced.contains(&path) || holds.leases.contains_key(&path) || installed_since {
+                continue;
+            }
+            std::fs::remove_dir_all(&path)?;
+            deleted += 1;
+        }
+        Ok(deleted)
+    }
+}
+
+impl Drop for Collection {
+    fn drop(&mut self) {
+        let mut holds = self.store.inner.holds.lock();
+        if let Some(count) = holds.collections.get_mut(&self.mark) {
+            *count -= 1;
+            if *count == 0 {
+                holds.collections.remove(&self.mark);
+            }
+        }
+        holds.prune();
     }
 }
 

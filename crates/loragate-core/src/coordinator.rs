@@ -454,7 +454,7 @@ impl Coordinator {
     pub async fn unload_adapter(&self, name: &AdapterName) -> Result<(), CoreError> {
         self.inner.config.state.check_available()?;
         let unloaded = self.unload(name, true).await;
-        self.collect_store_garbage().await;
+        self.collect_store_garbage_in_background();
         unloaded
     }
 

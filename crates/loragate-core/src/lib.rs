@@ -92,7 +92,7 @@ pub use contract::{
 };
 
 pub use adapter_source::{AdapterRoot, AdapterSource, CONFIG_FILE, WEIGHTS_FILE};
-pub use adapter_store::{AdapterLayout, AdapterStore, PushHeader, check_push_name};
+pub use adapter_store::{AdapterLayout, AdapterStore, Collection, PushHeader, check_push_name};
 pub use auth::{
     AdapterPattern, Key, KeyConfigError, Keyring, MAX_KEY_LEN, PathGrant, PathPattern, Principal, Tenant, TenantKeys,
     bearer_token,

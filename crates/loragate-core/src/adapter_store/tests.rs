@@ -385,3 +385,37 @@ async fn a_temporary_store_is_removed_with_its_last_clone() {
     drop((clone, stored));
     assert!(!dir.exists());
 }
+
+/// A collection reads its record after it begins; a version whose install ended after that may be in a newer record
+/// than the one read, so that collection keeps it, whatever other collections run meanwhile; the next one decides.
+#[tokio::test]
+async fn a_collection_keeps_what_was_installed_after_it_began() {
+    let (_dir, store) = new_store(1 << 20);
+    let older = store.begin_collection();
+    let pushed = push(&store, header("", None), &good_file(), 1024).await.expect("stored");
+    let blob = pushed.source.dir().to_owned();
+    let newer = store.begin_collection();
+    drop(pushed.lease);
+    // Both began before the install ended: neither deletes it, though neither record names it.
+    assert_eq!(newer.collect(&HashSet::new()).expect("gc"), 0, "installed after the newer one began");
+    assert_eq!(older.collect(&HashSet::new()).expect("gc"), 0, "installed after the older one began");
+    assert!(blob.exists());
+    // One that begins after the install ended read a record that would name it: unreferenced, it is deleted.
+    assert_eq!(store.begin_collection().collect(&HashSet::new()).expect("gc"), 1);
+    assert!(!blob.exists());
+}
+
+/// Releases are remembered only while a collection that began before them runs.
+#[tokio::test]
+async fn releases_are_forgotten_once_no_collection_needs_them() {
+    let (_dir, store) = new_store(1 << 20);
+    let pushed = push(&store, header("", None), &good_file(), 1024).await.expect("stored");
+    let running = store.begin_collection();
+    drop(pushed.lease);
+    assert_eq!(store.inner.holds.lock().released.len(), 1, "remembered for the running collection");
+    drop(running);
+    assert!(store.inner.holds.lock().released.is_empty(), "forgotten with it");
+    let again = push(&store, header("", None), &good_file(), 1024).await.expect("stored again");
+    drop(again.lease);
+    assert!(store.inner.holds.lock().released.is_empty(), "no collection runs: nothing to remember");
+}

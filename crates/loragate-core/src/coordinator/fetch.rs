@@ -81,7 +81,7 @@ impl Coordinator {
                 Some(Ok((servable, stored))) => {
                     self.serve_remote(&name, version, Ok(servable)).await;
                     drop((stored.lease, hold));
-                    self.collect_store_garbage().await;
+                    self.collect_store_garbage_in_background();
                     return;
                 }
                 Some(Err(error)) => error,

@@ -117,8 +117,6 @@ impl Coordinator {
         let stored_at = Instant::now();
         let swapped = self.swap_adapter(&name, stored.source.clone(), mode, kv_policy, client_deadline).await;
         drop(stored.lease);
-        let installed = Instant::now();
-        self.collect_store_garbage().await;
         // Where a push's time goes beyond the load's: receiving (and hashing and writing meanwhile), making the file
         // durable and moving it into place, then the install (the same as a swap from a path).
         tracing::debug!(
@@ -126,10 +124,10 @@ impl Coordinator {
             bytes = stored.bytes,
             receive_ms = millis(received - began),
             store_ms = millis(stored_at - received),
-            install_ms = millis(installed - stored_at),
-            collect_ms = millis(installed.elapsed()),
+            install_ms = millis(stored_at.elapsed()),
             "adapter push timing"
         );
+        self.collect_store_garbage_in_background();
         swapped
     }
 
@@ -157,10 +155,22 @@ impl Coordinator {
         }
     }
 
+    /// [`Coordinator::collect_store_garbage`] on a task of its own: what a push, a fetch or an unload released is
+    /// deleted after it answered (deleting a version's files takes tens of milliseconds).
+    pub(super) fn collect_store_garbage_in_background(&self) {
+        if self.inner.config.adapter_store.is_none() {
+            return;
+        }
+        let coordinator = self.clone();
+        tokio::spawn(async move { coordinator.collect_store_garbage().await });
+    }
+
     /// Deletes the adapter store's directories that no recorded version (current or retained, of any adapter)
-    /// refers to by name. Failures are logged: a directory left is collected next time.
+    /// refers to by name. Failures are logged: a directory left is collected next time. A version installed while it
+    /// runs is kept (the collection begins before the record is read: see [`crate::Collection`]).
     pub(super) async fn collect_store_garbage(&self) {
         let Some(store) = self.inner.config.adapter_store.clone() else { return };
+        let collection = store.begin_collection();
         let recorded = match self.inner.config.state.recorded().await {
             Ok(recorded) => recorded,
             Err(err) => {
@@ -178,7 +188,7 @@ impl Coordinator {
             .filter(|source| source.pushed)
             .filter_map(|source| source.path.file_name().map(|name| blobs.join(name)))
             .collect();
-        match tokio::task::spawn_blocking(move || store.collect_garbage(&referenced)).await {
+        match tokio::task::spawn_blocking(move || collection.collect(&referenced)).await {
             Ok(Ok(0)) => {}
             Ok(Ok(deleted)) => tracing::info!(deleted, "adapter store: deleted versions no adapter refers to"),
             Ok(Err(err)) => tracing::warn!(%err, "adapter store: collecting unreferenced versions failed"),
