@@ -1,4 +1,4 @@
-//! Empty: Cargo resolves a package's `[build-dependencies]` (the features set for the host's proc macros and build
-//! scripts, see Cargo.toml) only when it has a build script.
+//! Empty. A build script, as cargo-hakari's workspace-hack crates have one, so that the `[build-dependencies]` of
+//! Cargo.toml (the features the host's proc macros see, `syn` 3's) take part in the build.
 
 fn main() {}
