@@ -89,8 +89,12 @@ if [ "$python_status" != 0 ]; then
 fi
 # The loragate package itself (the README's `pip install ./crates/loragate-py`; tests/tests/python_package.rs runs its
 # pytest suite): built with the pinned maturin above (no build isolation: nothing more to download), in Cargo's dev
-# profile, so that it shares target/debug with `cargo test` below instead of making a release build of its own.
-PATH="$PWD/.venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev" .venv/bin/python -m pip install --quiet \
+# profile, so that it shares target/debug with `cargo test` below instead of making a release build of its own. Its
+# `workspace-hack` feature gives the dependencies it shares with the test build that build's features
+# (crates/loragate-workspace-hack), so only the pyo3 family (`extension-module`) and loragate-py itself are compiled
+# again. (`extension-module` is named too: maturin's own features come from pyproject.toml.)
+PATH="$PWD/.venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev --features extension-module,workspace-hack" \
+    .venv/bin/python -m pip install --quiet \
     --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./crates/loragate-py
 export LORAGATE_PYTHON="$PWD/.venv/bin/python"
 # In-process test servers use the compute-thread count `loragate serve` picks on a 2-core machine.
