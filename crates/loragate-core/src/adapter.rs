@@ -392,6 +392,13 @@ impl AdapterHandle {
         }
     }
 
+    /// The instant `version` was published on the adapter's gate (what requests held for it wait on), if it is the
+    /// newest version installed: what benchmarks time a held request's admission from.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn installed_at(&self, version: AdapterVersion) -> Option<std::time::Instant> {
+        self.cell.installed_at(version)
+    }
+
     /// A consistent snapshot of the adapter's state.
     pub async fn status(&self) -> Result<AdapterStatus, CoreError> {
         self.call(|reply| AdapterMsg::Status { reply }).await

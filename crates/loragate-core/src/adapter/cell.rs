@@ -64,6 +64,9 @@ pub(crate) struct AdapterCell {
     staleness_settings: AtomicU64,
     /// Requests held at the staleness bound (also counted as held).
     pub(crate) staleness_held: AtomicU32,
+    /// The newest version published on the gate and the instant it was (what benchmarks time held requests from).
+    #[cfg(any(test, feature = "testing"))]
+    installed_at: Mutex<Option<(AdapterVersion, Instant)>>,
     state: Arc<dyn StateStore>,
     pub(crate) metrics: Arc<CoreMetrics>,
     pub(crate) labels: AdapterLabels,
@@ -87,6 +90,8 @@ impl AdapterCell {
             staleness: Mutex::new(None),
             staleness_settings: AtomicU64::new(0),
             staleness_held: AtomicU32::new(0),
+            #[cfg(any(test, feature = "testing"))]
+            installed_at: Mutex::new(None),
             labels: AdapterLabels::of(&key),
             metrics,
             paused_at: Mutex::new(None),
@@ -356,11 +361,22 @@ impl AdapterCell {
             let newer = version > gate.version;
             if newer {
                 gate.version = version;
+                // Just before the new version is published (the watch notifies once this returns).
+                #[cfg(any(test, feature = "testing"))]
+                {
+                    *self.installed_at.lock() = Some((version, Instant::now()));
+                }
             }
             newer
         });
         self.metrics.forget_old_versions(&self.labels, version);
         release
+    }
+
+    /// When `version` was published on the gate, if it is the newest version installed.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn installed_at(&self, version: AdapterVersion) -> Option<Instant> {
+        self.installed_at.lock().filter(|(installed, _)| *installed == version).map(|(_, at)| at)
     }
 
     /// The records of the servable versions other than `current`, oldest first (what an install records as retained).
