@@ -1,21 +1,73 @@
 //! Issue 32, item 8: a request held for a minimum version is admitted ≤ 1 ms after the version is installed (p99,
-//! 1,000 held). Each round holds 1,000 sampling requests for the adapter's next version (`min_lora_version`), loads
-//! that version, and times each request from the instant the version was published on the adapter's gate (the watch
-//! the held requests wait on; [`loragate_core::AdapterHandle::installed_at`]) to the instant its `sample` call
-//! answered (admitted, registered and handed to the engine). Prints each round's p50 / p99 / max and those of every
-//! round together.
+//! 1,000 held). Each round holds 1,000 requests for the adapter's next version, loads that version, and times each
+//! request from the instant the version was published on the adapter's gate (the watch the held requests wait on;
+//! [`loragate_core::AdapterHandle::installed_at`]) to the instant it was admitted. Two kinds of rounds:
+//! - `admission`: the gate alone, as the coordinator benchmark's `admit_and_release` measures it: each request is
+//!   held by [`loragate_core::AdapterHandle::admit_min_version`], timed when that returns (registered in flight);
+//! - `sample`: `Coordinator::sample` with `min_lora_version`, timed when it answers (admitted and handed to the
+//!   scripted engine, whose tasks then run beside the admissions still to come).
+//!
+//! Prints each round's p50 / p99 / max and those of every round of its kind together.
 //!
 //! `cargo bench -p loragate-benches --bench version_hold` (`VERSION_HOLD_ROUNDS`, default 10)
 
 use std::time::{Duration, Instant};
 
 use loragate_core::testing::{ScriptedEngine, coordinator_with_adapters};
-use loragate_core::{AdapterName, AdapterSource, Coordinator, CoordinatorConfig, RawSampleRequest};
+use loragate_core::{
+    AdapterName, AdapterSource, AdapterVersion, Coordinator, CoordinatorConfig, Ending, RawSampleRequest, RequestId,
+};
 
 const HELD: u32 = 1000;
 
-/// One round: the delays from the install to each held request's admission.
-async fn round(coordinator: &Coordinator, name: &AdapterName) -> Vec<Duration> {
+/// The next version's install, then the delays from it to each instant in `admitted` (each request's admission).
+async fn install_and_time(
+    coordinator: &Coordinator,
+    name: &AdapterName,
+    next: u64,
+    admitted: impl std::future::Future<Output = Vec<Instant>>,
+) -> Vec<Duration> {
+    let adapter = coordinator.lora(name).expect("loaded");
+    while adapter.status().await.expect("status").held < HELD {
+        tokio::task::yield_now().await;
+    }
+    let version = coordinator.load_adapter(name, AdapterSource::trusted("/a/bench")).await.expect("loads").version;
+    assert_eq!(version.0, next, "the version the requests wait for");
+    let admitted = admitted.await;
+    let installed = adapter.installed_at(version).expect("the install's instant");
+    let delay = |at: Instant| at.checked_duration_since(installed).expect("no request is admitted before its version");
+    admitted.into_iter().map(delay).collect()
+}
+
+/// One `admission` round: 1,000 requests held by `admit_min_version`.
+async fn admission_round(coordinator: &Coordinator, name: &AdapterName) -> Vec<Duration> {
+    let adapter = coordinator.lora(name).expect("loaded");
+    let next = adapter.status().await.expect("status").version.0 + 1;
+    let held: Vec<_> = (0..HELD)
+        .map(|index| {
+            let adapter = adapter.clone();
+            let hold_until = coordinator.gate_deadline(None).hold_until();
+            tokio::spawn(async move {
+                let id = RequestId::parse_or_generate(&format!("held-{index}")).expect("id");
+                let admission = adapter.admit_min_version(id, AdapterVersion(next), hold_until).await;
+                (Instant::now(), admission.expect("admitted once the version is installed"))
+            })
+        })
+        .collect();
+    let admitted = async {
+        let mut admitted = Vec::with_capacity(HELD as usize);
+        for task in futures::future::join_all(held).await {
+            let (at, admission) = task.expect("request task");
+            admitted.push(at);
+            admission.hand_back(Ending::Completed);
+        }
+        admitted
+    };
+    install_and_time(coordinator, name, next, admitted).await
+}
+
+/// One `sample` round: 1,000 `sample` calls with `min_lora_version`.
+async fn sample_round(coordinator: &Coordinator, name: &AdapterName) -> Vec<Duration> {
     let adapter = coordinator.lora(name).expect("loaded");
     let next = adapter.status().await.expect("status").version.0 + 1;
     let held: Vec<_> = (0..HELD)
@@ -35,23 +87,16 @@ async fn round(coordinator: &Coordinator, name: &AdapterName) -> Vec<Duration> {
             })
         })
         .collect();
-    while adapter.status().await.expect("status").held < HELD {
-        tokio::task::yield_now().await;
-    }
-    let version = coordinator.load_adapter(name, AdapterSource::trusted("/a/bench")).await.expect("loads").version;
-    assert_eq!(version.0, next, "the version the requests wait for");
-    let mut delays = Vec::with_capacity(HELD as usize);
-    let mut admitted = Vec::with_capacity(HELD as usize);
-    for task in futures::future::join_all(held).await {
-        let (at, stream) = task.expect("request task");
-        admitted.push(at);
-        stream.collect_output().await.expect("finished");
-    }
-    let installed = adapter.installed_at(version).expect("the install's instant");
-    for at in admitted {
-        delays.push(at.checked_duration_since(installed).expect("no request is admitted before its version"));
-    }
-    delays
+    let admitted = async {
+        let mut admitted = Vec::with_capacity(HELD as usize);
+        for task in futures::future::join_all(held).await {
+            let (at, stream) = task.expect("request task");
+            admitted.push(at);
+            stream.collect_output().await.expect("finished");
+        }
+        admitted
+    };
+    install_and_time(coordinator, name, next, admitted).await
 }
 
 /// The `q`-quantile of sorted `delays` (nearest rank).
@@ -78,13 +123,17 @@ fn main() {
         let coordinator =
             coordinator_with_adapters(ScriptedEngine::new(1), CoordinatorConfig::default(), &["bench"]).await;
         let name = AdapterName::parse("bench").expect("valid name");
-        let mut all = Vec::new();
         println!("{HELD} requests held for the next version, admitted after its install:");
+        let (mut admissions, mut samples) = (Vec::new(), Vec::new());
         for index in 0..rounds {
-            let mut delays = round(&coordinator, &name).await;
-            println!("round {:>2}: {}", index + 1, summary(&mut delays));
-            all.extend(delays);
+            let mut delays = admission_round(&coordinator, &name).await;
+            println!("admission round {:>2}: {}", index + 1, summary(&mut delays));
+            admissions.extend(delays);
+            let mut delays = sample_round(&coordinator, &name).await;
+            println!("sample round {:>2}:    {}", index + 1, summary(&mut delays));
+            samples.extend(delays);
         }
-        println!("all {rounds} rounds: {}", summary(&mut all));
+        println!("admission, all {rounds} rounds: {}", summary(&mut admissions));
+        println!("sample, all {rounds} rounds:    {}", summary(&mut samples));
     });
 }

@@ -110,6 +110,17 @@ impl AdapterHandle {
         Ok(self.admit_request(request_id, VersionWanted::Any, 1, hold_until).await?.admission)
     }
 
+    /// [`AdapterHandle::admit`] for a request that wants version `least` or newer (`min_lora_version`): held while the
+    /// adapter is older (what benchmarks of the version hold measure).
+    pub async fn admit_min_version(
+        &self,
+        request_id: RequestId,
+        least: AdapterVersion,
+        hold_until: Instant,
+    ) -> Result<Admission, CoreError> {
+        Ok(self.admit_request(request_id, VersionWanted::AtLeast(least), 1, hold_until).await?.admission)
+    }
+
     /// [`AdapterHandle::admit`] for a request the core kept across a pause (its driver counts it as kept meanwhile,
     /// so it is not counted as held).
     ///
