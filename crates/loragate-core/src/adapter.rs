@@ -1,12 +1,14 @@
 //! One adapter: its actor (gate, registry, version) and the typed [`AdapterHandle`] callers use, so nobody outside
 //! this module builds an actor message.
 //!
-//! Data flow: `admit` asks the actor to register the request; if the gate is closed the caller waits on the gate's
-//! `watch` (counted as *held*) until it opens or the deadline passes, then asks again. `pause` asks the actor to
+//! Data flow: `admit` registers the request in the registry the actor owns, under its lock, with no round trip
+//! through the actor (see `admission` for why a racing pause never misses it); if the gate is closed the caller
+//! waits on the gate's `watch` (counted as *held*) until it opens or the deadline passes, then tries again. `pause` asks the actor to
 //! add a pause (closing the gate) and to cancel, keep or watch every registered request as its mode says, then
 //! waits outside the actor until each was handed back (or, in wait mode, finished).
 
 mod actor;
+mod admission;
 mod cell;
 mod gate;
 mod pauses;
@@ -22,15 +24,18 @@ use ractor::RpcReplyPort;
 use ractor::rpc::CallResult;
 use tokio::time::Instant;
 
+use self::actor::PauseTicket;
 pub(crate) use self::actor::{
-    AdapterActor, AdapterArgs, AdapterMsg, Admitted, ReleaseTarget, Retired, Supervisor, servable,
+    AdapterActor, AdapterArgs, AdapterMsg, Incarnation, ReleaseTarget, Retired, Supervisor, servable,
 };
-use self::actor::{AdmitReply, PauseTicket};
+use self::admission::AdmitReply;
+pub(crate) use self::admission::Admitted;
 pub(crate) use self::cell::{AdapterCell, StalenessTicket, VersionPin};
 pub(crate) use self::gate::Counted;
 use self::gate::{GateWait, wait_until_open, wait_until_ready};
 pub use self::registry::Admission;
-pub(crate) use self::registry::PendingHandBacks;
+use self::registry::SharedRegistry;
+pub(crate) use self::registry::{OwnedRegistry, PendingHandBacks};
 pub(crate) use self::versions::Servable;
 use crate::contract::{
     AbortReport, AdapterKey, AdapterName, AdapterStatus, AdapterVersion, CoreError, GateState, KvPolicy, PauseId,
@@ -105,6 +110,17 @@ impl AdapterHandle {
         Ok(self.admit_request(request_id, VersionWanted::Any, 1, hold_until).await?.admission)
     }
 
+    /// [`AdapterHandle::admit`] for a request that wants version `least` or newer (`min_lora_version`): held while the
+    /// adapter is older (what benchmarks of the version hold measure).
+    pub async fn admit_min_version(
+        &self,
+        request_id: RequestId,
+        least: AdapterVersion,
+        hold_until: Instant,
+    ) -> Result<Admission, CoreError> {
+        Ok(self.admit_request(request_id, VersionWanted::AtLeast(least), 1, hold_until).await?.admission)
+    }
+
     /// [`AdapterHandle::admit`] for a request the core kept across a pause (its driver counts it as kept meanwhile,
     /// so it is not counted as held).
     ///
@@ -140,8 +156,7 @@ impl AdapterHandle {
                 // Accepted before its pause: counted in flight again, never refused.
                 Waiter::Kept { .. } => self.cell.occupy_uncapped(Occupancy::InFlight),
             };
-            let admit = |reply| AdapterMsg::Admit { request_id: request_id.clone(), wanted, sequences, reply };
-            match self.call(admit).await? {
+            match self.decide(&request_id, wanted, sequences).await? {
                 AdmitReply::Admitted(admitted) => {
                     let admission = admitted.admission.occupying(slot);
                     return Ok(Admitted { admission, ..admitted });
@@ -155,9 +170,9 @@ impl AdapterHandle {
                     let (adapter, requested) = (self.lora_name(), wanted.least().unwrap_or_default());
                     return Err(CoreError::VersionRetired { adapter, requested, retained });
                 }
-                AdmitReply::AtCapacity { capacity, epoch } => {
+                AdmitReply::AtCapacity { capacity, version, epoch } => {
                     drop(slot);
-                    self.hold_for_capacity(capacity, epoch, hold_until).await?;
+                    self.hold_for_capacity(capacity, version, epoch, hold_until).await?;
                 }
                 AdmitReply::Retired(why) => return Err(self.retired_error(why)),
             }
@@ -182,13 +197,18 @@ impl AdapterHandle {
     }
 
     /// Holds the caller (counted as held, and as held at the staleness bound) until the bound may admit more than
-    /// when it was found full at admission epoch `epoch` (a new version, a new policy, places given back), the
-    /// adapter is removed, or `hold_until` passes.
-    async fn hold_for_capacity(&self, capacity: u64, epoch: u64, hold_until: Instant) -> Result<(), CoreError> {
+    /// when it was found full at `version` and admission epoch `epoch` (a new version, a new policy, places given
+    /// back), the adapter is removed, or `hold_until` passes.
+    async fn hold_for_capacity(
+        &self,
+        capacity: u64,
+        version: AdapterVersion,
+        epoch: u64,
+        hold_until: Instant,
+    ) -> Result<(), CoreError> {
         let started = Instant::now();
         let _held = self.cell.occupy(Occupancy::Held)?;
         let _at_bound = Counted::new(&self.cell.staleness_held);
-        let version = self.cell.gate_state().version;
         let loosened = |gate: &GateState| gate.admission_epoch != epoch || gate.version != version;
         let outcome = wait_until_ready(self.cell.subscribe_gate(), hold_until, loosened).await;
         let held_for = started.elapsed();
@@ -392,9 +412,59 @@ impl AdapterHandle {
         }
     }
 
+    /// The instant `version` was published on the adapter's gate (what requests held for it wait on), if it is the
+    /// newest version installed: what benchmarks time a held request's admission from.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn installed_at(&self, version: AdapterVersion) -> Option<std::time::Instant> {
+        self.cell.installed_at(version)
+    }
+
     /// A consistent snapshot of the adapter's state.
     pub async fn status(&self) -> Result<AdapterStatus, CoreError> {
         self.call(|reply| AdapterMsg::Status { reply }).await
+    }
+
+    /// Decides on the request in the current incarnation's registry, under its lock (see `admission`): no round
+    /// trip through the actor. If that incarnation ended (its actor died), waits (bounded) for the supervisor's
+    /// restart and tries the next one, as [`AdapterHandle::call`] does.
+    async fn decide(
+        &self,
+        request_id: &RequestId,
+        wanted: VersionWanted,
+        sequences: u32,
+    ) -> Result<AdmitReply, CoreError> {
+        let decide = |registry: SharedRegistry| admission::admit(&registry, &self.cell, request_id, wanted, sequences);
+        if let Some(reply) = self.cell.current_registry().and_then(decide) {
+            return Ok(reply);
+        }
+        let mut incarnations = self.cell.subscribe_actor();
+        let deadline = Instant::now() + RESTART_WAIT;
+        loop {
+            let Some(registry) = incarnations.borrow_and_update().as_ref().map(|current| current.registry.clone())
+            else {
+                return Err(CoreError::UnknownAdapter(self.key().clone()));
+            };
+            if let Some(reply) = decide(registry) {
+                return Ok(reply);
+            }
+            match tokio::time::timeout_at(deadline, incarnations.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return Err(CoreError::AdapterUnavailable(self.key().clone())),
+            }
+        }
+    }
+
+    /// The admission decision alone, without the wait at a closed gate that comes before it (the cheap wait; this is
+    /// the check that closes the race with a pause): `Some` if admitted on any version now, `None` if the gate is
+    /// closed. For tests that race admissions against the actor's passes over the registry.
+    #[cfg(test)]
+    pub(crate) async fn admit_unheld(&self, request_id: RequestId) -> Option<Admission> {
+        match self.decide(&request_id, VersionWanted::Any, 1).await {
+            Ok(AdmitReply::Admitted(admitted)) => Some(admitted.admission),
+            Ok(AdmitReply::Paused) => None,
+            Ok(_) => panic!("only an open or a closed gate is expected here"),
+            Err(err) => panic!("the adapter is there: {err}"),
+        }
     }
 
     /// Asks the current incarnation of the actor. If it died, waits (bounded) for the supervisor's restart and asks
@@ -407,7 +477,7 @@ impl AdapterHandle {
         let mut incarnations = self.cell.subscribe_actor();
         let deadline = Instant::now() + RESTART_WAIT;
         loop {
-            let Some(actor) = incarnations.borrow_and_update().clone() else {
+            let Some(actor) = incarnations.borrow_and_update().as_ref().map(|current| current.actor.clone()) else {
                 return Err(CoreError::UnknownAdapter(self.key().clone()));
             };
             if let Ok(CallResult::Success(answer)) = actor.call(&build, None).await {

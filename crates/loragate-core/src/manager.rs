@@ -13,7 +13,9 @@ use dashmap::DashMap;
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::oneshot;
 
-use crate::adapter::{AdapterActor, AdapterArgs, AdapterCell, AdapterHandle, AdapterMsg, Retired};
+use crate::adapter::{
+    AdapterActor, AdapterArgs, AdapterCell, AdapterHandle, AdapterMsg, Incarnation, OwnedRegistry, Retired,
+};
 use crate::adapter_source::AdapterSource;
 use crate::contract::{AdapterKey, AdapterName, AdapterVersion, CoreError, PauseRequest, StateError, VersionInfo};
 use crate::engine::Engine;
@@ -230,10 +232,12 @@ impl ManagerState {
         cell: &Arc<AdapterCell>,
     ) -> Result<ActorRef<AdapterMsg>, ActorProcessingErr> {
         let supervisor = Arc::new(ManagerHandle::new(manager.clone()));
-        let args = AdapterArgs { cell: cell.clone(), engine: self.engine.clone(), manager: supervisor };
+        let registry = OwnedRegistry::default();
+        let shared = registry.share();
+        let args = AdapterArgs { cell: cell.clone(), engine: self.engine.clone(), manager: supervisor, registry };
         let (actor, _join) = Actor::spawn_linked(None, AdapterActor, args, manager.get_cell()).await?;
         self.keys_by_actor.insert(actor.get_id(), cell.key().clone());
-        cell.set_actor(Some(actor.clone()));
+        cell.set_actor(Some(Incarnation { actor: actor.clone(), registry: shared }));
         Ok(actor)
     }
 

@@ -1,30 +1,28 @@
-//! The adapter actor: the single writer of one adapter's gate, registry and version. Every handler is short and
-//! non-blocking: waits happen on the gate's `watch` outside the actor, weight loads run on a spawned task that
-//! reports back with a message, and per-request failures travel on reply ports (an `Err` from `handle` would kill
-//! the actor).
+//! The adapter actor: the single writer of one adapter's gate and version, and the owner of its incarnation's
+//! in-flight registry (admissions register themselves in it under its lock: see `admission`). Every handler is
+//! short and non-blocking: waits happen on the gate's `watch` outside the actor, weight loads run on a spawned task
+//! that reports back with a message, and per-request failures travel on reply ports (an `Err` from `handle` would
+//! kill the actor).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
 
-use super::cell::{AdapterCell, StalenessTicket, VersionPin};
-use super::registry::{Admission, InFlightRegistry, PendingHandBacks};
-use super::versions::{PinRefused, Servable};
+use super::cell::AdapterCell;
+use super::registry::{OwnedRegistry, PendingHandBacks, SharedRegistry};
+use super::versions::Servable;
 use crate::adapter_source::AdapterSource;
 use crate::contract::{
     AbortReport, AdapterKey, AdapterName, AdapterStatus, AdapterVersion, CoreError, KvPolicy, PauseId, PauseMode,
     PauseOwner, PauseRequest, RequestId, ResumeReport, Retirement, StalenessPolicy, StateError, StopCause, VersionInfo,
-    VersionWanted,
 };
 use crate::engine::Engine;
 use crate::state::{PauseRecord, RecordedSource, Recording, StateChange, nothing_to_record};
 
-/// The commands an adapter actor serves. Only [`super::AdapterHandle`] and the manager build them.
+/// The commands an adapter actor serves. Only [`super::AdapterHandle`] and the manager build them. (Admission is no
+/// command: the admitting task registers itself in the registry the actor owns, under its lock; see `admission`.)
 pub(crate) enum AdapterMsg {
-    /// Registers a request if the gate is open, a version it wants is servable, and its staleness bound has room for
-    /// its `sequences` (0: a continuation, not counted again).
-    Admit { request_id: RequestId, wanted: VersionWanted, sequences: u32, reply: RpcReplyPort<AdmitReply> },
     /// Adds (or renews) a pause, which closes the gate, then acts on the admitted requests as its mode says:
     /// cancels them (abort), cancels them to be kept (keep), or only watches them (wait).
     Pause { request: PauseRequest, reply: RpcReplyPort<PauseTicket> },
@@ -108,34 +106,6 @@ pub(crate) struct LoadFailure {
     error: CoreError,
 }
 
-/// The answer to [`AdapterMsg::Admit`].
-pub(crate) enum AdmitReply {
-    /// Registered.
-    Admitted(Admitted),
-    /// The gate is closed; wait on it and try again.
-    Paused,
-    /// The version the request wants has not arrived: wait until the adapter is at this version and try again.
-    NotYet(AdapterVersion),
-    /// The version the request pinned is no longer served; these are.
-    Released(Vec<AdapterVersion>),
-    /// The staleness bound has no room: wait for a new version (or for places given back) and try again. Says the
-    /// capacity, and the gate's admission epoch when it was found full.
-    AtCapacity { capacity: u64, epoch: u64 },
-    /// The adapter stopped serving.
-    Retired(Retirement),
-}
-
-/// A registered request, with what it holds beyond its registration: the pin on the exact version it asked for,
-/// and its places under the staleness bound. Whoever drives the request keeps both until it ends.
-pub(crate) struct Admitted {
-    /// The registration.
-    pub(crate) admission: Admission,
-    /// The pin on its exact version (`NAME@V`), if it asked for one.
-    pub(crate) pin: Option<VersionPin>,
-    /// Its places under the staleness bound, if one counted it.
-    pub(crate) staleness: Option<StalenessTicket>,
-}
-
 /// What an adapter actor tells the manager that supervises it. Defined here, where it is used (the manager's handle
 /// implements it), so that the adapter's floor does not import the manager's.
 pub(crate) trait Supervisor: Send + Sync + 'static {
@@ -153,20 +123,30 @@ pub(crate) trait Supervisor: Send + Sync + 'static {
 /// The actor's behaviour (stateless; its state is [`AdapterState`]).
 pub(crate) struct AdapterActor;
 
-/// What an adapter actor starts from. The same cell is handed to every incarnation of the actor.
+/// What an adapter actor starts from. The same cell is handed to every incarnation of the actor; the registry is
+/// this incarnation's own (the manager publishes its shared side with the actor's address, see [`Incarnation`]).
 pub(crate) struct AdapterArgs {
     pub(crate) cell: Arc<AdapterCell>,
     pub(crate) engine: Arc<dyn Engine>,
     pub(crate) manager: Arc<dyn Supervisor>,
+    pub(crate) registry: OwnedRegistry,
+}
+
+/// One incarnation of an adapter's actor as its handles reach it: its address, and its in-flight registry, in which
+/// admissions register themselves.
+#[derive(Clone)]
+pub(crate) struct Incarnation {
+    pub(crate) actor: ActorRef<AdapterMsg>,
+    pub(crate) registry: SharedRegistry,
 }
 
 /// One incarnation's state. The durable part (gate, version) lives in the cell; the registry dies with the
-/// incarnation, and aborts what it held when it does (see [`InFlightRegistry`]'s `Drop`).
+/// incarnation, and aborts what it held when it does (see [`OwnedRegistry`]'s `Drop`).
 pub(crate) struct AdapterState {
     cell: Arc<AdapterCell>,
     engine: Arc<dyn Engine>,
     manager: Arc<dyn Supervisor>,
-    registry: InFlightRegistry,
+    registry: OwnedRegistry,
     loads: LoadQueue,
 }
 
@@ -187,8 +167,8 @@ impl Actor for AdapterActor {
         _myself: ActorRef<AdapterMsg>,
         args: AdapterArgs,
     ) -> Result<AdapterState, ActorProcessingErr> {
-        let AdapterArgs { cell, engine, manager } = args;
-        Ok(AdapterState { cell, engine, manager, registry: InFlightRegistry::default(), loads: LoadQueue::default() })
+        let AdapterArgs { cell, engine, manager, registry } = args;
+        Ok(AdapterState { cell, engine, manager, registry, loads: LoadQueue::default() })
     }
 
     async fn handle(
@@ -198,12 +178,8 @@ impl Actor for AdapterActor {
         state: &mut AdapterState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            AdapterMsg::Admit { request_id, wanted, sequences, reply } => {
-                // If the caller is gone the admission drops here, which ends its registration again (and its pin
-                // and places go with it).
-                let _ = reply.send(state.admit(request_id, wanted, sequences));
-            }
             AdapterMsg::Pause { request, reply } => {
+                // The gate closes before the pass over the registry (see `admission`).
                 let (paused, recorded) = state.cell.pause(&request);
                 let pending = state.act_on_admitted(request.mode, request.kv_policy);
                 let ticket = PauseTicket { pause_id: paused.pause_id, created: paused.created, pending, recorded };
@@ -259,8 +235,8 @@ impl Actor for AdapterActor {
             }
             AdapterMsg::AbortRequests { ids, reply } => {
                 let pending = match ids {
-                    Some(ids) => state.registry.cancel_matching(&ids, StopCause::Targeted),
-                    None => state.registry.cancel_all(StopCause::Targeted),
+                    Some(ids) => state.registry.lock().cancel_matching(&ids, StopCause::Targeted),
+                    None => state.registry.lock().cancel_all(StopCause::Targeted),
                 };
                 let _ = reply.send(pending);
             }
@@ -270,6 +246,7 @@ impl Actor for AdapterActor {
             }
             AdapterMsg::LoadFinished { outcome, reply } => state.finish_load(outcome, reply),
             AdapterMsg::Retire { why, record, reply } => {
+                // Retired before the pass over the registry (see `admission`).
                 state.cell.retire(why);
                 let recorded = match (why, state.cell.key()) {
                     // Recorded here, after any install this actor recorded: an unloaded adapter never comes back.
@@ -278,10 +255,12 @@ impl Actor for AdapterActor {
                     }
                     _ => nothing_to_record(),
                 };
-                let _ = reply.send(Ok(Retired { pending: state.registry.cancel_all(StopCause::Retired), recorded }));
+                let pending = state.registry.lock().cancel_all(StopCause::Retired);
+                let _ = reply.send(Ok(Retired { pending, recorded }));
             }
             AdapterMsg::Status { reply } => {
-                let _ = reply.send(state.cell.status(state.registry.len()));
+                let in_flight = state.registry.lock().len();
+                let _ = reply.send(state.cell.status(in_flight));
             }
             #[cfg(test)]
             AdapterMsg::FailForTest => return Err("failure injected by a test".into()),
@@ -291,32 +270,6 @@ impl Actor for AdapterActor {
 }
 
 impl AdapterState {
-    /// Registers a request if it can be served now (see [`AdapterMsg::Admit`]).
-    fn admit(&mut self, request_id: RequestId, wanted: VersionWanted, sequences: u32) -> AdmitReply {
-        let gate = self.cell.gate_state();
-        if let Some(why) = gate.retired {
-            return AdmitReply::Retired(why);
-        }
-        if gate.paused {
-            return AdmitReply::Paused;
-        }
-        let (version, pin) = match wanted {
-            VersionWanted::Any => (gate.version, None),
-            VersionWanted::AtLeast(least) if gate.version < least => return AdmitReply::NotYet(least),
-            VersionWanted::AtLeast(_) => (gate.version, None),
-            VersionWanted::Exactly(exact) => match self.cell.pin(exact) {
-                Ok(pin) => (exact, Some(pin)),
-                Err(PinRefused::NotYet) => return AdmitReply::NotYet(exact),
-                Err(PinRefused::Released(servable)) => return AdmitReply::Released(servable),
-            },
-        };
-        let staleness = match self.cell.start_sequences(sequences) {
-            Ok(ticket) => ticket,
-            Err(capacity) => return AdmitReply::AtCapacity { capacity, epoch: gate.admission_epoch },
-        };
-        AdmitReply::Admitted(Admitted { admission: self.registry.admit(request_id, version), pin, staleness })
-    }
-
     /// Tells the engine to release `versions` of this adapter, on a task (the actor never waits for the engine).
     fn release_from_engine(&self, versions: Vec<AdapterVersion>) {
         let AdapterKey::Lora(name) = self.cell.key().clone() else { return };
@@ -336,11 +289,12 @@ impl AdapterState {
     /// Acts on every admitted request as a pause in `mode` says: cancels them (abort), stops them to be kept (keep:
     /// parked with the REUSE policy), or only watches them (wait).
     fn act_on_admitted(&mut self, mode: PauseMode, kv_policy: KvPolicy) -> PendingHandBacks {
+        let mut registry = self.registry.lock();
         match mode {
-            PauseMode::Abort => self.registry.cancel_all(StopCause::Paused),
-            PauseMode::Keep if kv_policy == KvPolicy::Reuse => self.registry.park_all(),
-            PauseMode::Keep => self.registry.cancel_all(StopCause::Kept),
-            PauseMode::Wait => self.registry.pending_all(),
+            PauseMode::Abort => registry.cancel_all(StopCause::Paused),
+            PauseMode::Keep if kv_policy == KvPolicy::Reuse => registry.park_all(),
+            PauseMode::Keep => registry.cancel_all(StopCause::Kept),
+            PauseMode::Wait => registry.pending_all(),
         }
     }
 

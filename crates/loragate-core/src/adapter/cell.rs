@@ -12,8 +12,9 @@ use ractor::ActorRef;
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::actor::AdapterMsg;
+use super::actor::{AdapterMsg, Incarnation};
 use super::pauses::{PauseBook, Paused};
+use super::registry::SharedRegistry;
 use super::staleness::StalenessBound;
 use super::versions::{PinRefused, RetainedVersions, Servable};
 use crate::contract::{
@@ -33,7 +34,8 @@ const SEALED: u64 = 1 << 63;
 pub(crate) struct AdapterCell {
     key: AdapterKey,
     gate: watch::Sender<GateState>,
-    actor: watch::Sender<Option<ActorRef<AdapterMsg>>>,
+    /// The current incarnation of the actor (`None` once the adapter is removed).
+    actor: watch::Sender<Option<Incarnation>>,
     /// The last version handed to a load (installed or not), so versions are never reused, across restarts too; with
     /// [`SEALED`] set once the adapter is unloaded.
     last_reserved_version: AtomicU64,
@@ -64,6 +66,9 @@ pub(crate) struct AdapterCell {
     staleness_settings: AtomicU64,
     /// Requests held at the staleness bound (also counted as held).
     pub(crate) staleness_held: AtomicU32,
+    /// The newest version published on the gate and the instant it was (what benchmarks time held requests from).
+    #[cfg(any(test, feature = "testing"))]
+    installed_at: Mutex<Option<(AdapterVersion, Instant)>>,
     state: Arc<dyn StateStore>,
     pub(crate) metrics: Arc<CoreMetrics>,
     pub(crate) labels: AdapterLabels,
@@ -87,6 +92,8 @@ impl AdapterCell {
             staleness: Mutex::new(None),
             staleness_settings: AtomicU64::new(0),
             staleness_held: AtomicU32::new(0),
+            #[cfg(any(test, feature = "testing"))]
+            installed_at: Mutex::new(None),
             labels: AdapterLabels::of(&key),
             metrics,
             paused_at: Mutex::new(None),
@@ -173,7 +180,9 @@ impl AdapterCell {
             tokio::time::sleep_until(expires_at).await;
             // If the actor is between incarnations, tell the next one; stop once the adapter is removed.
             loop {
-                let Some(actor) = incarnations.borrow_and_update().clone() else { return };
+                let Some(actor) = incarnations.borrow_and_update().as_ref().map(|current| current.actor.clone()) else {
+                    return;
+                };
                 let ended = AdapterMsg::LeaseEnded { pause_id: pause_id.clone(), expires_at };
                 if actor.cast(ended).is_ok() || incarnations.changed().await.is_err() {
                     return;
@@ -356,11 +365,22 @@ impl AdapterCell {
             let newer = version > gate.version;
             if newer {
                 gate.version = version;
+                // Just before the new version is published (the watch notifies once this returns).
+                #[cfg(any(test, feature = "testing"))]
+                {
+                    *self.installed_at.lock() = Some((version, Instant::now()));
+                }
             }
             newer
         });
         self.metrics.forget_old_versions(&self.labels, version);
         release
+    }
+
+    /// When `version` was published on the gate, if it is the newest version installed.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn installed_at(&self, version: AdapterVersion) -> Option<Instant> {
+        self.installed_at.lock().filter(|(installed, _)| *installed == version).map(|(_, at)| at)
     }
 
     /// The records of the servable versions other than `current`, oldest first (what an install records as retained).
@@ -412,10 +432,14 @@ impl AdapterCell {
 
     /// Counts `sequences` more as started under the staleness bound: `Ok` with a ticket to give them back if they
     /// end aborted (`None` without a bound, or for no new sequences), `Err` with the capacity if they do not fit now.
-    pub(crate) fn start_sequences(self: &Arc<Self>, sequences: u32) -> Result<Option<StalenessTicket>, u64> {
+    /// `current` is the adapter's version the caller read from the gate.
+    pub(crate) fn start_sequences(
+        self: &Arc<Self>,
+        sequences: u32,
+        current: AdapterVersion,
+    ) -> Result<Option<StalenessTicket>, u64> {
         let mut staleness = self.staleness.lock();
         let Some(bound) = staleness.as_mut().filter(|_| sequences > 0) else { return Ok(None) };
-        let current = self.gate_state().version;
         if !bound.try_start(sequences, current) {
             return Err(bound.capacity(current));
         }
@@ -435,16 +459,22 @@ impl AdapterCell {
 
     /// The current incarnation of the adapter's actor; `None` once the adapter is removed.
     pub(crate) fn current_actor(&self) -> Option<ActorRef<AdapterMsg>> {
-        self.actor.borrow().clone()
+        self.actor.borrow().as_ref().map(|current| current.actor.clone())
     }
 
-    pub(crate) fn subscribe_actor(&self) -> watch::Receiver<Option<ActorRef<AdapterMsg>>> {
+    /// The current incarnation's registry; `None` once the adapter is removed. (Taken out of the watch, so that
+    /// nobody locks a registry while reading the watch.)
+    pub(crate) fn current_registry(&self) -> Option<SharedRegistry> {
+        self.actor.borrow().as_ref().map(|current| current.registry.clone())
+    }
+
+    pub(crate) fn subscribe_actor(&self) -> watch::Receiver<Option<Incarnation>> {
         self.actor.subscribe()
     }
 
     /// Points the cell at a new incarnation (or at none, on removal).
-    pub(crate) fn set_actor(&self, actor: Option<ActorRef<AdapterMsg>>) {
-        self.actor.send_replace(actor);
+    pub(crate) fn set_actor(&self, incarnation: Option<Incarnation>) {
+        self.actor.send_replace(incarnation);
     }
 
     /// A snapshot, given the registry's size (known only to the actor).

@@ -1,12 +1,18 @@
 //! The in-flight registry: every admitted request of one adapter, with the token that aborts it and the signal
 //! that says it was handed back. Requests are registered through an [`Admission`] guard, so completion, abort,
 //! client disconnect and panic all deregister them the same way: by dropping the guard.
+//!
+//! Each incarnation of the adapter's actor owns one registry ([`OwnedRegistry`]) behind a short lock it shares with
+//! the adapter's handles: admissions register themselves under that lock (see `admission`), everything else that
+//! reads or cancels the registry (pauses, aborts, retirement, status) is the actor's. When the incarnation ends, its
+//! registry ends with it: what it held is aborted, and it admits nothing more.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -71,16 +77,46 @@ struct Entry {
     hand_back: Arc<HandBack>,
 }
 
-/// The admitted requests of one adapter. Owned by the adapter's actor.
+/// The admitted requests of one adapter, for one incarnation of its actor.
 pub(crate) struct InFlightRegistry {
     next_ticket: u64,
     entries: HashMap<u64, Entry>,
     prune_at: usize,
+    /// Set when the incarnation ended: nothing more is admitted here.
+    ended: bool,
 }
 
 impl Default for InFlightRegistry {
     fn default() -> Self {
-        Self { next_ticket: 0, entries: HashMap::new(), prune_at: MIN_PRUNE_AT }
+        Self { next_ticket: 0, entries: HashMap::new(), prune_at: MIN_PRUNE_AT, ended: false }
+    }
+}
+
+/// One incarnation's registry, shared by the actor (through its [`OwnedRegistry`]) and the adapter's handles.
+pub(crate) type SharedRegistry = Arc<Mutex<InFlightRegistry>>;
+
+/// The actor's hold on its incarnation's registry: dropping it (the actor stops or dies) ends the registry, aborting
+/// every request it held, so none runs on unseen, and admitting nothing more.
+#[derive(Default)]
+pub(crate) struct OwnedRegistry {
+    shared: SharedRegistry,
+}
+
+impl OwnedRegistry {
+    /// The registry as the adapter's handles reach it.
+    pub(crate) fn share(&self) -> SharedRegistry {
+        self.shared.clone()
+    }
+
+    /// The registry, locked (briefly: the actor's own passes over it).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, InFlightRegistry> {
+        self.shared.lock()
+    }
+}
+
+impl Drop for OwnedRegistry {
+    fn drop(&mut self) {
+        self.shared.lock().end();
     }
 }
 
@@ -165,13 +201,18 @@ impl InFlightRegistry {
     fn forget_handed_back(&mut self) {
         self.entries.retain(|_, entry| !entry.hand_back.is_settled());
     }
-}
 
-impl Drop for InFlightRegistry {
-    /// The registry dies with its actor (unload, shutdown, or a crash before a restart). Nobody could abort these
-    /// requests later, so they are aborted now: each is handed back with its partial output, none runs on unseen.
-    fn drop(&mut self) {
-        for entry in self.entries.values() {
+    /// Whether the registry's incarnation ended (see [`InFlightRegistry::end`]).
+    pub(crate) fn is_ended(&self) -> bool {
+        self.ended
+    }
+
+    /// Ends the registry with its actor's incarnation (unload, shutdown, or a crash before a restart). Nobody could
+    /// abort these requests later, so they are aborted now: each is handed back with its partial output, none runs
+    /// on unseen. Nothing is admitted here afterwards: admissions go to the next incarnation.
+    fn end(&mut self) {
+        self.ended = true;
+        for (_, entry) in self.entries.drain() {
             entry.hand_back.stop(StopCause::Retired);
             entry.cancel.cancel();
         }
@@ -342,10 +383,15 @@ mod tests {
     }
 
     #[test]
-    fn a_dropped_registry_aborts_what_it_held() {
-        let mut registry = InFlightRegistry::default();
-        let orphan = registry.admit(id("orphan"), AdapterVersion(1));
-        drop(registry);
+    fn an_ended_registry_aborted_what_it_held_and_says_it_ended() {
+        let owned = OwnedRegistry::default();
+        let shared = owned.share();
+        let orphan = shared.lock().admit(id("orphan"), AdapterVersion(1));
+        assert!(!shared.lock().is_ended());
+        drop(owned);
         assert!(orphan.cancel_token().is_cancelled());
+        assert_eq!(orphan.stop_cause(), Some(StopCause::Retired));
+        assert!(shared.lock().is_ended(), "the handles' side sees the end");
+        assert_eq!(shared.lock().len(), 0);
     }
 }

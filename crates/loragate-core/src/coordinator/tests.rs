@@ -20,6 +20,7 @@ use crate::contract::{
 };
 use crate::testing::{ScriptedEngine, coordinator_with_adapters, eventually};
 
+mod admission_races;
 mod fetch;
 mod interleavings;
 mod max_loras;

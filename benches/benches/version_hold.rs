@@ -1,0 +1,139 @@
+//! Issue 32, item 8: a request held for a minimum version is admitted ≤ 1 ms after the version is installed (p99,
+//! 1,000 held). Each round holds 1,000 requests for the adapter's next version, loads that version, and times each
+//! request from the instant the version was published on the adapter's gate (the watch the held requests wait on;
+//! [`loragate_core::AdapterHandle::installed_at`]) to the instant it was admitted. Two kinds of rounds:
+//! - `admission`: the gate alone, as the coordinator benchmark's `admit_and_release` measures it: each request is
+//!   held by [`loragate_core::AdapterHandle::admit_min_version`], timed when that returns (registered in flight);
+//! - `sample`: `Coordinator::sample` with `min_lora_version`, timed when it answers (admitted and handed to the
+//!   scripted engine, whose tasks then run beside the admissions still to come).
+//!
+//! Prints each round's p50 / p99 / max and those of every round of its kind together.
+//!
+//! `cargo bench -p loragate-benches --bench version_hold` (`VERSION_HOLD_ROUNDS`, default 10)
+
+use std::time::{Duration, Instant};
+
+use loragate_core::testing::{ScriptedEngine, coordinator_with_adapters};
+use loragate_core::{
+    AdapterName, AdapterSource, AdapterVersion, Coordinator, CoordinatorConfig, Ending, RawSampleRequest, RequestId,
+};
+
+const HELD: u32 = 1000;
+
+/// The next version's install, then the delays from it to each instant in `admitted` (each request's admission).
+async fn install_and_time(
+    coordinator: &Coordinator,
+    name: &AdapterName,
+    next: u64,
+    admitted: impl std::future::Future<Output = Vec<Instant>>,
+) -> Vec<Duration> {
+    let adapter = coordinator.lora(name).expect("loaded");
+    while adapter.status().await.expect("status").held < HELD {
+        tokio::task::yield_now().await;
+    }
+    let version = coordinator.load_adapter(name, AdapterSource::trusted("/a/bench")).await.expect("loads").version;
+    assert_eq!(version.0, next, "the version the requests wait for");
+    let admitted = admitted.await;
+    let installed = adapter.installed_at(version).expect("the install's instant");
+    let delay = |at: Instant| at.checked_duration_since(installed).expect("no request is admitted before its version");
+    admitted.into_iter().map(delay).collect()
+}
+
+/// One `admission` round: 1,000 requests held by `admit_min_version`.
+async fn admission_round(coordinator: &Coordinator, name: &AdapterName) -> Vec<Duration> {
+    let adapter = coordinator.lora(name).expect("loaded");
+    let next = adapter.status().await.expect("status").version.0 + 1;
+    let held: Vec<_> = (0..HELD)
+        .map(|index| {
+            let adapter = adapter.clone();
+            let hold_until = coordinator.gate_deadline(None).hold_until();
+            tokio::spawn(async move {
+                let id = RequestId::parse_or_generate(&format!("held-{index}")).expect("id");
+                let admission = adapter.admit_min_version(id, AdapterVersion(next), hold_until).await;
+                (Instant::now(), admission.expect("admitted once the version is installed"))
+            })
+        })
+        .collect();
+    let admitted = async {
+        let mut admitted = Vec::with_capacity(HELD as usize);
+        for task in futures::future::join_all(held).await {
+            let (at, admission) = task.expect("request task");
+            admitted.push(at);
+            admission.hand_back(Ending::Completed);
+        }
+        admitted
+    };
+    install_and_time(coordinator, name, next, admitted).await
+}
+
+/// One `sample` round: 1,000 `sample` calls with `min_lora_version`.
+async fn sample_round(coordinator: &Coordinator, name: &AdapterName) -> Vec<Duration> {
+    let adapter = coordinator.lora(name).expect("loaded");
+    let next = adapter.status().await.expect("status").version.0 + 1;
+    let held: Vec<_> = (0..HELD)
+        .map(|_| {
+            let raw = RawSampleRequest {
+                lora_name: name.to_string(),
+                prompt_token_ids: vec![1],
+                max_tokens: Some(1),
+                min_lora_version: next,
+                ..RawSampleRequest::default()
+            };
+            let request = coordinator.parse_sample(raw).expect("valid");
+            let coordinator = coordinator.clone();
+            tokio::spawn(async move {
+                let stream = coordinator.sample(request, coordinator.gate_deadline(None)).await;
+                (Instant::now(), stream.expect("admitted once the version is installed"))
+            })
+        })
+        .collect();
+    let admitted = async {
+        let mut admitted = Vec::with_capacity(HELD as usize);
+        for task in futures::future::join_all(held).await {
+            let (at, stream) = task.expect("request task");
+            admitted.push(at);
+            stream.collect_output().await.expect("finished");
+        }
+        admitted
+    };
+    install_and_time(coordinator, name, next, admitted).await
+}
+
+/// The `q`-quantile of sorted `delays` (nearest rank).
+fn quantile(delays: &[Duration], q: f64) -> Duration {
+    let rank = ((q * delays.len() as f64).ceil() as usize).clamp(1, delays.len());
+    delays[rank - 1]
+}
+
+fn summary(delays: &mut [Duration]) -> String {
+    delays.sort_unstable();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    format!(
+        "p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms",
+        ms(quantile(delays, 0.5)),
+        ms(quantile(delays, 0.99)),
+        ms(quantile(delays, 1.0))
+    )
+}
+
+fn main() {
+    let rounds: usize = std::env::var("VERSION_HOLD_ROUNDS").ok().and_then(|raw| raw.parse().ok()).unwrap_or(10);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    runtime.block_on(async {
+        let coordinator =
+            coordinator_with_adapters(ScriptedEngine::new(1), CoordinatorConfig::default(), &["bench"]).await;
+        let name = AdapterName::parse("bench").expect("valid name");
+        println!("{HELD} requests held for the next version, admitted after its install:");
+        let (mut admissions, mut samples) = (Vec::new(), Vec::new());
+        for index in 0..rounds {
+            let mut delays = admission_round(&coordinator, &name).await;
+            println!("admission round {:>2}: {}", index + 1, summary(&mut delays));
+            admissions.extend(delays);
+            let mut delays = sample_round(&coordinator, &name).await;
+            println!("sample round {:>2}:    {}", index + 1, summary(&mut delays));
+            samples.extend(delays);
+        }
+        println!("admission, all {rounds} rounds: {}", summary(&mut admissions));
+        println!("sample, all {rounds} rounds:    {}", summary(&mut samples));
+    });
+}
