@@ -7,7 +7,7 @@
 //! The dot products and the weighted sums run eight values at a time with AVX2 and FMA (checked at run time by
 //! `pulp`), the scalar loops elsewhere.
 
-use std::cell::RefCell;
+use std::cell::Cell;
 
 use candle_core::{CpuStorage, Result, Storage, Tensor};
 use rayon::prelude::*;
@@ -21,7 +21,7 @@ const PARALLEL_WORK: usize = 1 << 16;
 
 thread_local! {
     /// One task's scores, kept for the next task on this thread.
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SCORES: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 /// The positions one sequence attends to: its first `len` positions, held by `blocks` in order.
@@ -105,12 +105,36 @@ struct Cache<'a> {
 
 /// One task: the group of query heads `query` (`group × d`) of key/value head `kv_head` over `sequence`, into `out`
 /// (`group × d`).
+///
+/// The scores' buffer is taken out of the thread's [`SCORES`] before the vectorised body runs and put back after: a
+/// body run inside `LocalKey::with`'s closure is compiled without AVX2 and FMA (the closure is not inlined into the
+/// function `pulp` compiles with them), and every FMA became a call — most of a decode step's attention time.
 fn attend(cache: &Cache<'_>, sequence: SequenceView<'_>, kv_head: usize, query: &[f32], out: &mut [f32]) {
+    let mut scores = SCORES.take();
+    let task = Task { cache, sequence, kv_head, query, out, scores: &mut scores };
     #[cfg(target_arch = "x86_64")]
-    if let Some(simd) = pulp::x86::V3::try_new() {
-        return simd.vectorize(Avx2Task { simd, cache, sequence, kv_head, query, out });
+    let simd = pulp::x86::V3::try_new();
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd: Option<std::convert::Infallible> = None;
+    match simd {
+        #[cfg(target_arch = "x86_64")]
+        Some(simd) => simd.vectorize(Avx2Task { simd, task }),
+        #[cfg(not(target_arch = "x86_64"))]
+        Some(never) => match never {},
+        None => attend_with(Scalar, task),
     }
-    attend_with(Scalar, cache, sequence, kv_head, query, out);
+    SCORES.set(scores);
+}
+
+/// One task's operands (see [`attend`]).
+struct Task<'a, 'b> {
+    cache: &'a Cache<'b>,
+    sequence: SequenceView<'a>,
+    kv_head: usize,
+    query: &'a [f32],
+    out: &'a mut [f32],
+    /// The scores' buffer, any length.
+    scores: &'a mut Vec<f32>,
 }
 
 /// The two products a task is made of.
@@ -122,47 +146,39 @@ trait Lanes: Copy {
 }
 
 #[inline(always)]
-fn attend_with(
-    lanes: impl Lanes,
-    cache: &Cache<'_>,
-    sequence: SequenceView<'_>,
-    kv_head: usize,
-    query: &[f32],
-    out: &mut [f32],
-) {
+fn attend_with(lanes: impl Lanes, task: Task<'_, '_>) {
+    let Task { cache, sequence, kv_head, query, out, scores } = task;
     let d = cache.head_dim;
     let (total, group) = (sequence.len, query.len() / d);
     let scale = 1.0 / (d as f32).sqrt();
     let column = kv_head * d;
-    SCORES.with_borrow_mut(|scores| {
-        scores.clear();
-        scores.resize(group * total, 0.0);
-        let mut position = 0;
-        for (first, count) in sequence.runs() {
-            for slot in first..first + count {
-                let key = &cache.keys[slot * cache.width + column..][..d];
-                for (g, query) in query.chunks_exact(d).enumerate() {
-                    scores[g * total + position] = lanes.dot(query, key) * scale;
-                }
-                position += 1;
+    scores.clear();
+    scores.resize(group * total, 0.0);
+    let mut position = 0;
+    for (first, count) in sequence.runs() {
+        for slot in first..first + count {
+            let key = &cache.keys[slot * cache.width + column..][..d];
+            for (g, query) in query.chunks_exact(d).enumerate() {
+                scores[g * total + position] = lanes.dot(query, key) * scale;
             }
+            position += 1;
         }
-        for row in scores.chunks_exact_mut(total) {
-            // A NaN or infinite score (an overflowing adapter) makes the whole row NaN, as candle's softmax does.
-            vector::softmax_in_place(row);
-        }
-        out.fill(0.0);
-        let mut position = 0;
-        for (first, count) in sequence.runs() {
-            for slot in first..first + count {
-                let value = &cache.values[slot * cache.width + column..][..d];
-                for (g, out) in out.chunks_exact_mut(d).enumerate() {
-                    lanes.axpy(out, scores[g * total + position], value);
-                }
-                position += 1;
+    }
+    for row in scores.chunks_exact_mut(total) {
+        // A NaN or infinite score (an overflowing adapter) makes the whole row NaN, as candle's softmax does.
+        vector::softmax_in_place(row);
+    }
+    out.fill(0.0);
+    let mut position = 0;
+    for (first, count) in sequence.runs() {
+        for slot in first..first + count {
+            let value = &cache.values[slot * cache.width + column..][..d];
+            for (g, out) in out.chunks_exact_mut(d).enumerate() {
+                lanes.axpy(out, scores[g * total + position], value);
             }
+            position += 1;
         }
-    });
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -231,11 +247,7 @@ mod avx2 {
 #[cfg(target_arch = "x86_64")]
 struct Avx2Task<'a, 'b> {
     simd: pulp::x86::V3,
-    cache: &'a Cache<'b>,
-    sequence: SequenceView<'a>,
-    kv_head: usize,
-    query: &'a [f32],
-    out: &'a mut [f32],
+    task: Task<'a, 'b>,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -244,8 +256,7 @@ impl pulp::NullaryFnOnce for Avx2Task<'_, '_> {
 
     #[inline(always)]
     fn call(self) {
-        let Self { simd, cache, sequence, kv_head, query, out } = self;
-        attend_with(simd, cache, sequence, kv_head, query, out);
+        attend_with(self.simd, self.task);
     }
 }
 

@@ -15,7 +15,7 @@
 //! only after the run-time check.
 
 #[cfg(target_arch = "x86_64")]
-use std::arch::x86_64::{__m128, __m256, __m256i};
+use std::arch::x86_64::{__m128, __m128i, __m256, __m256i};
 
 #[cfg(target_arch = "x86_64")]
 use super::{BLOCK, ByteGroup, INPUT_TILE, NibbleGroup, ROW_GROUP, RowGroups};
@@ -208,8 +208,22 @@ trait Group: Copy {
     fn unpack(&self, simd: pulp::x86::V3, row: usize) -> Self::Unpacked;
     /// Eight 32-bit partial sums of one row's products with 32 input values.
     fn products<D: Dot>(simd: pulp::x86::V3, dot: D, weights: Self::Unpacked, x: __m256i) -> __m256i;
-    fn scales(&self) -> __m128;
-    fn offsets(&self, simd: pulp::x86::V3) -> __m128;
+    /// The four rows' scales and offsets (zero without offsets), in f32.
+    fn scales_and_offsets(&self, simd: pulp::x86::V3) -> (__m128, __m128);
+}
+
+/// Eight f16 values to f32, exactly for finite ones (the groups hold only those), with AVX2 alone (`pulp`'s AVX2
+/// level has no F16C): the magnitude's bits shifted into f32's places are the value times 2⁻¹¹² (subnormal halves
+/// included), so one multiplication by 2¹¹² rescales it, and the sign goes back on.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn halves_to_f32(simd: pulp::x86::V3, halves: __m128i) -> __m256 {
+    let (avx, avx2) = (simd.avx, simd.avx2);
+    let words = avx2._mm256_cvtepu16_epi32(halves);
+    let sign = avx2._mm256_slli_epi32::<16>(avx2._mm256_and_si256(words, avx._mm256_set1_epi32(0x8000)));
+    let magnitude = avx2._mm256_slli_epi32::<13>(avx2._mm256_and_si256(words, avx._mm256_set1_epi32(0x7FFF)));
+    let scaled = avx._mm256_mul_ps(avx._mm256_castsi256_ps(magnitude), avx._mm256_set1_ps(f32::from_bits(0x7780_0000)));
+    avx._mm256_or_ps(scaled, avx._mm256_castsi256_ps(sign))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -230,13 +244,10 @@ impl Group for NibbleGroup {
     }
 
     #[inline(always)]
-    fn scales(&self) -> __m128 {
-        bytemuck::cast(self.scales)
-    }
-
-    #[inline(always)]
-    fn offsets(&self, _: pulp::x86::V3) -> __m128 {
-        bytemuck::cast(self.offsets)
+    fn scales_and_offsets(&self, simd: pulp::x86::V3) -> (__m128, __m128) {
+        let halves: __m128i = bytemuck::cast([self.scales, self.offsets]);
+        let both = halves_to_f32(simd, halves);
+        (simd.avx._mm256_castps256_ps128(both), simd.avx._mm256_extractf128_ps::<1>(both))
     }
 }
 
@@ -258,13 +269,9 @@ impl Group for ByteGroup {
     }
 
     #[inline(always)]
-    fn scales(&self) -> __m128 {
-        bytemuck::cast(self.scales)
-    }
-
-    #[inline(always)]
-    fn offsets(&self, simd: pulp::x86::V3) -> __m128 {
-        simd.sse._mm_setzero_ps()
+    fn scales_and_offsets(&self, simd: pulp::x86::V3) -> (__m128, __m128) {
+        let halves: __m128i = bytemuck::cast([self.scales, self.scales]);
+        (simd.avx._mm256_castps256_ps128(halves_to_f32(simd, halves)), simd.sse._mm_setzero_ps())
     }
 }
 
@@ -342,10 +349,11 @@ fn single<G: Group, D: Dot>(
         for (((block, x), &x_scale), &x_sum) in group.iter().zip(values.chunks_exact(BLOCK)).zip(scales).zip(sums) {
             let x: __m256i = bytemuck::pod_read_unaligned(x);
             let weights = [block.unpack(simd, 0), block.unpack(simd, 1), block.unpack(simd, 2), block.unpack(simd, 3)];
-            let combined = simd.sse._mm_mul_ps(block.scales(), simd.sse._mm_set1_ps(x_scale));
+            let (scales, offsets) = block.scales_and_offsets(simd);
+            let combined = simd.sse._mm_mul_ps(scales, simd.sse._mm_set1_ps(x_scale));
             total = simd.fma._mm_fmadd_ps(block_products::<G, D>(simd, dot, &weights, x), combined, total);
             if G::OFFSETS {
-                total = simd.fma._mm_fmadd_ps(block.offsets(simd), simd.sse._mm_set1_ps(x_sum), total);
+                total = simd.fma._mm_fmadd_ps(offsets, simd.sse._mm_set1_ps(x_sum), total);
             }
         }
         let total: [f32; ROW_GROUP] = bytemuck::cast(total);
@@ -369,7 +377,7 @@ fn tiles<G: Group, D: Dot>(simd: pulp::x86::V3, dot: D, groups: &[G], input: &Qu
                 for (block, x) in group.iter().zip(tile_blocks) {
                     let weights =
                         [block.unpack(simd, 0), block.unpack(simd, 1), block.unpack(simd, 2), block.unpack(simd, 3)];
-                    let (scales, offsets) = (block.scales(), block.offsets(simd));
+                    let (scales, offsets) = block.scales_and_offsets(simd);
                     for (lane, total) in totals.iter_mut().enumerate() {
                         let products = block_products::<G, D>(simd, dot, &weights, bytemuck::cast(x.values[lane]));
                         let combined = simd.sse._mm_mul_ps(scales, simd.sse._mm_set1_ps(x.scales[lane]));
@@ -390,6 +398,46 @@ fn tiles<G: Group, D: Dot>(simd: pulp::x86::V3, dot: D, groups: &[G], input: &Qu
                         out[row * input.rows + input_row] = value;
                     }
                 }
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use half::f16;
+
+    use super::*;
+
+    /// The scales' conversion inside a function compiled with AVX2 (as the kernels run it).
+    struct Convert {
+        simd: pulp::x86::V3,
+        halves: [u16; 8],
+    }
+
+    impl pulp::NullaryFnOnce for Convert {
+        type Output = [f32; 8];
+
+        #[inline(always)]
+        fn call(self) -> [f32; 8] {
+            bytemuck::cast(halves_to_f32(self.simd, bytemuck::cast(self.halves)))
+        }
+    }
+
+    #[test]
+    fn every_finite_half_converts_exactly() {
+        let Some(simd) = pulp::x86::V3::try_new() else {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        };
+        let finite: Vec<u16> = (0..=u16::MAX).filter(|&bits| f16::from_bits(bits).is_finite()).collect();
+        for halves in finite.chunks(8) {
+            let mut chunk = [0u16; 8];
+            chunk[..halves.len()].copy_from_slice(halves);
+            let got = simd.vectorize(Convert { simd, halves: chunk });
+            for (bits, got) in chunk.iter().zip(got) {
+                let want = f16::from_bits(*bits).to_f32();
+                assert_eq!(got.to_bits(), want.to_bits(), "{bits:#06x}: {got} vs {want}");
             }
         }
     }
