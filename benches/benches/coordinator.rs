@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use loragate_core::testing::{ScriptedEngine, coordinator_with_adapters};
 use loragate_core::{
-    AdapterName, AdapterSource, Coordinator, CoordinatorConfig, Ending, MAX_STALENESS_VALUE, RawSampleRequest,
-    RequestId, StalenessPolicy,
+    AdapterName, AdapterSource, Coordinator, CoordinatorConfig, Ending, MAX_STALENESS_VALUE, RequestId, StalenessPolicy,
 };
 use tokio::runtime::Runtime;
 
@@ -69,14 +68,7 @@ fn admit_1000_held_for_a_minimum_version(c: &mut Criterion) {
                     let next = adapter.status().await.expect("status").version.0 + 1;
                     let held: Vec<_> = (0..HELD)
                         .map(|_| {
-                            let raw = RawSampleRequest {
-                                lora_name: name.to_string(),
-                                prompt_token_ids: vec![1],
-                                max_tokens: Some(1),
-                                min_lora_version: next,
-                                ..RawSampleRequest::default()
-                            };
-                            let request = coordinator.parse_sample(raw).expect("valid");
+                            let request = loragate_benches::min_version_request(&coordinator, &name, next);
                             let coordinator = coordinator.clone();
                             tokio::spawn(async move {
                                 let stream = coordinator.sample(request, coordinator.gate_deadline(None)).await;

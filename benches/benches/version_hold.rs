@@ -14,9 +14,7 @@
 use std::time::{Duration, Instant};
 
 use loragate_core::testing::{ScriptedEngine, coordinator_with_adapters};
-use loragate_core::{
-    AdapterName, AdapterSource, AdapterVersion, Coordinator, CoordinatorConfig, Ending, RawSampleRequest, RequestId,
-};
+use loragate_core::{AdapterName, AdapterSource, AdapterVersion, Coordinator, CoordinatorConfig, Ending, RequestId};
 
 const HELD: u32 = 1000;
 
@@ -72,14 +70,7 @@ async fn sample_round(coordinator: &Coordinator, name: &AdapterName) -> Vec<Dura
     let next = adapter.status().await.expect("status").version.0 + 1;
     let held: Vec<_> = (0..HELD)
         .map(|_| {
-            let raw = RawSampleRequest {
-                lora_name: name.to_string(),
-                prompt_token_ids: vec![1],
-                max_tokens: Some(1),
-                min_lora_version: next,
-                ..RawSampleRequest::default()
-            };
-            let request = coordinator.parse_sample(raw).expect("valid");
+            let request = loragate_benches::min_version_request(coordinator, name, next);
             let coordinator = coordinator.clone();
             tokio::spawn(async move {
                 let stream = coordinator.sample(request, coordinator.gate_deadline(None)).await;

@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use loragate_core::{AdapterHandle, Coordinator, CoordinatorConfig, Ending, RequestId};
+use loragate_core::{
+    AdapterHandle, AdapterName, Coordinator, CoordinatorConfig, Ending, RawSampleRequest, RequestId, SampleRequest,
+};
 
 /// A `loragate worker` server on its own thread and runtime, as a separate process would be: killing it drops every
 /// connection it had at once (its runtime goes, and with it every connection task).
@@ -153,4 +155,17 @@ pub fn time_admit_and_release(runtime: &tokio::runtime::Runtime, adapter: &Adapt
             start.elapsed()
         }))
         .expect("the benchmark task")
+}
+
+/// A one-token request for `name` that wants version `min_lora_version` or newer: what the minimum-version
+/// benchmarks hold at the gate.
+pub fn min_version_request(coordinator: &Coordinator, name: &AdapterName, min_lora_version: u64) -> SampleRequest {
+    let raw = RawSampleRequest {
+        lora_name: name.to_string(),
+        prompt_token_ids: vec![1],
+        max_tokens: Some(1),
+        min_lora_version,
+        ..RawSampleRequest::default()
+    };
+    coordinator.parse_sample(raw).expect("valid")
 }
