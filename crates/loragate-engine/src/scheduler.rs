@@ -51,7 +51,7 @@ use crate::model::{KvCache, Llama};
 use batch::Batch;
 use pending::Pending;
 
-pub(crate) use cost::StepCostModel;
+pub(crate) use cost::{ChunkProbe, StepCostModel};
 pub use cost::{StepCost, StepTarget};
 pub(crate) use outbox::outbox;
 pub(crate) use sequence::Submission;
@@ -153,6 +153,8 @@ struct Scheduler {
     bank: Option<Arc<LoraBank>>,
     /// What a step costs, fitted to the steps run so far.
     cost: StepCostModel,
+    /// Varies the prompt chunks when the fit pins them at the minimum, so that it can measure them.
+    probe: ChunkProbe,
     /// Where the fitted cost is published (for the metrics).
     published_cost: Arc<parking_lot::Mutex<StepCost>>,
     /// How a step's time is taken.
@@ -180,6 +182,7 @@ impl Scheduler {
             batch: Batch::new(),
             bank: None,
             cost: StepCostModel::new(limits.cost_prior),
+            probe: ChunkProbe::default(),
             published_cost: Arc::new(parking_lot::Mutex::new(limits.cost_prior)),
             clock: step::StepClock::Wall,
             #[cfg(test)]

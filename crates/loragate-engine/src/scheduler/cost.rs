@@ -236,6 +236,38 @@ impl StepCostModel {
     }
 }
 
+/// Keeps the planner from freezing on a price it cannot check. Steps of one shape (the same decode rows, the same
+/// chunk) cannot tell a prompt token's cost from the step's base: when every step the planner plans is the minimum
+/// chunk, because the fit prices prompt tokens dearly, the fit never sees a step that would show it wrong, and a
+/// cautious prior (or a price taken while the machine was loaded) stays for good — the prompts of a burst then
+/// crawl in minimum chunks behind the decoding streams. So after [`Self::EVERY`] steps in a row pinned at the
+/// minimum, one step takes twice the minimum: a chunk of another size, which the fit needs to measure a prompt
+/// token (if prompt tokens really are that dear, the price stands and the probe cost one minimum chunk more).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ChunkProbe {
+    pinned_steps: u32,
+}
+
+impl ChunkProbe {
+    /// Steps in a row at the minimum chunk before a probe.
+    pub(crate) const EVERY: u32 = 4;
+
+    /// The prompt tokens a step may take: the planner's `planned` allowance, or twice `min_tokens` (within
+    /// `token_budget`) when the planner has been pinned at the minimum for [`Self::EVERY`] steps.
+    pub(crate) fn allowance(&mut self, planned: usize, min_tokens: usize, token_budget: usize) -> usize {
+        if planned > min_tokens || token_budget <= min_tokens {
+            self.pinned_steps = 0;
+            return planned;
+        }
+        self.pinned_steps += 1;
+        if self.pinned_steps < Self::EVERY {
+            return planned;
+        }
+        self.pinned_steps = 0;
+        (2 * min_tokens).min(token_budget)
+    }
+}
+
 /// Solves the 3×3 system `matrix · x = right` by Gaussian elimination with partial pivoting; `None` if singular.
 fn solve3(mut matrix: [[f64; 3]; 3], mut right: [f64; 3]) -> Option<[f64; 3]> {
     for column in 0..3 {

@@ -106,13 +106,17 @@ impl Scheduler {
 
     /// The prompt tokens this step may take beside its `decode_rows`: what the token budget leaves, or with a step
     /// target, what keeps the step within it (see [`super::cost`]) — judged against the batch the queued requests
-    /// bring in.
-    fn prefill_budget(&self, decode_rows: usize) -> usize {
+    /// bring in, and now and then a larger chunk when that is the minimum (see [`super::cost::ChunkProbe`]).
+    fn prefill_budget(&mut self, decode_rows: usize) -> usize {
         let token_budget = self.limits.max_num_batched_tokens.saturating_sub(decode_rows);
         let Some(target) = self.limits.step_target else { return token_budget };
         let incoming = self.pending.queued_places() + self.resuming.len();
         let reference_rows = (decode_rows + incoming).min(self.limits.max_batch_size.max(decode_rows));
-        self.cost.prefill_budget(target, decode_rows, reference_rows, token_budget, MIN_PREFILL_SHARE)
+        let planned = self.cost.prefill_budget(target, decode_rows, reference_rows, token_budget, MIN_PREFILL_SHARE);
+        if decode_rows == 0 || self.pending.is_empty() {
+            return planned;
+        }
+        self.probe.allowance(planned, MIN_PREFILL_SHARE, token_budget)
     }
 
     fn drop_abandoned(&mut self) {

@@ -167,3 +167,26 @@ fn targets_parse_within_range() {
         assert!(err.contains(bad), "{err}");
     }
 }
+
+#[test]
+fn a_probe_follows_steps_pinned_at_the_minimum() {
+    let mut probe = ChunkProbe::default();
+    let pinned: Vec<usize> = (0..2 * ChunkProbe::EVERY).map(|_| probe.allowance(16, 16, 500)).collect();
+    let mut expected = vec![16; 2 * ChunkProbe::EVERY as usize];
+    expected[ChunkProbe::EVERY as usize - 1] = 32;
+    expected[2 * ChunkProbe::EVERY as usize - 1] = 32;
+    assert_eq!(pinned, expected);
+    // A step with room for more starts the count again; a budget of no more than the minimum is never exceeded.
+    for _ in 0..ChunkProbe::EVERY - 1 {
+        assert_eq!(probe.allowance(16, 16, 500), 16);
+    }
+    assert_eq!(probe.allowance(40, 16, 500), 40);
+    assert_eq!(probe.allowance(16, 16, 500), 16);
+    for _ in 0..2 * ChunkProbe::EVERY {
+        assert_eq!(probe.allowance(12, 16, 12), 12);
+    }
+    for _ in 0..ChunkProbe::EVERY - 1 {
+        probe.allowance(16, 16, 20);
+    }
+    assert_eq!(probe.allowance(16, 16, 20), 20, "within the token budget");
+}

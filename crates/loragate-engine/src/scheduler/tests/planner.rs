@@ -92,3 +92,34 @@ fn off_keeps_the_whole_token_budget_beside_decode_rows() {
     harness.scheduler.run_step();
     assert_eq!(shapes(&harness, from), vec![(4, 60)]);
 }
+
+#[test]
+fn steps_of_one_shape_do_not_freeze_an_overpriced_prompt_token() {
+    // Prompt tokens cost 0.5 ms on this machine; the CPU prior says 10 ms. Four streams decode while four long
+    // prompts queue behind them for hundreds of steps, so after the first steps every step has the same decode rows
+    // and, as long as the planner believes the prior, the same minimum chunk: steps of one shape cannot tell a
+    // prompt token's cost from the step's base, and what the streams' decode-only steps said is forgotten.
+    let mut harness = planned(16, 512, "1.5");
+    let _streams: Vec<Events> = (0..4).map(|i| harness.submit(greedy("", &[i + 1, 2, 3], 2500), None)).collect();
+    harness.scheduler.run_step();
+    let _prompts: Vec<Events> = (0..4u32)
+        .map(|prompt| {
+            let long: Vec<u32> = (0..1000).map(|i| (i * 7 + prompt) % 64).collect();
+            harness.submit(greedy("", &long, 2000), None)
+        })
+        .collect();
+    let from = harness.scheduler.trace.len();
+    for _ in 0..300 {
+        harness.scheduler.run_step();
+    }
+    let fitted = harness.scheduler.cost.cost();
+    let truth = MACHINE.per_prefill_token;
+    assert!((fitted.per_prefill_token - truth).abs() <= 0.25 * truth, "a prompt token's cost is learned: {fitted:?}");
+    // Learned, it gives the prompts the room the target leaves (1.5 × the step of the 8 rows they bring, less the
+    // step of the rows decoding now): in the second half of the steps that took chunks, mostly more than the minimum.
+    let chunks: Vec<usize> =
+        shapes(&harness, from).into_iter().map(|shape| shape.1).filter(|&tokens| tokens > 0).collect();
+    let mut late = chunks[chunks.len() / 2..].to_vec();
+    late.sort_unstable();
+    assert!(late[late.len() / 2] > 16, "the chunks outgrow the minimum: {chunks:?}");
+}
