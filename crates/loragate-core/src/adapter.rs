@@ -3,9 +3,10 @@
 //!
 //! Data flow: `admit` registers the request in the registry the actor owns, under its lock, with no round trip
 //! through the actor (see `admission` for why a racing pause never misses it); if the gate is closed the caller
-//! waits on the gate's `watch` (counted as *held*) until it opens or the deadline passes, then tries again. `pause` asks the actor to
-//! add a pause (closing the gate) and to cancel, keep or watch every registered request as its mode says, then
-//! waits outside the actor until each was handed back (or, in wait mode, finished).
+//! waits on the gate's `watch` (counted as *held*) until it opens or the deadline passes, then tries again; if the
+//! version it wants has not arrived it is parked in the registry and admitted by the install's pass (see `parked`).
+//! `pause` asks the actor to add a pause (closing the gate) and to cancel, keep or watch every registered request as
+//! its mode says, then waits outside the actor until each was handed back (or, in wait mode, finished).
 
 mod actor;
 mod admission;
