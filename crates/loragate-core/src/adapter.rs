@@ -3,14 +3,16 @@
 //!
 //! Data flow: `admit` registers the request in the registry the actor owns, under its lock, with no round trip
 //! through the actor (see `admission` for why a racing pause never misses it); if the gate is closed the caller
-//! waits on the gate's `watch` (counted as *held*) until it opens or the deadline passes, then tries again. `pause` asks the actor to
-//! add a pause (closing the gate) and to cancel, keep or watch every registered request as its mode says, then
-//! waits outside the actor until each was handed back (or, in wait mode, finished).
+//! waits on the gate's `watch` (counted as *held*) until it opens or the deadline passes, then tries again; if the
+//! version it wants has not arrived it is parked in the registry and admitted by the install's pass (see `parked`).
+//! `pause` asks the actor to add a pause (closing the gate) and to cancel, keep or watch every registered request as
+//! its mode says, then waits outside the actor until each was handed back (or, in wait mode, finished).
 
 mod actor;
 mod admission;
 mod cell;
 mod gate;
+mod parked;
 mod pauses;
 mod registry;
 mod staleness;
@@ -33,6 +35,7 @@ pub(crate) use self::admission::Admitted;
 pub(crate) use self::cell::{AdapterCell, StalenessTicket, VersionPin};
 pub(crate) use self::gate::Counted;
 use self::gate::{GateWait, wait_until_open, wait_until_ready};
+use self::parked::{ParkedOutcome, ParkedWait};
 pub use self::registry::Admission;
 use self::registry::SharedRegistry;
 pub(crate) use self::registry::{OwnedRegistry, PendingHandBacks};
@@ -156,43 +159,64 @@ impl AdapterHandle {
                 // Accepted before its pause: counted in flight again, never refused.
                 Waiter::Kept { .. } => self.cell.occupy_uncapped(Occupancy::InFlight),
             };
-            match self.decide(&request_id, wanted, sequences).await? {
+            let reply = match self.decide(&request_id, wanted, sequences).await? {
                 AdmitReply::Admitted(admitted) => {
                     let admission = admitted.admission.occupying(slot);
                     return Ok(Admitted { admission, ..admitted });
                 }
-                AdmitReply::Paused => {} // Closed again meanwhile: wait again.
-                AdmitReply::NotYet(version) => {
+                AdmitReply::Parked(parked, version) => {
                     drop(slot);
-                    self.hold_until_version(version, hold_until).await?;
+                    match self.hold_parked(parked, version, hold_until).await? {
+                        // Admitted by the install's pass, which counted it in flight.
+                        Some(AdmitReply::Admitted(admitted)) => return Ok(admitted),
+                        Some(reply) => reply,
+                        None => continue, // The registry's incarnation ended: ask the next one.
+                    }
                 }
+                reply => {
+                    drop(slot);
+                    reply
+                }
+            };
+            match reply {
+                AdmitReply::Paused => {} // Closed again meanwhile: wait again.
                 AdmitReply::Released(retained) => {
                     let (adapter, requested) = (self.lora_name(), wanted.least().unwrap_or_default());
                     return Err(CoreError::VersionRetired { adapter, requested, retained });
                 }
                 AdmitReply::AtCapacity { capacity, version, epoch } => {
-                    drop(slot);
                     self.hold_for_capacity(capacity, version, epoch, hold_until).await?;
                 }
                 AdmitReply::Retired(why) => return Err(self.retired_error(why)),
+                AdmitReply::Admitted(_) | AdmitReply::Parked(..) => {
+                    unreachable!("answered above; a pass never parks")
+                }
             }
         }
     }
 
-    /// Holds the caller (counted as held) until the adapter is at `version`, it is removed, or `hold_until` passes.
-    async fn hold_until_version(&self, version: AdapterVersion, hold_until: Instant) -> Result<(), CoreError> {
+    /// Holds the caller (counted as held), parked for `version` (see `parked`), until an install's pass answers it,
+    /// or `hold_until` passes. `None` if the registry's incarnation ended meanwhile.
+    async fn hold_parked(
+        &self,
+        parked: ParkedWait,
+        version: AdapterVersion,
+        hold_until: Instant,
+    ) -> Result<Option<AdmitReply>, CoreError> {
         let started = Instant::now();
+        // Refused over the held limit: the parked entry is withdrawn as `parked` drops.
         let _held = self.cell.occupy(Occupancy::Held)?;
-        let outcome = wait_until_ready(self.cell.subscribe_gate(), hold_until, |gate| gate.version >= version).await;
+        let outcome = parked.wait(hold_until).await;
         let held_for = started.elapsed();
-        self.cell.metrics.record_gate_hold(&self.cell.labels, held_for, outcome == GateWait::TimedOut);
+        let timed_out = matches!(outcome, ParkedOutcome::TimedOut);
+        self.cell.metrics.record_gate_hold(&self.cell.labels, held_for, timed_out);
         match outcome {
-            GateWait::TimedOut => {
+            ParkedOutcome::Answered(answer) => answer.map(Some),
+            ParkedOutcome::Ended => Ok(None),
+            ParkedOutcome::TimedOut => {
                 let current = self.cell.gate_state().version;
                 Err(CoreError::VersionNotReached { adapter: self.key().clone(), current, requested: version, held_for })
             }
-            GateWait::Retired(why) => Err(self.retired_error(why)),
-            GateWait::Open | GateWait::AbortPaused => Ok(()),
         }
     }
 

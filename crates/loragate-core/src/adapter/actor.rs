@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
 
+use super::admission::admit_parked;
 use super::cell::AdapterCell;
 use super::registry::{OwnedRegistry, PendingHandBacks, SharedRegistry};
 use super::versions::Servable;
@@ -200,6 +201,7 @@ impl Actor for AdapterActor {
                 // the count of retained versions allows.
                 if state.cell.reserve_version(servable.info.version) {
                     let release = state.cell.install(servable);
+                    state.admit_parked();
                     state.release_from_engine(release);
                 }
                 let _ = reply.send(());
@@ -256,6 +258,8 @@ impl Actor for AdapterActor {
                     _ => nothing_to_record(),
                 };
                 let pending = state.registry.lock().cancel_all(StopCause::Retired);
+                // Requests parked for a version are answered with the retirement (no admission: a short pass).
+                admit_parked(&state.registry.share(), &state.cell);
                 let _ = reply.send(Ok(Retired { pending, recorded }));
             }
             AdapterMsg::Status { reply } => {
@@ -284,6 +288,17 @@ impl AdapterState {
                 }
             }
         });
+    }
+
+    /// Admits the requests parked for a version, now that one was installed and published on the gate: one pass
+    /// under one hold of the registry's lock, on a task spawned at once (the pass is as long as the requests parked;
+    /// see `admission::admit_parked`). Nothing to do if none is parked now: any parked later read the new version.
+    fn admit_parked(&self) {
+        if !self.registry.lock().has_parked() {
+            return;
+        }
+        let (registry, cell) = (self.registry.share(), self.cell.clone());
+        tokio::spawn(async move { admit_parked(&registry, &cell) });
     }
 
     /// Acts on every admitted request as a pause in `mode` says: cancels them (abort), stops them to be kept (keep:
@@ -354,6 +369,7 @@ impl AdapterState {
                 let (version, source) = (servable.info.version, servable.source.clone());
                 let installed = servable.info.clone();
                 let release = self.cell.install(servable);
+                self.admit_parked();
                 self.release_from_engine(release);
                 let recorded = if self.cell.gate_state().retired.is_some() {
                     // Unloaded meanwhile: its record is gone and stays gone.

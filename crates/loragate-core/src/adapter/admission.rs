@@ -7,15 +7,22 @@
 //! either the admission's critical section comes first (the request is registered, and the actor's pass over the
 //! registry reaches it) or the actor's does (the admission sees the closed gate or the retirement, and the request
 //! is held or refused). A request is never registered behind the pass unseen, nor admitted through a closed gate.
+//!
+//! A request whose version has not arrived is parked in the registry in the same critical section (see `parked`),
+//! and admitted by [`admit_parked`], the pass that follows each install: one lock hold for every parked request,
+//! deciding each exactly as [`admit`] does, on the gate read under that lock — so the argument above holds for it too.
 
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use tokio::sync::oneshot;
 
 use super::cell::{AdapterCell, StalenessTicket, VersionPin};
-use super::registry::{Admission, InFlightRegistry};
+use super::parked::{Parked, ParkedWait};
+use super::registry::{Admission, InFlightRegistry, SharedRegistry};
 use super::versions::PinRefused;
-use crate::contract::{AdapterVersion, RequestId, Retirement, VersionWanted};
+use crate::contract::{AdapterVersion, GateState, RequestId, Retirement, VersionWanted};
+use crate::limits::Occupancy;
 
 /// The answer to an admission.
 pub(crate) enum AdmitReply {
@@ -23,8 +30,9 @@ pub(crate) enum AdmitReply {
     Admitted(Admitted),
     /// The gate is closed; wait on it and try again.
     Paused,
-    /// The version the request wants has not arrived: wait until the adapter is at this version and try again.
-    NotYet(AdapterVersion),
+    /// The version the request wants has not arrived: it is parked until an install admits it (or answers what
+    /// stands in its way then); it waits for this version.
+    Parked(ParkedWait, AdapterVersion),
     /// The version the request pinned is no longer served; these are.
     Released(Vec<AdapterVersion>),
     /// The staleness bound has no room: wait for a new version (or for places given back) and try again. Says the
@@ -45,36 +53,112 @@ pub(crate) struct Admitted {
     pub(crate) staleness: Option<StalenessTicket>,
 }
 
+/// One decision, under the registry's lock on the gate read under it.
+enum Decision {
+    /// Answered.
+    Reply(AdmitReply),
+    /// The version the request wants has not arrived.
+    NotYet(AdapterVersion),
+}
+
 /// Decides on a request of `sequences` sequences (0: a continuation, not counted again) that wants `wanted`, in
 /// `registry`, under its lock: registers it if the gate is open, a version it wants is servable and the staleness
-/// bound has room for it. `None` if the registry's incarnation ended (its actor died): ask the next one.
+/// bound has room for it; parks it if that version has not arrived. `None` if the registry's incarnation ended (its
+/// actor died): ask the next one.
 pub(crate) fn admit(
-    registry: &Mutex<InFlightRegistry>,
+    registry: &SharedRegistry,
     cell: &Arc<AdapterCell>,
     request_id: &RequestId,
     wanted: VersionWanted,
     sequences: u32,
 ) -> Option<AdmitReply> {
-    let mut registry = registry.lock();
-    if registry.is_ended() {
+    let mut locked = registry.lock();
+    if locked.is_ended() {
         return None;
     }
     // Read under the lock: see the module's doc.
     let gate = cell.gate_state();
+    match decide(&mut locked, &gate, cell, request_id, wanted, sequences) {
+        Decision::Reply(reply) => Some(reply),
+        Decision::NotYet(least) => {
+            let (answer, answered) = oneshot::channel();
+            let parked = Parked { request_id: request_id.clone(), wanted, least, sequences, answer };
+            let ticket = locked.park(parked);
+            Some(AdmitReply::Parked(ParkedWait::new(registry.clone(), ticket, sequences, answered), least))
+        }
+    }
+}
+
+/// The pass after an install: admits, under one hold of `registry`'s lock, every parked request whose version is now
+/// current, oldest first, and answers each on its oneshot (with what stands in its way, if something does: a closed
+/// gate, a full staleness bound, a retirement, the in-flight limit). Those whose version is still to come stay parked.
+pub(crate) fn admit_parked(registry: &Mutex<InFlightRegistry>, cell: &Arc<AdapterCell>) {
+    let mut locked = registry.lock();
+    if locked.is_ended() || locked.parked().is_empty() {
+        return;
+    }
+    // Read under the lock, after the install published the version: see the module's doc.
+    let gate = cell.gate_state();
+    for (ticket, parked) in locked.parked().take_all() {
+        if gate.retired.is_none() && parked.least > gate.version {
+            locked.parked().repark(ticket, parked);
+            continue;
+        }
+        if parked.answer.is_closed() {
+            continue; // Its waiter is going away (and withdraws nothing).
+        }
+        let slot = match gate.retired {
+            Some(_) => None,
+            None => match cell.occupy(Occupancy::InFlight) {
+                Ok(slot) => Some(slot),
+                Err(err) => {
+                    let _ = parked.answer.send(Err(err));
+                    continue;
+                }
+            },
+        };
+        let reply = match decide(&mut locked, &gate, cell, &parked.request_id, parked.wanted, parked.sequences) {
+            Decision::NotYet(_) => {
+                locked.parked().repark(ticket, parked);
+                continue;
+            }
+            Decision::Reply(AdmitReply::Admitted(admitted)) => {
+                let admission = match slot {
+                    Some(slot) => admitted.admission.occupying(slot),
+                    None => admitted.admission,
+                };
+                AdmitReply::Admitted(Admitted { admission, ..admitted })
+            }
+            Decision::Reply(reply) => reply,
+        };
+        // The waiter's withdrawal takes this lock: it finds the answer once the lock is released.
+        let _ = parked.answer.send(Ok(reply));
+    }
+}
+
+/// The decision itself, on `gate` read under `registry`'s lock.
+fn decide(
+    registry: &mut InFlightRegistry,
+    gate: &GateState,
+    cell: &Arc<AdapterCell>,
+    request_id: &RequestId,
+    wanted: VersionWanted,
+    sequences: u32,
+) -> Decision {
     if let Some(why) = gate.retired {
-        return Some(AdmitReply::Retired(why));
+        return Decision::Reply(AdmitReply::Retired(why));
     }
     if gate.paused {
-        return Some(AdmitReply::Paused);
+        return Decision::Reply(AdmitReply::Paused);
     }
     let (version, pin) = match wanted {
         VersionWanted::Any => (gate.version, None),
-        VersionWanted::AtLeast(least) if gate.version < least => return Some(AdmitReply::NotYet(least)),
+        VersionWanted::AtLeast(least) if gate.version < least => return Decision::NotYet(least),
         VersionWanted::AtLeast(_) => (gate.version, None),
         VersionWanted::Exactly(exact) => match cell.pin(exact) {
             Ok(pin) => (exact, Some(pin)),
-            Err(PinRefused::NotYet) => return Some(AdmitReply::NotYet(exact)),
-            Err(PinRefused::Released(servable)) => return Some(AdmitReply::Released(servable)),
+            Err(PinRefused::NotYet) => return Decision::NotYet(exact),
+            Err(PinRefused::Released(servable)) => return Decision::Reply(AdmitReply::Released(servable)),
         },
     };
     // Counted at the version and epoch read above, so that whatever widens the bound after this read (a new version,
@@ -82,9 +166,10 @@ pub(crate) fn admit(
     let staleness = match cell.start_sequences(sequences, gate.version) {
         Ok(ticket) => ticket,
         Err(capacity) => {
-            return Some(AdmitReply::AtCapacity { capacity, version: gate.version, epoch: gate.admission_epoch });
+            let (version, epoch) = (gate.version, gate.admission_epoch);
+            return Decision::Reply(AdmitReply::AtCapacity { capacity, version, epoch });
         }
     };
     let admission = registry.admit(request_id.clone(), version);
-    Some(AdmitReply::Admitted(Admitted { admission, pin, staleness }))
+    Decision::Reply(AdmitReply::Admitted(Admitted { admission, pin, staleness }))
 }

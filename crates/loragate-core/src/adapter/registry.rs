@@ -16,6 +16,7 @@ use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::parked::{Parked, ParkedRequests};
 use crate::contract::{AbortReport, AdapterVersion, Ending, RequestId, StopCause};
 use crate::engine::ParkSignal;
 use crate::limits::Slot;
@@ -82,13 +83,21 @@ pub(crate) struct InFlightRegistry {
     next_ticket: u64,
     entries: HashMap<u64, Entry>,
     prune_at: usize,
+    /// Requests waiting for a version not yet installed (see `parked`): admitted by the pass after an install.
+    parked: ParkedRequests,
     /// Set when the incarnation ended: nothing more is admitted here.
     ended: bool,
 }
 
 impl Default for InFlightRegistry {
     fn default() -> Self {
-        Self { next_ticket: 0, entries: HashMap::new(), prune_at: MIN_PRUNE_AT, ended: false }
+        Self {
+            next_ticket: 0,
+            entries: HashMap::new(),
+            prune_at: MIN_PRUNE_AT,
+            parked: ParkedRequests::default(),
+            ended: false,
+        }
     }
 }
 
@@ -202,6 +211,32 @@ impl InFlightRegistry {
         self.entries.retain(|_, entry| !entry.hand_back.is_settled());
     }
 
+    /// Parks a request that waits for a version (see `parked`); returns its ticket.
+    pub(crate) fn park(&mut self, parked: Parked) -> u64 {
+        self.parked.park(parked)
+    }
+
+    /// Removes the parked entry `ticket`; `false` if it is not parked (a pass answered it, or the registry ended).
+    pub(crate) fn withdraw_parked(&mut self, ticket: u64) -> bool {
+        self.parked.withdraw(ticket)
+    }
+
+    /// The parked requests, for a pass over them.
+    pub(crate) fn parked(&mut self) -> &mut ParkedRequests {
+        &mut self.parked
+    }
+
+    /// Whether any request is parked for a version.
+    pub(crate) fn has_parked(&self) -> bool {
+        !self.parked.is_empty()
+    }
+
+    /// How many requests are parked for a version.
+    #[cfg(test)]
+    pub(crate) fn parked_len(&self) -> usize {
+        self.parked.len()
+    }
+
     /// Whether the registry's incarnation ended (see [`InFlightRegistry::end`]).
     pub(crate) fn is_ended(&self) -> bool {
         self.ended
@@ -209,9 +244,11 @@ impl InFlightRegistry {
 
     /// Ends the registry with its actor's incarnation (unload, shutdown, or a crash before a restart). Nobody could
     /// abort these requests later, so they are aborted now: each is handed back with its partial output, none runs
-    /// on unseen. Nothing is admitted here afterwards: admissions go to the next incarnation.
+    /// on unseen. Nothing is admitted here afterwards: admissions go to the next incarnation, parked requests too.
     fn end(&mut self) {
         self.ended = true;
+        // Their waiters see the answer's sender go, and ask the next incarnation.
+        drop(self.parked.take_all());
         for (_, entry) in self.entries.drain() {
             entry.hand_back.stop(StopCause::Retired);
             entry.cancel.cancel();

@@ -28,6 +28,7 @@ mod pause_modes;
 mod remote;
 mod restart;
 mod unload_races;
+mod version_parking;
 mod versions;
 
 /// Tokens every scripted request emits before it waits to be aborted.
