@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-pub use cache::{default_cache_dir, ensure_demo_files};
+pub use cache::{copy_demo_files, default_cache_dir, ensure_demo_files};
 
 /// What HTTP `model` and `/v1/models` call the demo base model.
 pub const DEMO_MODEL_NAME: &str = "loragate-demo";

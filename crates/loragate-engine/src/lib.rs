@@ -44,7 +44,9 @@ mod tokenizer;
 pub use config::{
     DType, Device, EngineConfig, ParseDTypeError, ParseDeviceError, ParseQuantizedWeightsError, QuantizedWeights,
 };
-pub use demo::{DEMO_MODEL_NAME, DemoError, DemoFiles, default_cache_dir, ensure_demo_files, write_demo_files};
+pub use demo::{
+    DEMO_MODEL_NAME, DemoError, DemoFiles, copy_demo_files, default_cache_dir, ensure_demo_files, write_demo_files,
+};
 pub use engine::{CandleEngine, EngineFacts, KvCacheStats, read_model_info};
 pub use error::EngineLoadError;
 pub use gguf::{ChatTemplateSource, ModelFormat, gguf_chat_template};

@@ -54,7 +54,9 @@ pub enum Command {
     /// (`vllm+http://HOST:PORT?agent=HOST:PORT`).
     Agent(AgentArgs),
     /// Write the demo base model (Hugging Face format) and its `meow` and `woof` adapters (PEFT format) to a
-    /// directory: DIR/model/, DIR/adapters/meow/, DIR/adapters/woof/.
+    /// directory: DIR/model/, DIR/adapters/meow/, DIR/adapters/woof/. They are copied from the demo cache `serve`
+    /// uses (`$LORAGATE_CACHE_DIR`, else `$XDG_CACHE_HOME/loragate` or `~/.cache/loragate`), generated there first
+    /// if it has no copy; the generation is deterministic, so every copy is the same bytes.
     DemoModel {
         /// Where to write them.
         #[arg(long, value_name = "DIR")]

@@ -37,11 +37,15 @@ fn main() -> ExitCode {
             Command::Worker(args) => worker(*args).await,
             Command::Agent(args) => agent(args).await,
             Command::DemoModel { out } => {
+                let cache_dir = loragate_engine::default_cache_dir();
                 eprintln!(
-                    "loragate: writing the demo model and its adapters to {} (training the adapters)",
-                    out.display()
+                    "loragate: writing the demo model and its adapters to {} (copied from the demo cache in {}, \
+                     generated there first if it has none: the adapters are trained)",
+                    out.display(),
+                    cache_dir.display()
                 );
-                let written = tokio::task::spawn_blocking(move || loragate_engine::write_demo_files(&out)).await;
+                let written =
+                    tokio::task::spawn_blocking(move || loragate_engine::copy_demo_files(&cache_dir, &out)).await;
                 match written {
                     Ok(Ok(files)) => {
                         println!("model:    {}", files.model_dir.display());

@@ -10,6 +10,7 @@
 
 use crate::spawned;
 
+use std::path::Path;
 use std::process::Command;
 
 use spawned::{Spawned, repo_root};
@@ -67,9 +68,11 @@ fn the_unmodified_tinker_sdk_samples_the_demo_through_the_tinker_front() {
 fn demo_model_files_serve_the_same_adapters_from_disk() {
     let temp = tempfile::tempdir().expect("a temporary directory");
     let out = temp.path().join("demo");
+    // The tests' demo cache: the files are trained once for every test of the run, not again here.
     let written = Command::new(env!("CARGO_BIN_EXE_loragate"))
         .args(["demo-model", "--out"])
         .arg(&out)
+        .env("LORAGATE_CACHE_DIR", spawned::cache_dir())
         .output()
         .expect("demo-model runs");
     let progress = String::from_utf8_lossy(&written.stderr);
@@ -81,6 +84,17 @@ fn demo_model_files_serve_the_same_adapters_from_disk() {
     for adapter in ["meow", "woof"] {
         for file in ["adapter_config.json", "adapter_model.safetensors"] {
             assert!(out.join("adapters").join(adapter).join(file).is_file(), "{adapter}/{file} written");
+        }
+    }
+
+    // The same bytes as the cache's copy (which the run's other tests serve).
+    let cached = loragate::ensure_demo_files(&spawned::cache_dir()).expect("the demo files");
+    for (copied, original) in [(out.join("adapters/meow"), &cached.meow_dir), (out.join("model"), &cached.model_dir)] {
+        for file in ["adapter_config.json", "adapter_model.safetensors", "model.safetensors", "config.json"] {
+            if original.join(file).is_file() {
+                let read = |dir: &Path| std::fs::read(dir.join(file)).expect("a demo file");
+                assert!(read(&copied) == read(original), "{file} copied");
+            }
         }
     }
 

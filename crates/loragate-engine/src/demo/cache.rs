@@ -29,14 +29,21 @@ pub fn default_cache_dir() -> PathBuf {
 }
 
 /// The demo files in `cache_dir`, generated first if there is no complete copy made by this version of the
-/// generator. Safe against concurrent callers (several test processes): each generates into its own temporary
-/// sibling directory and renames it into place; a loser of the race discards its copy and uses the winner's.
+/// generator. Safe against concurrent callers (several test processes): one generates while the others wait on a
+/// lock file beside the copy, into a temporary sibling directory renamed into place (a crash leaves no half copy);
+/// where the file system has no locks, each generates its own and a loser of the race uses the winner's.
 pub fn ensure_demo_files(cache_dir: &Path) -> Result<DemoFiles, DemoError> {
     let root = cache_dir.join(format!("demo-{GENERATOR_FINGERPRINT:016x}"));
     if is_complete(&root) {
         return Ok(DemoFiles::at(&root));
     }
     std::fs::create_dir_all(cache_dir).map_err(DemoError::io(cache_dir))?;
+    // One generator at a time: concurrent callers wait for the first one's copy instead of training the same
+    // adapters at once (on a clean checkout the parallel tests did, each slowing the others).
+    let _generating = lock_generation(cache_dir);
+    if is_complete(&root) {
+        return Ok(DemoFiles::at(&root));
+    }
     let mut staging = Staging::new(cache_dir.join(format!(
         ".demo-{GENERATOR_FINGERPRINT:016x}.{}-{:016x}.tmp",
         std::process::id(),
@@ -56,6 +63,38 @@ pub fn ensure_demo_files(cache_dir: &Path) -> Result<DemoFiles, DemoError> {
             Ok(DemoFiles::at(&root))
         }
     }
+}
+
+/// The demo files copied into `out` (`out/model/`, `out/adapters/{meow,woof}/`, as [`write_demo_files`] writes
+/// them) from the copy in `cache_dir`, which is generated first if there is none. Where the cache cannot be used
+/// (a directory that cannot be written), the files are generated into `out` directly.
+pub fn copy_demo_files(cache_dir: &Path, out: &Path) -> Result<DemoFiles, DemoError> {
+    let Ok(cached) = ensure_demo_files(cache_dir) else {
+        return write_demo_files(out);
+    };
+    let files = DemoFiles::at(out);
+    for (from, to) in [
+        (&cached.model_dir, &files.model_dir),
+        (&cached.meow_dir, &files.meow_dir),
+        (&cached.woof_dir, &files.woof_dir),
+    ] {
+        std::fs::create_dir_all(to).map_err(DemoError::io(to))?;
+        for entry in std::fs::read_dir(from).map_err(DemoError::io(from))? {
+            let entry = entry.map_err(DemoError::io(from))?;
+            let target = to.join(entry.file_name());
+            std::fs::copy(entry.path(), &target).map_err(DemoError::io(&target))?;
+        }
+    }
+    Ok(files)
+}
+
+/// An exclusive lock on the generation of this generator's copy in `cache_dir`, held until dropped (the file is
+/// closed); `None` where the file system has no locks: callers then race as before, each on its own staging copy.
+fn lock_generation(cache_dir: &Path) -> Option<std::fs::File> {
+    let path = cache_dir.join(format!(".demo-{GENERATOR_FINGERPRINT:016x}.lock"));
+    let file = std::fs::File::options().create(true).truncate(false).write(true).open(path).ok()?;
+    file.lock().ok()?;
+    Some(file)
 }
 
 fn stamp_contents() -> String {
