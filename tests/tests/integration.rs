@@ -1,11 +1,10 @@
 //! The cross-crate demo tests, linked as one test binary (`autotests = false` and `[[test]]`s in `Cargo.toml`): each
 //! file beside this one is a module here, so the server and its clients are linked once instead of once per file.
 //! Run one file's tests with its module path as the filter, e.g.
-//! `cargo test -p loragate-tests --test integration grpc_demo::`. The soak (`soak.rs`) stays a binary of its own:
-//! it measures its own process's memory.
+//! `cargo test -p loragate-tests --test integration grpc_demo::`. The soak (`soak.rs`), which measures its process's
+//! memory, runs each soak in a child process of this binary.
 //!
-//! A new test file in this directory must be declared below (or get its own `[[test]]`); the last test checks that
-//! none is missing.
+//! A new test file in this directory must be declared below; the last test checks that none is missing.
 
 mod grpc_demo;
 mod http_demo;
@@ -14,9 +13,7 @@ mod pause_modes_demo;
 mod push_demo;
 mod python_package;
 mod retry_client_demo;
-
-/// The files of this directory that are test binaries of their own (a `[[test]]` each in `Cargo.toml`).
-const OWN_BINARIES: &[&str] = &["integration", "soak"];
+mod soak;
 
 /// Every other `.rs` file beside this one is declared above as a module, so that it runs (with `autotests = false`,
 /// a file not declared here would never be compiled).
@@ -27,7 +24,7 @@ fn every_test_file_of_the_directory_is_a_module_of_this_binary() {
     for entry in std::fs::read_dir(&dir).expect("the tests directory") {
         let path = entry.expect("a directory entry").path();
         let Some(module) = path.file_stem().and_then(|stem| stem.to_str()) else { continue };
-        if path.extension().is_some_and(|extension| extension == "rs") && !OWN_BINARIES.contains(&module) {
+        if path.extension().is_some_and(|extension| extension == "rs") && module != "integration" {
             assert!(
                 root.contains(&format!("\nmod {module};\n")),
                 "tests/{module}.rs is not declared in integration.rs"

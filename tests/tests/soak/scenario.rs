@@ -4,7 +4,7 @@
 //! near where it started, and every listed adapter still samples.
 //!
 //! [`SoakConfig::short`] runs in CI (well under two minutes); [`SoakConfig::long`] is the documented long form
-//! (`LORAGATE_SOAK_SECS=600 cargo test -p loragate-tests --test soak -- --ignored --nocapture`), whose
+//! (`LORAGATE_SOAK_SECS=600 cargo test -p loragate-tests --test integration soak:: -- --ignored --nocapture`), whose
 //! figures are in `docs/benchmarks.md`.
 //!
 //! What runs at once:
