@@ -8,7 +8,8 @@
 //! layout check ([`AdapterLayout`], given by the engine) runs on it before the rest is read. At the end the size and
 //! the declared SHA-256 are checked, and the directory (the weights and `adapter_config.json`) is renamed into
 //! `blobs/<sha256>-<config>/` in one step: a crash leaves no half version, and a receiver dropped midway (a client
-//! gone) removes its temporary directory.
+//! gone) removes its temporary directory. A store in a state directory syncs each version to disk before the rename;
+//! a temporary store (removed when the server stops, never reopened) skips the syncs.
 //!
 //! A version's directory is named by content (the weights' SHA-256 and a digest of the configuration), never by the
 //! adapter's name. Directories no recorded version refers to are deleted by a [`Collection`] (the coordinator runs one
@@ -193,6 +194,14 @@ impl AdapterStore {
     /// The largest weights file accepted.
     pub fn max_bytes(&self) -> u64 {
         self.inner.max_bytes
+    }
+
+    /// Whether what is stored must survive a crash: a store in a state directory syncs each version to disk before
+    /// it is renamed into place; a temporary store ([`AdapterStore::temporary`]) does not, since nothing ever reopens
+    /// it (it is removed when the server stops, and a server that crashed starts a new one), so its versions need to
+    /// be complete and in place, never durable.
+    pub fn is_durable(&self) -> bool {
+        !self.inner.owned
     }
 
     /// Starts receiving a push declared by `header`, whose header will be checked by `check`. Refuses at once a

@@ -25,7 +25,15 @@ pub(crate) async fn stage(
         return Err(EngineError::Unavailable(format!("no READY worker to load {engine_name} on")));
     }
     let loads = targets.iter().map(|target| async move {
+        let started = std::time::Instant::now();
         let outcome = target.link.replace_adapter(engine_name, delivery, timeout).await;
+        tracing::debug!(
+            worker = %target.link.address(),
+            adapter = %engine_name,
+            staged = outcome.is_ok(),
+            stage_ms = started.elapsed().as_secs_f64() * 1e3,
+            "adapter staging on a worker timing"
+        );
         if outcome.is_ok() {
             membership.adapter_changed(target, engine_name, true);
         }

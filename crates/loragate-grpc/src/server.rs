@@ -5,7 +5,10 @@ use std::future::Future;
 use std::sync::Arc;
 
 use loragate_core::{Coordinator, FleetControl};
-use loragate_net::{AccessLogLayer, ActivityLayer, ConnectionLimits, GuardedListener};
+use loragate_net::{
+    AccessLogLayer, ActivityLayer, ConnectionLimits, GuardedListener, HTTP2_CONNECTION_WINDOW_BYTES,
+    HTTP2_MAX_FRAME_BYTES, HTTP2_STREAM_WINDOW_BYTES,
+};
 use loragate_proto::FILE_DESCRIPTOR_SET;
 use loragate_proto::v1::fleet_server::FleetServer;
 use loragate_proto::v1::lora_control_server::LoraControlServer;
@@ -143,6 +146,10 @@ pub async fn serve_grpc_with(
     let server = Server::builder()
         .http2_keepalive_interval(keepalive)
         .http2_keepalive_timeout(keepalive)
+        // Pushed adapters arrive at the network's pace, not one window update at a time.
+        .initial_stream_window_size(HTTP2_STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW_BYTES)
+        .max_frame_size(HTTP2_MAX_FRAME_BYTES)
         // Outermost: a call counts as in progress on its connection from the start, refused ones included.
         .layer(ActivityLayer);
     // The access log (`--access-log`) sees refusals of the authentication too. Without it there is no such layer.

@@ -15,6 +15,18 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// The default of [`ConnectionLimits::keepalive_interval`].
 pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 
+/// The HTTP/2 flow-control window of each stream a gRPC server receives (`initial_stream_window_size`): how many
+/// bytes a peer may send on one call before the server has read them. hyper's default (1 MiB, for the connection as
+/// well) makes a pushed adapter's 1 MiB messages travel nearly one at a time, each waiting for the server's window
+/// update, which on a loaded machine is most of a push's time; 4 MiB keeps a few messages in flight.
+pub const HTTP2_STREAM_WINDOW_BYTES: u32 = 4 << 20;
+/// The HTTP/2 flow-control window of each connection a gRPC server receives (`initial_connection_window_size`):
+/// every stream's unread bytes together, at most (two streams of [`HTTP2_STREAM_WINDOW_BYTES`]).
+pub const HTTP2_CONNECTION_WINDOW_BYTES: u32 = 8 << 20;
+/// The largest HTTP/2 frame a gRPC server accepts (`max_frame_size`; HTTP/2's default is 16 KiB): a pushed adapter's
+/// megabyte messages arrive in a few frames rather than 64.
+pub const HTTP2_MAX_FRAME_BYTES: u32 = 256 << 10;
+
 /// How many connections may be open and how long they may stay without a request. Cheap to clone; clones share
 /// one cap, so listeners given clones of the same limits share [`ConnectionLimits::max_connections`].
 #[derive(Clone, Debug)]

@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loragate_core::{Action, Coordinator, Keyring};
-use loragate_net::{AccessLogLayer, ActivityLayer, ConnectionLimits, GuardedListener};
+use loragate_net::{
+    AccessLogLayer, ActivityLayer, ConnectionLimits, GuardedListener, HTTP2_CONNECTION_WINDOW_BYTES,
+    HTTP2_MAX_FRAME_BYTES, HTTP2_STREAM_WINDOW_BYTES,
+};
 use loragate_proto::v1::lora_control_server::LoraControlServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -165,6 +168,10 @@ pub async fn serve_worker(
     let grpc = Server::builder()
         .http2_keepalive_interval(keepalive)
         .http2_keepalive_timeout(keepalive)
+        // Pushed adapters arrive at the network's pace, not one window update at a time.
+        .initial_stream_window_size(HTTP2_STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW_BYTES)
+        .max_frame_size(HTTP2_MAX_FRAME_BYTES)
         // Outermost: a call counts as in progress on its connection from the start, refused ones included.
         .layer(ActivityLayer)
         .layer(AccessLogLayer)

@@ -85,10 +85,11 @@ impl Receiver {
         tokio::fs::create_dir(&temp.0).await.map_err(|err| store_failed("creating a temporary directory", err))?;
         let file = std::fs::File::create(temp.0.join(WEIGHTS_FILE))
             .map_err(|err| store_failed("creating a temporary file", err))?;
+        let writer = BatchWriter::start(file, store.is_durable());
         Ok(Self {
             store,
             temp,
-            writer: BatchWriter::start(file),
+            writer,
             unwritten: Vec::new(),
             received: 0,
             header: HeaderState::Pending(Vec::with_capacity(8)),
@@ -224,9 +225,10 @@ impl Receiver {
         let lease = self.store.lease(target.clone());
         let temp = std::mem::replace(&mut self.temp.0, PathBuf::new());
         let config = std::mem::take(&mut self.declared.config_bytes);
+        let durable = self.store.is_durable();
         let moved = tokio::task::spawn_blocking({
             let target = target.clone();
-            move || move_into_place(&temp, &config, &target)
+            move || move_into_place(&temp, &config, &target, durable)
         })
         .await;
         match moved {
@@ -240,12 +242,15 @@ impl Receiver {
 }
 
 /// Writes the config beside the weights in `temp`, then renames `temp` to `target` (or, when `target` holds the same
-/// content already, removes `temp`). Blocking.
-fn move_into_place(temp: &Path, config: &[u8], target: &Path) -> std::io::Result<()> {
+/// content already, removes `temp`); `durable`: the config is synced to disk before the rename and the rename after
+/// it. Blocking.
+fn move_into_place(temp: &Path, config: &[u8], target: &Path, durable: bool) -> std::io::Result<()> {
     let _removed_unless_moved = TempDir(temp.to_owned());
     let config_path = temp.join(CONFIG_FILE);
     std::fs::write(&config_path, config)?;
-    std::fs::File::open(&config_path)?.sync_all()?;
+    if durable {
+        std::fs::File::open(&config_path)?.sync_all()?;
+    }
     // The rename is atomic: a directory under `blobs/` is complete or absent.
     let in_place = |dir: &Path| dir.join(WEIGHTS_FILE).is_file() && dir.join(CONFIG_FILE).is_file();
     if in_place(target) {
@@ -256,7 +261,7 @@ fn move_into_place(temp: &Path, config: &[u8], target: &Path) -> std::io::Result
         // A push of the same content may have moved its copy into place meanwhile.
         return if in_place(target) { Ok(()) } else { Err(err) };
     }
-    if let Some(parent) = target.parent() {
+    if let Some(parent) = target.parent().filter(|_| durable) {
         std::fs::File::open(parent)?.sync_all()?;
     }
     Ok(())

@@ -376,9 +376,12 @@ async fn garbage_collection_keeps_what_is_referenced_or_being_installed() {
 #[tokio::test]
 async fn a_temporary_store_is_removed_with_its_last_clone() {
     let store = AdapterStore::temporary(1 << 20).expect("temporary");
+    assert!(!store.is_durable(), "nothing reopens a temporary store: it syncs nothing");
+    assert!(new_store(1 << 20).1.is_durable(), "a store in a directory is synced");
     let dir = store.dir().to_owned();
     let stored = push(&store, header("", None), &good_file(), 4096).await.expect("stored");
     assert!(stored.source.dir().starts_with(&dir));
+    assert_eq!(std::fs::read(stored.source.dir().join(WEIGHTS_FILE)).expect("in place"), good_file());
     let clone = store.clone();
     drop(store);
     assert!(dir.exists());

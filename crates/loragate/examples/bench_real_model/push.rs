@@ -82,7 +82,7 @@ fn start(args: &Args, model: &Path) -> PushServer {
         .arg(state.path())
         .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
         .args(&args.loragate_args)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", log_filter())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -240,6 +240,12 @@ pub(crate) async fn push(args: &Args, model: &Path, client: &reqwest::Client) {
     );
 }
 
+/// The log filter of the scene's servers: `BENCH_PUSH_LOG` if set (e.g. `loragate_core=debug` for each push's
+/// `adapter push timing`), else `warn`.
+fn log_filter() -> String {
+    std::env::var("BENCH_PUSH_LOG").unwrap_or_else(|_| "warn".to_owned())
+}
+
 /// Workers in the fleet part.
 const FLEET_WORKERS: usize = 3;
 
@@ -257,7 +263,7 @@ async fn fleet(args: &Args, model: &Path, client: &reqwest::Client, scene: &Push
                 .arg(model)
                 .arg("--adapter-root")
                 .arg(root.path())
-                .env("RUST_LOG", "warn")
+                .env("RUST_LOG", log_filter())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
                 .spawn()
@@ -274,7 +280,7 @@ async fn fleet(args: &Args, model: &Path, client: &reqwest::Client, scene: &Push
         command.args(["--worker", &worker.base_url]);
     }
     let mut child =
-        command.env("RUST_LOG", "warn").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("serve");
+        command.env("RUST_LOG", log_filter()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("serve");
     let ready = ready_line(&mut child);
     let base_url = format!("http://{}", ready["http_addr"].as_str().expect("http_addr"));
     let grpc_url = format!("http://{}", ready["grpc_addr"].as_str().expect("grpc_addr"));

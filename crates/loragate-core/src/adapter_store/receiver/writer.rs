@@ -2,7 +2,9 @@
 //! channel, hashes each batch and appends it to the weights file from the same buffer, and has what it wrote synced
 //! to disk as it goes (an `fdatasync` on a thread of its own each [`SYNC_EVERY_BYTES`], one at a time, while the
 //! writing goes on), so that receiving, hashing, writing and the disk's writeback overlap instead of taking turns, and
-//! the final `fsync` of [`BatchWriter::finish`] has little left to flush. Every sync's failure fails the push.
+//! the final `fsync` of [`BatchWriter::finish`] has little left to flush. Every sync's failure fails the push. A
+//! writer for a store that need not be durable (a temporary store, see [`super::AdapterStore::is_durable`]) syncs
+//! nothing.
 
 use std::io::Write;
 
@@ -26,10 +28,10 @@ pub(super) struct BatchWriter {
 }
 
 impl BatchWriter {
-    /// Starts the writer of `file` on the blocking pool.
-    pub(super) fn start(file: std::fs::File) -> Self {
+    /// Starts the writer of `file` on the blocking pool; `durable`: what it writes is synced to disk.
+    pub(super) fn start(file: std::fs::File, durable: bool) -> Self {
         let (batches, queued) = mpsc::channel(QUEUED_BATCHES);
-        let written = tokio::task::spawn_blocking(move || write_batches(file, queued));
+        let written = tokio::task::spawn_blocking(move || write_batches(file, queued, durable));
         Self { batches, written }
     }
 
@@ -47,8 +49,8 @@ impl BatchWriter {
         }
     }
 
-    /// Waits for every batch to be hashed and written and the file (data and size) synced to disk; the SHA-256 of
-    /// every byte written.
+    /// Waits for every batch to be hashed and written and (if durable) the file (data and size) synced to disk; the
+    /// SHA-256 of every byte written.
     pub(super) async fn finish(self) -> std::io::Result<Sha256> {
         let Self { batches, written } = self;
         drop(batches);
@@ -60,9 +62,14 @@ impl BatchWriter {
 }
 
 /// The writer's loop (blocking): hash and append each batch, start a sync every [`SYNC_EVERY_BYTES`]; once the
-/// channel is closed, wait for the sync running and sync the whole file. A dropped receiver closes the channel too:
-/// what is queued is written to a file whose directory is being removed, and nothing is answered.
-fn write_batches(mut file: std::fs::File, mut queued: mpsc::Receiver<Vec<u8>>) -> std::io::Result<Sha256> {
+/// channel is closed, wait for the sync running and sync the whole file (no sync at all unless `durable`). A dropped
+/// receiver closes the channel too: what is queued is written to a file whose directory is being removed, and
+/// nothing is answered.
+fn write_batches(
+    mut file: std::fs::File,
+    mut queued: mpsc::Receiver<Vec<u8>>,
+    durable: bool,
+) -> std::io::Result<Sha256> {
     let mut hasher = sha2::Sha256::new();
     let mut unsynced = 0u64;
     let mut syncing: Option<std::thread::JoinHandle<std::io::Result<()>>> = None;
@@ -70,7 +77,8 @@ fn write_batches(mut file: std::fs::File, mut queued: mpsc::Receiver<Vec<u8>>) -
         hasher.update(&batch);
         file.write_all(&batch)?;
         unsynced += batch.len() as u64;
-        if unsynced >= SYNC_EVERY_BYTES && syncing.as_ref().is_none_or(std::thread::JoinHandle::is_finished) {
+        if durable && unsynced >= SYNC_EVERY_BYTES && syncing.as_ref().is_none_or(std::thread::JoinHandle::is_finished)
+        {
             if let Some(done) = syncing.take() {
                 joined(done)?;
             }
@@ -83,7 +91,9 @@ fn write_batches(mut file: std::fs::File, mut queued: mpsc::Receiver<Vec<u8>>) -
     if let Some(running) = syncing.take() {
         joined(running)?;
     }
-    file.sync_all()?;
+    if durable {
+        file.sync_all()?;
+    }
     Ok(Sha256(hasher.finalize().into()))
 }
 
@@ -98,19 +108,21 @@ mod tests {
 
     #[tokio::test]
     async fn the_digest_is_of_every_byte_written_in_order_and_the_file_holds_them() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("weights");
-        let mut writer = BatchWriter::start(std::fs::File::create(&path).expect("created"));
-        let batches: Vec<Vec<u8>> =
-            (0..12u8).map(|index| vec![index; (1 << 20) + usize::from(index)]).chain([vec![7; 3]]).collect();
-        let mut expected = sha2::Sha256::new();
-        for batch in &batches {
-            expected.update(batch);
-            writer.write(batch.clone()).await.expect("queued");
+        for durable in [true, false] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let path = dir.path().join("weights");
+            let mut writer = BatchWriter::start(std::fs::File::create(&path).expect("created"), durable);
+            let batches: Vec<Vec<u8>> =
+                (0..12u8).map(|index| vec![index; (1 << 20) + usize::from(index)]).chain([vec![7; 3]]).collect();
+            let mut expected = sha2::Sha256::new();
+            for batch in &batches {
+                expected.update(batch);
+                writer.write(batch.clone()).await.expect("queued");
+            }
+            let sha256 = writer.finish().await.expect("written (and synced if durable)");
+            assert_eq!(sha256, Sha256(expected.finalize().into()), "durable: {durable}");
+            assert_eq!(std::fs::read(&path).expect("read back"), batches.concat(), "durable: {durable}");
         }
-        let sha256 = writer.finish().await.expect("written and synced");
-        assert_eq!(sha256, Sha256(expected.finalize().into()));
-        assert_eq!(std::fs::read(&path).expect("read back"), batches.concat());
     }
 
     #[tokio::test]
@@ -119,7 +131,7 @@ mod tests {
         let path = dir.path().join("weights");
         std::fs::write(&path, b"").expect("created");
         // Opened for reading only: every write fails.
-        let mut writer = BatchWriter::start(std::fs::File::open(&path).expect("opened"));
+        let mut writer = BatchWriter::start(std::fs::File::open(&path).expect("opened"), true);
         let mut failed = false;
         for _ in 0..(QUEUED_BATCHES + 2) {
             if writer.write(vec![1; 1 << 10]).await.is_err() {
