@@ -7,12 +7,15 @@
 //! wait; beside the compute pool on a few cores those spinning workers take the cores the products need (a quarter
 //! of a profile of a swap), so it is set to one thread: element-wise ops run on the step's own thread.
 
-/// `$RAYON_NUM_THREADS` if set to a positive number, else half the cores this process may use, at least 1.
+/// `$RAYON_NUM_THREADS` if set to a positive number, else every core this process may use (as llama.cpp and vLLM
+/// do): decoding is bound by reading the weights, and one core alone reads them more slowly than all of them, while
+/// the compute pool's workers sleep once they run out of work, so the control plane's threads still get the cores
+/// between a step's products (see `--compute-threads` in `serve --help` for the measurements).
 pub fn default_compute_threads() -> usize {
     let from_env = std::env::var("RAYON_NUM_THREADS").ok().and_then(|raw| raw.parse::<usize>().ok());
     from_env
         .filter(|&threads| threads > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1)))
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get))
 }
 
 /// Makes candle's tensor operations use `threads` CPU threads (at least 1), and its element-wise ops the calling

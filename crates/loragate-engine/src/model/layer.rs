@@ -22,7 +22,30 @@ pub(crate) struct Projection {
 impl Projection {
     /// `x` is `(rows·len, in)` for `rows` rows; returns `(rows·len, out)`.
     fn forward(&self, x: &Tensor, rows: usize, layer: usize, lora: &LoraBatch) -> Result<Tensor> {
-        let mut y = self.weight.forward(x)?;
+        let y = self.weight.forward(x)?;
+        self.finish(y, x, rows, layer, lora)
+    }
+
+    /// [`Self::forward`] of several projections of the same `x` (`(rows·len, in)`), their products computed
+    /// together ([`Linear::forward_many`]): one `(rows·len, outᵢ)` each, in order.
+    fn forward_many<const N: usize>(
+        projections: [&Self; N],
+        x: &Tensor,
+        rows: usize,
+        layer: usize,
+        lora: &LoraBatch,
+    ) -> Result<[Tensor; N]> {
+        let products = Linear::forward_many(&projections.map(|projection| &projection.weight), x)?;
+        let outputs = projections
+            .iter()
+            .zip(products)
+            .map(|(projection, y)| projection.finish(y, x, rows, layer, lora))
+            .collect::<Result<Vec<_>>>()?;
+        outputs.try_into().map_err(|_| candle_core::Error::Msg("one product per projection".into()))
+    }
+
+    /// `y = x·Wᵀ` plus the bias and the batch's LoRA term.
+    fn finish(&self, mut y: Tensor, x: &Tensor, rows: usize, layer: usize, lora: &LoraBatch) -> Result<Tensor> {
         if let Some(bias) = &self.bias {
             y = y.broadcast_add(bias)?;
         }
@@ -125,16 +148,13 @@ impl Attention {
     fn forward(&self, x: &Tensor, layer: usize, lora: &LoraBatch, input: AttentionInput<'_>) -> Result<Tensor> {
         let (rows, len, hidden) = x.dims3()?;
         let x = x.reshape((rows * len, hidden))?;
-        let heads = |projection: &Projection, count: usize| -> Result<Tensor> {
-            projection
-                .forward(&x, rows, layer, lora)?
-                .reshape((rows, len, count, self.head_dim))?
-                .transpose(1, 2)?
-                .contiguous()
+        let heads = |projection: Tensor, count: usize| -> Result<Tensor> {
+            projection.reshape((rows, len, count, self.head_dim))?.transpose(1, 2)?.contiguous()
         };
-        let q = heads(&self.q, self.num_heads)?;
-        let k = heads(&self.k, self.num_kv_heads)?;
-        let v = heads(&self.v, self.num_kv_heads)?;
+        let [q, k, v] = Projection::forward_many([&self.q, &self.k, &self.v], &x, rows, layer, lora)?;
+        let q = heads(q, self.num_heads)?;
+        let k = heads(k, self.num_kv_heads)?;
+        let v = heads(v, self.num_kv_heads)?;
         let output = match input {
             AttentionInput::Sequences { cos, sin, causal_mask } => {
                 let (q, k) = (ops::rope(&q, cos, sin)?, ops::rope(&k, cos, sin)?);
@@ -249,8 +269,7 @@ pub(crate) struct Mlp {
 impl Mlp {
     /// `x` is `(rows·len, hidden)`.
     fn forward(&self, x: &Tensor, rows: usize, layer: usize, lora: &LoraBatch) -> Result<Tensor> {
-        let gate = self.gate.forward(x, rows, layer, lora)?;
-        let up = self.up.forward(x, rows, layer, lora)?;
+        let [gate, up] = Projection::forward_many([&self.gate, &self.up], x, rows, layer, lora)?;
         self.down.forward(&ops::swiglu(gate, &up)?, rows, layer, lora)
     }
 }

@@ -97,6 +97,37 @@ impl Linear {
     }
 }
 
+impl Linear {
+    /// `x·Wᵢᵀ` for each of `linears` (`(rows, in)` → `(rows, outᵢ)` each), as [`Linear::forward`] gives them. Where
+    /// every one multiplies `x` with our quantized kernel ([`QuantizedMatrix::forward_many`]), `x` is quantized once
+    /// and the products split over the pool together; otherwise one by one.
+    pub(crate) fn forward_many(linears: &[&Self], x: &Tensor) -> Result<Vec<Tensor>> {
+        let rows = x.dim(0)?;
+        let matrices: Option<Vec<(&QuantizedMatrix, DType)>> = linears
+            .iter()
+            .map(|linear| match linear {
+                Self::Quantized(QuantizedLinear { weight: Kernel::Own(matrix), dense, dtype, .. })
+                    if dense.as_ref().is_none_or(|dense| rows < dense.from_rows) =>
+                {
+                    Some((matrix, *dtype))
+                }
+                _ => None,
+            })
+            .collect();
+        let Some(matrices) = matrices.filter(|_| !x.track_op() && x.device().is_cpu()) else {
+            return linears.iter().map(|linear| linear.forward(x)).collect();
+        };
+        let input = if x.dtype() == DType::F32 { x.contiguous()? } else { x.to_dtype(DType::F32)? };
+        let kernels: Vec<&QuantizedMatrix> = matrices.iter().map(|(matrix, _)| *matrix).collect();
+        let products = QuantizedMatrix::forward_many(&kernels, &input)?;
+        products
+            .into_iter()
+            .zip(&matrices)
+            .map(|(y, (_, dtype))| if y.dtype() == *dtype { Ok(y) } else { y.to_dtype(*dtype) })
+            .collect()
+    }
+}
+
 impl QuantizedLinear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if let Some(dense) = &self.dense

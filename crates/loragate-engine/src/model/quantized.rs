@@ -195,46 +195,63 @@ impl QuantizedMatrix {
 
     /// `x·Wᵀ` for `x` `(m, cols)`, row-major: `(m, rows)`, row-major.
     pub(crate) fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
-        let padded_rows = self.padded_rows();
-        let threads = rayon::current_num_threads();
-        let parallel = threads > 1 && padded_rows * self.blocks_per_row() * m >= PARALLEL_FROM_BLOCKS;
-        let input = QuantizedInput::new(x, m, self.cols, parallel);
-        if m == 1 {
-            let mut out = vec![0f32; padded_rows];
-            self.products(&input, &mut out, parallel, threads);
-            out.truncate(self.rows);
-            return out;
-        }
-        // Computed transposed, `(padded rows, m)`, so that threads own contiguous slices of output features, into a
-        // buffer this thread keeps for its next product.
-        let mut out_t = scratch::take_zeroed(&TRANSPOSED_PRODUCT, padded_rows * m);
-        self.products(&input, &mut out_t, parallel, threads);
-        let mut out = vec![0f32; m * self.rows];
-        let transpose = |(input_row, out): (usize, &mut [f32])| {
-            for (row, value) in out.iter_mut().enumerate() {
-                *value = out_t[row * m + input_row];
-            }
-        };
-        if parallel {
-            out.par_chunks_mut(self.rows).enumerate().for_each(transpose);
-        } else {
-            out.chunks_mut(self.rows).enumerate().for_each(transpose);
-        }
-        scratch::keep(&TRANSPOSED_PRODUCT, out_t, KEPT_PRODUCT_VALUES);
-        out
+        Self::matmul_many(&[self], x, m).pop().expect("one product per matrix")
     }
 
-    /// Fills `out_t` (`(padded rows, m)`) with the products, split over the pool's threads when `parallel`.
-    fn products(&self, input: &QuantizedInput, out_t: &mut [f32], parallel: bool, threads: usize) {
-        let m = input.rows;
-        if parallel {
-            let rows_per_chunk = self.padded_rows().div_ceil(threads * 4).max(16).next_multiple_of(ROW_GROUP);
-            out_t.par_chunks_mut(rows_per_chunk * m).enumerate().for_each(|(chunk, out)| {
-                self.dot_rows(input, chunk * rows_per_chunk, out);
-            });
-        } else {
-            self.dot_rows(input, 0, out_t);
+    /// `x·Wᵢᵀ` for each matrix `Wᵢ` of `matrices` (all of `cols` columns), `x` `(m, cols)`: `(m, rowsᵢ)` each,
+    /// row-major. `x` is quantized once for all of them, and their products run as one parallel region of the
+    /// pool (a layer's q, k and v projections, or its gate and up ones): one fork and join instead of one per
+    /// matrix, and products too small to split alone are split together. Each product's values are exactly those
+    /// of [`Self::matmul`] alone: every weight row's dot products are computed by the same kernel whatever the
+    /// split.
+    pub(crate) fn matmul_many(matrices: &[&Self], x: &[f32], m: usize) -> Vec<Vec<f32>> {
+        let Some(cols) = matrices.first().map(|matrix| matrix.cols) else { return Vec::new() };
+        assert!(matrices.iter().all(|matrix| matrix.cols == cols), "matrices of one input width");
+        let padded_rows: usize = matrices.iter().map(|matrix| matrix.padded_rows()).sum();
+        let threads = rayon::current_num_threads();
+        let parallel = threads > 1 && padded_rows * (cols / BLOCK) * m >= PARALLEL_FROM_BLOCKS;
+        let input = QuantizedInput::new(x, m, cols, parallel);
+        // Computed transposed, `(padded rows, m)`, the matrices' rows one after the other, so that threads own
+        // contiguous slices of output features, into a buffer this thread keeps for its next product.
+        let mut out_t = scratch::take_zeroed(&TRANSPOSED_PRODUCT, padded_rows * m);
+        let rows_per_chunk = padded_rows.div_ceil(threads * 4).max(16).next_multiple_of(ROW_GROUP);
+        let mut tasks = Vec::new();
+        let mut rest = out_t.as_mut_slice();
+        for matrix in matrices {
+            let (own, after) = rest.split_at_mut(matrix.padded_rows() * m);
+            rest = after;
+            if parallel {
+                let chunks = own.chunks_mut(rows_per_chunk * m).enumerate();
+                tasks.extend(chunks.map(|(chunk, out)| (*matrix, chunk * rows_per_chunk, out)));
+            } else {
+                tasks.push((*matrix, 0, own));
+            }
         }
+        if parallel {
+            tasks.into_par_iter().for_each(|(matrix, first_row, out)| matrix.dot_rows(&input, first_row, out));
+        } else {
+            tasks.into_iter().for_each(|(matrix, first_row, out)| matrix.dot_rows(&input, first_row, out));
+        }
+        let mut products = Vec::with_capacity(matrices.len());
+        let mut first = 0;
+        for matrix in matrices {
+            let own = &out_t[first * m..(first + matrix.padded_rows()) * m];
+            first += matrix.padded_rows();
+            let mut out = vec![0f32; m * matrix.rows];
+            let transpose = |(input_row, out): (usize, &mut [f32])| {
+                for (row, value) in out.iter_mut().enumerate() {
+                    *value = own[row * m + input_row];
+                }
+            };
+            if parallel && m > 1 {
+                out.par_chunks_mut(matrix.rows).enumerate().for_each(transpose);
+            } else {
+                out.chunks_mut(matrix.rows).enumerate().for_each(transpose);
+            }
+            products.push(out);
+        }
+        scratch::keep(&TRANSPOSED_PRODUCT, out_t, KEPT_PRODUCT_VALUES);
+        products
     }
 
     /// Fills `out_t` (`(rows, m)` from weight row `first_row` on, both whole groups) with the dot products of those
@@ -259,10 +276,30 @@ impl QuantizedMatrix {
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.apply_op1_no_bwd(&MatmulOp(self))
     }
+
+    /// [`Self::matmul_many`] on `x` `(m, cols)` (f32, CPU, contiguous): `(m, rowsᵢ)` for each matrix.
+    pub(crate) fn forward_many(matrices: &[&Self], x: &Tensor) -> Result<Vec<Tensor>> {
+        let (m, cols) = x.dims2()?;
+        if let Some(matrix) = matrices.iter().find(|matrix| matrix.cols != cols) {
+            candle_core::bail!("input of {cols} features for a matrix of {}", matrix.cols);
+        }
+        let products = {
+            let (storage, layout) = x.storage_and_layout();
+            let Some((start, end)) = layout.contiguous_offsets() else {
+                candle_core::bail!("the input of a quantized matmul must be contiguous");
+            };
+            let candle_core::Storage::Cpu(CpuStorage::F32(values)) = &*storage else {
+                candle_core::bail!("the input of a quantized matmul must be f32 on the CPU");
+            };
+            Self::matmul_many(matrices, &values[start..end], m)
+        };
+        matrices.iter().zip(products).map(|(matrix, out)| Tensor::from_vec(out, (m, matrix.rows), x.device())).collect()
+    }
 }
 
-/// Below this many block products a matmul runs on the calling thread: waking the pool costs more.
-const PARALLEL_FROM_BLOCKS: usize = 16 * 1024;
+/// Below this many block products a matmul runs on the calling thread: waking the pool costs more. (A decode
+/// step's attention output projection of SmolLM2-135M, 576 × 576 weights, is 10,368 block products: split.)
+const PARALLEL_FROM_BLOCKS: usize = 8 * 1024;
 
 /// The largest transposed product a thread keeps for its next one (4 MiB: every product of a prefill chunk's
 /// layers; a chunk's logits over a whole vocabulary are allocated each time instead of held).

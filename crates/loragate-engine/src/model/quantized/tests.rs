@@ -81,6 +81,42 @@ fn large_products_split_over_threads_give_the_same_values() {
 }
 
 #[test]
+fn products_computed_together_are_each_products_bits() {
+    // A layer's q, k and v shapes (scaled down) and a Q8_0 matrix beside them: one input, several matrices, split
+    // together over a pool of 3 threads or computed on one; each product must equal its own `matmul`, bit for bit.
+    let formats = [GgmlDType::Q4_1, GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];
+    let shapes = [(576, 31), (192, 32), (192, 33), (70, 34)];
+    let matrices: Vec<QuantizedMatrix> = formats
+        .iter()
+        .zip(shapes)
+        .map(|(format, (rows, seed))| {
+            let weights = QTensor::quantize(&random(rows, 576, seed), *format).expect("quantize");
+            QuantizedMatrix::from_qtensor(&weights).expect("read").expect("a served format")
+        })
+        .collect();
+    let all: Vec<&QuantizedMatrix> = matrices.iter().collect();
+    for rows in [1, 2, 5, 37] {
+        let values: Vec<f32> = random(rows, 576, 35).flatten_all().and_then(|x| x.to_vec1()).expect("values");
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
+            let together = pool.install(|| QuantizedMatrix::matmul_many(&all, &values, rows));
+            let alone = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .expect("pool")
+                .install(|| all.iter().map(|matrix| matrix.matmul(&values, rows)).collect::<Vec<_>>());
+            assert_eq!(together, alone, "{rows} rows on {threads} threads");
+        }
+    }
+    let x = random(3, 576, 36);
+    let tensors = QuantizedMatrix::forward_many(&all, &x).expect("forward");
+    let dims: Vec<&[usize]> = tensors.iter().map(|tensor| tensor.dims()).collect();
+    assert_eq!(dims, [[3, 576], [3, 192], [3, 192], [3, 70]]);
+    assert!(QuantizedMatrix::forward_many(&all, &random(3, 96, 37)).is_err(), "wrong input width");
+    assert!(QuantizedMatrix::forward_many(&all, &random(576, 3, 38).t().expect("t")).is_err(), "not contiguous");
+}
+
+#[test]
 fn the_vectorised_input_quantization_equals_the_scalar_reference() {
     // Random rows, a zero block, exact ties (values at half steps) and a single large value.
     let mut x: Vec<f32> = random(5, 96, 11).flatten_all().and_then(|x| x.to_vec1()).expect("values");
