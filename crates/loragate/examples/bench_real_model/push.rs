@@ -145,6 +145,22 @@ impl PushServer {
         kib * 1024
     }
 
+    /// The store's size once the collection that follows a push's answer has run (it runs after the answer, so a
+    /// read right after it may still count the released version): read until two reads 100 ms apart agree, 5 s at
+    /// the most.
+    async fn settled_store_bytes(&self) -> u64 {
+        let mut last = self.store_bytes();
+        for _ in 0..50 {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            let now = self.store_bytes();
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        last
+    }
+
     fn store_bytes(&self) -> u64 {
         fn size(path: &Path) -> u64 {
             let Ok(entries) = std::fs::read_dir(path) else { return 0 };
@@ -222,11 +238,11 @@ pub(crate) async fn push(args: &Args, model: &Path, client: &reqwest::Client) {
         let payload = AdapterPayload::Directory(distinct.clone());
         trainer.push_adapter(NAME, payload, SwapOptions::default()).await.expect("a retention push");
         if push == BASELINE_PUSH {
-            baseline = Some((scene.rss_bytes(), scene.store_bytes()));
+            baseline = Some((scene.rss_bytes(), scene.settled_store_bytes().await));
         }
     }
     let (rss_before, store_before) = baseline.expect("the baseline was taken");
-    let (rss_after, store_after) = (scene.rss_bytes(), scene.store_bytes());
+    let (rss_after, store_after) = (scene.rss_bytes(), scene.settled_store_bytes().await);
     println!(
         "\nretention (--retain-versions 2, {RETENTION_PUSHES} pushes of distinct weights to one name): RSS {:.1} MB \
          after push {BASELINE_PUSH}, {:.1} MB after push {RETENTION_PUSHES} ({:+.1} %); the store {:.1} MB, then \
