@@ -29,6 +29,7 @@ use crate::contract::{CoreError, Field, Sha256};
 
 mod receiver;
 pub mod safetensors;
+mod temporary;
 
 pub use receiver::{Receiver, StoredAdapter};
 pub use safetensors::{AdapterLayout, TensorDtype, TensorLayout};
@@ -124,6 +125,8 @@ struct StoreInner {
     holds: Mutex<Holds>,
     /// Whether the store owns `dir` and removes it when dropped (a store without a state directory).
     owned: bool,
+    /// A temporary store's `.owner` file, locked while the store lives (see `temporary`).
+    _owner: Option<std::fs::File>,
 }
 
 /// Which blob directories no collection may delete.
@@ -161,24 +164,29 @@ impl AdapterStore {
     /// Opens (creating it) the store in `dir`, accepting weights files of at most `max_bytes`. What an earlier
     /// process left in `tmp/` (a push it never finished) is removed. Blocking.
     pub fn open(dir: impl Into<PathBuf>, max_bytes: u64) -> io::Result<Self> {
-        Self::create(dir.into(), max_bytes, false)
+        Self::create(dir.into(), max_bytes, None)
     }
 
     /// A store in a new temporary directory that is removed when the last clone of the store is dropped: for a
-    /// server that keeps no state on disk (pushed versions then last as long as the process). Blocking.
+    /// server that keeps no state on disk (pushed versions then last as long as the process). The temporary stores
+    /// of processes that ended without removing theirs (killed, crashed) are removed first. Blocking.
     pub fn temporary(max_bytes: u64) -> io::Result<Self> {
-        let unique = format!("loragate-adapters-{}-{:016x}", std::process::id(), rand::random::<u64>());
-        Self::create(std::env::temp_dir().join(unique), max_bytes, true)
+        let (dir, owner) = temporary::create(&std::env::temp_dir())?;
+        Self::create(dir, max_bytes, Some(owner))
     }
 
-    fn create(dir: PathBuf, max_bytes: u64, owned: bool) -> io::Result<Self> {
+    /// `owner`: a temporary store's locked `.owner` file (`Some(None)` where the file system has no locks), `None`
+    /// for a store in a state directory.
+    fn create(dir: PathBuf, max_bytes: u64, owner: Option<Option<std::fs::File>>) -> io::Result<Self> {
+        let owned = owner.is_some();
         std::fs::create_dir_all(dir.join("blobs"))?;
         let tmp = dir.join("tmp");
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp)?;
         }
         std::fs::create_dir_all(&tmp)?;
-        Ok(Self { inner: Arc::new(StoreInner { dir, max_bytes, holds: Mutex::default(), owned }) })
+        let inner = StoreInner { dir, max_bytes, holds: Mutex::default(), owned, _owner: owner.flatten() };
+        Ok(Self { inner: Arc::new(inner) })
     }
 
     /// The store's directory.
