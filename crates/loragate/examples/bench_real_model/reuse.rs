@@ -218,14 +218,20 @@ pub(crate) async fn kv_memory(target: &Target<'_>) {
         .and_then(|blocks| blocks.parse().ok())
         .expect("num_gpu_blocks");
     let used_bytes = usage * blocks * 16.0 * SMOLLM2_POSITION_BYTES as f64;
+    // Each sequence's positions when the blocks were read: its prompt and the tokens it has received (the first
+    // streams decode on while the last ones reach their eighth token, so most hold more than 1,000).
+    let positions: Vec<usize> = streams.iter().map(|(progress, _)| HELD_POSITIONS - 8 + progress.count()).collect();
+    let exact = positions.iter().sum::<usize>() as f64 * SMOLLM2_POSITION_BYTES as f64;
     // The padded batch's buffers held `rows × columns` positions: columns grown to a multiple of 64 past the longest
-    // row (plus one for the next step); the rows joined at once, so none was shifted right.
-    let padded_columns = (HELD_POSITIONS + 1).next_multiple_of(64);
-    let padded_bytes = (HELD * padded_columns) as f64 * SMOLLM2_POSITION_BYTES as f64;
-    let exact = (HELD * HELD_POSITIONS) as f64 * SMOLLM2_POSITION_BYTES as f64;
+    // row (plus one for the next step).
+    let longest = positions.iter().copied().max().unwrap_or(0);
+    let padded_bytes = (HELD * (longest + 1).next_multiple_of(64)) as f64 * SMOLLM2_POSITION_BYTES as f64;
     println!(
-        "\nkv-memory: {HELD} sequences of about {HELD_POSITIONS} positions: the paged cache's blocks in use {:.1} MiB \
-         (exact positions {:.1} MiB); the padded batch buffers for the same rows {:.1} MiB",
+        "\nkv-memory: {HELD} sequences of {}–{} positions ({} in all) once each had 8 tokens: the paged cache's blocks \
+         in use {:.1} MiB (exact positions {:.1} MiB); the padded batch buffers for the same rows {:.1} MiB",
+        positions.iter().copied().min().unwrap_or(0),
+        longest,
+        positions.iter().sum::<usize>(),
         used_bytes / (1 << 20) as f64,
         exact / (1 << 20) as f64,
         padded_bytes / (1 << 20) as f64
