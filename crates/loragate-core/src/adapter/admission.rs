@@ -100,22 +100,23 @@ pub(crate) fn admit_parked(registry: &Mutex<InFlightRegistry>, cell: &Arc<Adapte
     // Read under the lock, after the install published the version: see the module's doc.
     let gate = cell.gate_state();
     for (ticket, parked) in locked.parked().take_all() {
-        if gate.retired.is_none() && parked.least > gate.version {
+        if let Some(why) = gate.retired {
+            let _ = parked.answer.send(Ok(AdmitReply::Retired(why)));
+            continue;
+        }
+        if parked.least > gate.version {
             locked.parked().repark(ticket, parked);
             continue;
         }
         if parked.answer.is_closed() {
             continue; // Its waiter is going away (and withdraws nothing).
         }
-        let slot = match gate.retired {
-            Some(_) => None,
-            None => match cell.occupy(Occupancy::InFlight) {
-                Ok(slot) => Some(slot),
-                Err(err) => {
-                    let _ = parked.answer.send(Err(err));
-                    continue;
-                }
-            },
+        let slot = match cell.occupy(Occupancy::InFlight) {
+            Ok(slot) => slot,
+            Err(err) => {
+                let _ = parked.answer.send(Err(err));
+                continue;
+            }
         };
         let reply = match decide(&mut locked, &gate, cell, &parked.request_id, parked.wanted, parked.sequences) {
             Decision::NotYet(_) => {
@@ -123,11 +124,7 @@ pub(crate) fn admit_parked(registry: &Mutex<InFlightRegistry>, cell: &Arc<Adapte
                 continue;
             }
             Decision::Reply(AdmitReply::Admitted(admitted)) => {
-                let admission = match slot {
-                    Some(slot) => admitted.admission.occupying(slot),
-                    None => admitted.admission,
-                };
-                AdmitReply::Admitted(Admitted { admission, ..admitted })
+                AdmitReply::Admitted(Admitted { admission: admitted.admission.occupying(slot), ..admitted })
             }
             Decision::Reply(reply) => reply,
         };
