@@ -7,16 +7,54 @@
 //! - `sample`: `Coordinator::sample` with `min_lora_version`, timed when it answers (admitted and handed to the
 //!   scripted engine, whose tasks then run beside the admissions still to come).
 //!
+//! Each request takes its clock reading where its caller sees its admission, then counts itself; the round collects
+//! the readings once the last one counted (one wake-up), so that nothing polls the 1,000 tasks' handles while they
+//! are still being admitted: `block_on`'s thread is a third thread on the runtime's two workers, and a server has no
+//! such thread at work (`VERSION_HOLD_COLLECT=join_all` collects as each task finishes, as this benchmark did before).
+//!
 //! Prints each round's p50 / p99 / max and those of every round of its kind together.
 //!
-//! `cargo bench -p loragate-benches --bench version_hold` (`VERSION_HOLD_ROUNDS`, default 10)
+//! `cargo bench -p loragate-benches --bench version_hold` (`VERSION_HOLD_ROUNDS`, default 10; `VERSION_HOLD_COLLECT`)
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 
 use loragate_core::testing::{ScriptedEngine, coordinator_with_adapters};
 use loragate_core::{AdapterName, AdapterSource, AdapterVersion, Coordinator, CoordinatorConfig, Ending, RequestId};
 
 const HELD: u32 = 1000;
+
+/// Counts the requests of a round that saw their admission; wakes the round's collector once all of them did.
+#[derive(Default)]
+struct Admitted {
+    count: AtomicU32,
+    all: Notify,
+}
+
+impl Admitted {
+    /// One more request saw its admission.
+    fn count_one(&self) {
+        if self.count.fetch_add(1, Ordering::AcqRel) + 1 == HELD {
+            self.all.notify_one();
+        }
+    }
+
+    /// The outputs of `tasks`, taken once every request saw its admission (or, with `VERSION_HOLD_COLLECT=join_all`,
+    /// as each task finishes).
+    async fn collect<T>(&self, tasks: Vec<JoinHandle<T>>) -> Vec<T> {
+        if std::env::var("VERSION_HOLD_COLLECT").as_deref() != Ok("join_all") {
+            while self.count.load(Ordering::Acquire) < HELD {
+                self.all.notified().await;
+            }
+        }
+        join_all(tasks).await.into_iter().map(|task| task.expect("request task")).collect()
+    }
+}
 
 /// The next version's install, then the delays from it to each instant in `admitted` (each request's admission).
 async fn install_and_time(
@@ -41,21 +79,23 @@ async fn install_and_time(
 async fn admission_round(coordinator: &Coordinator, name: &AdapterName) -> Vec<Duration> {
     let adapter = coordinator.lora(name).expect("loaded");
     let next = adapter.status().await.expect("status").version.0 + 1;
+    let counted = Arc::new(Admitted::default());
     let held: Vec<_> = (0..HELD)
         .map(|index| {
-            let adapter = adapter.clone();
+            let (adapter, counted) = (adapter.clone(), counted.clone());
             let hold_until = coordinator.gate_deadline(None).hold_until();
             tokio::spawn(async move {
                 let id = RequestId::parse_or_generate(&format!("held-{index}")).expect("id");
                 let admission = adapter.admit_min_version(id, AdapterVersion(next), hold_until).await;
-                (Instant::now(), admission.expect("admitted once the version is installed"))
+                let at = Instant::now();
+                counted.count_one();
+                (at, admission.expect("admitted once the version is installed"))
             })
         })
         .collect();
     let admitted = async {
         let mut admitted = Vec::with_capacity(HELD as usize);
-        for task in futures::future::join_all(held).await {
-            let (at, admission) = task.expect("request task");
+        for (at, admission) in counted.collect(held).await {
             admitted.push(at);
             admission.hand_back(Ending::Completed);
         }
@@ -68,20 +108,22 @@ async fn admission_round(coordinator: &Coordinator, name: &AdapterName) -> Vec<D
 async fn sample_round(coordinator: &Coordinator, name: &AdapterName) -> Vec<Duration> {
     let adapter = coordinator.lora(name).expect("loaded");
     let next = adapter.status().await.expect("status").version.0 + 1;
+    let counted = Arc::new(Admitted::default());
     let held: Vec<_> = (0..HELD)
         .map(|_| {
             let request = loragate_benches::min_version_request(coordinator, name, next);
-            let coordinator = coordinator.clone();
+            let (coordinator, counted) = (coordinator.clone(), counted.clone());
             tokio::spawn(async move {
                 let stream = coordinator.sample(request, coordinator.gate_deadline(None)).await;
-                (Instant::now(), stream.expect("admitted once the version is installed"))
+                let at = Instant::now();
+                counted.count_one();
+                (at, stream.expect("admitted once the version is installed"))
             })
         })
         .collect();
     let admitted = async {
         let mut admitted = Vec::with_capacity(HELD as usize);
-        for task in futures::future::join_all(held).await {
-            let (at, stream) = task.expect("request task");
+        for (at, stream) in counted.collect(held).await {
             admitted.push(at);
             stream.collect_output().await.expect("finished");
         }

@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 
 use super::cell::{AdapterCell, StalenessTicket, VersionPin};
 use super::parked::{Parked, ParkedWait};
-use super::registry::{Admission, InFlightRegistry, SharedRegistry};
+use super::registry::{Admission, InFlightRegistry, Registration, SharedRegistry};
 use super::versions::PinRefused;
 use crate::contract::{AdapterVersion, GateState, RequestId, Retirement, VersionWanted};
 use crate::limits::Occupancy;
@@ -57,8 +57,8 @@ pub(crate) struct Admitted {
 enum Decision {
     /// Answered.
     Reply(AdmitReply),
-    /// The version the request wants has not arrived.
-    NotYet(AdapterVersion),
+    /// The version the request wants has not arrived (its registration is given back, for when it does).
+    NotYet(AdapterVersion, Registration),
 }
 
 /// Decides on a request of `sequences` sequences (0: a continuation, not counted again) that wants `wanted`, in
@@ -72,17 +72,19 @@ pub(crate) fn admit(
     wanted: VersionWanted,
     sequences: u32,
 ) -> Option<AdmitReply> {
+    // Allocated before the lock is taken (and kept by a parked request for the pass that admits it).
+    let registration = Registration::default();
     let mut locked = registry.lock();
     if locked.is_ended() {
         return None;
     }
     // Read under the lock: see the module's doc.
     let gate = cell.gate_state();
-    match decide(&mut locked, &gate, cell, request_id, wanted, sequences) {
+    match decide(&mut locked, &gate, cell, request_id, wanted, sequences, registration) {
         Decision::Reply(reply) => Some(reply),
-        Decision::NotYet(least) => {
+        Decision::NotYet(least, registration) => {
             let (answer, answered) = oneshot::channel();
-            let parked = Parked { request_id: request_id.clone(), wanted, least, sequences, answer };
+            let parked = Parked { request_id: request_id.clone(), wanted, least, sequences, registration, answer };
             let ticket = locked.park(parked);
             Some(AdmitReply::Parked(ParkedWait::new(registry.clone(), ticket, sequences, answered), least))
         }
@@ -99,7 +101,9 @@ pub(crate) fn admit_parked(registry: &Mutex<InFlightRegistry>, cell: &Arc<Adapte
     }
     // Read under the lock, after the install published the version: see the module's doc.
     let gate = cell.gate_state();
-    for (ticket, parked) in locked.parked().take_all() {
+    let parked = locked.parked().take_all();
+    locked.make_room(parked.len());
+    for (ticket, parked) in parked {
         if let Some(why) = gate.retired {
             let _ = parked.answer.send(Ok(AdmitReply::Retired(why)));
             continue;
@@ -118,8 +122,10 @@ pub(crate) fn admit_parked(registry: &Mutex<InFlightRegistry>, cell: &Arc<Adapte
                 continue;
             }
         };
-        let reply = match decide(&mut locked, &gate, cell, &parked.request_id, parked.wanted, parked.sequences) {
-            Decision::NotYet(_) => {
+        let Parked { request_id, wanted, least, sequences, registration, answer } = parked;
+        let reply = match decide(&mut locked, &gate, cell, &request_id, wanted, sequences, registration) {
+            Decision::NotYet(_, registration) => {
+                let parked = Parked { request_id, wanted, least, sequences, registration, answer };
                 locked.parked().repark(ticket, parked);
                 continue;
             }
@@ -129,7 +135,7 @@ pub(crate) fn admit_parked(registry: &Mutex<InFlightRegistry>, cell: &Arc<Adapte
             Decision::Reply(reply) => reply,
         };
         // The waiter's withdrawal takes this lock: it finds the answer once the lock is released.
-        let _ = parked.answer.send(Ok(reply));
+        let _ = answer.send(Ok(reply));
     }
 }
 
@@ -141,6 +147,7 @@ fn decide(
     request_id: &RequestId,
     wanted: VersionWanted,
     sequences: u32,
+    registration: Registration,
 ) -> Decision {
     if let Some(why) = gate.retired {
         return Decision::Reply(AdmitReply::Retired(why));
@@ -150,11 +157,11 @@ fn decide(
     }
     let (version, pin) = match wanted {
         VersionWanted::Any => (gate.version, None),
-        VersionWanted::AtLeast(least) if gate.version < least => return Decision::NotYet(least),
+        VersionWanted::AtLeast(least) if gate.version < least => return Decision::NotYet(least, registration),
         VersionWanted::AtLeast(_) => (gate.version, None),
         VersionWanted::Exactly(exact) => match cell.pin(exact) {
             Ok(pin) => (exact, Some(pin)),
-            Err(PinRefused::NotYet) => return Decision::NotYet(exact),
+            Err(PinRefused::NotYet) => return Decision::NotYet(exact, registration),
             Err(PinRefused::Released(servable)) => return Decision::Reply(AdmitReply::Released(servable)),
         },
     };
@@ -167,6 +174,6 @@ fn decide(
             return Decision::Reply(AdmitReply::AtCapacity { capacity, version, epoch });
         }
     };
-    let admission = registry.admit(request_id.clone(), version);
+    let admission = registry.admit(request_id.clone(), version, registration);
     Decision::Reply(AdmitReply::Admitted(Admitted { admission, pin, staleness }))
 }

@@ -1,7 +1,7 @@
 //! Requests parked for a version not yet installed (`min_lora_version`, or a pin `NAME@V` on a future version).
 //!
-//! A request whose version has not arrived leaves a small entry — its id, the version it wants, its sequences and a
-//! oneshot for the answer — in its adapter's registry, under the registry's lock, in the same critical section that
+//! A request whose version has not arrived leaves a small entry — its id, the version it wants, its sequences, what
+//! its registration allocates and a oneshot for the answer — in its adapter's registry, under the registry's lock, in the same critical section that
 //! read the gate's version (see `admission`). Whoever installs a version publishes it on the gate, then admits every
 //! parked request it satisfies in one pass under one lock hold ([`super::admission::admit_parked`]) and sends each
 //! its answer: the waiting task wakes already admitted, instead of a thousand tasks each waking to take the lock in
@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::admission::AdmitReply;
-use super::registry::SharedRegistry;
+use super::registry::{Registration, SharedRegistry};
 use crate::contract::{AdapterVersion, CoreError, RequestId, VersionWanted};
 
 /// What a parked request is answered with: the admission decision once its version came (admitted, or what stands in
@@ -36,6 +36,8 @@ pub(crate) struct Parked {
     pub(crate) least: AdapterVersion,
     /// Its new sequences, for the staleness bound.
     pub(crate) sequences: u32,
+    /// What its registration allocates, made when it parked: the pass that admits it allocates nothing of its own.
+    pub(crate) registration: Registration,
     /// Where its answer goes.
     pub(crate) answer: oneshot::Sender<ParkedAnswer>,
 }

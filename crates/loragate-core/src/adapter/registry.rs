@@ -78,6 +78,15 @@ struct Entry {
     hand_back: Arc<HandBack>,
 }
 
+/// What registering a request allocates (its cancellation token and its hand-back), made before the registry's lock
+/// is taken: by an admission before it locks, and by a request parked for a version when it parks, so that the
+/// install's pass over the parked requests allocates nothing of theirs.
+#[derive(Default)]
+pub(crate) struct Registration {
+    cancel: CancellationToken,
+    hand_back: Arc<HandBack>,
+}
+
 /// The admitted requests of one adapter, for one incarnation of its actor.
 pub(crate) struct InFlightRegistry {
     next_ticket: u64,
@@ -130,16 +139,20 @@ impl Drop for OwnedRegistry {
 }
 
 impl InFlightRegistry {
-    /// Registers a request and returns the guard that ends its registration.
-    pub(crate) fn admit(&mut self, request_id: RequestId, version: AdapterVersion) -> Admission {
+    /// Registers a request with what `registration` allocated and returns the guard that ends its registration.
+    pub(crate) fn admit(
+        &mut self,
+        request_id: RequestId,
+        version: AdapterVersion,
+        registration: Registration,
+    ) -> Admission {
         if self.entries.len() >= self.prune_at {
             self.forget_handed_back();
             self.prune_at = (2 * self.entries.len()).max(MIN_PRUNE_AT);
         }
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        let cancel = CancellationToken::new();
-        let hand_back = Arc::new(HandBack::default());
+        let Registration { cancel, hand_back } = registration;
         let entry = Entry { request_id: request_id.clone(), cancel: cancel.clone(), hand_back: hand_back.clone() };
         self.entries.insert(ticket, entry);
         Admission { request_id, version, cancel, hand_back, _in_flight: None }
@@ -205,6 +218,14 @@ impl InFlightRegistry {
     pub(crate) fn len(&mut self) -> usize {
         self.forget_handed_back();
         self.entries.len()
+    }
+
+    /// Makes room for `additional` registrations at once (the install's pass over the parked requests): forgets the
+    /// handed-back requests and grows the map once, so that no registration of the pass prunes or rehashes it.
+    pub(crate) fn make_room(&mut self, additional: usize) {
+        self.forget_handed_back();
+        self.entries.reserve(additional);
+        self.prune_at = self.prune_at.max(self.entries.len() + additional);
     }
 
     fn forget_handed_back(&mut self) {
@@ -374,9 +395,40 @@ mod tests {
     fn handed_back_requests_leave_and_memory_stays_bounded() {
         let mut registry = InFlightRegistry::default();
         for i in 0..10_000 {
-            let admission = registry.admit(id(&format!("r{i}")), AdapterVersion(1));
+            let admission = registry.admit(id(&format!("r{i}")), AdapterVersion(1), Registration::default());
             admission.hand_back(Ending::Completed);
             assert!(registry.entries.len() <= 2 * MIN_PRUNE_AT, "entries pile up: {}", registry.entries.len());
+        }
+        assert_eq!(registry.len(), 0);
+    }
+
+    #[test]
+    fn room_made_for_a_pass_forgets_the_handed_back_loses_nobody_and_memory_stays_bounded() {
+        let mut registry = InFlightRegistry::default();
+        for i in 0..100 {
+            registry
+                .admit(id(&format!("old{i}")), AdapterVersion(1), Registration::default())
+                .hand_back(Ending::Completed);
+        }
+        registry.make_room(1000);
+        assert_eq!(registry.entries.len(), 0, "the handed-back requests are forgotten first");
+        assert!(registry.entries.capacity() >= 1000, "room for the whole pass at once");
+        // What each request allocated before the lock is what the registry cancels.
+        let live: Vec<Admission> = (0..1000)
+            .map(|i| registry.admit(id(&format!("p{i}")), AdapterVersion(2), Registration::default()))
+            .collect();
+        assert_eq!(registry.len(), 1000, "no registration of the pass is lost");
+        let pending = registry.cancel_all(StopCause::Paused);
+        assert!(live.iter().all(|admission| admission.cancel_token().is_cancelled()));
+        assert_eq!(pending.pending.len(), 1000);
+        for admission in live {
+            admission.hand_back(Ending::Aborted);
+        }
+        // Afterwards the registry prunes as before.
+        for i in 0..10_000 {
+            let admission = registry.admit(id(&format!("r{i}")), AdapterVersion(2), Registration::default());
+            admission.hand_back(Ending::Completed);
+            assert!(registry.entries.len() <= 1001, "entries pile up: {}", registry.entries.len());
         }
         assert_eq!(registry.len(), 0);
     }
@@ -384,9 +436,9 @@ mod tests {
     #[tokio::test]
     async fn an_abort_cancels_live_requests_only_and_reports_the_aborted_ones() {
         let mut registry = InFlightRegistry::default();
-        registry.admit(id("done"), AdapterVersion(1)).hand_back(Ending::Completed);
-        let live = registry.admit(id("live"), AdapterVersion(1));
-        let gone = registry.admit(id("gone"), AdapterVersion(1));
+        registry.admit(id("done"), AdapterVersion(1), Registration::default()).hand_back(Ending::Completed);
+        let live = registry.admit(id("live"), AdapterVersion(1), Registration::default());
+        let gone = registry.admit(id("gone"), AdapterVersion(1), Registration::default());
         assert_eq!(registry.len(), 2);
 
         let pending = registry.cancel_all(StopCause::Paused);
@@ -403,8 +455,10 @@ mod tests {
     #[test]
     fn an_abort_by_id_cancels_exactly_the_named_requests_whether_one_or_several() {
         let mut registry = InFlightRegistry::default();
-        let admitted: Vec<Admission> =
-            ["a", "b", "c", "b", "d"].iter().map(|raw| registry.admit(id(raw), AdapterVersion(1))).collect();
+        let admitted: Vec<Admission> = ["a", "b", "c", "b", "d"]
+            .iter()
+            .map(|raw| registry.admit(id(raw), AdapterVersion(1), Registration::default()))
+            .collect();
         let cancelled = |admitted: &[Admission]| -> Vec<bool> {
             admitted.iter().map(|admission| admission.cancel_token().is_cancelled()).collect()
         };
@@ -423,7 +477,7 @@ mod tests {
     fn an_ended_registry_aborted_what_it_held_and_says_it_ended() {
         let owned = OwnedRegistry::default();
         let shared = owned.share();
-        let orphan = shared.lock().admit(id("orphan"), AdapterVersion(1));
+        let orphan = shared.lock().admit(id("orphan"), AdapterVersion(1), Registration::default());
         assert!(!shared.lock().is_ended());
         drop(owned);
         assert!(orphan.cancel_token().is_cancelled());
