@@ -13,6 +13,11 @@
 //! - With a key (`--api-key`), every call without it is 401. Names are validated as pushed names are (no `/`, `\`,
 //!   `@`, `..`, whitespace or control characters): the agent writes only under its directory.
 //! - Without `version`, the next version after the highest `NAME@V` in the directory is written.
+//! - `DELETE /v1/lora_adapters/{name}/versions/{version}` removes `DIR/NAME@V/` (moved into the store's temporary
+//!   directory in one step, then deleted) and answers `{"removed": true|false}` (false: it was not there). The fleet
+//!   coordinator calls it once the worker beside the agent has unloaded that version (a retired version, a rolled-back
+//!   staging), so the directory holds only the versions the worker may still load. Same key, same name rules.
+//! - At start, what a push or a removal left half done (the store's `tmp/`, its unreferenced files) is removed.
 
 mod install;
 
@@ -23,7 +28,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, Request, State};
 use axum::http::header::AUTHORIZATION;
-use axum::routing::put;
+use axum::routing::{delete, put};
 use http::Uri;
 use loragate_core::{AdapterLayout, AdapterStore, CoreError, Key, Keyring, bearer_token, check_push_name};
 use serde_json::{Value, json};
@@ -64,7 +69,10 @@ pub async fn serve_agent(
     let (dir, store) = tokio::task::spawn_blocking(move || {
         std::fs::create_dir_all(&dir)?;
         let dir = std::fs::canonicalize(&dir)?;
+        // Opening the store empties its `tmp/`: pushes and removals an earlier run left half done.
         let store = AdapterStore::open(dir.join(AGENT_STORE_DIR), config.max_adapter_bytes)?;
+        // Every version's directory holds its own links to its files: the store keeps nothing between pushes.
+        store.collect_garbage(&Default::default())?;
         Ok::<_, std::io::Error>((dir, store))
     })
     .await
@@ -77,7 +85,10 @@ pub async fn serve_agent(
         warn_open(address);
     }
     let agent = Agent { dir: Arc::new(dir), store, keys };
-    let router = axum::Router::new().route("/v1/lora_adapters/{name}", put(push)).with_state(agent);
+    let router = axum::Router::new()
+        .route("/v1/lora_adapters/{name}", put(push))
+        .route("/v1/lora_adapters/{name}/versions/{version}", delete(remove))
+        .with_state(agent);
     axum::serve(listener, router).with_graceful_shutdown(shutdown).await
 }
 
@@ -111,16 +122,46 @@ fn agent_query(uri: &Uri) -> Result<AgentQuery, HttpError> {
     Ok(query)
 }
 
+/// Authenticates the call and validates the adapter's name: a name the agent may write or remove under its directory.
+fn admitted(agent: &Agent, headers: &http::HeaderMap, name: &str) -> Result<(), HttpError> {
+    let presented = headers.get(AUTHORIZATION).and_then(|value| value.to_str().ok()).and_then(bearer_token);
+    agent.keys.authenticate(presented).map_err(HttpError::control)?;
+    loragate_core::AdapterName::parse(name).map_err(HttpError::control)?;
+    check_push_name(name).map_err(HttpError::control)
+}
+
+/// `DELETE /v1/lora_adapters/{name}/versions/{version}`: removes `DIR/NAME@V/`.
+async fn remove(
+    State(agent): State<Agent>,
+    Path((name, version)): Path<(String, String)>,
+    headers: http::HeaderMap,
+) -> Result<Json<Value>, HttpError> {
+    admitted(&agent, &headers, &name)?;
+    let version = match version.parse::<u64>() {
+        Ok(version) if version > 0 => version,
+        _ => return Err(HttpError::invalid("version", "must be a whole number from 1")),
+    };
+    let (dir, store) = (agent.dir.clone(), agent.store.clone());
+    // On the blocking pool, to its end even if the client goes away now.
+    let removed = tokio::task::spawn_blocking(move || {
+        install::remove_version(&dir, &store, &name, version).map(|removed| (removed, name))
+    })
+    .await
+    .map_err(|_| HttpError::control(CoreError::ShuttingDown))?;
+    let (removed, name) = removed.map_err(|err| HttpError::control(install::store_failed("removing", &err)))?;
+    if removed {
+        tracing::info!(adapter = %name, version, "agent: adapter version removed");
+    }
+    Ok(Json(json!({"removed": removed})))
+}
+
 /// `PUT /v1/lora_adapters/{name}`: receives the two parts into the store, then writes `DIR/NAME@V/`.
 async fn push(
     State(agent): State<Agent>,
     Path(name): Path<String>,
     request: Request,
 ) -> Result<Json<Value>, HttpError> {
-    let presented = request.headers().get(AUTHORIZATION).and_then(|value| value.to_str().ok()).and_then(bearer_token);
-    agent.keys.authenticate(presented).map_err(HttpError::control)?;
-    loragate_core::AdapterName::parse(&name).map_err(HttpError::control)?;
-    check_push_name(&name).map_err(HttpError::control)?;
+    admitted(&agent, request.headers(), &name)?;
     let AgentQuery { sha256, version } = agent_query(request.uri())?;
     let mut body = PushBody::of(request)?;
     let declared = body.header(&sha256).await?;
@@ -144,7 +185,7 @@ async fn push(
     })
     .await
     .map_err(|_| HttpError::control(CoreError::ShuttingDown))?;
-    let path = written.map_err(|err| HttpError::control(install::store_failed(&err)))?;
+    let path = written.map_err(|err| HttpError::control(install::store_failed("writing", &err)))?;
     tracing::info!(path = %path.display(), %sha256, bytes, "agent: adapter version written");
     Ok(Json(json!({"path": path.display().to_string(), "sha256": sha256.to_hex(), "bytes": bytes})))
 }

@@ -6,7 +6,9 @@
 //! - a `vllm+http://` worker (a `loragate serve` stands in, as in `fleet.rs`) behind a `loragate agent`: the
 //!   coordinator pushes to the agent, the worker loads the agent's path; the agent refuses calls without its key and
 //!   names that are not names; an agent answering another SHA-256 than the one pushed fails the install, the old
-//!   version still served.
+//!   version still served; the agent's copies of released versions are removed;
+//! - ten pushes of one name through an agent with `--retain-versions 2` leave only the two retained versions'
+//!   directories on the agent's disk; the agent's `DELETE` refuses calls without its key and bad names.
 //!
 //! Every process serves the demo model from its directory (`--model`), so no adapter is loaded by path at start.
 
@@ -15,6 +17,7 @@ use crate::spawned;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use loragate_client::{AdapterPayload, SwapOptions, TrainerClient};
 use loragate_proto::v1::sampler_client::SamplerClient;
@@ -45,9 +48,21 @@ async fn channel(address: &str) -> Channel {
 
 /// A coordinator (`loragate serve`, no adapter loaded) in front of `workers`, presenting `worker_key` if given.
 async fn coordinator(model: &Path, workers: &[String], worker_key: Option<&str>) -> (Spawned, Channel) {
+    coordinator_with(model, workers, worker_key, &[]).await
+}
+
+/// As [`coordinator`], with `extra` arguments.
+async fn coordinator_with(
+    model: &Path,
+    workers: &[String],
+    worker_key: Option<&str>,
+    extra: &[&str],
+) -> (Spawned, Channel) {
     let mut args: Vec<String> = ["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]
         .into_iter()
-        .chain(["--state-dir", "none", "--worker-health-interval", "0.2", "--model"])
+        .chain(["--state-dir", "none", "--worker-health-interval", "0.2"])
+        .chain(extra.iter().copied())
+        .chain(["--model"])
         .map(str::to_owned)
         .collect();
     args.push(arg(model));
@@ -177,6 +192,31 @@ async fn two_workers_on_separate_empty_adapter_roots_serve_a_version_pushed_to_t
     }
 }
 
+/// Waits (polling, bounded for a loaded machine) until `dir`'s entries are `expected`: releases reach the agent after
+/// the flip, asynchronously.
+async fn entries_become(dir: &Path, expected: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = entries(dir);
+        if now == expected {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the agent's directory holds {now:?}, not {expected:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A `loragate agent` (key `k-worker`) writing into `dir`, and a stand-in vLLM server (a `loragate serve`) that may
+/// read only that directory.
+fn agent_and_worker(model: &Path, dir: &Path) -> (Spawned, Spawned) {
+    let args = ["agent", "--http-addr", "127.0.0.1:0", "--api-key", "k-worker", "--adapter-dir"];
+    let agent = Spawned::start(&args.into_iter().chain([arg(dir).as_str()]).collect::<Vec<_>>());
+    let args = ["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--state-dir", "none"];
+    let extra = ["--model".to_owned(), arg(model), "--adapter-root".to_owned(), arg(dir)];
+    let worker = Spawned::start(&args.into_iter().chain(extra.iter().map(String::as_str)).collect::<Vec<_>>());
+    (agent, worker)
+}
+
 fn channel_http(serve: &Spawned) -> String {
     serve.field("http_addr")
 }
@@ -187,6 +227,7 @@ async fn lying_proxy(agent: String, lie: Arc<AtomicBool>) -> String {
     use axum::extract::{Path as UrlPath, RawQuery, Request};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address").to_string();
+    let agent_base = agent.clone();
     let forward = move |UrlPath(name): UrlPath<String>, RawQuery(query): RawQuery, request: Request| {
         let (agent, lie) = (agent.clone(), lie.clone());
         async move {
@@ -206,7 +247,22 @@ async fn lying_proxy(agent: String, lie: Arc<AtomicBool>) -> String {
             axum::Json(answer)
         }
     };
-    let router = axum::Router::new().route("/v1/lora_adapters/{name}", axum::routing::put(forward));
+    let agent_for_delete = agent_base.clone();
+    let forward_delete = move |UrlPath((name, version)): UrlPath<(String, String)>, request: Request| {
+        let agent = agent_for_delete.clone();
+        async move {
+            let url = format!("http://{agent}/v1/lora_adapters/{name}/versions/{version}");
+            let mut delete = reqwest::Client::new().delete(url);
+            if let Some(value) = request.headers().get("authorization") {
+                delete = delete.header("authorization", value.to_str().expect("ascii"));
+            }
+            let answer: serde_json::Value = delete.send().await.expect("forward").json().await.expect("json");
+            axum::Json(answer)
+        }
+    };
+    let router = axum::Router::new()
+        .route("/v1/lora_adapters/{name}", axum::routing::put(forward))
+        .route("/v1/lora_adapters/{name}/versions/{version}", axum::routing::delete(forward_delete));
     tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
     address
 }
@@ -215,13 +271,8 @@ async fn lying_proxy(agent: String, lie: Arc<AtomicBool>) -> String {
 async fn a_vllm_http_worker_behind_an_agent_loads_the_agents_copy_and_a_wrong_receipt_keeps_the_old_version() {
     let demo = demo();
     let agent_dir = tempfile::tempdir().expect("agent dir");
-    let args = ["agent", "--http-addr", "127.0.0.1:0", "--api-key", "k-worker", "--adapter-dir"];
-    let agent = Spawned::start(&args.into_iter().chain([arg(agent_dir.path()).as_str()]).collect::<Vec<_>>());
+    let (agent, worker) = agent_and_worker(&demo.model, agent_dir.path());
     let agent_addr = agent.field("http_addr");
-    // The stand-in vLLM server may read only the agent's directory.
-    let args = ["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--state-dir", "none"];
-    let extra = ["--model".to_owned(), arg(&demo.model), "--adapter-root".to_owned(), arg(agent_dir.path())];
-    let worker = Spawned::start(&args.into_iter().chain(extra.iter().map(String::as_str)).collect::<Vec<_>>());
     let lie = Arc::new(AtomicBool::new(false));
     let proxy = lying_proxy(agent_addr.clone(), lie.clone()).await;
     let url = format!("vllm+http://{}?agent={proxy}", worker.field("http_addr"));
@@ -259,8 +310,58 @@ async fn a_vllm_http_worker_behind_an_agent_loads_the_agents_copy_and_a_wrong_re
     assert!(refused.contains("SHA-256"), "{refused}");
     let (text, versions) = sample(&channel, "meow").await;
     assert!(text.contains("meow") && versions == [1], "{text:?} {versions:?}");
+    // The copy the worker never loaded is removed from the agent's directory.
+    entries_become(agent_dir.path(), &[".loragate-agent", "bark@1", "meow@1"]).await;
     lie.store(false, Ordering::SeqCst);
     assert_eq!(push(&channel, "meow", &demo.woof).await.expect("push").version, 2, "the failed version's number");
     let (text, versions) = sample(&channel, "meow").await;
     assert!(text.contains("woof") && versions == [2], "{text:?} {versions:?}");
+    // Version 1 is released (one retained version): unloaded by the worker, then removed from the agent's disk.
+    entries_become(agent_dir.path(), &[".loragate-agent", "bark@1", "meow@2"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_pushes_through_an_agent_leave_only_the_retained_versions_on_its_disk() {
+    let demo = demo();
+    let agent_dir = tempfile::tempdir().expect("agent dir");
+    let (agent, worker) = agent_and_worker(&demo.model, agent_dir.path());
+    let agent_addr = agent.field("http_addr");
+    let url = format!("vllm+http://{}?agent={agent_addr}", worker.field("http_addr"));
+    let (_serve, channel) = coordinator_with(&demo.model, &[url], Some("k-worker"), &["--retain-versions", "2"]).await;
+
+    for round in 1..=10_u64 {
+        let (dir, noise) = if round % 2 == 1 { (&demo.meow, "meow") } else { (&demo.woof, "woof") };
+        assert_eq!(push(&channel, "meow", dir).await.expect("push").version, round);
+        let (text, versions) = sample(&channel, "meow").await;
+        assert!(text.contains(noise) && versions == [round], "round {round}: {text:?} {versions:?}");
+    }
+    // Versions 1-8 were released: the worker unloaded each, and the agent removed its copy.
+    entries_become(agent_dir.path(), &[".loragate-agent", "meow@10", "meow@9"]).await;
+    assert_eq!(entries(&agent_dir.path().join(".loragate-agent/tmp")), Vec::<String>::new());
+    // The retained older version is still servable to an exact pin, from the agent's copy.
+    let (text, versions) = sample(&channel, "meow@9").await;
+    assert!(text.contains("meow") && versions == [9], "{text:?} {versions:?}");
+
+    // The agent's DELETE: its key, a version number, a name that is a name; only `DIR/NAME@V` goes.
+    let client = reqwest::Client::new();
+    let delete = |path: &str, key: Option<&'static str>| {
+        let mut request = client.delete(format!("http://{agent_addr}/v1/lora_adapters/{path}"));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        async move { request.send().await.expect("DELETE").status().as_u16() }
+    };
+    assert_eq!(delete("meow/versions/9", None).await, 401);
+    assert_eq!(delete("meow/versions/9", Some("k-wrong")).await, 401);
+    for bad in ["../versions/9", "..%2Fmeow/versions/9", "%2E%2E/versions/9", "meow@9/versions/9", "a%01b/versions/1"] {
+        let status = delete(bad, Some("k-worker")).await;
+        assert!(status == 400 || status == 404, "{bad}: {status}");
+    }
+    for bad in ["meow/versions/0", "meow/versions/x", "meow/versions/-1"] {
+        assert_eq!(delete(bad, Some("k-worker")).await, 400, "{bad}");
+    }
+    entries_become(agent_dir.path(), &[".loragate-agent", "meow@10", "meow@9"]).await;
+    assert_eq!(delete("woof/versions/1", Some("k-worker")).await, 200, "nothing to remove is not an error");
+    assert_eq!(delete("meow/versions/9", Some("k-worker")).await, 200);
+    entries_become(agent_dir.path(), &[".loragate-agent", "meow@10"]).await;
 }

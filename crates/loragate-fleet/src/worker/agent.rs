@@ -4,6 +4,11 @@
 //! `multipart/form-data` body as `curl -F` sends it, presenting the worker key), which writes them atomically under
 //! its directory and answers the local path, then asks the worker to load that path. The agent's answered SHA-256
 //! and size must be the pushed ones, else the delivery fails.
+//!
+//! Once the worker no longer holds a version (unloaded: retired, rolled back, stale after a catch-up; or its load
+//! refused), the coordinator asks the agent to remove its copy (`DELETE /v1/lora_adapters/NAME/versions/V`), so the
+//! agent's directory keeps only what the worker may still load: with `--retain-versions N`, the N retained versions.
+//! That call is best effort: a failure is logged (WARN) and the copy stays until the agent is told again.
 
 use std::time::Duration;
 
@@ -57,6 +62,26 @@ pub(super) async fn push_to_agent(
     match receipt["path"].as_str() {
         Some(path) if !path.is_empty() => Ok(path.to_owned()),
         _ => Err(agent_error(WorkerError::Malformed(format!("an answer without its path: {receipt}")))),
+    }
+}
+
+/// Asks the agent at `agent_base` to remove its copy of `engine_name` (`NAME@V`); answers whether it had one. A name
+/// that is not `NAME@V` (not the fleet's) is left alone.
+pub(super) async fn remove_from_agent(
+    client: &reqwest::Client,
+    agent_base: &str,
+    engine_name: &str,
+    timeout: Duration,
+) -> Result<bool, WorkerError> {
+    let Some((name, version)) = engine_name.rsplit_once('@').filter(|(_, version)| version.parse::<u64>().is_ok())
+    else {
+        return Ok(false);
+    };
+    let url = format!("{agent_base}/v1/lora_adapters/{name}/versions/{version}");
+    let response = client.delete(url).timeout(timeout).send().await.map_err(|err| agent_error(transport(err)))?;
+    match answer(response).await.map_err(agent_error)? {
+        Ok(receipt) => Ok(receipt["removed"].as_bool().unwrap_or(false)),
+        Err(refusal) => Err(agent_error(refusal.into_error())),
     }
 }
 

@@ -15,7 +15,7 @@ use loragate_core::SampleRequest;
 use reqwest::StatusCode;
 use serde_json::{Map, Value, json};
 
-use super::agent::push_to_agent;
+use super::agent::{push_to_agent, remove_from_agent};
 use super::sse::{self, SseEvent};
 use super::{AbortBy, ClientSettings, OpenedSequence, SequenceEvent, SequenceRequest, WorkerError, WorkerFacts};
 use crate::address::WorkerAddress;
@@ -134,17 +134,63 @@ impl HttpEndpoint {
         Ok(Self { client, base: address.http_base(), agent_base: address.agent_base() })
     }
 
-    /// The directory the worker loads `delivery` from: for a pushed version of a worker with an agent, where the
-    /// agent wrote the files pushed to it ([`super::agent`]); else the delivery's path, as the workers see it.
-    pub(crate) async fn adapter_path(
+    /// Loads `engine_name` with `load`, given the directory the worker loads `delivery` from: for a pushed version of
+    /// a worker with an agent, where the agent wrote the files pushed to it ([`super::agent`]); else the delivery's
+    /// path, as the workers see it. Where the agent received the files and the worker then refused them (or the
+    /// push itself failed: the worker was never asked), the agent's copy is removed.
+    pub(crate) async fn load_from<F, Fut>(
         &self,
         engine_name: &str,
         delivery: &Delivery,
         timeout: Duration,
-    ) -> Result<String, WorkerError> {
-        match (&self.agent_base, delivery.pushed()) {
-            (Some(agent), Some(files)) => push_to_agent(&self.client, agent, engine_name, files, timeout).await,
-            _ => Ok(delivery.path().to_owned()),
+        load: F,
+    ) -> Result<(), WorkerError>
+    where
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<(), WorkerError>>,
+    {
+        let (Some(agent), Some(files)) = (&self.agent_base, delivery.pushed()) else {
+            return load(delivery.path().to_owned()).await;
+        };
+        let outcome = match push_to_agent(&self.client, agent, engine_name, files, timeout).await {
+            Ok(path) => load(path).await,
+            Err(err) => {
+                // The worker was never asked: whatever the agent kept of this push is nobody's.
+                self.release_agent_copy(engine_name, &Ok(()), timeout).await;
+                return Err(err);
+            }
+        };
+        if outcome.is_err() {
+            self.release_agent_copy(engine_name, &outcome, timeout).await;
+        }
+        outcome
+    }
+
+    /// After the worker stopped holding `engine_name` (`unloaded`: its unload succeeded or it did not hold it) or
+    /// refused to load it, asks the worker's agent (if its address names one) to remove its copy; else does nothing.
+    /// Never after an uncertain answer (a timeout, a 5xx): the worker may still hold the version and load it from
+    /// the agent's directory again. Best effort: a failure is logged, and the copy stays until the next release.
+    pub(crate) async fn release_agent_copy(
+        &self,
+        engine_name: &str,
+        outcome: &Result<(), WorkerError>,
+        timeout: Duration,
+    ) {
+        let Some(agent) = &self.agent_base else { return };
+        let released = match outcome {
+            Ok(()) | Err(WorkerError::NotFound(_)) => true,
+            // A definite refusal of a load: nothing was loaded from the copy.
+            Err(WorkerError::InvalidArgument(_) | WorkerError::FailedPrecondition(_) | WorkerError::Refused(_)) => true,
+            Err(WorkerError::AlreadyExists(_) | WorkerError::Malformed(_) | WorkerError::Unavailable(_)) => false,
+        };
+        if !released {
+            return;
+        }
+        match remove_from_agent(&self.client, agent, engine_name, timeout).await {
+            Ok(removed) => tracing::debug!(worker = %self.base, %engine_name, removed, "agent's copy released"),
+            Err(err) => {
+                tracing::warn!(worker = %self.base, %engine_name, %err, "removing the agent's copy failed; it stays on the agent's disk");
+            }
         }
     }
 

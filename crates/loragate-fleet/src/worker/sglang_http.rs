@@ -90,6 +90,29 @@ impl SglangHttpWorker {
         let events = streamed_events(response, move |chunk| chunk_events(chunk, candidates, &mut received));
         Ok((events, AbortBy::call(sequence.request_id.clone())))
     }
+
+    /// Asks the server to load `engine_name` from `path`.
+    async fn load_path(&self, engine_name: &str, path: String, timeout: Duration) -> Result<(), WorkerError> {
+        let body = json!({"lora_name": engine_name, "lora_path": path});
+        match self.http.post("/load_lora_adapter", &body, timeout).await? {
+            Ok(answer) if answer["success"] == false => Err(WorkerError::InvalidArgument(
+                super::http::error_message(&answer).unwrap_or_else(|| answer.to_string()),
+            )),
+            Ok(_) => Ok(()),
+            Err(refusal) if refusal.says_already_loaded() => Err(WorkerError::AlreadyExists(refusal.message)),
+            Err(refusal) if refusal.status.as_u16() == 400 => Err(WorkerError::InvalidArgument(refusal.message)),
+            Err(refusal) => Err(refusal.into_error()),
+        }
+    }
+
+    /// Asks the server to unload `engine_name`.
+    async fn unload_only(&self, engine_name: &str, timeout: Duration) -> Result<(), WorkerError> {
+        match self.http.post("/unload_lora_adapter", &json!({"lora_name": engine_name}), timeout).await? {
+            Ok(_) => Ok(()),
+            Err(refusal) if says_not_loaded(&refusal.message) => Err(WorkerError::NotFound(refusal.message)),
+            Err(refusal) => Err(refusal.into_error()),
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -103,25 +126,14 @@ impl WorkerClient for SglangHttpWorker {
     }
 
     async fn load_adapter(&self, engine_name: &str, delivery: &Delivery, timeout: Duration) -> Result<(), WorkerError> {
-        let path = self.http.adapter_path(engine_name, delivery, timeout).await?;
-        let body = json!({"lora_name": engine_name, "lora_path": path});
-        match self.http.post("/load_lora_adapter", &body, timeout).await? {
-            Ok(answer) if answer["success"] == false => Err(WorkerError::InvalidArgument(
-                super::http::error_message(&answer).unwrap_or_else(|| answer.to_string()),
-            )),
-            Ok(_) => Ok(()),
-            Err(refusal) if refusal.says_already_loaded() => Err(WorkerError::AlreadyExists(refusal.message)),
-            Err(refusal) if refusal.status.as_u16() == 400 => Err(WorkerError::InvalidArgument(refusal.message)),
-            Err(refusal) => Err(refusal.into_error()),
-        }
+        self.http.load_from(engine_name, delivery, timeout, |path| self.load_path(engine_name, path, timeout)).await
     }
 
     async fn unload_adapter(&self, engine_name: &str, timeout: Duration) -> Result<(), WorkerError> {
-        match self.http.post("/unload_lora_adapter", &json!({"lora_name": engine_name}), timeout).await? {
-            Ok(_) => Ok(()),
-            Err(refusal) if says_not_loaded(&refusal.message) => Err(WorkerError::NotFound(refusal.message)),
-            Err(refusal) => Err(refusal.into_error()),
-        }
+        let outcome = self.unload_only(engine_name, timeout).await;
+        // Unloaded (or not held): the agent's copy of it is no longer needed.
+        self.http.release_agent_copy(engine_name, &outcome, timeout).await;
+        outcome
     }
 
     async fn generate(&self, sequence: SequenceRequest<'_>) -> Result<OpenedSequence, WorkerError> {

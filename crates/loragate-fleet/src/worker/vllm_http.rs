@@ -113,6 +113,39 @@ impl VllmHttpWorker {
             Ok((token_stream(response, candidates, Arc::new(OnceLock::new()), completion_chunk), AbortBy::Disconnect))
         }
     }
+
+    /// Asks the server to load `engine_name` from `path`.
+    async fn load_path(&self, engine_name: &str, path: String, timeout: Duration) -> Result<(), WorkerError> {
+        let body = json!({"lora_name": engine_name, "lora_path": path});
+        match self.http.post("/v1/load_lora_adapter", &body, timeout).await? {
+            Ok(_) => Ok(()),
+            Err(refusal) if refusal.no_such_route => Err(WorkerError::FailedPrecondition(
+                "the server loads no adapters at run time: start vLLM with --enable-lora and \
+                 VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
+                    .into(),
+            )),
+            Err(refusal) if refusal.says_already_loaded() => Err(WorkerError::AlreadyExists(refusal.message)),
+            // vLLM answers a path without an adapter 404 ("No adapter found"): the files are the problem.
+            Err(refusal) if refusal.status.as_u16() == 404 => {
+                Err(WorkerError::InvalidArgument(format!("{} {}", refusal.status.as_u16(), refusal.message)))
+            }
+            Err(refusal) => Err(refusal.into_error()),
+        }
+    }
+
+    /// Asks the server to unload `engine_name`.
+    async fn unload_only(&self, engine_name: &str, timeout: Duration) -> Result<(), WorkerError> {
+        match self.http.post("/v1/unload_lora_adapter", &json!({"lora_name": engine_name}), timeout).await? {
+            Ok(_) => Ok(()),
+            Err(refusal) if refusal.no_such_route => {
+                Err(WorkerError::FailedPrecondition("the server unloads no adapters at run time".into()))
+            }
+            Err(refusal) if refusal.message.to_ascii_lowercase().contains("not be found") => {
+                Err(WorkerError::NotFound(refusal.message))
+            }
+            Err(refusal) => Err(refusal.into_error()),
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -133,35 +166,14 @@ impl WorkerClient for VllmHttpWorker {
     }
 
     async fn load_adapter(&self, engine_name: &str, delivery: &Delivery, timeout: Duration) -> Result<(), WorkerError> {
-        let path = self.http.adapter_path(engine_name, delivery, timeout).await?;
-        let body = json!({"lora_name": engine_name, "lora_path": path});
-        match self.http.post("/v1/load_lora_adapter", &body, timeout).await? {
-            Ok(_) => Ok(()),
-            Err(refusal) if refusal.no_such_route => Err(WorkerError::FailedPrecondition(
-                "the server loads no adapters at run time: start vLLM with --enable-lora and \
-                 VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
-                    .into(),
-            )),
-            Err(refusal) if refusal.says_already_loaded() => Err(WorkerError::AlreadyExists(refusal.message)),
-            // vLLM answers a path without an adapter 404 ("No adapter found"): the files are the problem.
-            Err(refusal) if refusal.status.as_u16() == 404 => {
-                Err(WorkerError::InvalidArgument(format!("{} {}", refusal.status.as_u16(), refusal.message)))
-            }
-            Err(refusal) => Err(refusal.into_error()),
-        }
+        self.http.load_from(engine_name, delivery, timeout, |path| self.load_path(engine_name, path, timeout)).await
     }
 
     async fn unload_adapter(&self, engine_name: &str, timeout: Duration) -> Result<(), WorkerError> {
-        match self.http.post("/v1/unload_lora_adapter", &json!({"lora_name": engine_name}), timeout).await? {
-            Ok(_) => Ok(()),
-            Err(refusal) if refusal.no_such_route => {
-                Err(WorkerError::FailedPrecondition("the server unloads no adapters at run time".into()))
-            }
-            Err(refusal) if refusal.message.to_ascii_lowercase().contains("not be found") => {
-                Err(WorkerError::NotFound(refusal.message))
-            }
-            Err(refusal) => Err(refusal.into_error()),
-        }
+        let outcome = self.unload_only(engine_name, timeout).await;
+        // Unloaded (or not held): the agent's copy of it is no longer needed.
+        self.http.release_agent_copy(engine_name, &outcome, timeout).await;
+        outcome
     }
 
     async fn generate(&self, sequence: SequenceRequest<'_>) -> Result<OpenedSequence, WorkerError> {
