@@ -256,7 +256,7 @@ async fn main() {
         let llama_cpp = start_llama_cpp_with_context(&args, &model, 4, reuse::CONVERSATION_CONTEXT);
         let ours = reuse::multi_turn(&client, &loragate).await;
         let theirs = reuse::multi_turn(&client, &llama_cpp).await;
-        reuse::print_multi_turn(ours, theirs);
+        reuse::print_multi_turn(&ours, &theirs);
     }
     if args.runs("grpo") {
         reuse::grpo(&target).await;

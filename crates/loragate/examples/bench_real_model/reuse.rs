@@ -67,31 +67,55 @@ fn reply_ids(answer: &Value) -> Vec<u32> {
     ids.iter().map(|id| id.as_u64().expect("a token id") as u32).collect()
 }
 
-/// The multi-turn scene on `server`: returns the total time of the 4 conversations.
-pub(crate) async fn multi_turn(client: &reqwest::Client, server: &Server) -> Duration {
+/// The multi-turn scene's times on one server.
+pub(crate) struct MultiTurn {
+    /// The 4 conversations' total.
+    total: Duration,
+    /// Per turn index, each conversation's time for that turn (request sent to reply read).
+    turns: Vec<Vec<Duration>>,
+}
+
+/// The multi-turn scene on `server`: the total time of the 4 conversations, and each turn's.
+pub(crate) async fn multi_turn(client: &reqwest::Client, server: &Server) -> MultiTurn {
     let started = Instant::now();
     let conversations = (0..CONVERSATIONS).map(|conversation| async move {
         let mut history: Vec<u32> = Vec::new();
+        let mut times = Vec::with_capacity(TURNS);
         for turn_index in 0..TURNS {
             history.extend(prompt_ids(TURN_TOKENS, conversation * 100 + turn_index));
+            let turn_started = Instant::now();
             let reply = turn(client, server, &history).await;
+            times.push(turn_started.elapsed());
             assert_eq!(reply.len(), REPLY_TOKENS as usize, "{}: the whole reply", server.name);
             history.extend(reply);
         }
+        times
     });
-    futures::future::join_all(conversations).await;
-    started.elapsed()
+    let times = futures::future::join_all(conversations).await;
+    let turns = (0..TURNS).map(|turn| times.iter().map(|times| times[turn]).collect()).collect();
+    MultiTurn { total: started.elapsed(), turns }
 }
 
-/// Prints the multi-turn figures of both servers.
-pub(crate) fn print_multi_turn(loragate: Duration, llama_cpp: Duration) {
+/// Prints the multi-turn figures of both servers: the totals, then each turn's median over the conversations.
+pub(crate) fn print_multi_turn(loragate: &MultiTurn, llama_cpp: &MultiTurn) {
     println!(
         "\nmulti-turn: {CONVERSATIONS} conversations × {TURNS} turns (+{TURN_TOKENS} tokens, {REPLY_TOKENS} asked \
          each): loragate {}, llama.cpp (slot prompt cache) {}: {:.2}× (goal ≤ 1.00×)",
-        secs(loragate),
-        secs(llama_cpp),
-        loragate.as_secs_f64() / llama_cpp.as_secs_f64()
+        secs(loragate.total),
+        secs(llama_cpp.total),
+        loragate.total.as_secs_f64() / llama_cpp.total.as_secs_f64()
     );
+    let median = |times: &[Duration]| {
+        let mut times = times.to_vec();
+        times.sort_unstable();
+        times[times.len() / 2]
+    };
+    println!("| turn | prompt tokens | loragate (median of {CONVERSATIONS}) | llama.cpp |");
+    println!("| --- | --- | --- | --- |");
+    for (turn, (ours, theirs)) in loragate.turns.iter().zip(&llama_cpp.turns).enumerate() {
+        let prompt = (turn + 1) * TURN_TOKENS + turn * REPLY_TOKENS as usize;
+        println!("| {} | {prompt} | {} | {} |", turn + 1, secs(median(ours)), secs(median(theirs)));
+    }
 }
 
 /// The loragate server's `/metrics` value of `series`, summed over its labels (one series per adapter), or 0.
