@@ -45,10 +45,12 @@ install_python_packages() {
 }
 python_log=$(mktemp)
 python_install=
+package_step=
+work_dir=$(mktemp -d)
 # A failed build stops the script: stop the installation with it.
 # (The trap keeps the script's own exit status: a `kill` of an installation already done fails, and under `set -e`
 # that failure would become it.)
-trap 'status=$?; kill "$python_install" 2>/dev/null || true; rm -f "$python_log"; exit "$status"' EXIT
+trap 'status=$?; kill "$python_install" $package_step 2>/dev/null || true; rm -rf "$python_log" "$work_dir"; exit "$status"' EXIT
 install_python_packages >"$python_log" 2>&1 &
 python_install=$!
 
@@ -78,8 +80,10 @@ for arg in "$@"; do
         --lib | --bins | --bin | --bin=* | --test | --test=* | --all-targets) targets=() ;;
     esac
 done
-# Build first (while pip installs), then wait for the Python side: the loragate package and the tests need it.
-cargo test "${packages[@]}" --locked --no-run "${targets[@]}" "$@"
+# Build first (while pip installs), then wait for the Python side: the loragate package and the tests need it. The
+# build's JSON messages list the test binaries that scripts/run-tests.py runs below.
+cargo test "${packages[@]}" --locked --no-run --message-format=json-render-diagnostics "${targets[@]}" "$@" \
+    >"$work_dir/build.json"
 python_status=0
 wait "$python_install" || python_status=$?
 cat "$python_log" >&2
@@ -87,21 +91,53 @@ if [ "$python_status" != 0 ]; then
     echo "scripts/test.sh: installing the Python clients into .venv failed (above)" >&2
     exit "$python_status"
 fi
-# The loragate package itself (the README's `pip install ./crates/loragate-py`; tests/tests/python_package.rs runs its
-# pytest suite): built with the pinned maturin above (no build isolation: nothing more to download), in Cargo's dev
-# profile, so that it shares target/debug with `cargo test` below instead of making a release build of its own. Its
-# `workspace-hack` feature gives the dependencies it shares with the test build that build's features
-# (crates/loragate-workspace-hack), so only the pyo3 family (`extension-module`) and loragate-py itself are compiled
-# again. (`extension-module` is named too: maturin's own features come from pyproject.toml.)
-PATH="$PWD/.venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev --features extension-module,workspace-hack" \
-    .venv/bin/python -m pip install --quiet \
-    --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./crates/loragate-py
 export LORAGATE_PYTHON="$PWD/.venv/bin/python"
 # In-process test servers use the compute-thread count `loragate serve` picks on a 2-core machine.
 export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-1}"
 
-# --no-fail-fast: one run reports every failing test binary, not only the first.
-cargo test "${packages[@]}" --locked --no-fail-fast "${targets[@]}" "$@"
-if [ "$run_doc_tests" = 1 ]; then
-    cargo test "${doc_packages[@]}" --locked --doc "$@"
+# Beside the test binaries, one after the other (each a Cargo command on the same build directory, which Cargo locks
+# while it builds, not while tests run):
+# - the loragate package itself (the README's `pip install ./crates/loragate-py`; tests/tests/python_package.rs runs
+#   its pytest suite, so `loragate-tests`' binary starts only once this is done): built with the pinned maturin above
+#   (no build isolation: nothing more to download), in Cargo's dev profile, so that it shares target/debug with the
+#   test build instead of making a release build of its own. Its `workspace-hack` feature gives the dependencies it
+#   shares with the test build that build's features (crates/loragate-workspace-hack), so only the pyo3 family
+#   (`extension-module`) and loragate-py itself are compiled again. (`extension-module` is named too: maturin's own
+#   features come from pyproject.toml.)
+# - the doc-tests.
+side_steps() {
+    local status=0
+    PATH="$PWD/.venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev --features extension-module,workspace-hack" \
+        .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-build-isolation --force-reinstall \
+        --no-deps ./crates/loragate-py >"$work_dir/package.log" 2>&1 || status=$?
+    echo "$status" >"$work_dir/package.status"
+    if [ "$run_doc_tests" = 1 ]; then
+        cargo test "${doc_packages[@]}" --locked --doc "$@" >"$work_dir/doc-tests.log" 2>&1 || status=$?
+    fi
+    return "$status"
+}
+side_steps "$@" &
+package_step=$!
+
+# The test binaries, in lanes (`cargo test` would run them one after another): the longest first. Every binary runs
+# even when one fails (as with `cargo test --no-fail-fast`); the summary names the failed ones.
+tests_status=0
+python3 scripts/run-tests.py --build "$work_dir/build.json" --lanes "${LORAGATE_TEST_LANES:-2}" \
+    --first loragate/integration --gate "loragate-tests=$work_dir/package.status" -- "$@" || tests_status=$?
+side_status=0
+wait "$package_step" || side_status=$?
+package_step=
+if [ -s "$work_dir/package.log" ]; then
+    echo "scripts/test.sh: building the Python package (pip install ./crates/loragate-py):"
+    cat "$work_dir/package.log"
 fi
+if [ "$run_doc_tests" = 1 ]; then
+    cat "$work_dir/doc-tests.log"
+fi
+if [ "$side_status" != 0 ]; then
+    echo "scripts/test.sh: building the Python package or the doc-tests failed (above)" >&2
+fi
+if [ "$tests_status" != 0 ]; then
+    echo "scripts/test.sh: test binaries failed (the summary above names them)" >&2
+fi
+[ "$tests_status" = 0 ] && [ "$side_status" = 0 ]

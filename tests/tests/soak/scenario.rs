@@ -372,7 +372,13 @@ async fn trainer(channel: Channel, counters: Arc<Counters>, stop: Arc<AtomicBool
         pause.set_timeout(answer_within);
         let report = match control.abort_lora_requests(pause).await {
             Ok(report) => report.into_inner(),
-            Err(status) if mode == pb::PauseMode::Wait && status.code() == Code::DeadlineExceeded => {
+            // Not answered in time: the server's deadline (DeadlineExceeded) or, on a loaded machine, the client's own
+            // timer first (tonic's Cancelled "Timeout expired"); either way the call is dropped and the pause withdrawn.
+            Err(status)
+                if mode == pb::PauseMode::Wait
+                    && (status.code() == Code::DeadlineExceeded
+                        || (status.code() == Code::Cancelled && status.message() == "Timeout expired")) =>
+            {
                 tokio::time::sleep(jitter(100..300)).await;
                 continue;
             }
