@@ -2,11 +2,9 @@
 //! (nibbles unpacked, or Q8_0's absolute values with their signs moved onto the inputs), `vpmaddubsw` against the
 //! 32 signed input bytes and `vpmaddwd` to eight 32-bit sums; three `vphaddd` and one add fold the four rows' sums
 //! into one vector of four exact block products, converted and accumulated with the four rows' combined scales by
-//! one FMA (and the offsets' `m·s` by another). One input row reads each group once; four input rows or more (a
-//! prompt chunk) are read in tiles of [`INPUT_TILE`] rows that share each unpacked group, every weight row streamed
-//! once per pass of [`TILES_PER_PASS`] tiles, and there each (weight row, input row) pair keeps its eight 32-bit
-//! sums per block, converted and accumulated in f32 with the pair's combined scale, folded once per row group
-//! instead of once per block ([`tiles`]). `pulp` checks the CPU at run time and compiles this code with AVX2 and FMA enabled; its
+//! one FMA (and the offsets' `m·s` by another). One input row reads each group once; four input rows or more are
+//! read in tiles of [`INPUT_TILE`] rows that share each unpacked group, every weight row streamed once per pass of
+//! [`TILES_PER_PASS`] tiles. `pulp` checks the CPU at run time and compiles this code with AVX2 and FMA enabled; its
 //! intrinsics are safe functions, and unaligned loads go through `bytemuck`.
 //!
 //! Where the CPU has AVX-512 VNNI (and VL), the same kernel is compiled with those features too and each row's
@@ -365,78 +363,39 @@ fn single<G: Group, D: Dot>(
     }
 }
 
-/// Input rows of a tile computed together against a group's four rows: each keeps eight partial sums per weight
-/// row across the blocks, so that a pair is `2 × 4` accumulators beside the four unpacked rows (within AVX2's
-/// sixteen registers).
-#[cfg(target_arch = "x86_64")]
-const LANES_TOGETHER: usize = 2;
-
 /// Every input tile against every group of `groups` (`out_t`'s), in passes of [`TILES_PER_PASS`] tiles: each
-/// group's blocks are unpacked once per pair of a tile's rows while the group stays in the first-level cache, and
-/// the pass's tiles stay there too.
-///
-/// Unlike [`single`], which folds each block's eight 32-bit partial sums into one value per row with three
-/// `vphaddd` (shuffles that all queue on one port) before scaling them, this keeps each (weight row, input row)
-/// pair's eight partial sums in f32 across the blocks — each block's exact integer sums converted and accumulated
-/// with the pair's combined scale by one FMA — and folds them once per row group. That is about half the
-/// instructions per block product for a prompt chunk; the values differ from [`single`]'s only in the order of the
-/// scaled f32 additions (within the tolerance the kernels are tested to against the scalar reference). The offsets'
-/// `m·s` terms are summed four rows at a time per input row, as in [`single`].
+/// group's blocks are unpacked once per tile while the group stays in the first-level cache, and the pass's tiles
+/// stay there too.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn tiles<G: Group, D: Dot>(simd: pulp::x86::V3, dot: D, groups: &[G], input: &QuantizedInput, out_t: &mut [f32]) {
-    let (avx, sse, fma) = (simd.avx, simd.sse, simd.fma);
     let blocks = input.blocks_per_row;
     for (pass, pass_tiles) in input.tiles.chunks(TILES_PER_PASS * blocks).enumerate() {
         for (group, out) in groups.chunks_exact(blocks).zip(out_t.chunks_exact_mut(ROW_GROUP * input.rows)) {
             for (pass_tile, tile_blocks) in pass_tiles.chunks_exact(blocks).enumerate() {
+                let mut totals = [simd.sse._mm_setzero_ps(); INPUT_TILE];
+                for (block, x) in group.iter().zip(tile_blocks) {
+                    let weights =
+                        [block.unpack(simd, 0), block.unpack(simd, 1), block.unpack(simd, 2), block.unpack(simd, 3)];
+                    let (scales, offsets) = block.scales_and_offsets(simd);
+                    for (lane, total) in totals.iter_mut().enumerate() {
+                        let products = block_products::<G, D>(simd, dot, &weights, bytemuck::cast(x.values[lane]));
+                        let combined = simd.sse._mm_mul_ps(scales, simd.sse._mm_set1_ps(x.scales[lane]));
+                        *total = simd.fma._mm_fmadd_ps(products, combined, *total);
+                        if G::OFFSETS {
+                            *total = simd.fma._mm_fmadd_ps(offsets, simd.sse._mm_set1_ps(x.sums[lane]), *total);
+                        }
+                    }
+                }
                 let first_input = (pass * TILES_PER_PASS + pass_tile) * INPUT_TILE;
-                for first_lane in (0..INPUT_TILE).step_by(LANES_TOGETHER) {
-                    if first_input + first_lane >= input.rows {
+                for (lane, total) in totals.into_iter().enumerate() {
+                    let input_row = first_input + lane;
+                    if input_row >= input.rows {
                         break;
                     }
-                    let mut scaled = [[avx._mm256_setzero_ps(); ROW_GROUP]; LANES_TOGETHER];
-                    let mut offset_totals = [sse._mm_setzero_ps(); LANES_TOGETHER];
-                    for (block, x) in group.iter().zip(tile_blocks) {
-                        let weights = [
-                            block.unpack(simd, 0),
-                            block.unpack(simd, 1),
-                            block.unpack(simd, 2),
-                            block.unpack(simd, 3),
-                        ];
-                        let (scales, offsets) = block.scales_and_offsets(simd);
-                        let scales: [f32; ROW_GROUP] = bytemuck::cast(scales);
-                        for (pair, (scaled, offset_total)) in scaled.iter_mut().zip(&mut offset_totals).enumerate() {
-                            let lane = first_lane + pair;
-                            let values: __m256i = bytemuck::cast(x.values[lane]);
-                            for (row, scaled) in scaled.iter_mut().enumerate() {
-                                let sums = G::products(simd, dot, weights[row], values);
-                                let combined = avx._mm256_set1_ps(scales[row] * x.scales[lane]);
-                                *scaled = fma._mm256_fmadd_ps(avx._mm256_cvtepi32_ps(sums), combined, *scaled);
-                            }
-                            if G::OFFSETS {
-                                *offset_total = fma._mm_fmadd_ps(offsets, sse._mm_set1_ps(x.sums[lane]), *offset_total);
-                            }
-                        }
-                    }
-                    for (pair, (scaled, offset_total)) in scaled.iter().zip(offset_totals).enumerate() {
-                        let input_row = first_input + first_lane + pair;
-                        if input_row >= input.rows {
-                            break;
-                        }
-                        // [row 0, row 1, row 2, row 3] from the low and from the high 128 bits, then the offsets.
-                        let halves = avx._mm256_hadd_ps(
-                            avx._mm256_hadd_ps(scaled[0], scaled[1]),
-                            avx._mm256_hadd_ps(scaled[2], scaled[3]),
-                        );
-                        let total = sse._mm_add_ps(
-                            sse._mm_add_ps(avx._mm256_castps256_ps128(halves), avx._mm256_extractf128_ps::<1>(halves)),
-                            offset_total,
-                        );
-                        let total: [f32; ROW_GROUP] = bytemuck::cast(total);
-                        for (row, value) in total.into_iter().enumerate() {
-                            out[row * input.rows + input_row] = value;
-                        }
+                    let total: [f32; ROW_GROUP] = bytemuck::cast(total);
+                    for (row, value) in total.into_iter().enumerate() {
+                        out[row * input.rows + input_row] = value;
                     }
                 }
             }
