@@ -1,7 +1,7 @@
 //! The embedded demo, end to end through the public API: generated (once per generator version) into the target
 //! directory, loaded from its files like any Hugging Face model and PEFT adapters, and sampled.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -12,11 +12,17 @@ use loragate_core::{
 use loragate_engine::{CandleEngine, DemoFiles, EngineConfig, Tokenizer, ensure_demo_files, read_model_info};
 use tokio_util::sync::CancellationToken;
 
-/// Generated once per test process (and cached across processes by `ensure_demo_files`).
+/// Generated once per test process, and cached across processes by `ensure_demo_files` in the cache the other
+/// crates' tests use (`$LORAGATE_CACHE_DIR`, else `target/loragate-test-cache`): the test binaries running beside
+/// each other wait for one generation instead of each training the demo.
 fn demo() -> &'static DemoFiles {
     static FILES: OnceLock<DemoFiles> = OnceLock::new();
     FILES.get_or_init(|| {
-        ensure_demo_files(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("loragate-cache")).expect("demo files")
+        let cache = std::env::var_os("LORAGATE_CACHE_DIR")
+            .filter(|dir| !dir.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("../loragate-test-cache"));
+        ensure_demo_files(&cache).expect("demo files")
     })
 }
 
