@@ -166,6 +166,23 @@ impl HttpEndpoint {
         outcome
     }
 
+    /// Unloads `engine_name` with `unload` (the worker's own call), then releases the agent's copy of it as
+    /// [`HttpEndpoint::release_agent_copy`] decides from the outcome: unloaded (or not held), it is no longer needed.
+    pub(crate) async fn unload_with<F, Fut>(
+        &self,
+        engine_name: &str,
+        timeout: Duration,
+        unload: F,
+    ) -> Result<(), WorkerError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(), WorkerError>>,
+    {
+        let outcome = unload().await;
+        self.release_agent_copy(engine_name, &outcome, timeout).await;
+        outcome
+    }
+
     /// After the worker stopped holding `engine_name` (`unloaded`: its unload succeeded or it did not hold it) or
     /// refused to load it, asks the worker's agent (if its address names one) to remove its copy; else does nothing.
     /// Never after an uncertain answer (a timeout, a 5xx): the worker may still hold the version and load it from

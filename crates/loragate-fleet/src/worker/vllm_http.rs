@@ -170,10 +170,7 @@ impl WorkerClient for VllmHttpWorker {
     }
 
     async fn unload_adapter(&self, engine_name: &str, timeout: Duration) -> Result<(), WorkerError> {
-        let outcome = self.unload_only(engine_name, timeout).await;
-        // Unloaded (or not held): the agent's copy of it is no longer needed.
-        self.http.release_agent_copy(engine_name, &outcome, timeout).await;
-        outcome
+        self.http.unload_with(engine_name, timeout, || self.unload_only(engine_name, timeout)).await
     }
 
     async fn generate(&self, sequence: SequenceRequest<'_>) -> Result<OpenedSequence, WorkerError> {
