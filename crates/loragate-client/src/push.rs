@@ -1,8 +1,12 @@
 //! Pushing an adapter's weights over the connection (`PushLoraAdapter`), with no shared filesystem: the header (the
 //! name, `adapter_config.json`, the SHA-256 and size of `adapter_model.safetensors`), then the safetensors bytes in
-//! chunks of [`PUSH_CHUNK_BYTES`]. The bytes come from a PEFT directory on this machine, read as they are sent, or
-//! from tensors in memory, serialized to safetensors here. The SHA-256 is computed before the header goes out (over
-//! the serialized bytes, or in a first read of the file), so the server checks every byte it stores against it.
+//! chunks of [`PUSH_CHUNK_BYTES`]. The bytes come from a PEFT directory on this machine, read once, as they are
+//! sent, or from tensors in memory, serialized to safetensors here. Tensors' SHA-256 is computed before the header
+//! goes out, so the server checks every byte it stores against it. A file's is computed as it is read and sent (the
+//! header declares its size only): a separate first pass over the file would delay the first byte by a whole read
+//! and hash; the file is instead checked unchanged (size, modification time, inode) before its last chunk goes out,
+//! so a file rewritten or replaced meanwhile is never installed (the server refuses the short body). Either way the
+//! SHA-256 the server answers having stored must be the one this client computed.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -92,28 +96,33 @@ impl TrainerClient {
         options: SwapOptions,
     ) -> Result<PushLoraAdapterResponse, ClientError> {
         let body = payload::Body::prepare(payload).await?;
-        let sha256 = body.sha256.clone();
+        let declared = body.sha256.clone();
         let header = PushLoraAdapterHeader {
             lora_name: lora_name.to_owned(),
             adapter_config_json: body.config_json.clone(),
-            sha256: sha256.clone(),
+            sha256: declared.clone().unwrap_or_default(),
             total_bytes: body.total_bytes,
             mode: options.mode.into(),
             kv_policy: options.kv_policy.into(),
         };
         let read_failure = Arc::new(Mutex::new(None));
+        let streamed = Arc::new(Mutex::new(None));
         let messages =
             futures::stream::once(async move { PushLoraAdapterRequest { part: Some(Part::Header(header)) } }).chain(
-                body.chunks(read_failure.clone())
+                body.chunks(read_failure.clone(), streamed.clone())
                     .map(|chunk| PushLoraAdapterRequest { part: Some(Part::Chunk(chunk)) }),
             );
         let answer = self.control.clone().push_lora_adapter(messages).await;
-        // A file that failed to read mid-push ended the stream early (the server refuses the short body): report
-        // the cause, not the refusal.
+        // A file that failed to read (or changed) mid-push ended the stream early (the server refuses the short
+        // body): report the cause, not the refusal.
         if let Some(failure) = read_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
             return Err(failure);
         }
         let answer = answer.map_err(ClientError::Rejected)?.into_inner();
+        let computed = declared.or_else(|| streamed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take());
+        let Some(sha256) = computed else {
+            return Err(ClientError::Protocol("the server answered a push whose file was not sent whole".to_owned()));
+        };
         if !answer.sha256.is_empty() && !answer.sha256.eq_ignore_ascii_case(&sha256) {
             return Err(ClientError::Protocol(format!(
                 "the server stored sha256 {} for a push of sha256 {sha256}",

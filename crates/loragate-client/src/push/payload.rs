@@ -1,5 +1,6 @@
-//! A push's body: `adapter_model.safetensors` serialized from tensors or read from a directory, its SHA-256 and size
-//! known before the first byte is sent, and the stream of its chunks.
+//! A push's body: `adapter_model.safetensors` serialized from tensors, its SHA-256 and size known before the first
+//! byte is sent, or read from a directory in one pass, hashed as it is sent (its size known from the file), and the
+//! stream of its chunks.
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
@@ -7,6 +8,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use futures::Stream;
 use safetensors::Dtype;
@@ -19,12 +21,16 @@ use crate::error::ClientError;
 /// Where a failed read of the body is left for the push to report.
 pub(super) type ReadFailure = Arc<Mutex<Option<ClientError>>>;
 
+/// Where the SHA-256 of a file's bytes is left once the last of them was read (and the file found unchanged).
+pub(super) type StreamedDigest = Arc<Mutex<Option<String>>>;
+
 /// The body of one push.
 pub(super) struct Body {
     /// `adapter_config.json`.
     pub(super) config_json: String,
-    /// Hex SHA-256 of the safetensors bytes.
-    pub(super) sha256: String,
+    /// Hex SHA-256 of the safetensors bytes, when known before they are sent (tensors serialized here); a file's is
+    /// computed as it is read and sent (see [`Body::chunks`]).
+    pub(super) sha256: Option<String>,
     /// How many safetensors bytes follow the header.
     pub(super) total_bytes: u64,
     source: Source,
@@ -32,11 +38,39 @@ pub(super) struct Body {
 
 enum Source {
     Memory(Vec<u8>),
-    File(PathBuf),
+    File(OpenedFile),
+}
+
+/// The weights file, opened, with what identifies its content when it was opened.
+struct OpenedFile {
+    path: PathBuf,
+    file: File,
+    identity: FileIdentity,
+}
+
+/// What tells that a file was rewritten or replaced: its size, modification time and (on Unix) inode.
+#[derive(Debug, PartialEq, Eq)]
+struct FileIdentity {
+    len: u64,
+    modified: Option<SystemTime>,
+    inode: Option<(u64, u64)>,
+}
+
+impl FileIdentity {
+    fn of(metadata: &std::fs::Metadata) -> Self {
+        #[cfg(unix)]
+        let inode = {
+            use std::os::unix::fs::MetadataExt;
+            Some((metadata.dev(), metadata.ino()))
+        };
+        #[cfg(not(unix))]
+        let inode = None;
+        Self { len: metadata.len(), modified: metadata.modified().ok(), inode }
+    }
 }
 
 impl Body {
-    /// Serializes the tensors, or reads the directory's config and hashes its safetensors file (off the runtime).
+    /// Serializes the tensors, or opens the directory's safetensors file and reads its config (off the runtime).
     pub(super) async fn prepare(payload: AdapterPayload) -> Result<Self, ClientError> {
         match payload {
             AdapterPayload::Tensors { config_json, tensors } => {
@@ -45,7 +79,7 @@ impl Body {
                     .map_err(|err| ClientError::Protocol(format!("serializing the tensors panicked: {err}")))??;
                 Ok(Self {
                     config_json,
-                    sha256: hex(&Sha256::digest(&bytes)),
+                    sha256: Some(hex(&Sha256::digest(&bytes))),
                     total_bytes: bytes.len() as u64,
                     source: Source::Memory(bytes),
                 })
@@ -60,25 +94,40 @@ impl Body {
         let config_path = dir.join("adapter_config.json");
         let config_json =
             std::fs::read_to_string(&config_path).map_err(|source| ClientError::Io { path: config_path, source })?;
-        let weights = dir.join("adapter_model.safetensors");
-        let (sha256, total_bytes) =
-            hash_file(&weights).map_err(|source| ClientError::Io { path: weights.clone(), source })?;
-        Ok(Self { config_json, sha256, total_bytes, source: Source::File(weights) })
+        let path = dir.join("adapter_model.safetensors");
+        let io = |source| ClientError::Io { path: path.clone(), source };
+        let file = File::open(&path).map_err(io)?;
+        let identity = FileIdentity::of(&file.metadata().map_err(io)?);
+        Ok(Self {
+            config_json,
+            sha256: None,
+            total_bytes: identity.len,
+            source: Source::File(OpenedFile { path, file, identity }),
+        })
     }
 
     /// The safetensors bytes in chunks of at most [`PUSH_CHUNK_BYTES`]. A file is read chunk by chunk as the
-    /// transport asks for them; a read error ends the stream early and is left in `failure`.
-    pub(super) fn chunks(self, failure: ReadFailure) -> impl Stream<Item = Vec<u8>> + Send + 'static {
+    /// transport asks for them and hashed as it is read; before its last chunk goes out the file is checked
+    /// unchanged since it was opened (size, modification time, inode), and its SHA-256 is left in `digest`. A read
+    /// error or a changed file ends the stream early (the server refuses the short body, so nothing is installed)
+    /// and is left in `failure`.
+    pub(super) fn chunks(
+        self,
+        failure: ReadFailure,
+        digest: StreamedDigest,
+    ) -> impl Stream<Item = Vec<u8>> + Send + 'static {
         enum Next {
             Memory(Vec<u8>, usize),
-            File(PathBuf, Option<File>),
+            File(Box<FileReader>),
+            Done,
         }
         let first = match self.source {
             Source::Memory(bytes) => Next::Memory(bytes, 0),
-            Source::File(path) => Next::File(path, None),
+            Source::File(opened) => Next::File(Box::new(FileReader::new(opened))),
         };
         futures::stream::unfold(first, move |next| {
             let failure = failure.clone();
+            let digest = digest.clone();
             async move {
                 match next {
                     Next::Memory(bytes, offset) if offset < bytes.len() => {
@@ -86,26 +135,28 @@ impl Body {
                         let chunk = bytes[offset..end].to_vec();
                         Some((chunk, Next::Memory(bytes, end)))
                     }
-                    Next::Memory(..) => None,
-                    Next::File(path, file) => {
+                    Next::Memory(..) | Next::Done => None,
+                    Next::File(mut reader) => {
                         let read = tokio::task::spawn_blocking(move || {
-                            let outcome = read_chunk(&path, file);
-                            (path, outcome)
+                            let outcome = reader.next_chunk();
+                            (reader, outcome)
                         })
                         .await;
+                        let fail = |error| {
+                            *failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(error);
+                            None
+                        };
                         match read {
                             Ok((_, Ok(None))) => None,
-                            Ok((path, Ok(Some((chunk, file))))) => Some((chunk, Next::File(path, Some(file)))),
-                            Ok((path, Err(source))) => {
-                                *failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                                    Some(ClientError::Io { path, source });
-                                None
+                            Ok((reader, Ok(Some(chunk)))) => {
+                                if let Some(sha256) = reader.digest() {
+                                    *digest.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sha256);
+                                    return Some((chunk, Next::Done));
+                                }
+                                Some((chunk, Next::File(reader)))
                             }
-                            Err(err) => {
-                                *failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                                    Some(ClientError::Protocol(format!("reading the adapter panicked: {err}")));
-                                None
-                            }
+                            Ok((_, Err(error))) => fail(error),
+                            Err(err) => fail(ClientError::Protocol(format!("reading the adapter panicked: {err}"))),
                         }
                     }
                 }
@@ -114,30 +165,68 @@ impl Body {
     }
 }
 
-/// The next chunk of the file (opened on the first call); `None` at its end.
-fn read_chunk(path: &Path, file: Option<File>) -> std::io::Result<Option<(Vec<u8>, File)>> {
-    let mut file = match file {
-        Some(file) => file,
-        None => File::open(path)?,
-    };
-    let mut chunk = Vec::with_capacity(PUSH_CHUNK_BYTES);
-    (&mut file).take(PUSH_CHUNK_BYTES as u64).read_to_end(&mut chunk)?;
-    Ok((!chunk.is_empty()).then_some((chunk, file)))
+/// Reads an opened weights file chunk by chunk, hashing what it read (blocking).
+struct FileReader {
+    opened: OpenedFile,
+    hasher: Sha256,
+    read: u64,
+    /// The hex SHA-256, once the last chunk was read and the file found unchanged.
+    digest: Option<String>,
 }
 
-/// Hex SHA-256 and size of a file, read in chunks.
-fn hash_file(path: &Path) -> std::io::Result<(String, u64)> {
-    let mut file = File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buffer = vec![0; PUSH_CHUNK_BYTES];
-    let mut total = 0u64;
-    loop {
-        let read = file.read(&mut buffer)?;
-        if read == 0 {
-            return Ok((hex(&hasher.finalize()), total));
+impl FileReader {
+    fn new(opened: OpenedFile) -> Self {
+        Self { opened, hasher: Sha256::new(), read: 0, digest: None }
+    }
+
+    /// The file's SHA-256, once its last chunk was read.
+    fn digest(&self) -> Option<String> {
+        self.digest.clone()
+    }
+
+    /// The next chunk (`None` once the file was read whole). The last one is answered only if the file is unchanged
+    /// since it was opened: rewritten, grown, shrunk or replaced is an error.
+    fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, ClientError> {
+        let total = self.opened.identity.len;
+        let remaining = total - self.read;
+        if remaining == 0 && self.digest.is_some() {
+            return Ok(None);
         }
-        hasher.update(&buffer[..read]);
-        total += read as u64;
+        let want = usize::try_from(remaining).unwrap_or(usize::MAX).min(PUSH_CHUNK_BYTES);
+        let mut chunk = Vec::with_capacity(want);
+        (&mut self.opened.file).take(want as u64).read_to_end(&mut chunk).map_err(|source| self.io(source))?;
+        self.read += chunk.len() as u64;
+        if chunk.len() < want {
+            return Err(self.changed(format!("it ended after {} of its {total} bytes", self.read)));
+        }
+        self.hasher.update(&chunk);
+        if self.read == total {
+            self.check_unchanged()?;
+            self.digest = Some(hex(&std::mem::take(&mut self.hasher).finalize()));
+        }
+        Ok(Some(chunk))
+    }
+
+    /// Fails unless the open file and the file at its path are still the file opened, as it was.
+    fn check_unchanged(&mut self) -> Result<(), ClientError> {
+        let mut probe = [0u8; 1];
+        if self.opened.file.read(&mut probe).map_err(|source| self.io(source))? != 0 {
+            return Err(self.changed("it grew while it was read".to_owned()));
+        }
+        let open = FileIdentity::of(&self.opened.file.metadata().map_err(|source| self.io(source))?);
+        let at_path = FileIdentity::of(&std::fs::metadata(&self.opened.path).map_err(|source| self.io(source))?);
+        if open != self.opened.identity || at_path != self.opened.identity {
+            return Err(self.changed("it was modified or replaced while it was read".to_owned()));
+        }
+        Ok(())
+    }
+
+    fn io(&self, source: std::io::Error) -> ClientError {
+        ClientError::Io { path: self.opened.path.clone(), source }
+    }
+
+    fn changed(&self, why: String) -> ClientError {
+        self.io(std::io::Error::other(format!("the file changed during the push ({why}); nothing was installed")))
     }
 }
 

@@ -1,7 +1,8 @@
-//! Pushes against a scripted server: the header first with the SHA-256 and size of the bytes that follow in chunks,
-//! tensors serialized to exactly the bytes of the file they came from, bad input refused before anything is sent.
+//! Pushes against a scripted server: the header first with the size (and, for tensors, the SHA-256) of the bytes that
+//! follow in chunks, a file hashed as it is sent and never sent whole if it changed meanwhile, tensors serialized to
+//! exactly the bytes of the file they came from, bad input refused before anything is sent.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use loragate_proto::v1::{KvPolicy, PauseMode};
 use sha2::{Digest, Sha256};
@@ -95,6 +96,9 @@ async fn a_directory_push_sends_the_files_bytes_and_equals_a_push_of_its_tensors
 
     let pushes = lock(&script.pushes).clone();
     assert_eq!(pushes[0].bytes, bytes);
+    assert_eq!(from_dir.sha256, hex(&Sha256::digest(&bytes)), "checked against the digest computed as it was sent");
+    assert_eq!(pushes[0].header.total_bytes, bytes.len() as u64);
+    assert!(pushes[0].header.sha256.is_empty(), "a file is hashed as it is sent, not in a pass before the header");
     assert_eq!(pushes[0].header.adapter_config_json, CONFIG);
     assert_eq!(pushes[0].header.mode(), PauseMode::Keep, "keep by default");
     assert!(pushes[0].chunk_sizes.iter().all(|&size| size <= PUSH_CHUNK_BYTES));
@@ -121,6 +125,61 @@ async fn bad_tensors_are_refused_naming_the_tensor_before_anything_is_sent() {
         }
     }
     assert!(lock(&script.pushes).is_empty());
+}
+
+/// The chunks of a directory push, with the file changed by `change` once the first chunk was read: what was sent,
+/// the failure left, and the digest left.
+async fn chunks_with_a_change(
+    change: impl FnOnce(&std::path::Path),
+) -> (Vec<Vec<u8>>, Option<ClientError>, Option<String>) {
+    use futures::StreamExt;
+    let temp = tempfile::tempdir().expect("a temporary directory");
+    let dir = temp.path().to_path_buf();
+    std::fs::write(dir.join("adapter_model.safetensors"), serialize(&adapter()).expect("serializable")).expect("write");
+    std::fs::write(dir.join("adapter_config.json"), CONFIG).expect("write");
+    let body = payload::Body::prepare(AdapterPayload::Directory(dir.clone())).await.expect("prepared");
+    let (failure, digest) = (Arc::new(Mutex::new(None)), Arc::new(Mutex::new(None)));
+    let mut chunks = Box::pin(body.chunks(failure.clone(), digest.clone()));
+    let mut sent = vec![chunks.next().await.expect("a first chunk")];
+    change(&dir.join("adapter_model.safetensors"));
+    while let Some(chunk) = chunks.next().await {
+        sent.push(chunk);
+    }
+    let failure = lock(&failure).take();
+    let digest = lock(&digest).take();
+    (sent, failure, digest)
+}
+
+#[tokio::test]
+async fn a_file_changed_during_a_directory_push_is_never_sent_whole() {
+    let whole = serialize(&adapter()).expect("serializable");
+    let (sent, failure, digest) = chunks_with_a_change(|_| {}).await;
+    assert_eq!(sent.concat(), whole, "unchanged: sent whole");
+    assert_eq!(digest, Some(hex(&Sha256::digest(&whole))));
+    assert!(failure.is_none(), "{failure:?}");
+
+    let grown = |path: &std::path::Path| {
+        use std::io::Write;
+        std::fs::OpenOptions::new().append(true).open(path).expect("opened").write_all(b"more").expect("appended");
+    };
+    let replaced = |path: &std::path::Path| {
+        let other = path.with_extension("new");
+        std::fs::write(&other, serialize(&adapter()).expect("serializable")).expect("written");
+        std::fs::rename(&other, path).expect("renamed over");
+    };
+    for (what, change) in [("grown", &grown as &dyn Fn(&std::path::Path)), ("replaced", &replaced)] {
+        let (sent, failure, digest) = chunks_with_a_change(change).await;
+        let sent: usize = sent.iter().map(Vec::len).sum();
+        assert!(sent < whole.len(), "{what}: the last chunk was held back ({sent} of {} bytes sent)", whole.len());
+        assert!(digest.is_none(), "{what}");
+        match failure {
+            Some(ClientError::Io { path, source }) => {
+                assert!(path.ends_with("adapter_model.safetensors"), "{what}: {}", path.display());
+                assert!(source.to_string().contains("changed during the push"), "{what}: {source}");
+            }
+            other => panic!("{what}: expected an I/O error naming the file, got {other:?}"),
+        }
+    }
 }
 
 #[tokio::test]
