@@ -82,7 +82,10 @@ for arg in "$@"; do
 done
 # Build first (while pip installs), then wait for the Python side: the loragate package and the tests need it. The
 # build's JSON messages list the test binaries that scripts/run-tests.py runs below.
-cargo test "${packages[@]}" --locked --no-run --message-format=json-render-diagnostics "${targets[@]}" "$@" \
+# Its wall and CPU seconds are printed when it ends (the CPU seconds move much less than the wall seconds with other
+# load on the machine).
+TIMEFORMAT="scripts/test.sh: the test build took %0R s (CPU %0U s user + %0S s system)"
+time cargo test "${packages[@]}" --locked --no-run --message-format=json-render-diagnostics "${targets[@]}" "$@" \
     >"$work_dir/build.json"
 python_status=0
 wait "$python_install" || python_status=$?
