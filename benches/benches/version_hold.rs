@@ -12,12 +12,19 @@
 //! are still being admitted: `block_on`'s thread is a third thread on the runtime's two workers, and a server has no
 //! such thread at work (`VERSION_HOLD_COLLECT=join_all` collects as each task finishes, as this benchmark did before).
 //!
-//! Prints each round's p50 / p99 / max and those of every round of its kind together.
+//! Prints each round's p50 / p99 / max and those of every round of its kind together. With
+//! `VERSION_HOLD_BREAKDOWN=1` each `admission` round also says where its p99 went: from the install to the start of
+//! the pass that admits the parked requests, the pass itself, and from the pass's end to the p99 admission, and on
+//! how many threads the requests saw their admission (see `docs/benchmarks.md`).
 //!
-//! `cargo bench -p loragate-benches --bench version_hold` (`VERSION_HOLD_ROUNDS`, default 10; `VERSION_HOLD_COLLECT`)
+//! `cargo bench -p loragate-benches --bench version_hold` (`VERSION_HOLD_ROUNDS`, default 10; `VERSION_HOLD_COLLECT`;
+//! `VERSION_HOLD_BREAKDOWN`)
 
-use std::sync::Arc;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -75,6 +82,12 @@ async fn install_and_time(
     admitted.into_iter().map(delay).collect()
 }
 
+/// Whether `VERSION_HOLD_BREAKDOWN` asks for each `admission` round's breakdown.
+fn breakdown() -> bool {
+    static BREAKDOWN: OnceLock<bool> = OnceLock::new();
+    *BREAKDOWN.get_or_init(|| std::env::var("VERSION_HOLD_BREAKDOWN").is_ok_and(|value| value == "1"))
+}
+
 /// One `admission` round: 1,000 requests held by `admit_min_version`.
 async fn admission_round(coordinator: &Coordinator, name: &AdapterName) -> Vec<Duration> {
     let adapter = coordinator.lora(name).expect("loaded");
@@ -88,20 +101,56 @@ async fn admission_round(coordinator: &Coordinator, name: &AdapterName) -> Vec<D
                 let id = RequestId::parse_or_generate(&format!("held-{index}")).expect("id");
                 let admission = adapter.admit_min_version(id, AdapterVersion(next), hold_until).await;
                 let at = Instant::now();
+                // Read after the clock: the reading stays where the caller saw its admission.
+                let thread = breakdown().then(|| std::thread::current().id());
                 counted.count_one();
-                (at, admission.expect("admitted once the version is installed"))
+                (at, thread, admission.expect("admitted once the version is installed"))
             })
         })
         .collect();
+    let threads = RefCell::new(Vec::new());
     let admitted = async {
         let mut admitted = Vec::with_capacity(HELD as usize);
-        for (at, admission) in counted.collect(held).await {
+        for (at, thread, admission) in counted.collect(held).await {
             admitted.push(at);
+            threads.borrow_mut().extend(thread);
             admission.hand_back(Ending::Completed);
         }
         admitted
     };
-    install_and_time(coordinator, name, next, admitted).await
+    let delays = install_and_time(coordinator, name, next, admitted).await;
+    if breakdown() {
+        println!("  {}", where_the_time_went(&adapter, AdapterVersion(next), &delays, &threads.into_inner()));
+    }
+    delays
+}
+
+/// Where one `admission` round's p99 went (`VERSION_HOLD_BREAKDOWN=1`): install → pass start, the pass, pass end →
+/// the p99 admission; and how many requests saw their admission on each thread.
+fn where_the_time_went(
+    adapter: &loragate_core::AdapterHandle,
+    version: AdapterVersion,
+    delays: &[Duration],
+    threads: &[ThreadId],
+) -> String {
+    let installed = adapter.installed_at(version).expect("the install's instant");
+    let Some((pass_started, pass_ended)) = adapter.last_pass() else { return "no pass".into() };
+    let mut sorted = delays.to_vec();
+    sorted.sort_unstable();
+    let p99 = installed + quantile(&sorted, 0.99);
+    let us = |later: Instant, earlier: Instant| later.saturating_duration_since(earlier).as_secs_f64() * 1e6;
+    let mut per_thread: HashMap<ThreadId, u32> = HashMap::new();
+    for thread in threads {
+        *per_thread.entry(*thread).or_default() += 1;
+    }
+    let mut counts: Vec<u32> = per_thread.into_values().collect();
+    counts.sort_unstable_by(|a, b| b.cmp(a));
+    format!(
+        "install -> pass {:.0} us, pass {:.0} us, pass end -> p99 admission {:.0} us; admissions per thread {counts:?}",
+        us(pass_started, installed),
+        us(pass_ended, pass_started),
+        us(p99, pass_ended),
+    )
 }
 
 /// One `sample` round: 1,000 `sample` calls with `min_lora_version`.

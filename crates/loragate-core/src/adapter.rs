@@ -203,15 +203,18 @@ impl AdapterHandle {
         version: AdapterVersion,
         hold_until: Instant,
     ) -> Result<Option<AdmitReply>, CoreError> {
+        // Counted as held by its parked entry (see `parked`).
         let started = Instant::now();
-        // Refused over the held limit: the parked entry is withdrawn as `parked` drops.
-        let _held = self.cell.occupy(Occupancy::Held)?;
         let outcome = parked.wait(hold_until).await;
-        let held_for = started.elapsed();
+        // Held until the pass that answered decided (its one clock reading), or until now.
+        let held_for = match &outcome {
+            ParkedOutcome::Answered(answered) => answered.at.saturating_duration_since(started),
+            ParkedOutcome::TimedOut | ParkedOutcome::Ended => started.elapsed(),
+        };
         let timed_out = matches!(outcome, ParkedOutcome::TimedOut);
         self.cell.metrics.record_gate_hold(&self.cell.labels, held_for, timed_out);
         match outcome {
-            ParkedOutcome::Answered(answer) => answer.map(Some),
+            ParkedOutcome::Answered(answered) => answered.answer.map(Some),
             ParkedOutcome::Ended => Ok(None),
             ParkedOutcome::TimedOut => {
                 let current = self.cell.gate_state().version;
@@ -443,6 +446,13 @@ impl AdapterHandle {
         self.cell.installed_at(version)
     }
 
+    /// When the last pass over requests parked for a version (see `parked`) started and ended: what benchmarks of the
+    /// version hold break their figures down with.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn last_pass(&self) -> Option<(std::time::Instant, std::time::Instant)> {
+        self.cell.last_pass()
+    }
+
     /// A consistent snapshot of the adapter's state.
     pub async fn status(&self) -> Result<AdapterStatus, CoreError> {
         self.call(|reply| AdapterMsg::Status { reply }).await
@@ -459,7 +469,7 @@ impl AdapterHandle {
     ) -> Result<AdmitReply, CoreError> {
         let decide = |registry: SharedRegistry| admission::admit(&registry, &self.cell, request_id, wanted, sequences);
         if let Some(reply) = self.cell.current_registry().and_then(decide) {
-            return Ok(reply);
+            return reply;
         }
         let mut incarnations = self.cell.subscribe_actor();
         let deadline = Instant::now() + RESTART_WAIT;
@@ -469,7 +479,7 @@ impl AdapterHandle {
                 return Err(CoreError::UnknownAdapter(self.key().clone()));
             };
             if let Some(reply) = decide(registry) {
-                return Ok(reply);
+                return reply;
             }
             match tokio::time::timeout_at(deadline, incarnations.changed()).await {
                 Ok(Ok(())) => {}

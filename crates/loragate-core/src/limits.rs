@@ -185,6 +185,27 @@ pub(crate) struct Slot {
     occupancy: Occupancy,
 }
 
+impl Slot {
+    /// Counts the same request as `occupancy` instead (a held request admitted: held → in flight), or refuses it
+    /// naming the limit that is reached (then it is counted as nothing). Touches only the counters: the slot's hold
+    /// on them is reused, so that a pass admitting many held requests shares no reference count with their waiters.
+    pub(crate) fn recount(mut self, occupancy: Occupancy, adapter: &AdapterKey) -> Result<Slot, CoreError> {
+        let own = self.load.counter(occupancy);
+        if !own.try_increment() {
+            return Err(overloaded(own, adapter));
+        }
+        let server = self.load.server.counter(occupancy);
+        if !server.try_increment() {
+            own.decrement();
+            return Err(overloaded(server, adapter));
+        }
+        self.load.counter(self.occupancy).decrement();
+        self.load.server.counter(self.occupancy).decrement();
+        self.occupancy = occupancy;
+        Ok(self)
+    }
+}
+
 impl Drop for Slot {
     fn drop(&mut self) {
         self.load.counter(self.occupancy).decrement();

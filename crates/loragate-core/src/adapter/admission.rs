@@ -18,10 +18,10 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use super::cell::{AdapterCell, StalenessTicket, VersionPin};
-use super::parked::{Parked, ParkedWait};
+use super::parked::{Answer, Parked, ParkedWait};
 use super::registry::{Admission, InFlightRegistry, Registration, SharedRegistry};
 use super::versions::PinRefused;
-use crate::contract::{AdapterVersion, GateState, RequestId, Retirement, VersionWanted};
+use crate::contract::{AdapterVersion, CoreError, GateState, RequestId, Retirement, VersionWanted};
 use crate::limits::Occupancy;
 
 /// The answer to an admission.
@@ -63,15 +63,16 @@ enum Decision {
 
 /// Decides on a request of `sequences` sequences (0: a continuation, not counted again) that wants `wanted`, in
 /// `registry`, under its lock: registers it if the gate is open, a version it wants is servable and the staleness
-/// bound has room for it; parks it if that version has not arrived. `None` if the registry's incarnation ended (its
-/// actor died): ask the next one.
+/// bound has room for it; parks it, counted as held, if that version has not arrived (refused with
+/// [`CoreError::Overloaded`] over a held limit). `None` if the registry's incarnation ended (its actor died): ask the
+/// next one.
 pub(crate) fn admit(
     registry: &SharedRegistry,
     cell: &Arc<AdapterCell>,
     request_id: &RequestId,
     wanted: VersionWanted,
     sequences: u32,
-) -> Option<AdmitReply> {
+) -> Option<Result<AdmitReply, CoreError>> {
     // Allocated before the lock is taken (and kept by a parked request for the pass that admits it).
     let registration = Registration::default();
     let mut locked = registry.lock();
@@ -81,12 +82,17 @@ pub(crate) fn admit(
     // Read under the lock: see the module's doc.
     let gate = cell.gate_state();
     match decide(&mut locked, &gate, cell, request_id, wanted, sequences, registration) {
-        Decision::Reply(reply) => Some(reply),
+        Decision::Reply(reply) => Some(Ok(reply)),
         Decision::NotYet(least, registration) => {
+            let held = match cell.occupy(Occupancy::Held) {
+                Ok(held) => held,
+                Err(err) => return Some(Err(err)),
+            };
             let (answer, answered) = oneshot::channel();
-            let parked = Parked { request_id: request_id.clone(), wanted, least, sequences, registration, answer };
+            let request_id = request_id.clone();
+            let parked = Parked { request_id, wanted, least, sequences, registration, held, answer };
             let ticket = locked.park(parked);
-            Some(AdmitReply::Parked(ParkedWait::new(registry.clone(), ticket, sequences, answered), least))
+            Some(Ok(AdmitReply::Parked(ParkedWait::new(registry.clone(), ticket, sequences, answered), least)))
         }
     }
 }
@@ -95,17 +101,20 @@ pub(crate) fn admit(
 /// current, oldest first, and answers each on its oneshot (with what stands in its way, if something does: a closed
 /// gate, a full staleness bound, a retirement, the in-flight limit). Those whose version is still to come stay parked.
 pub(crate) fn admit_parked(registry: &Mutex<InFlightRegistry>, cell: &Arc<AdapterCell>) {
+    #[cfg(any(test, feature = "testing"))]
+    let started = std::time::Instant::now();
     let mut locked = registry.lock();
     if locked.is_ended() || locked.parked().is_empty() {
         return;
     }
     // Read under the lock, after the install published the version: see the module's doc.
     let gate = cell.gate_state();
+    let at = tokio::time::Instant::now();
     let parked = locked.parked().take_all();
     locked.make_room(parked.len());
     for (ticket, parked) in parked {
         if let Some(why) = gate.retired {
-            let _ = parked.answer.send(Ok(AdmitReply::Retired(why)));
+            let _ = parked.answer.send(Answer { answer: Ok(AdmitReply::Retired(why)), at });
             continue;
         }
         if parked.least > gate.version {
@@ -115,17 +124,21 @@ pub(crate) fn admit_parked(registry: &Mutex<InFlightRegistry>, cell: &Arc<Adapte
         if parked.answer.is_closed() {
             continue; // Its waiter is going away (and withdraws nothing).
         }
-        let slot = match cell.occupy(Occupancy::InFlight) {
+        let Parked { request_id, wanted, least, sequences, registration, held, answer } = parked;
+        // No longer held: counted in flight for the decision, which may admit it.
+        let slot = match cell.admit_held(held) {
             Ok(slot) => slot,
             Err(err) => {
-                let _ = parked.answer.send(Err(err));
+                let _ = answer.send(Answer { answer: Err(err), at });
                 continue;
             }
         };
-        let Parked { request_id, wanted, least, sequences, registration, answer } = parked;
         let reply = match decide(&mut locked, &gate, cell, &request_id, wanted, sequences, registration) {
             Decision::NotYet(_, registration) => {
-                let parked = Parked { request_id, wanted, least, sequences, registration, answer };
+                // Held again (it was a moment ago: not refused).
+                let held = cell.occupy_uncapped(Occupancy::Held);
+                drop(slot);
+                let parked = Parked { request_id, wanted, least, sequences, registration, held, answer };
                 locked.parked().repark(ticket, parked);
                 continue;
             }
@@ -135,8 +148,10 @@ pub(crate) fn admit_parked(registry: &Mutex<InFlightRegistry>, cell: &Arc<Adapte
             Decision::Reply(reply) => reply,
         };
         // The waiter's withdrawal takes this lock: it finds the answer once the lock is released.
-        let _ = answer.send(Ok(reply));
+        let _ = answer.send(Answer { answer: Ok(reply), at });
     }
+    #[cfg(any(test, feature = "testing"))]
+    cell.record_pass(started);
 }
 
 /// The decision itself, on `gate` read under `registry`'s lock.

@@ -69,6 +69,9 @@ pub(crate) struct AdapterCell {
     /// The newest version published on the gate and the instant it was (what benchmarks time held requests from).
     #[cfg(any(test, feature = "testing"))]
     installed_at: Mutex<Option<(AdapterVersion, Instant)>>,
+    /// When the last pass over parked requests started and ended (what benchmarks break the hold down with).
+    #[cfg(any(test, feature = "testing"))]
+    last_pass: Mutex<Option<(Instant, Instant)>>,
     state: Arc<dyn StateStore>,
     pub(crate) metrics: Arc<CoreMetrics>,
     pub(crate) labels: AdapterLabels,
@@ -94,6 +97,8 @@ impl AdapterCell {
             staleness_held: AtomicU32::new(0),
             #[cfg(any(test, feature = "testing"))]
             installed_at: Mutex::new(None),
+            #[cfg(any(test, feature = "testing"))]
+            last_pass: Mutex::new(None),
             labels: AdapterLabels::of(&key),
             metrics,
             paused_at: Mutex::new(None),
@@ -128,6 +133,16 @@ impl AdapterCell {
     /// Counts one of its requests as in flight or held, or refuses it naming the limit that is reached.
     pub(crate) fn occupy(&self, occupancy: Occupancy) -> Result<Slot, CoreError> {
         let slot = self.load.occupy(occupancy, &self.key);
+        if let Err(CoreError::Overloaded { limit, .. }) = &slot {
+            self.metrics.record_overload(*limit);
+        }
+        slot
+    }
+
+    /// Counts a held request of this adapter (its `held` slot) as in flight instead, or refuses it naming the limit
+    /// that is reached (see [`Slot::recount`]).
+    pub(crate) fn admit_held(&self, held: Slot) -> Result<Slot, CoreError> {
+        let slot = held.recount(Occupancy::InFlight, &self.key);
         if let Err(CoreError::Overloaded { limit, .. }) = &slot {
             self.metrics.record_overload(*limit);
         }
@@ -381,6 +396,18 @@ impl AdapterCell {
     #[cfg(any(test, feature = "testing"))]
     pub(crate) fn installed_at(&self, version: AdapterVersion) -> Option<Instant> {
         self.installed_at.lock().filter(|(installed, _)| *installed == version).map(|(_, at)| at)
+    }
+
+    /// Records a pass over parked requests that started at `started` and ends now.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn record_pass(&self, started: Instant) {
+        *self.last_pass.lock() = Some((started, Instant::now()));
+    }
+
+    /// When the last pass over parked requests started and ended.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn last_pass(&self) -> Option<(Instant, Instant)> {
+        *self.last_pass.lock()
     }
 
     /// The records of the servable versions other than `current`, oldest first (what an install records as retained).

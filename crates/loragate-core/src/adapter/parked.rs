@@ -1,12 +1,13 @@
 //! Requests parked for a version not yet installed (`min_lora_version`, or a pin `NAME@V` on a future version).
 //!
-//! A request whose version has not arrived leaves a small entry — its id, the version it wants, its sequences, what
-//! its registration allocates and a oneshot for the answer — in its adapter's registry, under the registry's lock, in the same critical section that
-//! read the gate's version (see `admission`). Whoever installs a version publishes it on the gate, then admits every
-//! parked request it satisfies in one pass under one lock hold ([`super::admission::admit_parked`]) and sends each
-//! its answer: the waiting task wakes already admitted, instead of a thousand tasks each waking to take the lock in
-//! turn. Either the parking comes first (the pass finds the entry) or the pass does (the parking reads the new version
-//! and admits at once): no request waits on a version that already came.
+//! A request whose version has not arrived leaves a small entry — its id, the version it wants, its sequences, what its
+//! registration allocates, its count as held and a oneshot for the answer — in its adapter's registry, under the
+//! registry's lock, in the same critical section that read the gate's version (see `admission`). Whoever installs a
+//! version publishes it on the gate, then admits every parked request it satisfies in one pass under one lock hold
+//! ([`super::admission::admit_parked`]) and sends each its answer: the waiting task wakes already admitted, instead of
+//! a thousand tasks each waking to take the lock in turn. Either the parking comes first (the pass finds the entry) or
+//! the pass does (the parking reads the new version and admits at once): no request waits on a version that already
+//! came.
 //!
 //! The waiter holds its entry through a [`ParkedWait`]: if it gives up (its deadline passes, or its caller goes away)
 //! the entry is withdrawn; an answer that raced the withdrawal is taken (at the deadline) or undone (a caller gone:
@@ -21,10 +22,20 @@ use tokio::time::Instant;
 use super::admission::AdmitReply;
 use super::registry::{Registration, SharedRegistry};
 use crate::contract::{AdapterVersion, CoreError, RequestId, VersionWanted};
+use crate::limits::Slot;
 
 /// What a parked request is answered with: the admission decision once its version came (admitted, or what stands in
 /// its way now), or why it cannot be counted in flight.
 pub(crate) type ParkedAnswer = Result<AdmitReply, CoreError>;
+
+/// An answer as the pass sends it: with the instant the pass took its decisions, where the request's hold ended (one
+/// clock reading for the whole pass: the woken waiter reads no clock of its own).
+pub(crate) struct Answer {
+    /// The decision.
+    pub(crate) answer: ParkedAnswer,
+    /// When the pass decided.
+    pub(crate) at: Instant,
+}
 
 /// One request parked for its version.
 pub(crate) struct Parked {
@@ -38,8 +49,11 @@ pub(crate) struct Parked {
     pub(crate) sequences: u32,
     /// What its registration allocates, made when it parked: the pass that admits it allocates nothing of its own.
     pub(crate) registration: Registration,
+    /// Counts it as held while it is parked; the pass that admits it counts it in flight instead (its waiter, woken
+    /// admitted, touches no counter).
+    pub(crate) held: Slot,
     /// Where its answer goes.
-    pub(crate) answer: oneshot::Sender<ParkedAnswer>,
+    pub(crate) answer: oneshot::Sender<Answer>,
 }
 
 /// The parked requests of one registry, oldest first (a pass admits them in the order they came).
@@ -87,8 +101,8 @@ impl ParkedRequests {
 
 /// How a wait for a parked request's answer ended.
 pub(crate) enum ParkedOutcome {
-    /// A pass answered.
-    Answered(ParkedAnswer),
+    /// A pass answered (at the instant it says).
+    Answered(Answer),
     /// The deadline passed with the request still parked (its entry is withdrawn).
     TimedOut,
     /// The registry's incarnation ended (its actor died or stopped): ask the next one.
@@ -100,7 +114,7 @@ pub(crate) struct ParkedWait {
     registry: SharedRegistry,
     ticket: u64,
     sequences: u32,
-    answer: oneshot::Receiver<ParkedAnswer>,
+    answer: oneshot::Receiver<Answer>,
     /// Set once the wait settled: the entry is no longer parked and the answer, if any, was taken.
     settled: bool,
 }
@@ -111,7 +125,7 @@ impl ParkedWait {
         registry: SharedRegistry,
         ticket: u64,
         sequences: u32,
-        answer: oneshot::Receiver<ParkedAnswer>,
+        answer: oneshot::Receiver<Answer>,
     ) -> Self {
         Self { registry, ticket, sequences, answer, settled: false }
     }
@@ -146,7 +160,7 @@ impl Drop for ParkedWait {
         }
         // A pass answered while the waiter was going away: nobody will run the request. Its registration ends as the
         // admission drops; its places under the staleness bound are given back first.
-        if let Ok(Ok(AdmitReply::Admitted(admitted))) = self.answer.try_recv()
+        if let Ok(Answer { answer: Ok(AdmitReply::Admitted(admitted)), .. }) = self.answer.try_recv()
             && let Some(staleness) = &admitted.staleness
         {
             staleness.give_back(self.sequences);

@@ -21,9 +21,13 @@ use crate::contract::{AbortReport, AdapterVersion, Ending, RequestId, StopCause}
 use crate::engine::ParkSignal;
 use crate::limits::Slot;
 
-/// Where a request's ending is settled once, by its [`Admission`], and read by the registry and by aborts.
+/// Where a request's ending is settled once, by its [`Admission`], and read by the registry and by aborts; with the
+/// token that aborts it (one allocation and one reference count shared by the registry's entry and the admission,
+/// rather than a token handle of each).
 #[derive(Default)]
 struct HandBack {
+    /// The token an abort cancels.
+    cancel: CancellationToken,
     ending: OnceLock<Ending>,
     cause: OnceLock<StopCause>,
     /// Set with a keep cause whose pause reuses keys and values: the engine parks the request's sequences.
@@ -74,7 +78,6 @@ const MIN_PRUNE_AT: usize = 64;
 
 struct Entry {
     request_id: RequestId,
-    cancel: CancellationToken,
     hand_back: Arc<HandBack>,
 }
 
@@ -83,7 +86,6 @@ struct Entry {
 /// install's pass over the parked requests allocates nothing of theirs.
 #[derive(Default)]
 pub(crate) struct Registration {
-    cancel: CancellationToken,
     hand_back: Arc<HandBack>,
 }
 
@@ -111,7 +113,21 @@ impl Default for InFlightRegistry {
 }
 
 /// One incarnation's registry, shared by the actor (through its [`OwnedRegistry`]) and the adapter's handles.
-pub(crate) type SharedRegistry = Arc<Mutex<InFlightRegistry>>;
+pub(crate) type SharedRegistry = Arc<RegistryLock>;
+
+/// The registry's lock, on cache lines of its own: apart from the reference count of the `Arc` that shares it, which
+/// every parked request's waiter moves when it wakes, while the install's pass writes the registry under the lock.
+#[derive(Default)]
+#[repr(align(128))]
+pub(crate) struct RegistryLock(Mutex<InFlightRegistry>);
+
+impl std::ops::Deref for RegistryLock {
+    type Target = Mutex<InFlightRegistry>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
 
 /// The actor's hold on its incarnation's registry: dropping it (the actor stops or dies) ends the registry, aborting
 /// every request it held, so none runs on unseen, and admitting nothing more.
@@ -152,10 +168,10 @@ impl InFlightRegistry {
         }
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        let Registration { cancel, hand_back } = registration;
-        let entry = Entry { request_id: request_id.clone(), cancel: cancel.clone(), hand_back: hand_back.clone() };
+        let Registration { hand_back } = registration;
+        let entry = Entry { request_id: request_id.clone(), hand_back: hand_back.clone() };
         self.entries.insert(ticket, entry);
-        Admission { request_id, version, cancel, hand_back, _in_flight: None }
+        Admission { request_id, version, hand_back, _in_flight: None }
     }
 
     /// Cancels every request not yet handed back, for `cause`, and returns what to wait on for each. Entries stay
@@ -173,7 +189,7 @@ impl InFlightRegistry {
             .values()
             .map(|entry| {
                 entry.hand_back.stop_parking();
-                entry.cancel.cancel();
+                entry.hand_back.cancel.cancel();
                 (entry.request_id.clone(), entry.hand_back.clone())
             })
             .collect();
@@ -207,7 +223,7 @@ impl InFlightRegistry {
             .filter(|entry| selected(entry))
             .map(|entry| {
                 entry.hand_back.stop(cause);
-                entry.cancel.cancel();
+                entry.hand_back.cancel.cancel();
                 (entry.request_id.clone(), entry.hand_back.clone())
             })
             .collect();
@@ -272,7 +288,7 @@ impl InFlightRegistry {
         drop(self.parked.take_all());
         for (_, entry) in self.entries.drain() {
             entry.hand_back.stop(StopCause::Retired);
-            entry.cancel.cancel();
+            entry.hand_back.cancel.cancel();
         }
     }
 }
@@ -323,7 +339,6 @@ impl PendingHandBacks {
 pub struct Admission {
     request_id: RequestId,
     version: AdapterVersion,
-    cancel: CancellationToken,
     hand_back: Arc<HandBack>,
     /// Counts the request against the in-flight limits for as long as it is admitted.
     _in_flight: Option<Slot>,
@@ -354,7 +369,7 @@ impl Admission {
 
     /// The token an abort cancels; hand it to the engine.
     pub fn cancel_token(&self) -> &CancellationToken {
-        &self.cancel
+        &self.hand_back.cancel
     }
 
     /// Set before the token fires when a keep-mode pause parks the request ([`crate::KvPolicy::Reuse`]); hand it
@@ -379,7 +394,7 @@ impl Drop for Admission {
     fn drop(&mut self) {
         // No-op if `hand_back` already settled it.
         self.hand_back.settle(Ending::Abandoned);
-        self.cancel.cancel();
+        self.hand_back.cancel.cancel();
     }
 }
 
