@@ -50,6 +50,9 @@ pub use demo::{
 pub use engine::{CandleEngine, EngineFacts, KvCacheStats, read_model_info};
 pub use error::EngineLoadError;
 pub use gguf::{ChatTemplateSource, ModelFormat, gguf_chat_template};
+/// The CPU attention kernels on synthetic inputs, for the benchmarks only.
+#[doc(hidden)]
+pub use model::kernel_bench;
 pub use random_adapter::{RandomAdapter, RandomAdapterError, write_random_adapter};
 pub use scheduler::{StepCost, StepTarget};
 pub use synthetic::ModelShape;

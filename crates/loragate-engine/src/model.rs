@@ -7,6 +7,7 @@
 //! The model is immutable once loaded (`&self` everywhere); all per-sequence state lives in the cache.
 
 mod config;
+pub mod kernel_bench;
 mod kv_cache;
 mod layer;
 mod linear;

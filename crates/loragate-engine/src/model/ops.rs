@@ -11,7 +11,7 @@ mod paged_attention;
 mod vector;
 
 pub(crate) use chunk_attention::causal_chunk_attention;
-pub(crate) use paged_attention::{SequenceView, paged_decode_attention};
+pub(crate) use paged_attention::{SequenceView, paged_decode_attention, paged_decode_attention_with};
 
 pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     if x.track_op() {

@@ -4,8 +4,9 @@
 //! each query head's row of them in place, then the weighted sum of the values. Tasks run on the engine's pool
 //! when a step has enough of them to share; a task's scores live in a per-thread scratch buffer.
 //!
-//! The dot products and the weighted sums run eight values at a time with AVX2 and FMA (checked at run time by
-//! `pulp`), the scalar loops elsewhere.
+//! The kernels are chosen at run time, capped by `LORAGATE_SIMD` as the quantized products are ([`Simd`]): with
+//! AVX-512 F, for heads of 32, 64 or 128 values, a block of 16 keys at a time ([`avx512`]); with AVX2 and FMA
+//! (checked by `pulp`) the dot products and weighted sums eight values at a time; the scalar loops elsewhere.
 
 use std::cell::Cell;
 
@@ -14,6 +15,10 @@ use rayon::prelude::*;
 
 use super::vector;
 use crate::model::kv_cache::{BLOCK_SIZE, LayerKv};
+use crate::model::quantized::Simd;
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 /// Values multiplied (positions × heads × head_dim) from which the tasks are shared among the pool's threads: below
 /// it a step's attention is a few microseconds, less than handing tasks over costs.
@@ -52,6 +57,17 @@ pub(crate) fn paged_decode_attention(
     layer: &LayerKv,
     kv_heads: usize,
 ) -> Result<Option<Tensor>> {
+    paged_decode_attention_with(Simd::chosen(), q, rows, layer, kv_heads)
+}
+
+/// [`paged_decode_attention`] with kernels no wider than `simd`.
+pub(crate) fn paged_decode_attention_with(
+    simd: Simd,
+    q: &Tensor,
+    rows: &[SequenceView<'_>],
+    layer: &LayerKv,
+    kv_heads: usize,
+) -> Result<Option<Tensor>> {
     if !q.device().is_cpu() || q.track_op() || !q.is_contiguous() || rows.is_empty() {
         return Ok(None);
     }
@@ -77,13 +93,14 @@ pub(crate) fn paged_decode_attention(
     };
     let width = kv_heads * head_dim;
     let cache = Cache { keys: &k_data[k_start..k_end], values: &v_data[v_start..v_end], width, head_dim };
+    let path = Path::new(simd, head_dim);
     let group = heads / kv_heads;
     let queries = &q_data[q_layout.start_offset()..][..rows.len() * heads * head_dim];
     let mut output = vec![0f32; rows.len() * heads * head_dim];
     let task = |(index, out): (usize, &mut [f32])| {
         let (row, kv_head) = (index / kv_heads, index % kv_heads);
         let query = &queries[(row * heads + kv_head * group) * head_dim..][..group * head_dim];
-        attend(&cache, rows[row], kv_head, query, out);
+        attend(path, &cache, rows[row], kv_head, query, out);
     };
     let work: usize = rows.iter().map(|row| row.len).sum::<usize>() * heads * head_dim;
     if work >= PARALLEL_WORK {
@@ -103,25 +120,52 @@ struct Cache<'a> {
     head_dim: usize,
 }
 
+/// The kernels a call runs: the widest that `simd` allows, the CPU has, and that serves its heads.
+#[derive(Clone, Copy)]
+enum Path {
+    #[cfg(target_arch = "x86_64")]
+    Avx512(avx512::Avx512),
+    #[cfg(target_arch = "x86_64")]
+    Avx2(pulp::x86::V3),
+    Portable,
+}
+
+impl Path {
+    fn new(simd: Simd, head_dim: usize) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if simd >= Simd::Avx512Vnni
+                && avx512::Avx512::serves(head_dim)
+                && let Some(token) = avx512::Avx512::try_new()
+            {
+                return Self::Avx512(token);
+            }
+            if simd >= Simd::Avx2
+                && let Some(token) = pulp::x86::V3::try_new()
+            {
+                return Self::Avx2(token);
+            }
+        }
+        let _ = (simd, head_dim);
+        Self::Portable
+    }
+}
+
 /// One task: the group of query heads `query` (`group × d`) of key/value head `kv_head` over `sequence`, into `out`
 /// (`group × d`).
 ///
 /// The scores' buffer is taken out of the thread's [`SCORES`] before the vectorised body runs and put back after: a
 /// body run inside `LocalKey::with`'s closure is compiled without AVX2 and FMA (the closure is not inlined into the
 /// function `pulp` compiles with them), and every FMA became a call — most of a decode step's attention time.
-fn attend(cache: &Cache<'_>, sequence: SequenceView<'_>, kv_head: usize, query: &[f32], out: &mut [f32]) {
+fn attend(path: Path, cache: &Cache<'_>, sequence: SequenceView<'_>, kv_head: usize, query: &[f32], out: &mut [f32]) {
     let mut scores = SCORES.take();
     let task = Task { cache, sequence, kv_head, query, out, scores: &mut scores };
-    #[cfg(target_arch = "x86_64")]
-    let simd = pulp::x86::V3::try_new();
-    #[cfg(not(target_arch = "x86_64"))]
-    let simd: Option<std::convert::Infallible> = None;
-    match simd {
+    match path {
         #[cfg(target_arch = "x86_64")]
-        Some(simd) => simd.vectorize(Avx2Task { simd, task }),
-        #[cfg(not(target_arch = "x86_64"))]
-        Some(never) => match never {},
-        None => attend_with(Scalar, task),
+        Path::Avx512(token) => token.attend(task),
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2(simd) => simd.vectorize(Avx2Task { simd, task }),
+        Path::Portable => attend_with(Scalar, task),
     }
     SCORES.set(scores);
 }
@@ -295,44 +339,76 @@ mod tests {
         (0..d).map(|c| weights.iter().enumerate().map(|(p, w)| w / sum * f64::from(at(values, p)[c])).sum()).collect()
     }
 
-    #[test]
-    fn equals_the_definition_over_scattered_blocks_alone_and_in_parallel() {
+    /// The kernel levels to test, each with whether this CPU runs its own path (a level it lacks falls back to a
+    /// narrower one: the test then says so).
+    fn levels() -> Vec<(Simd, bool)> {
+        #[cfg(target_arch = "x86_64")]
+        let (avx2, avx512) = (pulp::x86::V3::try_new().is_some(), avx512::Avx512::try_new().is_some());
+        #[cfg(not(target_arch = "x86_64"))]
+        let (avx2, avx512) = (false, false);
+        for (name, has) in [("AVX2", avx2), ("AVX-512", avx512)] {
+            if !has {
+                eprintln!("this CPU lacks {name}: its attention path is not tested here");
+            }
+        }
+        vec![(Simd::Portable, true), (Simd::Avx2, avx2), (Simd::Avx512Vnni, avx512)]
+    }
+
+    /// A layer of `blocks` blocks, and one sequence per length over scrambled blocks.
+    fn layer_and_tables(blocks: usize, width: usize, lens: &[usize]) -> (Vec<f32>, Vec<f32>, LayerKv, Vec<Vec<u32>>) {
         let device = Device::Cpu;
-        for (heads, kv_heads, d, lens) in
-            [(9, 3, 64, vec![1, 17, 40]), (4, 2, 8, vec![5]), (6, 2, 12, vec![33, 2]), (9, 3, 64, vec![700, 900])]
-        {
-            let blocks = 140;
-            let width = kv_heads * d;
-            let (k_values, v_values) =
-                (values(blocks * BLOCK_SIZE * width, 17), values(blocks * BLOCK_SIZE * width, 53));
-            let layer = LayerKv {
-                keys: Tensor::from_vec(k_values.clone(), (blocks * BLOCK_SIZE, width), &device).expect("keys"),
-                values: Tensor::from_vec(v_values.clone(), (blocks * BLOCK_SIZE, width), &device).expect("values"),
-            };
-            // Each sequence's blocks, in a scrambled order through the pool.
-            let tables: Vec<Vec<u32>> = lens
-                .iter()
-                .enumerate()
-                .map(|(row, &len): (usize, &usize)| {
-                    (0..len.div_ceil(BLOCK_SIZE) as u32)
-                        .map(|b| (b * 11 + row as u32 * 64 + 3) % blocks as u32)
-                        .collect()
-                })
-                .collect();
-            let views: Vec<SequenceView<'_>> =
-                tables.iter().zip(&lens).map(|(blocks, &len)| SequenceView { blocks, len }).collect();
-            let tokens = lens.len() + 2;
-            let q_values = values(tokens * heads * d, 31);
-            let q = Tensor::from_vec(q_values.clone(), (tokens, heads, 1, d), &device).expect("q");
-            let output = paged_decode_attention(&q, &views, &layer, kv_heads).expect("attention").expect("taken");
-            assert_eq!(output.dims(), &[lens.len(), 1, heads, d]);
-            let output = output.flatten_all().and_then(|o| o.to_vec1::<f32>()).expect("output");
-            for (row, view) in views.iter().enumerate() {
-                for h in 0..heads {
-                    let want = reference(&q_values, (&k_values, &v_values), (heads, kv_heads, d), *view, (row, h));
-                    let got = &output[(row * heads + h) * d..][..d];
-                    for (got, want) in got.iter().zip(&want) {
-                        assert!((f64::from(*got) - want).abs() < 1e-5, "{got} vs {want}: row {row}, head {h}");
+        let (k_values, v_values) = (values(blocks * BLOCK_SIZE * width, 17), values(blocks * BLOCK_SIZE * width, 53));
+        let layer = LayerKv {
+            keys: Tensor::from_vec(k_values.clone(), (blocks * BLOCK_SIZE, width), &device).expect("keys"),
+            values: Tensor::from_vec(v_values.clone(), (blocks * BLOCK_SIZE, width), &device).expect("values"),
+        };
+        let tables = lens
+            .iter()
+            .enumerate()
+            .map(|(row, &len)| {
+                (0..len.div_ceil(BLOCK_SIZE) as u32).map(|b| (b * 11 + row as u32 * 64 + 3) % blocks as u32).collect()
+            })
+            .collect();
+        (k_values, v_values, layer, tables)
+    }
+
+    #[test]
+    fn every_path_equals_the_definition_over_scattered_blocks_alone_and_in_parallel() {
+        let device = Device::Cpu;
+        let shapes = [
+            (9, 3, 64, vec![1, 16, 17, 40]),
+            (4, 2, 8, vec![5]),
+            (6, 2, 12, vec![33, 2]),
+            (8, 2, 128, vec![15, 31]),
+            (4, 4, 32, vec![49, 3]),
+            (9, 3, 64, vec![700, 900]),
+        ];
+        for (simd, runs_its_own) in levels() {
+            for (heads, kv_heads, d, lens) in &shapes {
+                let (heads, kv_heads, d) = (*heads, *kv_heads, *d);
+                let (k_values, v_values, layer, tables) = layer_and_tables(140, kv_heads * d, lens);
+                let views: Vec<SequenceView<'_>> =
+                    tables.iter().zip(lens).map(|(blocks, &len)| SequenceView { blocks, len }).collect();
+                let tokens = lens.len() + 2;
+                let q_values = values(tokens * heads * d, 31);
+                let q = Tensor::from_vec(q_values.clone(), (tokens, heads, 1, d), &device).expect("q");
+                let output =
+                    paged_decode_attention_with(simd, &q, &views, &layer, kv_heads).expect("attention").expect("taken");
+                assert_eq!(output.dims(), &[lens.len(), 1, heads, d]);
+                let output = output.flatten_all().and_then(|o| o.to_vec1::<f32>()).expect("output");
+                let portable = paged_decode_attention_with(Simd::Portable, &q, &views, &layer, kv_heads)
+                    .and_then(|o| o.expect("taken").flatten_all()?.to_vec1::<f32>())
+                    .expect("portable");
+                for (row, view) in views.iter().enumerate() {
+                    for h in 0..heads {
+                        let want = reference(&q_values, (&k_values, &v_values), (heads, kv_heads, d), *view, (row, h));
+                        let at = (row * heads + h) * d;
+                        for ((got, want), portable) in output[at..][..d].iter().zip(&want).zip(&portable[at..]) {
+                            let context =
+                                format!("{simd:?} (its own path: {runs_its_own}), d {d}, row {row}, head {h}");
+                            assert!((f64::from(*got) - want).abs() < 1e-5, "{got} vs {want}: {context}");
+                            assert!((got - portable).abs() < 1e-5, "{got} vs the portable {portable}: {context}");
+                        }
                     }
                 }
             }
@@ -344,5 +420,32 @@ mod tests {
         };
         let view = SequenceView { blocks: &[0], len: 1 };
         assert!(paged_decode_attention(&half, &[view], &layer, 1).expect("attention").is_none(), "left to gathering");
+    }
+
+    #[test]
+    fn a_non_finite_key_spoils_the_rows_of_its_head_only_on_every_path() {
+        let device = Device::Cpu;
+        let (heads, kv_heads, d, lens) = (4, 2, 64, [40, 40]);
+        let (_, _, layer, tables) = layer_and_tables(140, kv_heads * d, &lens);
+        let views: Vec<SequenceView<'_>> =
+            tables.iter().zip(&lens).map(|(blocks, &len)| SequenceView { blocks, len }).collect();
+        // Position 20 of row 0 (block 1, slot 4), key/value head 1.
+        let slot = tables[0][1] as usize * BLOCK_SIZE + 4;
+        let q = Tensor::from_vec(values(2 * heads * d, 31), (2, heads, 1, d), &device).expect("q");
+        for spoiler in [f32::NAN, f32::INFINITY] {
+            let poisoned = Tensor::full(spoiler, (1, d), &device).expect("spoiler");
+            let keys = layer.keys.slice_assign(&[slot..slot + 1, d..2 * d], &poisoned).expect("poisoned");
+            let layer = LayerKv { keys, values: layer.values.clone() };
+            for (simd, _) in levels() {
+                let output = paged_decode_attention_with(simd, &q, &views, &layer, kv_heads)
+                    .and_then(|o| o.expect("taken").flatten_all()?.to_vec1::<f32>())
+                    .expect("attention");
+                for (at, value) in output.iter().enumerate() {
+                    let (row, head) = (at / (heads * d), at / d % heads);
+                    let spoilt = row == 0 && head >= 2;
+                    assert_eq!(value.is_nan(), spoilt, "{simd:?}, {spoiler}: {value} at row {row}, head {head}");
+                }
+            }
+        }
     }
 }
