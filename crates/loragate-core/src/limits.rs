@@ -153,6 +153,12 @@ impl AdapterLoad {
     /// Counts one request of `adapter` as `occupancy`, or refuses it naming the limit that is reached (the
     /// adapter's own first, then the server's; a refusal counts nothing).
     pub(crate) fn occupy(self: &Arc<Self>, occupancy: Occupancy, adapter: &AdapterKey) -> Result<Slot, CoreError> {
+        self.try_take(occupancy, adapter)?;
+        Ok(Slot { load: self.clone(), occupancy })
+    }
+
+    /// Takes one `occupancy` on the adapter's counter and on the server's, or neither, naming the limit reached.
+    fn try_take(&self, occupancy: Occupancy, adapter: &AdapterKey) -> Result<(), CoreError> {
         let own = self.counter(occupancy);
         if !own.try_increment() {
             return Err(overloaded(own, adapter));
@@ -162,7 +168,7 @@ impl AdapterLoad {
             own.decrement();
             return Err(overloaded(server, adapter));
         }
-        Ok(Slot { load: self.clone(), occupancy })
+        Ok(())
     }
 
     /// Counts one request as `occupancy` whatever the caps (it was accepted before; see
@@ -190,15 +196,8 @@ impl Slot {
     /// naming the limit that is reached (then it is counted as nothing). Touches only the counters: the slot's hold
     /// on them is reused, so that a pass admitting many held requests shares no reference count with their waiters.
     pub(crate) fn recount(mut self, occupancy: Occupancy, adapter: &AdapterKey) -> Result<Slot, CoreError> {
-        let own = self.load.counter(occupancy);
-        if !own.try_increment() {
-            return Err(overloaded(own, adapter));
-        }
-        let server = self.load.server.counter(occupancy);
-        if !server.try_increment() {
-            own.decrement();
-            return Err(overloaded(server, adapter));
-        }
+        // Refused: `self` drops, uncounting the old occupancy.
+        self.load.try_take(occupancy, adapter)?;
         self.load.counter(self.occupancy).decrement();
         self.load.server.counter(self.occupancy).decrement();
         self.occupancy = occupancy;

@@ -132,17 +132,17 @@ impl AdapterCell {
 
     /// Counts one of its requests as in flight or held, or refuses it naming the limit that is reached.
     pub(crate) fn occupy(&self, occupancy: Occupancy) -> Result<Slot, CoreError> {
-        let slot = self.load.occupy(occupancy, &self.key);
-        if let Err(CoreError::Overloaded { limit, .. }) = &slot {
-            self.metrics.record_overload(*limit);
-        }
-        slot
+        self.counting_overloads(self.load.occupy(occupancy, &self.key))
     }
 
     /// Counts a held request of this adapter (its `held` slot) as in flight instead, or refuses it naming the limit
     /// that is reached (see [`Slot::recount`]).
     pub(crate) fn admit_held(&self, held: Slot) -> Result<Slot, CoreError> {
-        let slot = held.recount(Occupancy::InFlight, &self.key);
+        self.counting_overloads(held.recount(Occupancy::InFlight, &self.key))
+    }
+
+    /// `slot`, with a refusal over a limit counted in the metrics.
+    fn counting_overloads(&self, slot: Result<Slot, CoreError>) -> Result<Slot, CoreError> {
         if let Err(CoreError::Overloaded { limit, .. }) = &slot {
             self.metrics.record_overload(*limit);
         }
