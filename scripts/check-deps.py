@@ -9,9 +9,9 @@ tests may start a front as a real peer, as they start a real etcd, so they are n
 Run from anywhere in the workspace: `python3 scripts/check-deps.py`.
 """
 
-import json
-import subprocess
 import sys
+
+import cargo_workspace
 
 # What each role may depend on, among our crates. "binary" composes and "tests" exercise everything.
 ALLOWED = {
@@ -38,14 +38,7 @@ CHECKED_KINDS = {None, "build"}
 
 
 def main() -> int:
-    metadata = json.loads(
-        subprocess.run(
-            ["cargo", "metadata", "--format-version", "1", "--no-deps", "--offline"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-    )
+    metadata = cargo_workspace.metadata()
     packages = {package["name"]: package for package in metadata["packages"]}
     problems = []
     roles = {}
@@ -69,11 +62,7 @@ def main() -> int:
                     f"{name} ({roles[name]}) depends on {target} ({roles[target]}): "
                     f"a {roles[name]} may depend only on {', '.join(sorted(allowed)) or 'no crate of ours'}"
                 )
-    for problem in problems:
-        print(f"check-deps: {problem}", file=sys.stderr)
-    if not problems:
-        print(f"check-deps: {len(packages)} crates follow the dependency rules")
-    return 1 if problems else 0
+    return cargo_workspace.report("check-deps", problems, f"{len(packages)} crates follow the dependency rules")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ and their directories; for a binary, its root file and the directory named after
 Run from anywhere in the workspace: `python3 scripts/check-test-targets.py`.
 """
 
-import json
 import os
 import re
-import subprocess
 import sys
+
+import cargo_workspace
 
 TEST_MARKERS = re.compile(r"#\[(?:tokio::)?test\b|#\[cfg\(test\)\]|\bproptest!")
 
@@ -44,14 +44,7 @@ def target_sources(target, other_roots):
 
 
 def main() -> int:
-    metadata = json.loads(
-        subprocess.run(
-            ["cargo", "metadata", "--format-version", "1", "--no-deps", "--offline"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-    )
+    metadata = cargo_workspace.metadata()
     problems, checked = [], 0
     for package in metadata["packages"]:
         roots = {target["src_path"] for target in package["targets"]}
@@ -68,11 +61,8 @@ def main() -> int:
                                 f"`{target['name']}`, whose Cargo.toml says `test = false` (it would never run): "
                                 "remove `test = false` there"
                             )
-    for problem in problems:
-        print(f"check-test-targets: {problem}", file=sys.stderr)
-    if not problems:
-        print(f"check-test-targets: none of the {checked} targets without a test harness has a test")
-    return 1 if problems else 0
+    passed = f"none of the {checked} targets without a test harness has a test"
+    return cargo_workspace.report("check-test-targets", problems, passed)
 
 
 if __name__ == "__main__":
