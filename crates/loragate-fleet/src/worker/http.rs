@@ -156,7 +156,7 @@ impl HttpEndpoint {
             Ok(path) => load(path).await,
             Err(err) => {
                 // The worker was never asked: whatever the agent kept of this push is nobody's.
-                self.release_agent_copy(engine_name, &Ok(()), timeout).await;
+                self.remove_agent_copy(agent, engine_name, timeout).await;
                 return Err(err);
             }
         };
@@ -183,16 +183,11 @@ impl HttpEndpoint {
         outcome
     }
 
-    /// After the worker stopped holding `engine_name` (`unloaded`: its unload succeeded or it did not hold it) or
+    /// After the worker stopped holding `engine_name` (`outcome`: its unload succeeded, or it did not hold it) or
     /// refused to load it, asks the worker's agent (if its address names one) to remove its copy; else does nothing.
     /// Never after an uncertain answer (a timeout, a 5xx): the worker may still hold the version and load it from
     /// the agent's directory again. Best effort: a failure is logged, and the copy stays until the next release.
-    pub(crate) async fn release_agent_copy(
-        &self,
-        engine_name: &str,
-        outcome: &Result<(), WorkerError>,
-        timeout: Duration,
-    ) {
+    async fn release_agent_copy(&self, engine_name: &str, outcome: &Result<(), WorkerError>, timeout: Duration) {
         let Some(agent) = &self.agent_base else { return };
         let released = match outcome {
             Ok(()) | Err(WorkerError::NotFound(_)) => true,
@@ -200,9 +195,14 @@ impl HttpEndpoint {
             Err(WorkerError::InvalidArgument(_) | WorkerError::FailedPrecondition(_) | WorkerError::Refused(_)) => true,
             Err(WorkerError::AlreadyExists(_) | WorkerError::Malformed(_) | WorkerError::Unavailable(_)) => false,
         };
-        if !released {
-            return;
+        if released {
+            self.remove_agent_copy(agent, engine_name, timeout).await;
         }
+    }
+
+    /// Asks `agent` to remove its copy of `engine_name`. Best effort: a failure is logged, and the copy stays until
+    /// the next release.
+    async fn remove_agent_copy(&self, agent: &str, engine_name: &str, timeout: Duration) {
         match remove_from_agent(&self.client, agent, engine_name, timeout).await {
             Ok(removed) => tracing::debug!(worker = %self.base, %engine_name, removed, "agent's copy released"),
             Err(err) => {
