@@ -5,14 +5,19 @@
 //! every test process. Each server's adapter root is a fresh temporary copy of the demo adapters, so a test can add
 //! adapters (broken ones too) without touching the cache.
 
+mod stall;
+
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use loragate::{RunningServer, ServeConfig};
+use loragate::{EngineLayer, RunningServer, ServeConfig};
 use loragate_proto::v1::lora_control_client::LoraControlClient;
 use loragate_proto::v1::sampler_client::SamplerClient;
 use loragate_proto::v1::{self as pb, ListLoraAdaptersRequest, LoraAdapterStatus};
 use tonic::transport::Channel;
+
+pub use self::stall::{StallingEngine, Stalls};
 
 /// The demo prompt of the contract's examples.
 pub const PROMPT: &str = "Make a single short animal noise.";
@@ -25,6 +30,8 @@ pub struct DemoServer {
     pub channel: Channel,
     /// The server's adapter root (a temporary copy of the demo adapters `meow` and `woof`, removed on drop).
     pub adapter_root: TempDir,
+    /// Which requests the server's engine stalls mid-sample ([`DemoServer::stall_next`]).
+    pub stalls: Arc<Stalls>,
 }
 
 impl DemoServer {
@@ -33,7 +40,8 @@ impl DemoServer {
         Self::start_with(|_| {}).await
     }
 
-    /// Starts a demo server after `configure` adjusted its configuration.
+    /// Starts a demo server after `configure` adjusted its configuration. Its engine is wrapped in a
+    /// [`StallingEngine`], which stalls nothing until asked to.
     pub async fn start_with(configure: impl FnOnce(&mut ServeConfig)) -> Self {
         let cache_dir = test_cache_dir();
         let adapter_root = copy_demo_adapters(&cache_dir).await;
@@ -41,6 +49,10 @@ impl DemoServer {
         config.grpc_addr = "127.0.0.1:0".parse().expect("address");
         config.http_addr = "127.0.0.1:0".parse().expect("address");
         config.adapters.root = Some(adapter_root.to_path_buf());
+        let stalls = Stalls::new();
+        let layer_stalls = stalls.clone();
+        config.engine_layer =
+            Some(EngineLayer::new(move |engine| Arc::new(StallingEngine::new(engine, layer_stalls.clone()))));
         configure(&mut config);
         let server = RunningServer::start(config).await.expect("the demo server starts");
         let channel = Channel::from_shared(format!("http://{}", server.grpc_addr()))
@@ -48,7 +60,19 @@ impl DemoServer {
             .connect()
             .await
             .expect("connect");
-        Self { server, channel, adapter_root }
+        Self { server, channel, adapter_root, stalls }
+    }
+
+    /// The next `requests` requests of `lora_name` (empty: the base model) deliver `after_tokens` tokens per
+    /// sequence, then stall until cancelled: a pause is certain to find them running. Later requests run freely.
+    pub fn stall_next(&self, lora_name: &str, requests: u32, after_tokens: u32) {
+        let key = loragate_core::AdapterKey::parse(lora_name).expect("name");
+        self.stalls.stall_next(key, requests, after_tokens);
+    }
+
+    /// Waits until `sequences` sequences are stalled in all (see [`DemoServer::stall_next`]).
+    pub async fn wait_stalled(&self, sequences: usize) {
+        self.stalls.wait_stalled(sequences).await;
     }
 
     /// A `LoraControl` client.

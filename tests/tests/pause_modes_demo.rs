@@ -11,6 +11,14 @@ use tonic::Code;
 /// The demo's " meow" repeats with a period of five tokens: a budget long enough to be paused mid-way.
 const BUDGET: u32 = 96;
 
+/// Where a sample that must be running when a pause lands stalls ([`DemoServer::stall_next`]): the pause then finds
+/// it running whatever the machine's speed.
+const STALL_AFTER: u32 = 8;
+
+/// A budget for the samples that a pause parks with their keys and values (KV policy REUSE), which cannot be stalled
+/// (a stalled sample is not parked): long enough that the pause lands before they could end on any machine.
+const LONG_BUDGET: u32 = 1024;
+
 fn pause(lora: &str, mode: PauseMode, owner: &str, lease_s: f64) -> pb::AbortLoraRequestsRequest {
     let kv_policy = pb::KvPolicy::Unspecified.into();
     pb::AbortLoraRequestsRequest { lora_name: lora.into(), mode: mode.into(), owner: owner.into(), lease_s, kv_policy }
@@ -59,11 +67,11 @@ fn assert_whole(sequence: &pb::SampledSequence, budget: u32) {
 async fn a_keep_swap_continues_token_exact_on_the_new_weights_while_woof_never_notices() {
     let demo = DemoServer::start().await;
     let reference = finished(spawn_sample(&demo, "meow", "reference", BUDGET)).await.sequences[0].token_ids.clone();
-    let baseline = demo.generated_tokens("meow", 1);
+    demo.stall_next("meow", 2, STALL_AFTER);
     let meows: Vec<_> = (0..2).map(|i| spawn_sample(&demo, "meow", &format!("meow-{i}"), BUDGET)).collect();
     let woof = spawn_sample(&demo, "woof", "woof-0", BUDGET);
-    eventually("both meows run", PATIENCE, || async { demo.status("meow").await.in_flight == 2 }).await;
-    wait_for_tokens(&demo, "meow", 1, baseline + 16).await;
+    demo.wait_stalled(2).await;
+    assert_eq!(demo.status("meow").await.in_flight, 2, "both meows run");
 
     let swapped = demo.control().swap_lora_adapter(swap("meow", "woof", PauseMode::Unspecified)).await;
     let swapped = swapped.expect("the swap").into_inner();
@@ -74,6 +82,7 @@ async fn a_keep_swap_continues_token_exact_on_the_new_weights_while_woof_never_n
         let sequence = &finished(meow).await.sequences[0];
         assert_whole(sequence, BUDGET);
         assert_eq!(versions(sequence), vec![1, 2], "{:?}", sequence.segments);
+        assert_eq!(sequence.segments[0].end, STALL_AFTER, "v1 produced the tokens before the swap");
         let (old, new) = sequence.token_ids.split_at(sequence.segments[0].end as usize);
         assert_eq!(old, &reference[..old.len()], "the first segment is the uninterrupted greedy run's prefix");
         assert!(text(new).contains("woof"), "the rest comes from the new weights: {:?}", text(new));
@@ -86,11 +95,12 @@ async fn a_keep_swap_continues_token_exact_on_the_new_weights_while_woof_never_n
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_stream_pauses_then_delivers_the_rest_in_the_same_stream() {
     let demo = DemoServer::start().await;
+    demo.stall_next("meow", 1, STALL_AFTER);
     let mut request = sample_request("meow", BUDGET);
     request.request_id = "streamed".into();
     let mut stream = demo.sampler().sample_stream(request).await.expect("stream").into_inner();
     let mut token_ids = Vec::new();
-    while token_ids.len() < 8 {
+    while token_ids.len() < STALL_AFTER as usize {
         let chunk = stream.message().await.expect("healthy").expect("not finished yet");
         assert_eq!(chunk.finish_reason(), FinishReason::Unspecified);
         token_ids.extend(chunk.token_ids);
@@ -156,8 +166,9 @@ async fn a_lease_runs_out_unload_ends_kept_samples_and_a_failed_swap_rolls_back(
     std::fs::create_dir_all(&bad).expect("mkdir");
     std::fs::write(bad.join("adapter_config.json"), r#"{"r": 4, "lora_alpha": 8, "target_modules": ["nope"]}"#)
         .expect("write");
+    demo.stall_next("meow", 1, STALL_AFTER);
     let sample = spawn_sample(&demo, "meow", "kept", BUDGET);
-    wait_for_tokens(&demo, "meow", 1, 8).await;
+    demo.wait_stalled(1).await;
     let err = demo.control().swap_lora_adapter(swap("meow", "bad", PauseMode::Keep)).await.expect_err("bad files");
     assert!(matches!(err.code(), Code::InvalidArgument | Code::FailedPrecondition), "{err:?}");
     assert!(err.message().contains("keeps serving v1"), "{err:?}");
@@ -168,14 +179,16 @@ async fn a_lease_runs_out_unload_ends_kept_samples_and_a_failed_swap_rolls_back(
     assert!(!meow.paused && meow.version == 1, "{meow:?}");
 
     // Unloading an adapter while a sample is kept hands it back aborted, with its tokens.
+    demo.stall_next("meow", 1, STALL_AFTER);
     let kept = spawn_sample(&demo, "meow", "unloaded", BUDGET);
-    wait_for_tokens(&demo, "meow", 1, BUDGET as u64 + 8).await;
-    demo.control().abort_lora_requests(pause("meow", PauseMode::Keep, "", 0.0)).await.expect("keep");
+    demo.wait_stalled(1).await;
+    let paused = demo.control().abort_lora_requests(pause("meow", PauseMode::Keep, "", 0.0)).await.expect("keep");
+    assert_eq!(paused.into_inner().kept_count, 1);
     let unload = pb::UnloadLoraAdapterRequest { lora_name: "meow".into() };
     demo.control().unload_lora_adapter(unload).await.expect("unload");
     let sequence = &finished(kept).await.sequences[0];
     assert_eq!(sequence.finish_reason(), FinishReason::Abort);
-    assert!(!sequence.token_ids.is_empty() && sequence.token_ids.len() < BUDGET as usize);
+    assert_eq!(sequence.token_ids.len(), STALL_AFTER as usize, "the tokens produced before the pause");
 }
 
 async fn post(demo: &DemoServer, path: &str, body: Option<Value>) -> (u16, Value) {
@@ -202,10 +215,11 @@ fn spawn_completion(demo: &DemoServer, model: &str) -> JoinHandle<(u16, Value)> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skyrls_global_keep_pause_load_and_resume_finish_every_completion_with_provenance() {
     let demo = DemoServer::start().await;
+    demo.stall_next("meow", 1, STALL_AFTER);
+    demo.stall_next("", 1, STALL_AFTER);
     let meow = spawn_completion(&demo, "meow");
     let base = spawn_completion(&demo, "loragate-demo");
-    wait_for_tokens(&demo, "meow", 1, 8).await;
-    wait_for_tokens(&demo, "", 0, 8).await;
+    demo.wait_stalled(2).await;
 
     let paused = post(&demo, "/pause?mode=keep&clear_cache=false", None).await;
     assert_eq!(paused, (200, json!({"status": "paused", "kv_policy": "recompute"})));
@@ -232,9 +246,9 @@ async fn skyrls_global_keep_pause_load_and_resume_finish_every_completion_with_p
     }
 
     // SkyRL 0.4's in-place reload swaps in keep mode under the same name, without a pause call.
-    let baseline = demo.generated_tokens("meow", 2);
+    demo.stall_next("meow", 1, STALL_AFTER);
     let meow = spawn_completion(&demo, "meow");
-    wait_for_tokens(&demo, "meow", 2, baseline + 8).await;
+    demo.wait_stalled(1).await;
     let reload = json!({"lora_name": "meow", "lora_path": "meow"});
     let (status, reloaded) = post(&demo, "/skyrl/v1/load_lora_adapter", Some(reload)).await;
     assert_eq!((status, &reloaded["version"], &reloaded["kept_count"]), (200, &json!(3), &json!(1)), "{reloaded}");
@@ -289,10 +303,9 @@ fn kv_versions(sequence: &pb::SampledSequence) -> Vec<(u64, u64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reuse_swap_decodes_on_the_parked_keys_and_the_segments_say_so() {
     let demo = DemoServer::start().await;
-    let baseline = demo.generated_tokens("meow", 1);
-    let meows: Vec<_> = (0..2).map(|i| spawn_sample(&demo, "meow", &format!("meow-{i}"), BUDGET)).collect();
+    let meows: Vec<_> = (0..2).map(|i| spawn_sample(&demo, "meow", &format!("meow-{i}"), LONG_BUDGET)).collect();
     eventually("both meows run", PATIENCE, || async { demo.status("meow").await.in_flight == 2 }).await;
-    wait_for_tokens(&demo, "meow", 1, baseline + 16).await;
+    wait_for_tokens(&demo, "meow", 1, 16).await;
 
     let mut reuse = swap("meow", "woof", PauseMode::Keep);
     reuse.kv_policy = pb::KvPolicy::Reuse.into();
@@ -301,16 +314,17 @@ async fn a_reuse_swap_decodes_on_the_parked_keys_and_the_segments_say_so() {
     assert_eq!(swapped.kv_policy(), pb::KvPolicy::Reuse, "the embedded engine parks");
     for meow in meows {
         let sequence = &finished(meow).await.sequences[0];
-        assert_whole(sequence, BUDGET);
+        assert_whole(sequence, LONG_BUDGET);
         assert_eq!(kv_versions(sequence), vec![(1, 1), (2, 1)], "v2's tokens attended to v1's keys and values");
     }
 
     // The default swap recomputes: every key and value of the continuation is the new version's.
-    let baseline = demo.generated_tokens("meow", 2);
+    demo.stall_next("meow", 1, STALL_AFTER);
     let meow = spawn_sample(&demo, "meow", "meow-recomputed", BUDGET);
-    wait_for_tokens(&demo, "meow", 2, baseline + 8).await;
+    demo.wait_stalled(1).await;
     let swapped = demo.control().swap_lora_adapter(swap("meow", "meow", PauseMode::Keep)).await.expect("swap");
-    assert_eq!(swapped.into_inner().kv_policy(), pb::KvPolicy::Recompute);
+    let swapped = swapped.into_inner();
+    assert_eq!((swapped.kept_count, swapped.kv_policy()), (1, pb::KvPolicy::Recompute));
     let sequence = &finished(meow).await.sequences[0];
     assert_whole(sequence, BUDGET);
     assert_eq!(kv_versions(sequence), vec![(2, 2), (3, 3)]);
@@ -318,7 +332,7 @@ async fn a_reuse_swap_decodes_on_the_parked_keys_and_the_segments_say_so() {
     // Unloaded while parked: the request ends with its tokens and FINISH_REASON_ABORT (and its parked keys and
     // values are dropped with it), and the server serves on.
     let baseline = demo.generated_tokens("meow", 3);
-    let meow = spawn_sample(&demo, "meow", "meow-unloaded", BUDGET);
+    let meow = spawn_sample(&demo, "meow", "meow-unloaded", LONG_BUDGET);
     wait_for_tokens(&demo, "meow", 3, baseline + 8).await;
     let mut park = pause("meow", PauseMode::Keep, "trainer", 0.0);
     park.kv_policy = pb::KvPolicy::Reuse.into();

@@ -1,8 +1,9 @@
 //! The retry client against a real server with the demo model (issue 5): aborted samples come back finished,
 //! token-exact, with each token's adapter version; other adapters never notice.
 //!
-//! Every test first makes sure the work it pauses was really running (the abort reports its request ids, and the
-//! server's token counter moved), so none of them would pass if the pause came too late to matter.
+//! Every test first makes sure the work it pauses was really running: the engine stalls it after a few tokens until
+//! the pause cancels it ([`DemoServer::stall_next`]), and the abort reports its request ids, so none of them depends
+//! on the pause landing in time and none would pass if it came too late to matter.
 
 use loragate_client::{SamplingClient, TrainerClient};
 use loragate_core::testing::eventually_within as eventually;
@@ -10,8 +11,11 @@ use loragate_proto::v1::{self as pb, FinishReason, SampleResponse, SampledSequen
 use loragate_tests::{DemoServer, PATIENCE, sample_request, text};
 use tokio::task::JoinHandle;
 
-/// Long enough that a pause lands mid-generation, short enough for CI.
+/// A budget that cannot be spent before the pause: each paused sample stalls after [`STALL_AFTER`] tokens.
 const LONG: u32 = 192;
+
+/// How many tokens per sequence a sample that is paused mid-generation produces before it stalls.
+const STALL_AFTER: u32 = 8;
 
 fn params(max_tokens: u32) -> pb::SamplingParams {
     // The demo adapters rarely emit EOS; `ignore_eos` makes every sample run its whole budget, so "finished" means
@@ -53,14 +57,6 @@ async fn resume(demo: &DemoServer, lora_name: &str) {
     assert!(demo.control().resume_lora_requests(resume).await.expect("resume").into_inner().was_paused);
 }
 
-/// Waits until `lora_name` (version 1) generated `more` tokens beyond `baseline`.
-async fn wait_for_tokens(demo: &DemoServer, lora_name: &str, baseline: u64, more: u64) {
-    eventually(&format!("{lora_name} generated {more} tokens"), PATIENCE, || async {
-        demo.generated_tokens(lora_name, 1) >= baseline + more
-    })
-    .await;
-}
-
 fn assert_finished_whole(sequence: &SampledSequence, max_tokens: u32) {
     assert_eq!(sequence.finish_reason(), FinishReason::Length, "{sequence:?}");
     assert_eq!(sequence.token_ids.len(), max_tokens as usize, "the budget is spent exactly, never exceeded");
@@ -71,9 +67,10 @@ fn assert_finished_whole(sequence: &SampledSequence, max_tokens: u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pausing_meow_leaves_concurrent_woof_samples_finishing_with_woof() {
     let demo = DemoServer::start().await;
+    demo.stall_next("meow", 1, STALL_AFTER);
     let meow = spawn_sample(&demo, request("meow", "meow-0", params(LONG), 1));
     let woof_running = spawn_sample(&demo, request("woof", "woof-0", params(48), 1));
-    wait_for_tokens(&demo, "meow", 0, 8).await;
+    demo.wait_stalled(1).await;
     assert_eq!(pause(&demo, "meow").await, vec!["meow-0"], "meow was mid-generation when paused");
 
     let woof_fresh = spawn_sample(&demo, request("woof", "woof-1", params(48), 1));
@@ -98,13 +95,13 @@ async fn a_paused_meow_continues_token_exact_while_woof_finishes() {
     // multiple of five (1 in 625); one that dropped or repeated a token would never match.
     let reference = finished(spawn_sample(&demo, request("meow", "reference", params(LONG), 1))).await;
     let reference = reference.sequences[0].token_ids.clone();
-    let baseline = demo.generated_tokens("meow", 1);
 
+    demo.stall_next("meow", 4, STALL_AFTER);
     let meows: Vec<_> =
         (0..4).map(|i| spawn_sample(&demo, request("meow", &format!("meow-{i}"), params(LONG), 1))).collect();
     let woofs: Vec<_> =
         (0..4).map(|i| spawn_sample(&demo, request("woof", &format!("woof-{i}"), params(LONG), 1))).collect();
-    wait_for_tokens(&demo, "meow", baseline, 4 * 8).await;
+    demo.wait_stalled(4).await;
     let aborted = pause(&demo, "meow").await;
     assert_eq!(aborted, vec!["meow-0", "meow-1", "meow-2", "meow-3"], "all four were in flight when paused");
 
@@ -135,8 +132,9 @@ async fn a_weight_swap_mid_sample_gives_meow_then_woof_with_two_segments() {
     let load = pb::LoadLoraAdapterRequest { lora_name: "target".into(), path: "meow".into() };
     assert_eq!(demo.control().load_lora_adapter(load).await.expect("load").into_inner().version, 1);
 
+    demo.stall_next("target", 1, 3 * STALL_AFTER);
     let sample = spawn_sample(&demo, request("target", "rollout", params(LONG), 1));
-    wait_for_tokens(&demo, "target", 0, 24).await;
+    demo.wait_stalled(1).await;
     let swap = TrainerClient::new(demo.channel.clone()).swap_adapter("target", "woof").await.expect("swap");
     assert_eq!((swap.version, swap.aborted_request_ids), (2, vec!["rollout".to_owned()]), "swapped mid-sample");
     assert!(!demo.status("target").await.paused, "the swap reopened the adapter");
@@ -145,7 +143,7 @@ async fn a_weight_swap_mid_sample_gives_meow_then_woof_with_two_segments() {
     assert_finished_whole(sequence, LONG);
     let [before, after] = sequence.segments.as_slice() else { panic!("two segments: {:?}", sequence.segments) };
     assert_eq!((before.lora_version, after.lora_version), (1, 2));
-    assert_eq!((before.start, before.end, after.start, after.end), (0, before.end, before.end, LONG));
+    assert_eq!((before.start, before.end, after.start, after.end), (0, 3 * STALL_AFTER, 3 * STALL_AFTER, LONG));
     let (old, new) = sequence.token_ids.split_at(before.end as usize);
     assert!(text(old).contains("meow") && !text(old).contains("woof"), "old weights: {:?}", text(old));
     assert!(text(new).contains("woof"), "new weights: {:?}", text(new));
@@ -174,8 +172,9 @@ async fn a_fresh_sample_while_paused_is_held_and_finishes_after_resume() {
 async fn four_samples_of_one_request_all_finish_across_a_pause() {
     let demo = DemoServer::start().await;
     let sampled = pb::SamplingParams { temperature: 1.0, seed: Some(7), ..params(LONG) };
+    demo.stall_next("meow", 1, STALL_AFTER);
     let sample = spawn_sample(&demo, request("meow", "group", sampled, 4));
-    wait_for_tokens(&demo, "meow", 0, 4 * 8).await;
+    demo.wait_stalled(4).await;
     assert_eq!(pause(&demo, "meow").await, vec!["group"], "the group was mid-generation when paused");
     resume(&demo, "meow").await;
 

@@ -359,6 +359,7 @@ impl ServeArgs {
             replica_lease: self.replica_lease,
             log_stats_interval: (!self.log_stats_interval.is_zero()).then_some(self.log_stats_interval),
             tinker: self.tinker.tinker_config(),
+            engine_layer: None,
         }
     }
 }

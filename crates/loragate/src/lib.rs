@@ -55,7 +55,7 @@ pub use large_frees::return_large_frees_to_the_os;
 pub use logging::{LogFormat, init_logging};
 pub use loragate_engine::{DemoFiles, default_cache_dir, ensure_demo_files};
 pub use model::{InitialAdapter, ModelSource};
-pub use serve::{RunningServer, ServeConfig};
+pub use serve::{EngineLayer, RunningServer, ServeConfig};
 pub use settings::{AdapterSettings, Authentication, FleetSettings, GateDeadlines};
 pub use state_dir::StateLocation;
 pub use worker::{RunningWorker, WorkerSettings};

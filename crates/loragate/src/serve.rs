@@ -27,7 +27,7 @@ mod steps;
 mod version_fetch;
 
 use self::backend::Backend;
-pub use self::config::ServeConfig;
+pub use self::config::{EngineLayer, ServeConfig};
 use self::fronts::{FrontSettings, Fronts, Listeners};
 use self::steps::{StartupPlan, StartupSteps};
 use self::version_fetch::HttpVersionFetcher;
@@ -191,7 +191,11 @@ async fn start_serving(
                 max_loras: config.adapters.max_loras,
                 ..coordinator_config(config.deadlines, config.limits, auth, adapter_root, &served_model_name)
             };
-            let coordinator = Coordinator::start(backend.engine.clone(), coordinator_config).await?;
+            let engine = match &config.engine_layer {
+                Some(layer) => layer.wrap(backend.engine.clone()),
+                None => backend.engine.clone(),
+            };
+            let coordinator = Coordinator::start(engine, coordinator_config).await?;
             adapters::load_initial_adapters(&coordinator, adapters).await?;
             Ok::<_, ServeError>(coordinator)
         })

@@ -1,10 +1,12 @@
 //! Everything `loragate serve` needs, in the setting groups it shares with `worker`.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use loragate_core::Limits;
+use loragate_core::{Engine, Limits};
 use loragate_engine::EngineConfig;
 use loragate_net::ConnectionLimits;
 use loragate_tinker::TinkerConfig;
@@ -51,6 +53,36 @@ pub struct ServeConfig {
     pub tinker: TinkerConfig,
     /// How often the stats line is logged (`--log-stats-interval`); `None` for never.
     pub log_stats_interval: Option<Duration>,
+    /// What wraps the engine (in-process or the fleet) before the coordinator drives it; `None` (every flag-built
+    /// configuration) drives it as started. For embedders that shape every request at the engine seam.
+    pub engine_layer: Option<EngineLayer>,
+}
+
+/// A wrapper around the engine the coordinator drives ([`ServeConfig::engine_layer`]): it gets the started engine
+/// and returns the one the coordinator uses, which delegates to it. The cross-crate tests stall requests at a known
+/// token with one, so that a pause is certain to find them running.
+#[derive(Clone)]
+pub struct EngineLayer(Arc<WrapEngine>);
+
+/// What an [`EngineLayer`] does to the started engine.
+type WrapEngine = dyn Fn(Arc<dyn Engine>) -> Arc<dyn Engine> + Send + Sync;
+
+impl EngineLayer {
+    /// The layer that wraps an engine with `wrap`.
+    pub fn new(wrap: impl Fn(Arc<dyn Engine>) -> Arc<dyn Engine> + Send + Sync + 'static) -> Self {
+        Self(Arc::new(wrap))
+    }
+
+    /// `engine`, wrapped.
+    pub(crate) fn wrap(&self, engine: Arc<dyn Engine>) -> Arc<dyn Engine> {
+        (self.0)(engine)
+    }
+}
+
+impl fmt::Debug for EngineLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("EngineLayer(..)")
+    }
 }
 
 impl ServeConfig {
@@ -73,6 +105,7 @@ impl ServeConfig {
             replica_lease: Duration::from_secs(5),
             tinker: TinkerConfig::default(),
             log_stats_interval: None,
+            engine_layer: None,
         }
     }
 }
