@@ -10,8 +10,14 @@ use loragate_core::{AdapterSource, CONFIG_FILE, Sha256, WEIGHTS_FILE};
 
 use crate::worker::WorkerError;
 
-/// The size of the chunks the weights are streamed in.
-const CHUNK_BYTES: usize = 1 << 20;
+/// The size of the chunks the weights are streamed in: under glibc's mmap threshold, which the server pins at 128 KiB
+/// (`loragate::return_large_frees_to_the_os`), so that the read buffers, the encoded messages and a `loragate
+/// worker`'s decoded chunks come from the heap and are reused, not mapped, page-faulted in and unmapped again for
+/// every chunk (with 1 MiB chunks that churn was about a third of a fleet coordinator's CPU time during a push).
+const CHUNK_BYTES: usize = 64 * 1024;
+
+/// How many chunks the reader reads ahead of the slowest point of the stream.
+const CHUNKS_AHEAD: usize = 16;
 
 /// What a worker needs to load one adapter version.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,37 +92,19 @@ impl PushedFiles {
             .map_err(|err| WorkerError::Unavailable(format!("reading the pushed {CONFIG_FILE}: {err}")))
     }
 
-    /// The bytes of `adapter_model.safetensors`, in chunks. A read failing midway ends the stream early (the
-    /// receiver then refuses the truncated file by the size and SHA-256 it was told).
+    /// The bytes of `adapter_model.safetensors`, in chunks of [`CHUNK_BYTES`], read by one blocking task of their
+    /// own a few chunks ahead of the stream (not one blocking call per chunk). A read failing midway ends the stream
+    /// early (the receiver then refuses the truncated file by the size and SHA-256 it was told); so does dropping
+    /// the stream, which stops the reader.
     pub(crate) async fn weights(&self) -> Result<BoxStream<'static, Vec<u8>>, WorkerError> {
         let path = self.dir.join(WEIGHTS_FILE);
         let file = tokio::task::spawn_blocking(move || std::fs::File::open(path))
             .await
             .map_err(|err| WorkerError::Unavailable(err.to_string()))?
             .map_err(|err| WorkerError::Unavailable(format!("reading the pushed {WEIGHTS_FILE}: {err}")))?;
-        let chunks = futures::stream::unfold(Some(file), |file| async move {
-            let mut file = file?;
-            let read = tokio::task::spawn_blocking(move || {
-                use std::io::Read;
-                let mut chunk = vec![0u8; CHUNK_BYTES];
-                let read = file.read(&mut chunk).map(|len| {
-                    chunk.truncate(len);
-                    chunk
-                });
-                (file, read)
-            })
-            .await;
-            match read {
-                Ok((_, Ok(chunk))) if chunk.is_empty() => None,
-                Ok((file, Ok(chunk))) => Some((chunk, Some(file))),
-                Ok((_, Err(err))) => {
-                    tracing::warn!(%err, "reading pushed weights failed midway; the push ends truncated");
-                    None
-                }
-                Err(_) => None,
-            }
-        });
-        Ok(chunks.boxed())
+        let (chunks, received) = tokio::sync::mpsc::channel(CHUNKS_AHEAD);
+        tokio::task::spawn_blocking(move || read_chunks(file, &chunks));
+        Ok(tokio_stream::wrappers::ReceiverStream::new(received).boxed())
     }
 
     /// Checks what a receiver answered having stored the push: the SHA-256 (and size, if it says) it computed must be
@@ -135,6 +123,28 @@ impl PushedFiles {
             )));
         }
         Ok(())
+    }
+}
+
+/// Reads `file` in chunks of [`CHUNK_BYTES`] into `chunks` until its end, a read error (logged; the stream ends
+/// early) or the stream's end being dropped. Blocking.
+fn read_chunks(mut file: std::fs::File, chunks: &tokio::sync::mpsc::Sender<Vec<u8>>) {
+    use std::io::Read;
+    loop {
+        let mut chunk = vec![0u8; CHUNK_BYTES];
+        let len = match file.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(len) => len,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(err) => {
+                tracing::warn!(%err, "reading pushed weights failed midway; the push ends truncated");
+                return;
+            }
+        };
+        chunk.truncate(len);
+        if chunks.blocking_send(chunk).is_err() {
+            return; // the delivery ended
+        }
     }
 }
 
@@ -158,6 +168,37 @@ mod tests {
         assert!(matches!(files.check_receipt(&other, Some(42)), Err(WorkerError::Malformed(_))));
         assert!(matches!(files.check_receipt("", None), Err(WorkerError::Malformed(_))), "no digest is a failure");
         assert!(matches!(files.check_receipt(&sha, Some(41)), Err(WorkerError::Malformed(_))));
+    }
+
+    #[tokio::test]
+    async fn the_weights_stream_in_chunks_under_the_mmap_threshold_and_end_with_the_file() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let weights: Vec<u8> = (0..CHUNK_BYTES * 5 / 2 + 7).map(|index| (index * 31 % 251) as u8).collect();
+        std::fs::write(dir.path().join(WEIGHTS_FILE), &weights).expect("written");
+        let source = AdapterSource::pushed(dir.path(), Sha256([7; 32]), weights.len() as u64);
+        let delivery = Delivery::of(&source, dir.path().to_string_lossy().into_owned());
+        let files = delivery.pushed().expect("pushed");
+        let chunks: Vec<Vec<u8>> = files.weights().await.expect("opened").collect().await;
+        assert_eq!(chunks.len(), 3);
+        assert!(chunks.iter().all(|chunk| chunk.len() <= CHUNK_BYTES && CHUNK_BYTES < 128 * 1024));
+        assert_eq!(chunks.concat(), weights);
+    }
+
+    #[tokio::test]
+    async fn a_reader_whose_stream_was_dropped_stops() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join(WEIGHTS_FILE);
+        std::fs::write(&path, vec![1u8; CHUNK_BYTES * (CHUNKS_AHEAD + 4)]).expect("written");
+        let file = std::fs::File::open(&path).expect("opened");
+        let (chunks, mut received) = tokio::sync::mpsc::channel(CHUNKS_AHEAD);
+        let reader = tokio::task::spawn_blocking(move || read_chunks(file, &chunks));
+        assert_eq!(received.recv().await.map(|chunk| chunk.len()), Some(CHUNK_BYTES));
+        drop(received);
+        // More chunks remain than the channel holds: only the dropped end stops the reader.
+        tokio::time::timeout(std::time::Duration::from_secs(30), reader)
+            .await
+            .expect("the reader stopped")
+            .expect("the reader did not panic");
     }
 
     #[test]

@@ -303,7 +303,12 @@ async fn fleet(args: &Args, model: &Path, client: &reqwest::Client, scene: &Push
     let coordinator = Server { name: "coordinator", child, base_url, model: String::new(), extra: json!({}) };
     let trainer = TrainerClient::connect(grpc_url).await.expect("the trainer connects");
     let mut times = Vec::new();
+    let pids: Vec<u32> = std::iter::once(coordinator.child.id()).chain(workers.iter().map(|w| w.child.id())).collect();
+    let mut cpu_before = None;
     for round in 0..args.rounds.max(1) * 3 + 1 {
+        if round == 1 {
+            cpu_before = Some((cpu_seconds(&pids), own_cpu_seconds()));
+        }
         let started = Instant::now();
         let payload = AdapterPayload::Directory(scene.adapter_dir(round));
         let version = trainer.push_adapter(NAME, payload, SwapOptions::default()).await.expect("a fleet push").version;
@@ -314,7 +319,26 @@ async fn fleet(args: &Args, model: &Path, client: &reqwest::Client, scene: &Push
             times.push(elapsed);
         }
     }
+    let (servers_before, own_before) = cpu_before.expect("taken after the first push");
+    let servers_cpu: Vec<f64> =
+        cpu_seconds(&pids).iter().zip(&servers_before).map(|(after, before)| after - before).collect();
+    let own_cpu = own_cpu_seconds() - own_before;
+    let wall: f64 = times.iter().sum();
     let value = median(&mut times);
+    let per_push = |seconds: f64| seconds / times.len() as f64 * 1e3;
+    let workers_cpu: Vec<String> = servers_cpu[1..].iter().map(|&cpu| format!("{:.0}", per_push(cpu))).collect();
+    let total_cpu = servers_cpu.iter().sum::<f64>() + own_cpu;
+    println!(
+        "fleet push CPU per push (push → first token, the mean of {}): coordinator {:.0} ms, workers {} ms, this \
+         client {:.0} ms; {:.0} ms in all over {:.0} ms of wall time ({:.2} cores busy)",
+        times.len(),
+        per_push(servers_cpu[0]),
+        workers_cpu.join(" / "),
+        per_push(own_cpu),
+        per_push(total_cpu),
+        per_push(wall),
+        total_cpu / wall
+    );
     println!(
         "\nfleet push ({FLEET_WORKERS} `loragate worker`s on separate empty adapter roots behind a coordinator, gRPC \
          push → first token of the new version, median of {}): {:.1} ms = {:.2}× the single server's gRPC push \
@@ -325,6 +349,29 @@ async fn fleet(args: &Args, model: &Path, client: &reqwest::Client, scene: &Push
     );
     drop(coordinator);
     drop(workers);
+}
+
+/// The CPU time (user and system) each of `pids` has used so far, in seconds.
+fn cpu_seconds(pids: &[u32]) -> Vec<f64> {
+    pids.iter().map(|pid| stat_cpu_seconds(&format!("/proc/{pid}/stat"))).collect()
+}
+
+/// The CPU time this process has used so far, in seconds.
+fn own_cpu_seconds() -> f64 {
+    stat_cpu_seconds("/proc/self/stat")
+}
+
+/// `utime + stime` of a `/proc/…/stat` file, in seconds.
+fn stat_cpu_seconds(path: &str) -> f64 {
+    let stat = std::fs::read_to_string(path).expect("a stat file");
+    // The fields after the command name (which may hold spaces) in parentheses; utime and stime are the 14th and 15th.
+    let rest = &stat[stat.rfind(')').expect("a command name") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    // SAFETY: sysconf reads a constant of the system.
+    #[allow(unsafe_code)]
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    ticks as f64 / per_second as f64
 }
 
 /// A 1-token completion of [`NAME`] on the server at `base_url`: the version its token was sampled with.
