@@ -26,6 +26,7 @@
 //! [`EngineError::Internal`]; the thread keeps serving. Dropping the [`StepThread`] stops the thread after its
 //! current step, and every request still in it ends with [`EngineError::Stopped`].
 
+mod awake;
 mod batch;
 mod cost;
 mod fair;
