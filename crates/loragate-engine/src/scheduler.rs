@@ -26,7 +26,6 @@
 //! [`EngineError::Internal`]; the thread keeps serving. Dropping the [`StepThread`] stops the thread after its
 //! current step, and every request still in it ends with [`EngineError::Stopped`].
 
-mod awake;
 mod batch;
 mod cost;
 mod fair;

@@ -7,7 +7,6 @@ use std::time::Instant;
 use candle_core::{DType, Tensor};
 
 use super::Scheduler;
-use super::awake::AwakeWorkers;
 use super::cost::StepShape;
 use super::fair::Limits;
 use super::pending::{Scheduled, Taken};
@@ -80,9 +79,6 @@ impl Scheduler {
         let ran = decode_rows > 0 || !scheduled.is_empty();
         let mut back = idle;
         if ran {
-            // The pool's other workers stay awake through the pass and the sampling: its many short parallel
-            // regions are not each kept waiting for a worker to wake up.
-            let _awake = AwakeWorkers::engage();
             let started = Instant::now();
             let shape = StepShape { decode_rows, prefill_tokens: scheduled.iter().map(|chunk| chunk.tokens).sum() };
             match self.run_pass(&mut scheduled) {
