@@ -1,12 +1,16 @@
 //! The CPU attention kernels on synthetic paged KV caches, for the engine's `attention` benchmark (`cargo bench -p
-//! loragate-engine --bench attention`): the kernels themselves are internal to the engine, so this is the one door
-//! the benchmark goes through. Nothing else uses it.
+//! loragate-engine --bench attention`), and a decode step's quantized products, for its `products` benchmark: the
+//! kernels themselves are internal to the engine, so this is the one door the benchmarks go through. Nothing else
+//! uses it.
 
+use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Result, Tensor};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
 
 use super::kv_cache::{BLOCK_SIZE, LayerKv};
 use super::ops::{self, SequenceView};
-use super::quantized::Simd;
+use super::quantized::{QuantizedMatrix, Simd};
 
 /// The widest kernels a call may use (each falls back to the next narrower one the CPU has, as in the engine).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +102,99 @@ impl AttentionCase {
 
     fn views(&self) -> Vec<SequenceView<'_>> {
         self.tables.iter().map(|blocks| SequenceView { blocks, len: self.context }).collect()
+    }
+}
+
+/// The matrices of a decoder's layers and its LM head, for [`ProductsCase`].
+#[derive(Clone, Copy, Debug)]
+pub struct ProductShape {
+    /// Hidden size: the input width of every projection but the down projection.
+    pub hidden: usize,
+    /// The q projection's outputs (query heads × head size).
+    pub q: usize,
+    /// The k and v projections' outputs each (key/value heads × head size).
+    pub kv: usize,
+    /// The MLP's intermediate size.
+    pub intermediate: usize,
+    /// The LM head's outputs.
+    pub vocab: usize,
+    /// Decoder layers.
+    pub layers: usize,
+}
+
+impl ProductShape {
+    /// SmolLM2-135M's: hidden 576, 9 query heads and 3 key/value heads of 64, MLP 1,536, vocabulary 49,152, 30
+    /// layers.
+    pub const SMOLLM2_135M: Self = Self { hidden: 576, q: 576, kv: 192, intermediate: 1536, vocab: 49152, layers: 30 };
+}
+
+/// One decode step's quantized products as the engine runs them: per layer the q, k and v projections together,
+/// the output projection, the gate and up projections together and the down projection, the layers' matrices in a
+/// nibble format (SmolLM2's GGUF file has Q4_1) and the LM head in Q8_0 (the file's tied embedding), with seeded
+/// random weights. Every layer has its own matrices, so a step streams them from memory as a real one does.
+pub struct ProductsCase {
+    layers: Vec<[QuantizedMatrix; 7]>,
+    lm_head: QuantizedMatrix,
+    hidden: Vec<f32>,
+    intermediate: Vec<f32>,
+    shape: ProductShape,
+}
+
+impl ProductsCase {
+    /// Seeded random matrices of `shape`, the layers' in `format` (Q4_0, Q4_1 or Q8_0), and `rows` input rows.
+    pub fn new(shape: ProductShape, format: GgmlDType, rows: usize) -> Result<Self> {
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut matrix = |rows: usize, cols: usize, format: GgmlDType| -> Result<QuantizedMatrix> {
+            let weights = super::random_tensor(&mut rng, (rows, cols), 1.0, &Device::Cpu)?;
+            QuantizedMatrix::from_qtensor(&QTensor::quantize(&weights, format)?)?
+                .ok_or_else(|| candle_core::Error::Msg(format!("{format:?} is not served by the engine's kernels")))
+        };
+        let ProductShape { hidden, q, kv, intermediate, vocab, layers } = shape;
+        let layers = (0..layers)
+            .map(|_| {
+                Ok([
+                    matrix(q, hidden, format)?,
+                    matrix(kv, hidden, format)?,
+                    matrix(kv, hidden, format)?,
+                    matrix(hidden, q, format)?,
+                    matrix(intermediate, hidden, format)?,
+                    matrix(intermediate, hidden, format)?,
+                    matrix(hidden, intermediate, format)?,
+                ])
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let lm_head = matrix(vocab, hidden, GgmlDType::Q8_0)?;
+        let values = |count: usize, seed: usize| -> Vec<f32> {
+            (0..count).map(|i| ((i * seed + 7) % 97) as f32 / 48.0 - 1.0).collect()
+        };
+        Ok(Self {
+            layers,
+            lm_head,
+            hidden: values(rows * hidden.max(q), 17),
+            intermediate: values(rows * intermediate, 53),
+            shape,
+        })
+    }
+
+    /// The layers' products of the case's input rows, on the current pool; returns a checksum.
+    pub fn layers(&self) -> f32 {
+        let rows = self.hidden.len() / self.shape.hidden.max(self.shape.q);
+        let (hidden, intermediate) = (&self.hidden[..rows * self.shape.hidden], &self.intermediate[..]);
+        let mut checksum = 0.0;
+        for [q, k, v, o, gate, up, down] in &self.layers {
+            let qkv = QuantizedMatrix::matmul_many(&[q, k, v], hidden, rows);
+            let output = o.matmul(&self.hidden[..rows * self.shape.q], rows);
+            let gate_up = QuantizedMatrix::matmul_many(&[gate, up], hidden, rows);
+            let down = down.matmul(intermediate, rows);
+            checksum += qkv[0][0] + output[0] + gate_up[1][0] + down[0];
+        }
+        checksum
+    }
+
+    /// The LM head's product of the case's input rows, on the current pool; returns a checksum.
+    pub fn lm_head(&self) -> f32 {
+        let rows = self.hidden.len() / self.shape.hidden.max(self.shape.q);
+        self.lm_head.matmul(&self.hidden[..rows * self.shape.hidden], rows)[0]
     }
 }
 

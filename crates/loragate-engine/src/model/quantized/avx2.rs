@@ -10,8 +10,8 @@
 //! Where the CPU has AVX-512 VNNI (and VL), the same kernel is compiled with those features too and each row's
 //! `vpmaddubsw` + `vpmaddwd` pair becomes one `vpdpbusd` on the same 256-bit vectors ([`Vnni`]): it sums the same
 //! four byte products into each 32-bit lane, exactly, so both variants give bit-identical results. `pulp` (as the
-//! workspace builds it) has no VNNI feature set or intrinsic, so [`Vnni`] holds the crate's only two `unsafe`
-//! blocks: entering the kernel compiled with those features, and the `vpdpbusd` call, both behind a token made
+//! workspace builds it) has no VNNI feature set or intrinsic, so [`Vnni`] holds this kernel's `unsafe`
+//! blocks: entering the kernel compiled with those features, and the `vpdpbusd` calls, all behind a token made
 //! only after the run-time check.
 
 #[cfg(target_arch = "x86_64")]
@@ -20,6 +20,13 @@ use std::arch::x86_64::{__m128, __m128i, __m256, __m256i};
 #[cfg(target_arch = "x86_64")]
 use super::{BLOCK, ByteGroup, INPUT_TILE, NibbleGroup, ROW_GROUP, RowGroups};
 use super::{QuantizedInput, QuantizedMatrix};
+
+/// How far ahead of the block it multiplies [`single_nibbles`] asks for the weights: streaming a layer's small
+/// matrices one after the other, one core keeps too few loads in flight with the hardware prefetchers alone (the
+/// `products` benchmark: 30 layers of SmolLM2-135M's Q4_1 matrices in about a fifth less CPU time; the Q8_0 LM
+/// head, one large matrix, got slower with it, so [`single`] has none).
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_BYTES: usize = 2048;
 
 /// Input tiles computed against each row group before the next: their blocks (a few kilobytes) stay in the
 /// first-level cache while the groups stream past.
@@ -71,6 +78,11 @@ trait Dot: Copy {
     /// Eight 32-bit sums, lane `i` the exact sum of the products of bytes `4i..4i + 4` (no intermediate
     /// saturation for the values served here: unsigned bytes up to 128, signed ones within ±127).
     fn dot(self, simd: pulp::x86::V3, unsigned: __m256i, signed: __m256i) -> __m256i;
+
+    /// Eight 32-bit sums, lane `i` the exact sum of the products of bytes `4i..4i + 4` of `low` with `x_low` and
+    /// of `high` with `x_high`: two [`Dot::dot`]s added, for unsigned bytes up to 15 (nibbles), which lets the
+    /// 16-bit pair sums of both be added before widening.
+    fn dot_nibbles(self, simd: pulp::x86::V3, low: __m256i, x_low: __m256i, high: __m256i, x_high: __m256i) -> __m256i;
 }
 
 /// AVX2: `vpmaddubsw` to pairs in 16 bits (at most 2·128·127, no saturation), `vpmaddwd` by ones to quads.
@@ -84,6 +96,15 @@ impl Dot for Maddubs {
     fn dot(self, simd: pulp::x86::V3, unsigned: __m256i, signed: __m256i) -> __m256i {
         let pairs = simd.avx2._mm256_maddubs_epi16(unsigned, signed);
         simd.avx2._mm256_madd_epi16(pairs, simd.avx._mm256_set1_epi16(1))
+    }
+
+    /// Each 16-bit pair sum is at most 2·15·127 in magnitude, two of them 3,810 · 2: no saturation.
+    #[inline(always)]
+    fn dot_nibbles(self, simd: pulp::x86::V3, low: __m256i, x_low: __m256i, high: __m256i, x_high: __m256i) -> __m256i {
+        let avx2 = simd.avx2;
+        let pairs =
+            avx2._mm256_add_epi16(avx2._mm256_maddubs_epi16(low, x_low), avx2._mm256_maddubs_epi16(high, x_high));
+        avx2._mm256_madd_epi16(pairs, simd.avx._mm256_set1_epi16(1))
     }
 }
 
@@ -133,6 +154,14 @@ impl Dot for Vnni {
         // `self` exists only once `Vnni::try_new` has detected both on this CPU at run time (and the kernel is
         // compiled with them through `Vnni::vectorize`, so this call is inlined).
         unsafe { std::arch::x86_64::_mm256_dpbusd_epi32(zero, unsigned, signed) }
+    }
+
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    fn dot_nibbles(self, simd: pulp::x86::V3, low: __m256i, x_low: __m256i, high: __m256i, x_high: __m256i) -> __m256i {
+        let low = self.dot(simd, low, x_low);
+        // SAFETY: as in `dot`: the features were detected when `self` was made.
+        unsafe { std::arch::x86_64::_mm256_dpbusd_epi32(low, high, x_high) }
     }
 }
 
@@ -210,6 +239,20 @@ trait Group: Copy {
     fn products<D: Dot>(simd: pulp::x86::V3, dot: D, weights: Self::Unpacked, x: __m256i) -> __m256i;
     /// The four rows' scales and offsets (zero without offsets), in f32.
     fn scales_and_offsets(&self, simd: pulp::x86::V3) -> (__m128, __m128);
+
+    /// The input row `input_row` alone against every group of `groups` (`out_t`'s): [`single`] unless the format
+    /// has a faster way.
+    #[inline(always)]
+    fn single_row<D: Dot>(
+        simd: pulp::x86::V3,
+        dot: D,
+        groups: &[Self],
+        input: &QuantizedInput,
+        input_row: usize,
+        out_t: &mut [f32],
+    ) {
+        single(simd, dot, groups, input, input_row, out_t);
+    }
 }
 
 /// Eight f16 values to f32, exactly for finite ones (the groups hold only those), with AVX2 alone (`pulp`'s AVX2
@@ -248,6 +291,18 @@ impl Group for NibbleGroup {
         let halves: __m128i = bytemuck::cast([self.scales, self.offsets]);
         let both = halves_to_f32(simd, halves);
         (simd.avx._mm256_castps256_ps128(both), simd.avx._mm256_extractf128_ps::<1>(both))
+    }
+
+    #[inline(always)]
+    fn single_row<D: Dot>(
+        simd: pulp::x86::V3,
+        dot: D,
+        groups: &[Self],
+        input: &QuantizedInput,
+        input_row: usize,
+        out_t: &mut [f32],
+    ) {
+        single_nibbles(simd, dot, groups, input, input_row, out_t);
     }
 }
 
@@ -320,7 +375,7 @@ impl<G: Group, D: Dot> pulp::NullaryFnOnce for Kernel<'_, G, D> {
         let groups = &groups[first * blocks..(first + count) * blocks];
         if input.rows < INPUT_TILE {
             for input_row in 0..input.rows {
-                single(simd, dot, groups, input, input_row, out_t);
+                G::single_row(simd, dot, groups, input, input_row, out_t);
             }
         } else {
             tiles(simd, dot, groups, input, out_t);
@@ -357,6 +412,74 @@ fn single<G: Group, D: Dot>(
             }
         }
         let total: [f32; ROW_GROUP] = bytemuck::cast(total);
+        for (row, value) in total.into_iter().enumerate() {
+            out[row * input.rows + input_row] = value;
+        }
+    }
+}
+
+/// [`single`] for the nibble formats, with fewer operations per block (a decode step of one sequence spends most of
+/// its time here, and one core runs it more slowly than memory delivers the weights): two rows' packed values are
+/// one 256-bit load, whose low nibbles are multiplied with the input's first 16 values held in both 128-bit lanes
+/// and whose high nibbles with its last 16, the two 16-bit pair sums added before widening ([`Dot::dot_nibbles`]);
+/// each pair of rows accumulates its four partial sums per row, scaled by its own combined scales, in one vector,
+/// reduced once per row group rather than once per block; the offsets' `m·s` accumulate in a vector of their own.
+/// The integer sums are those of [`single`]; only the order of the f32 additions differs.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn single_nibbles<D: Dot>(
+    simd: pulp::x86::V3,
+    dot: D,
+    groups: &[NibbleGroup],
+    input: &QuantizedInput,
+    input_row: usize,
+    out_t: &mut [f32],
+) {
+    let (sse, avx, avx2, fma) = (simd.sse, simd.avx, simd.avx2, simd.fma);
+    let blocks = input.blocks_per_row;
+    let row_blocks = input_row * blocks..(input_row + 1) * blocks;
+    let values: &[u8] = bytemuck::cast_slice(&input.values[row_blocks.start * BLOCK..row_blocks.end * BLOCK]);
+    let (scales, sums) = (&input.scales[row_blocks.clone()], &input.sums[row_blocks]);
+    // Each input block's first and last 16 values, each in both 128-bit lanes.
+    let halves: Vec<[__m256i; 2]> = values
+        .chunks_exact(BLOCK)
+        .map(|x| {
+            let x: __m256i = bytemuck::pod_read_unaligned(x);
+            [avx2._mm256_permute4x64_epi64::<0b01_00_01_00>(x), avx2._mm256_permute4x64_epi64::<0b11_10_11_10>(x)]
+        })
+        .collect();
+    let nibble = avx._mm256_set1_epi8(0x0F);
+    // Lanes of the combined scales `[row 0, row 1, row 2, row 3]`: rows 0 and 1's, rows 2 and 3's, four each.
+    let (rows_01, rows_23) =
+        (avx._mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), avx._mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3));
+    for (group, out) in groups.chunks_exact(blocks).zip(out_t.chunks_exact_mut(ROW_GROUP * input.rows)) {
+        let (mut sums_01, mut sums_23) = (avx._mm256_setzero_ps(), avx._mm256_setzero_ps());
+        let mut offsets_total = sse._mm_setzero_ps();
+        for (((block, &[x_low, x_high]), &x_scale), &x_sum) in group.iter().zip(&halves).zip(scales).zip(sums) {
+            // Never faults, wherever it points (past the matrix's end for its last groups).
+            sse._mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                std::ptr::from_ref(block).cast::<i8>().wrapping_add(PREFETCH_BYTES),
+            );
+            let (scales, offsets) = block.scales_and_offsets(simd);
+            let combined = avx._mm256_castps128_ps256(sse._mm_mul_ps(scales, sse._mm_set1_ps(x_scale)));
+            offsets_total = fma._mm_fmadd_ps(offsets, sse._mm_set1_ps(x_sum), offsets_total);
+            // Rows 0 and 1, then rows 2 and 3: 32 bytes each, a row's 16 in each 128-bit lane.
+            let packed: [__m256i; 2] = bytemuck::cast(block.values);
+            let products = |packed: __m256i| {
+                let low = avx2._mm256_and_si256(packed, nibble);
+                let high = avx2._mm256_and_si256(avx2._mm256_srli_epi16::<4>(packed), nibble);
+                avx._mm256_cvtepi32_ps(dot.dot_nibbles(simd, low, x_low, high, x_high))
+            };
+            sums_01 =
+                fma._mm256_fmadd_ps(products(packed[0]), avx2._mm256_permutevar8x32_ps(combined, rows_01), sums_01);
+            sums_23 =
+                fma._mm256_fmadd_ps(products(packed[1]), avx2._mm256_permutevar8x32_ps(combined, rows_23), sums_23);
+        }
+        // [0 0 2 2 | 1 1 3 3] (each a row's sum of two partial sums), then [0 2 0 2 | 1 3 1 3], then [0 1 2 3].
+        let pairs = avx._mm256_hadd_ps(sums_01, sums_23);
+        let quads = avx._mm256_hadd_ps(pairs, pairs);
+        let rows = sse._mm_unpacklo_ps(avx._mm256_castps256_ps128(quads), avx._mm256_extractf128_ps::<1>(quads));
+        let total: [f32; ROW_GROUP] = bytemuck::cast(sse._mm_add_ps(rows, offsets_total));
         for (row, value) in total.into_iter().enumerate() {
             out[row * input.rows + input_row] = value;
         }
