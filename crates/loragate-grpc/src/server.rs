@@ -7,7 +7,7 @@ use std::sync::Arc;
 use loragate_core::{Coordinator, FleetControl};
 use loragate_net::{
     AccessLogLayer, ActivityLayer, ConnectionLimits, GuardedListener, HTTP2_CONNECTION_WINDOW_BYTES,
-    HTTP2_MAX_FRAME_BYTES, HTTP2_STREAM_WINDOW_BYTES,
+    HTTP2_MAX_FRAME_BYTES, HTTP2_MAX_PENDING_ACCEPT_RESETS, HTTP2_STREAM_WINDOW_BYTES,
 };
 use loragate_proto::FILE_DESCRIPTOR_SET;
 use loragate_proto::v1::fleet_server::FleetServer;
@@ -150,6 +150,8 @@ pub async fn serve_grpc_with(
         .initial_stream_window_size(HTTP2_STREAM_WINDOW_BYTES)
         .initial_connection_window_size(HTTP2_CONNECTION_WINDOW_BYTES)
         .max_frame_size(HTTP2_MAX_FRAME_BYTES)
+        // Clients that cancel many calls at once lose those calls, not their connection.
+        .http2_max_pending_accept_reset_streams(Some(HTTP2_MAX_PENDING_ACCEPT_RESETS))
         // Outermost: a call counts as in progress on its connection from the start, refused ones included.
         .layer(ActivityLayer);
     // The access log (`--access-log`) sees refusals of the authentication too. Without it there is no such layer.

@@ -38,6 +38,7 @@ pub use access_log::{ACCESS_LOG_TARGET, AccessLog, AccessLogLayer};
 pub use activity::{ActiveBody, ActiveRequest, ActivityFuture, ActivityLayer, ActivityService, Connection};
 pub use limits::{
     ConnectionLimits, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE_INTERVAL,
-    DEFAULT_MAX_CONNECTIONS, HTTP2_CONNECTION_WINDOW_BYTES, HTTP2_MAX_FRAME_BYTES, HTTP2_STREAM_WINDOW_BYTES,
+    DEFAULT_MAX_CONNECTIONS, HTTP2_CONNECTION_WINDOW_BYTES, HTTP2_MAX_FRAME_BYTES, HTTP2_MAX_PENDING_ACCEPT_RESETS,
+    HTTP2_STREAM_WINDOW_BYTES,
 };
 pub use listener::{GuardedListener, GuardedStream};

@@ -26,6 +26,13 @@ pub const HTTP2_CONNECTION_WINDOW_BYTES: u32 = 8 << 20;
 /// The largest HTTP/2 frame a gRPC server accepts (`max_frame_size`; HTTP/2's default is 16 KiB): a pushed adapter's
 /// megabyte messages arrive in a few frames rather than 64.
 pub const HTTP2_MAX_FRAME_BYTES: u32 = 256 << 10;
+/// How many requests a gRPC connection may have reset by their client before the server took them up, at once
+/// (`max_pending_accept_reset_streams`): as many as the streams a client may open (hyper's 200). HTTP/2's default,
+/// 20, drops the whole connection (GOAWAY ENHANCE_YOUR_CALM) when more are pending, which a busy server's clients
+/// reach by merely cancelling (a burst of samplers' timeouts), and every other call sharing the connection then
+/// fails with a broken pipe. The bound still caps what a client resetting streams on purpose can queue (the rapid
+/// reset attack, CVE-2023-44487).
+pub const HTTP2_MAX_PENDING_ACCEPT_RESETS: usize = 200;
 
 /// How many connections may be open and how long they may stay without a request. Cheap to clone; clones share
 /// one cap, so listeners given clones of the same limits share [`ConnectionLimits::max_connections`].

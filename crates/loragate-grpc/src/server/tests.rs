@@ -16,6 +16,7 @@ use super::*;
 
 mod hardening;
 mod matrix;
+mod resets;
 
 /// Tokens each scripted request emits before it waits to be aborted.
 const HOLD_AFTER: u32 = 3;
