@@ -15,11 +15,8 @@ use crate::contract::{CoreError, Field, Sha256, StateError};
 mod writer;
 
 /// Received bytes are gathered up to this size before they go to the writer: one hand-over and one blocking write per
-/// this many bytes rather than one per network chunk (HTTP bodies arrive in chunks of a few KiB). Small enough that a
-/// batch (this and one chunk) stays under glibc's mmap threshold, which the server pins at 128 KiB: batches come
-/// from the heap and its freed memory is reused, instead of each being mapped, page-faulted in and unmapped (a fleet
-/// coordinator's 64 KiB chunks to a `loragate worker` are handed over as they are).
-const WRITE_BATCH_BYTES: usize = 64 * 1024;
+/// this many bytes rather than one per network chunk (HTTP bodies arrive in chunks of a few KiB).
+const WRITE_BATCH_BYTES: usize = 1 << 20;
 
 /// A push being received (see the module documentation).
 pub struct Receiver {
