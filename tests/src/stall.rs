@@ -176,32 +176,28 @@ impl StalledRelay {
         loop {
             let event = tokio::select! {
                 event = inner.next() => event,
-                () = self.out.closed() => return self.unstall(),
+                () = self.out.closed() => break,
             };
             let Some(event) = event else { break };
             let Some(event) = self.relayed(event) else { continue };
             if self.out.send(event).is_err() {
-                return self.unstall();
+                break;
             }
             if self.stalled.iter().zip(&self.ended).all(|(stalled, ended)| *stalled || *ended) {
                 // Every sequence delivered what it may: the engine's further work would be thrown away.
                 inner_cancel.cancel();
             }
         }
-        if self.stalled.contains(&true) {
+        if self.stalled.contains(&true) && !self.out.is_closed() {
             tokio::select! {
                 () = cancel.cancelled() => {}
-                () = self.out.closed() => return self.unstall(),
-            }
-            // Counted off before the ends are sent: whoever sees them end sees the count without them.
-            let stalled: Vec<usize> = (0..self.stalled.len()).filter(|&index| self.stalled[index]).collect();
-            self.unstall();
-            for index in stalled {
-                let sequence = u32::try_from(index).expect("a sequence index");
-                let _ = self.out.send(Ok(EngineEvent::Finished { sequence, reason: FinishReason::Abort }));
+                () = self.out.closed() => {}
             }
         }
-        self.unstall();
+        // Counted off before the ends are sent: whoever sees them end sees the count without them.
+        for sequence in self.unstall() {
+            let _ = self.out.send(Ok(EngineEvent::Finished { sequence, reason: FinishReason::Abort }));
+        }
     }
 
     /// What of `event` reaches the caller: a stalled sequence's later tokens and its end do not.
@@ -233,10 +229,15 @@ impl StalledRelay {
         Some(Ok(event))
     }
 
-    /// The request's stalled sequences are no longer stalled (they ended, or their caller left).
-    fn unstall(&mut self) {
-        let stalled = self.stalled.iter().filter(|stalled| **stalled).count();
+    /// The request's stalled sequences are no longer stalled (they end, or their caller left): they are counted off
+    /// and returned.
+    fn unstall(&mut self) -> Vec<u32> {
+        let stalled: Vec<u32> = (0..self.stalled.len())
+            .filter(|&index| self.stalled[index])
+            .map(|index| u32::try_from(index).expect("a sequence index"))
+            .collect();
         self.stalled.fill(false);
-        self.stalls.stalled.send_modify(|now| *now -= stalled);
+        self.stalls.stalled.send_modify(|now| *now -= stalled.len());
+        stalled
     }
 }

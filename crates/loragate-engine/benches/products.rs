@@ -14,20 +14,15 @@ use std::time::{Duration, Instant};
 use candle_core::quantized::GgmlDType;
 use loragate_engine::kernel_bench::{ProductShape, ProductsCase};
 
+#[path = "support/thread_cpu_time.rs"]
+mod thread_cpu_time;
+
+use self::thread_cpu_time::cpu_time;
+
 /// Samples per figure; the median is printed.
 const SAMPLES: usize = 15;
 /// Time a sample aims for.
 const SAMPLE_TIME: Duration = Duration::from_millis(200);
-
-/// This thread's CPU time so far.
-fn cpu_time() -> Duration {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let schedstat = std::fs::read_to_string("/proc/thread-self/schedstat").ok();
-    match schedstat.and_then(|line| line.split_whitespace().next()?.parse::<u64>().ok()) {
-        Some(nanos) => Duration::from_nanos(nanos),
-        None => START.get_or_init(Instant::now).elapsed(),
-    }
-}
 
 /// The median time per call of `call`, by `clock`.
 fn measure(clock: fn() -> Duration, call: &mut dyn FnMut() -> f32) -> Duration {

