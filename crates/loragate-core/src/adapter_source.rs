@@ -4,9 +4,13 @@
 //! source only through [`AdapterSource::open_file`], which refuses anything but a regular file and, for a source
 //! inside a root, a file whose real path leaves the root (a symlinked file pointing out).
 
+use std::any::Any;
 use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use sha2::Digest;
 
@@ -25,19 +29,79 @@ pub struct AdapterSource {
     root: Option<PathBuf>,
     /// For weights pushed into the adapter store: their digest and size, known since they were received.
     pushed: Option<(Sha256, u64)>,
+    /// Weights the engine read while they were pushed, for its load to take instead of the files.
+    prepared: Option<PreparedLoad>,
 }
+
+/// Weights an engine began reading before their load (a push's, while it was received: see
+/// [`crate::Engine::prepare_pushed_adapter`]), travelling with their [`AdapterSource`] to the engine's
+/// [`crate::Engine::load_adapter`], which takes them instead of reading the files again. Opaque to the core: only the
+/// engine that prepared them knows their type. Not part of a source's identity (sources compare equal with or without
+/// one). Whoever holds the push discards them once the version is installed or refused
+/// (a push's stored version does when dropped), so that clones of the source kept elsewhere never hold weights.
+#[derive(Clone)]
+pub struct PreparedLoad(Arc<Mutex<Option<Box<dyn Any + Send>>>>);
+
+impl PreparedLoad {
+    /// Wraps what an engine prepared.
+    pub fn new(prepared: Box<dyn Any + Send>) -> Self {
+        Self(Arc::new(Mutex::new(Some(prepared))))
+    }
+
+    /// Takes what was prepared, if nobody took or discarded it yet.
+    pub fn take(&self) -> Option<Box<dyn Any + Send>> {
+        self.0.lock().take()
+    }
+
+    /// Drops what was prepared (if it was not taken): every clone then holds nothing.
+    pub fn discard(&self) {
+        drop(self.take());
+    }
+}
+
+impl std::fmt::Debug for PreparedLoad {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedLoad").field("pending", &self.0.lock().is_some()).finish()
+    }
+}
+
+/// A preparation is not part of a source's identity.
+impl PartialEq for PreparedLoad {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for PreparedLoad {}
 
 impl AdapterSource {
     /// A directory named by the operator (command line or configuration), trusted as is: its files may be symlinks
     /// anywhere (a Hugging Face cache snapshot is), but must still be regular files.
     pub fn trusted(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into(), root: None, pushed: None }
+        Self { dir: dir.into(), root: None, pushed: None, prepared: None }
     }
 
     /// A directory of the adapter store holding pushed weights whose `adapter_model.safetensors` has `sha256` and
     /// `bytes` (checked as they were received; the store never changes a file once it is in place).
     pub fn pushed(dir: impl Into<PathBuf>, sha256: Sha256, bytes: u64) -> Self {
-        Self { dir: dir.into(), root: None, pushed: Some((sha256, bytes)) }
+        Self { dir: dir.into(), root: None, pushed: Some((sha256, bytes)), prepared: None }
+    }
+
+    /// These weights with what an engine prepared of them while they were pushed.
+    pub fn with_prepared(mut self, prepared: PreparedLoad) -> Self {
+        self.prepared = Some(prepared);
+        self
+    }
+
+    /// Takes what an engine prepared of these weights while they were pushed, if anything is left
+    /// ([`PreparedLoad::take`]).
+    pub fn take_prepared(&self) -> Option<Box<dyn Any + Send>> {
+        self.prepared.as_ref().and_then(PreparedLoad::take)
+    }
+
+    /// Whether an engine's preparation of these weights is waiting to be taken.
+    pub fn is_prepared(&self) -> bool {
+        self.prepared.as_ref().is_some_and(|prepared| prepared.0.lock().is_some())
     }
 
     /// Whether these are pushed weights in the adapter store.
@@ -205,13 +269,13 @@ impl AdapterRoot {
             if has_parent_component(requested) || !joined.starts_with(&self.root) {
                 return Err(not_inside());
             }
-            return Ok(AdapterSource { dir: joined, root: Some(self.root.clone()), pushed: None });
+            return Ok(AdapterSource { dir: joined, root: Some(self.root.clone()), pushed: None, prepared: None });
         }
         let canonical = tokio::fs::canonicalize(self.root.join(requested)).await.map_err(|_| not_inside())?;
         if !canonical.starts_with(&self.root) || !tokio::fs::metadata(&canonical).await.is_ok_and(|m| m.is_dir()) {
             return Err(not_inside());
         }
-        Ok(AdapterSource { dir: canonical, root: Some(self.root.clone()), pushed: None })
+        Ok(AdapterSource { dir: canonical, root: Some(self.root.clone()), pushed: None, prepared: None })
     }
 }
 

@@ -24,14 +24,16 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::adapter_source::{AdapterSource, CONFIG_FILE, WEIGHTS_FILE};
+use crate::adapter_source::{AdapterSource, CONFIG_FILE, PreparedLoad, WEIGHTS_FILE};
 use crate::contract::{CoreError, Field, Sha256};
 
+mod growing;
 mod receiver;
 pub mod safetensors;
 mod temporary;
 
-pub use receiver::{Receiver, StoredAdapter};
+pub use growing::GrowingFile;
+pub use receiver::{PreparedGuard, Receiver, StoredAdapter};
 pub use safetensors::{AdapterLayout, TensorDtype, TensorLayout};
 
 /// The largest `adapter_config.json` a push may carry.
@@ -60,6 +62,11 @@ pub fn check_push_name(raw: &str) -> Result<(), CoreError> {
 /// The model's check of a pushed adapter's layout (tensor names, dtypes and shapes against the base model), run on
 /// the safetensors header before the tensors are received.
 pub type LayoutCheck = Arc<dyn Fn(&AdapterLayout) -> Result<(), CoreError> + Send + Sync>;
+
+/// The engine's reading of a push's weights while they arrive, begun once its header is checked (given the layout and
+/// the file being written): what it prepared goes with the stored version to the install
+/// ([`crate::Engine::prepare_pushed_adapter`]).
+pub type Preparation = Arc<dyn Fn(&AdapterLayout, GrowingFile) -> Option<PreparedLoad> + Send + Sync>;
 
 /// What a push declares before its bytes: validated at the edge.
 #[derive(Clone, Debug)]
@@ -234,6 +241,7 @@ impl AdapterStore {
             sha256,
             bytes,
             lease,
+            prepared: PreparedGuard::default(),
         })
     }
 

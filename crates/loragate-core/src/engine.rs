@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::adapter_source::AdapterSource;
-use crate::adapter_store::AdapterLayout;
+use crate::adapter_source::{AdapterSource, PreparedLoad};
+use crate::adapter_store::{AdapterLayout, GrowingFile};
 use crate::contract::{AdapterName, AdapterVersion, EngineError, FinishReason, ModelInfo, TopLogprobs};
 use crate::sampling::SampleRequest;
 
@@ -188,6 +188,18 @@ pub trait Engine: Send + Sync + 'static {
     fn check_adapter_layout(&self, layout: &AdapterLayout) -> Result<(), EngineError> {
         let _ = layout;
         Ok(())
+    }
+
+    /// Begins reading a pushed adapter's weights while they are still being received (`file` grows as they arrive;
+    /// [`GrowingFile::wait_written`] waits for the bytes a read needs), once `layout` passed
+    /// [`Engine::check_adapter_layout`]. What it returns travels with the stored version's [`AdapterSource`] to
+    /// [`Engine::load_adapter`], which may take it ([`AdapterSource::take_prepared`]) instead of reading the files:
+    /// receiving and reading then overlap. It is only ever used if the push's size and SHA-256 checks pass; a push that
+    /// fails fails the reading's waits. A preparation must give what a load of the stored files would give (or be set
+    /// aside by the load). The default prepares nothing.
+    fn prepare_pushed_adapter(&self, layout: &AdapterLayout, file: GrowingFile) -> Option<PreparedLoad> {
+        let _ = (layout, file);
+        None
     }
 
     /// Starts sampling `request`; cancelling `cancel` aborts it.

@@ -91,8 +91,8 @@ pub use contract::{
     VersionInfo, VersionOrigin, VersionWanted, parse_timeout_s,
 };
 
-pub use adapter_source::{AdapterRoot, AdapterSource, CONFIG_FILE, WEIGHTS_FILE};
-pub use adapter_store::{AdapterLayout, AdapterStore, Collection, PushHeader, check_push_name};
+pub use adapter_source::{AdapterRoot, AdapterSource, CONFIG_FILE, PreparedLoad, WEIGHTS_FILE};
+pub use adapter_store::{AdapterLayout, AdapterStore, Collection, GrowingFile, PushHeader, check_push_name};
 pub use auth::{
     AdapterPattern, Key, KeyConfigError, Keyring, MAX_KEY_LEN, PathGrant, PathPattern, Principal, Tenant, TenantKeys,
     bearer_token,

@@ -26,6 +26,16 @@ where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
 {
+    wait_detached(spawn_detached(thread_name, job)?, limit).await
+}
+
+/// Starts `job` on a new thread named `thread_name`; its result arrives on the receiver returned (to await with
+/// [`wait_detached`]). Dropping the receiver drops the result, on the job's thread.
+pub(crate) fn spawn_detached<T, F>(thread_name: &str, job: F) -> Result<oneshot::Receiver<T>, DetachedError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
     let (result, receiver) = oneshot::channel();
     std::thread::Builder::new()
         .name(thread_name.to_owned())
@@ -34,6 +44,11 @@ where
             let _ = result.send(job());
         })
         .map_err(DetachedError::Spawn)?;
+    Ok(receiver)
+}
+
+/// Waits at most `limit` for the result of a job [`spawn_detached`] started.
+pub(crate) async fn wait_detached<T>(receiver: oneshot::Receiver<T>, limit: Duration) -> Result<T, DetachedError> {
     match tokio::time::timeout(limit, receiver).await {
         Ok(Ok(value)) => Ok(value),
         // The sender was dropped unsent: the job unwound.

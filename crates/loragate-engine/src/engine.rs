@@ -10,16 +10,16 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use loragate_core::{
     AdapterKey, AdapterLayout, AdapterName, AdapterSource, AdapterVersion, Engine, EngineError, EngineStream,
-    ModelInfo, Parking, SampleRequest,
+    GrowingFile, ModelInfo, Parking, PreparedLoad, SampleRequest,
 };
 use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::EngineConfig;
-use crate::detached::{DetachedError, run_detached};
+use crate::detached::{DetachedError, run_detached, spawn_detached, wait_detached};
 use crate::error::EngineLoadError;
 use crate::gguf::{GgufFile, ModelFormat};
-use crate::lora::{AdapterLimits, AdapterWeights, check_peft_layout, load_peft_adapter};
+use crate::lora::{AdapterLimits, AdapterWeights, check_peft_layout, load_peft_adapter, load_pushed_adapter};
 use crate::model::{BLOCK_SIZE, BlockPool, Llama, ModelConfig, kv_cache_error};
 use crate::scheduler::{StepThread, Submission, outbox};
 use crate::tokenizer::Tokenizer;
@@ -195,6 +195,29 @@ pub fn read_model_info(path: &Path, max_context_length: Option<u32>) -> Result<M
     })
 }
 
+/// A pushed adapter's weights being read as the push arrives ([`Engine::prepare_pushed_adapter`]): the result of
+/// [`load_pushed_adapter`] on its thread, which [`Engine::load_adapter`] takes instead of reading the stored files.
+/// Dropped untaken (the push failed, or was installed elsewhere), the weights are dropped on that thread.
+struct PreparedWeights(tokio::sync::oneshot::Receiver<Result<AdapterWeights, EngineError>>);
+
+impl CandleEngine {
+    /// Reads and validates the adapter at `source` on a detached thread: a read that hangs fails at the timeout and
+    /// holds up neither other loads nor shutdown.
+    async fn read_adapter(&self, source: &AdapterSource) -> Result<AdapterWeights, EngineError> {
+        let source = source.clone();
+        let (model, device, dtype) = (Arc::clone(&self.model_config), self.device.clone(), self.dtype);
+        let limits = self.adapter_limits;
+        let load = move || load_peft_adapter(&source, &model, &device, dtype, limits);
+        match run_detached("loragate-adapter-load", self.adapter_load_timeout, load).await {
+            Ok(loaded) => loaded,
+            Err(DetachedError::TimedOut(limit)) => Err(EngineError::AdapterFiles(format!(
+                "reading the adapter took longer than {limit:?} (--adapter-load-timeout); nothing was installed"
+            ))),
+            Err(err) => Err(EngineError::Internal(format!("loading the adapter failed: {err}"))),
+        }
+    }
+}
+
 #[async_trait]
 impl Engine for CandleEngine {
     fn model_info(&self) -> &ModelInfo {
@@ -239,25 +262,39 @@ impl Engine for CandleEngine {
         check_peft_layout(layout, &self.model_config, self.dtype, self.adapter_limits)
     }
 
+    /// Reads a pushed adapter as it arrives, on a thread of its own (see [`PreparedWeights`]).
+    fn prepare_pushed_adapter(&self, layout: &AdapterLayout, file: GrowingFile) -> Option<PreparedLoad> {
+        let config = layout.config.clone();
+        let (model, device, dtype) = (Arc::clone(&self.model_config), self.device.clone(), self.dtype);
+        let limits = self.adapter_limits;
+        let read = move || load_pushed_adapter(config, file, &model, &device, dtype, limits);
+        match spawn_detached("loragate-adapter-prepare", read) {
+            Ok(weights) => Some(PreparedLoad::new(Box::new(PreparedWeights(weights)))),
+            Err(err) => {
+                tracing::debug!(%err, "a pushed adapter is read once stored instead of as it arrives");
+                None
+            }
+        }
+    }
+
     async fn load_adapter(
         &self,
         name: &AdapterName,
         version: AdapterVersion,
         source: &AdapterSource,
     ) -> Result<(), EngineError> {
-        let source = source.clone();
-        let (model, device, dtype) = (Arc::clone(&self.model_config), self.device.clone(), self.dtype);
-        let limits = self.adapter_limits;
-        // On a detached thread: a load that hangs fails at the timeout and holds up neither other loads nor shutdown.
-        let load = move || load_peft_adapter(&source, &model, &device, dtype, limits);
-        let weights = match run_detached("loragate-adapter-load", self.adapter_load_timeout, load).await {
-            Ok(loaded) => loaded?,
-            Err(DetachedError::TimedOut(limit)) => {
-                return Err(EngineError::AdapterFiles(format!(
-                    "reading the adapter took longer than {limit:?} (--adapter-load-timeout); nothing was installed"
-                )));
-            }
-            Err(err) => return Err(EngineError::Internal(format!("loading the adapter failed: {err}"))),
+        let prepared = source.take_prepared().and_then(|prepared| prepared.downcast::<PreparedWeights>().ok());
+        let weights = match prepared {
+            Some(prepared) => match wait_detached(prepared.0, self.adapter_load_timeout).await {
+                Ok(Ok(weights)) => Some(weights),
+                // The stored files are read instead: they give the same weights, or the error to answer.
+                Ok(Err(_)) | Err(_) => None,
+            },
+            None => None,
+        };
+        let weights = match weights {
+            Some(weights) => weights,
+            None => self.read_adapter(source).await?,
         };
         let replaced = self.adapters.write().entry(name.clone()).or_default().insert(version, Arc::new(weights));
         // Weights a repeated load of the same version replaced are freed here, outside the lock (or live on in the

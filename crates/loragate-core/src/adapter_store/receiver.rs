@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 use sha2::Digest;
 
 use self::writer::BatchWriter;
+use super::growing::WriteProgress;
 use super::safetensors::{self, AdapterLayout};
-use super::{AdapterStore, BlobLease, LayoutCheck, PushHeader};
-use crate::adapter_source::{AdapterSource, CONFIG_FILE, WEIGHTS_FILE};
+use super::{AdapterStore, BlobLease, LayoutCheck, Preparation, PushHeader};
+use crate::adapter_source::{AdapterSource, CONFIG_FILE, PreparedLoad, WEIGHTS_FILE};
 use crate::contract::{CoreError, Field, Sha256, StateError};
 
 mod writer;
@@ -30,6 +31,12 @@ pub struct Receiver {
     header: HeaderState,
     declared: PushHeader,
     check: LayoutCheck,
+    /// How much of the weights file is written, for a reader of it (see [`super::GrowingFile`]).
+    progress: WriteProgress,
+    /// The engine's reading of the weights as they arrive, begun once the header is checked, if it reads them so.
+    preparation: Option<Preparation>,
+    /// What that reading prepares, once begun.
+    prepared: Option<PreparedLoad>,
 }
 
 impl std::fmt::Debug for Receiver {
@@ -57,6 +64,22 @@ pub struct StoredAdapter {
     pub bytes: u64,
     /// Keeps the directory from being collected; drop it once the version is installed (or refused).
     pub lease: BlobLease,
+    /// Discards what the engine prepared of these weights while they were received (which `source` carries to the
+    /// install) when dropped: drop it once the version is installed (or refused).
+    pub prepared: PreparedGuard,
+}
+
+/// Discards a push's [`PreparedLoad`] when dropped (if the install did not take it), so that the weights it holds are
+/// not kept alive by the clones of the version's source that records keep.
+#[derive(Debug, Default)]
+pub struct PreparedGuard(Option<PreparedLoad>);
+
+impl Drop for PreparedGuard {
+    fn drop(&mut self) {
+        if let Some(prepared) = &self.0 {
+            prepared.discard();
+        }
+    }
 }
 
 /// A temporary directory removed when dropped (unless it was renamed away).
@@ -83,9 +106,10 @@ impl Receiver {
         let unique = format!("push-{:016x}", rand::random::<u64>());
         let temp = TempDir(store.dir().join("tmp").join(unique));
         tokio::fs::create_dir(&temp.0).await.map_err(|err| store_failed("creating a temporary directory", err))?;
-        let file = std::fs::File::create(temp.0.join(WEIGHTS_FILE))
-            .map_err(|err| store_failed("creating a temporary file", err))?;
-        let writer = BatchWriter::start(file, store.is_durable());
+        let path = temp.0.join(WEIGHTS_FILE);
+        let file = std::fs::File::create(&path).map_err(|err| store_failed("creating a temporary file", err))?;
+        let progress = WriteProgress::new(path);
+        let writer = BatchWriter::start(file, store.is_durable(), progress.report());
         Ok(Self {
             store,
             temp,
@@ -95,7 +119,17 @@ impl Receiver {
             header: HeaderState::Pending(Vec::with_capacity(8)),
             declared,
             check,
+            progress,
+            preparation: None,
+            prepared: None,
         })
+    }
+
+    /// Has `preparation` begin reading the weights as they arrive once their header is checked (see
+    /// [`Preparation`]).
+    pub fn prepared_by(mut self, preparation: Preparation) -> Self {
+        self.preparation = Some(preparation);
+        self
     }
 
     /// How many bytes of the weights file were received so far.
@@ -183,6 +217,9 @@ impl Receiver {
         }
         let layout = AdapterLayout { config: self.declared.config.clone(), tensors: checked.tensors };
         (self.check)(&layout)?;
+        if let Some(prepare) = &self.preparation {
+            self.prepared = prepare(&layout, self.progress.file(checked.file_len));
+        }
         self.header = HeaderState::Checked { file_len: checked.file_len };
         Ok(())
     }
@@ -237,7 +274,12 @@ impl Receiver {
             Err(_) => return Err(CoreError::ShuttingDown),
         }
         let bytes = self.received;
-        Ok(StoredAdapter { source: AdapterSource::pushed(&target, sha256, bytes), sha256, bytes, lease })
+        let mut source = AdapterSource::pushed(&target, sha256, bytes);
+        let prepared = self.prepared.take();
+        if let Some(prepared) = &prepared {
+            source = source.with_prepared(prepared.clone());
+        }
+        Ok(StoredAdapter { source, sha256, bytes, lease, prepared: PreparedGuard(prepared) })
     }
 }
 

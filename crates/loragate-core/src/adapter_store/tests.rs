@@ -422,3 +422,63 @@ async fn releases_are_forgotten_once_no_collection_needs_them() {
     drop(again.lease);
     assert!(store.inner.holds.lock().released.is_empty(), "no collection runs: nothing to remember");
 }
+
+/// A preparation that reads the growing file whole on a thread of its own, as an engine reading tensors as they
+/// arrive would: its result (the bytes it read, or why it could not) arrives on the channel it returns.
+fn reading_preparation() -> (Preparation, std::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>) {
+    let (results, read) = std::sync::mpsc::channel();
+    let results = parking_lot::Mutex::new(results);
+    let preparation: Preparation = Arc::new(move |layout: &AdapterLayout, file: GrowingFile| {
+        assert_eq!(layout.tensors.len(), 2, "given the checked layout");
+        let results = results.lock().clone();
+        std::thread::spawn(move || {
+            let read = file.wait_written(file.len()).and_then(|()| std::fs::read(file.path()));
+            let _ = results.send(read);
+        });
+        Some(PreparedLoad::new(Box::new("prepared")))
+    });
+    (preparation, read)
+}
+
+#[tokio::test]
+async fn a_preparation_reads_the_file_as_it_arrives_and_travels_with_the_stored_version() {
+    let (_dir, store) = new_store(64 << 20);
+    let file = large_file();
+    let (preparation, read) = reading_preparation();
+    let mut receiver = store.receive(header("", None), accept_all()).await.expect("starts").prepared_by(preparation);
+    for part in file.chunks(100_000) {
+        receiver.write(part).await.expect("written");
+    }
+    let stored = receiver.finish().await.expect("stored");
+    let bytes = tokio::task::spawn_blocking(move || read.recv().expect("the reading ended"))
+        .await
+        .expect("joined")
+        .expect("the reading saw the whole file");
+    assert_eq!(bytes, file, "what the preparation read is the pushed file");
+    assert!(stored.source.is_prepared(), "the stored version's source carries the preparation");
+    let prepared = stored.source.clone().take_prepared().expect("taken once");
+    assert_eq!(prepared.downcast_ref::<&str>(), Some(&"prepared"));
+    assert!(!stored.source.is_prepared() && stored.source.take_prepared().is_none(), "taken by every clone");
+}
+
+#[tokio::test]
+async fn a_preparation_is_discarded_with_its_stored_version_and_fails_with_a_push_dropped_midway() {
+    let (_dir, store) = new_store(64 << 20);
+    let file = large_file();
+    let (preparation, _read) = reading_preparation();
+    let mut receiver = store.receive(header("", None), accept_all()).await.expect("starts").prepared_by(preparation);
+    receiver.write(&file[..]).await.expect("written");
+    let stored = receiver.finish().await.expect("stored");
+    let kept_elsewhere = stored.source.clone();
+    assert!(kept_elsewhere.is_prepared());
+    drop(stored);
+    assert!(!kept_elsewhere.is_prepared(), "a clone of the source holds nothing once the stored version is gone");
+
+    let (preparation, read) = reading_preparation();
+    let mut receiver = store.receive(header("", None), accept_all()).await.expect("starts").prepared_by(preparation);
+    receiver.write(&file[..file.len() / 2]).await.expect("first half");
+    drop(receiver);
+    let outcome = tokio::task::spawn_blocking(move || read.recv().expect("the reading ended")).await.expect("joined");
+    assert!(outcome.is_err(), "the reading of a push dropped midway fails instead of waiting forever");
+    assert_eq!(store.pending_uploads().expect("tmp"), 0);
+}

@@ -10,7 +10,9 @@ use tokio::time::Instant;
 
 use super::{Coordinator, SwapReport};
 use crate::adapter_source::AdapterSource;
-use crate::adapter_store::{AdapterLayout, AdapterStore, LayoutCheck, PushHeader, Receiver, check_push_name};
+use crate::adapter_store::{
+    AdapterLayout, AdapterStore, GrowingFile, LayoutCheck, Preparation, PushHeader, Receiver, check_push_name,
+};
 use crate::contract::{AdapterKey, AdapterName, AdapterVersion, CoreError, Field, KvPolicy, PauseMode};
 use crate::state::RecordedSource;
 
@@ -87,7 +89,7 @@ impl Coordinator {
         let Some(store) = &self.inner.config.adapter_store else {
             return Err(CoreError::invalid(Field::LoraName, "this server takes no pushed adapters"));
         };
-        let receiver = store.receive(header, self.layout_check()).await?;
+        let receiver = store.receive(header, self.layout_check()).await?.prepared_by(self.preparation());
         Ok(PushUpload { name: name.clone(), receiver, began: Instant::now() })
     }
 
@@ -96,6 +98,13 @@ impl Coordinator {
     pub(super) fn layout_check(&self) -> LayoutCheck {
         let engine = self.inner.engine.clone();
         Arc::new(move |layout: &AdapterLayout| engine.check_adapter_layout(layout).map_err(CoreError::from))
+    }
+
+    /// The engine's reading of a push's weights while they arrive ([`crate::Engine::prepare_pushed_adapter`]), for the
+    /// adapter store's receiver.
+    pub(super) fn preparation(&self) -> Preparation {
+        let engine = self.inner.engine.clone();
+        Arc::new(move |layout: &AdapterLayout, file: GrowingFile| engine.prepare_pushed_adapter(layout, file))
     }
 
     /// Ends a push: checks the whole file and its SHA-256, moves it into the store and installs it as
@@ -117,6 +126,7 @@ impl Coordinator {
         let stored_at = Instant::now();
         let swapped = self.swap_adapter(&name, stored.source.clone(), mode, kv_policy, client_deadline).await;
         drop(stored.lease);
+        drop(stored.prepared);
         // Where a push's time goes beyond the load's: receiving (and hashing and writing meanwhile), making the file
         // durable and moving it into place, then the install (the same as a swap from a path).
         tracing::debug!(

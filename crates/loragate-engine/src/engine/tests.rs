@@ -14,6 +14,7 @@ use crate::test_support::{
 
 mod adapter_files;
 mod kv_cache;
+mod pushed;
 mod races;
 
 fn engine() -> CandleEngine {

@@ -9,7 +9,8 @@
 //! [`EngineError::AdapterIncompatible`].
 //!
 //! Order of work: config, then the weights file's header, then every tensor's name, dtype and shape from the header;
-//! only then are tensors read, one at a time.
+//! only then are tensors read, one at a time, in the file's order (so that a pushed file is read as it arrives:
+//! [`load_pushed_adapter`]).
 
 mod config;
 mod weights_file;
@@ -17,7 +18,7 @@ mod weights_file;
 use std::collections::{HashMap, HashSet};
 
 use candle_core::{DType, Device, Tensor};
-use loragate_core::{AdapterLayout, AdapterSource, EngineError};
+use loragate_core::{AdapterLayout, AdapterSource, EngineError, GrowingFile};
 
 use super::{AdapterWeights, LoraPair, LoraTarget};
 use crate::model::ModelConfig;
@@ -48,41 +49,72 @@ pub(crate) fn load_peft_adapter(
     limits: AdapterLimits,
 ) -> Result<AdapterWeights, EngineError> {
     let config = AdapterConfig::read(source, limits.max_rank, dtype)?;
-    let mut file = WeightsFile::open(source, limits.max_bytes)?;
+    let file = WeightsFile::open(source, limits.max_bytes)?;
+    read_weights(&config, file, model, device, dtype)
+}
 
+/// Reads and validates a pushed adapter while its weights file is still being written (`file` grows as the push
+/// arrives), as [`load_peft_adapter`] would read the stored version once complete: its config is the push's own
+/// (`config`, the layout's, which the store writes as `adapter_config.json`). Blocking, and waiting on the push: call
+/// it off the async runtime.
+pub(crate) fn load_pushed_adapter(
+    config: serde_json::Map<String, serde_json::Value>,
+    file: GrowingFile,
+    model: &ModelConfig,
+    device: &Device,
+    dtype: DType,
+    limits: AdapterLimits,
+) -> Result<AdapterWeights, EngineError> {
+    let config = AdapterConfig::from_json(config, limits.max_rank, dtype)?;
+    let file = WeightsFile::open_growing(file, limits.max_bytes)?;
+    read_weights(&config, file, model, device, dtype)
+}
+
+/// Checks every entry of `file` against `config` and `model`, then reads the tensors in the file's order, building
+/// each target's pair once both its factors are read.
+fn read_weights(
+    config: &AdapterConfig,
+    mut file: WeightsFile,
+    model: &ModelConfig,
+    device: &Device,
+    dtype: DType,
+) -> Result<AdapterWeights, EngineError> {
     // Every entry is checked against the config and the model before any tensor is read.
     let mut entries = HashMap::new();
     for (name, info) in file.entries() {
-        let key = check_entry(&name, &info.dtype.to_string(), &info.shape, &config, model)?;
+        let key = check_entry(&name, &info.dtype.to_string(), &info.shape, config, model)?;
         if entries.insert(key, (name.clone(), info)).is_some() {
             return Err(EngineError::AdapterFiles(format!("{name} appears twice (with and without `.default`)")));
         }
     }
-    check_complete(|key| entries.contains_key(&key), &config, model)?;
+    check_complete(|key| entries.contains_key(&key), config, model)?;
 
-    let mut layers = Vec::with_capacity(model.num_layers);
-    for layer in 0..model.num_layers {
-        let mut pairs: [Option<LoraPair>; 7] = Default::default();
-        for &target in &config.targets {
-            let path = target.module_path(layer);
-            let mut read = |factor: Factor| -> Result<Tensor, EngineError> {
-                let (name, info) = &entries[&(layer, target, factor)];
-                let tensor = file.read(name, info)?;
-                tensor.to_dtype(DType::F32).map_err(|err| internal(name, err))
-            };
-            let (a, b) = (read(Factor::A)?, read(Factor::B)?);
-            let pair = LoraPair::new(&a, &b, config.scale)
-                .and_then(|pair| pair.to_device(&Device::Cpu, dtype))
-                .map_err(|err| internal(&path, err))?;
-            if !pair.is_finite().map_err(|err| internal(&path, err))? {
-                return Err(EngineError::AdapterFiles(format!(
-                    "{path} holds NaN or infinite values (after scaling by {} as {dtype:?})",
-                    config.scale
-                )));
-            }
-            pairs[target.index()] = Some(pair.to_device(device, dtype).map_err(|err| internal(&path, err))?);
+    let mut in_file_order: Vec<_> = entries.into_iter().collect();
+    in_file_order.sort_by_key(|(_, (_, info))| info.data_offsets.0);
+    let mut layers: Vec<[Option<LoraPair>; 7]> = (0..model.num_layers).map(|_| Default::default()).collect();
+    // A factor read before its partner.
+    let mut halves: HashMap<(usize, LoraTarget), (Factor, Tensor)> = HashMap::new();
+    for ((layer, target, factor), (name, info)) in in_file_order {
+        let tensor = file.read(&name, &info)?.to_dtype(DType::F32).map_err(|err| internal(&name, err))?;
+        let Some((_, partner)) = halves.remove(&(layer, target)) else {
+            halves.insert((layer, target), (factor, tensor));
+            continue;
+        };
+        let (a, b) = match factor {
+            Factor::A => (tensor, partner),
+            Factor::B => (partner, tensor),
+        };
+        let path = target.module_path(layer);
+        let pair = LoraPair::new(&a, &b, config.scale)
+            .and_then(|pair| pair.to_device(&Device::Cpu, dtype))
+            .map_err(|err| internal(&path, err))?;
+        if !pair.is_finite().map_err(|err| internal(&path, err))? {
+            return Err(EngineError::AdapterFiles(format!(
+                "{path} holds NaN or infinite values (after scaling by {} as {dtype:?})",
+                config.scale
+            )));
         }
-        layers.push(pairs);
+        layers[layer][target.index()] = Some(pair.to_device(device, dtype).map_err(|err| internal(&path, err))?);
     }
     Ok(AdapterWeights::new(layers))
 }

@@ -11,6 +11,7 @@ use std::io::Write;
 use sha2::Digest;
 use tokio::sync::mpsc;
 
+use crate::adapter_store::growing::ProgressReport;
 use crate::contract::Sha256;
 
 /// Batches waiting for the writer at most: what a slow disk lets the receiving side run ahead by (with the batch size
@@ -28,10 +29,17 @@ pub(super) struct BatchWriter {
 }
 
 impl BatchWriter {
-    /// Starts the writer of `file` on the blocking pool; `durable`: what it writes is synced to disk.
-    pub(super) fn start(file: std::fs::File, durable: bool) -> Self {
+    /// Starts the writer of `file` on the blocking pool; `durable`: what it writes is synced to disk; `report`: where
+    /// it says how much it wrote (and that it failed).
+    pub(super) fn start(file: std::fs::File, durable: bool, report: ProgressReport) -> Self {
         let (batches, queued) = mpsc::channel(QUEUED_BATCHES);
-        let written = tokio::task::spawn_blocking(move || write_batches(file, queued, durable));
+        let written = tokio::task::spawn_blocking(move || {
+            let written = write_batches(file, queued, durable, &report);
+            if written.is_err() {
+                report.fail();
+            }
+            written
+        });
         Self { batches, written }
     }
 
@@ -69,13 +77,17 @@ fn write_batches(
     mut file: std::fs::File,
     mut queued: mpsc::Receiver<Vec<u8>>,
     durable: bool,
+    report: &ProgressReport,
 ) -> std::io::Result<Sha256> {
     let mut hasher = sha2::Sha256::new();
+    let mut total = 0u64;
     let mut unsynced = 0u64;
     let mut syncing: Option<std::thread::JoinHandle<std::io::Result<()>>> = None;
     while let Some(batch) = queued.blocking_recv() {
         hasher.update(&batch);
         file.write_all(&batch)?;
+        total += batch.len() as u64;
+        report.wrote(total);
         unsynced += batch.len() as u64;
         if durable && unsynced >= SYNC_EVERY_BYTES && syncing.as_ref().is_none_or(std::thread::JoinHandle::is_finished)
         {
@@ -105,15 +117,20 @@ fn joined(sync: std::thread::JoinHandle<std::io::Result<()>>) -> std::io::Result
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::adapter_store::growing::WriteProgress;
 
     #[tokio::test]
     async fn the_digest_is_of_every_byte_written_in_order_and_the_file_holds_them() {
         for durable in [true, false] {
             let dir = tempfile::tempdir().expect("temp dir");
             let path = dir.path().join("weights");
-            let mut writer = BatchWriter::start(std::fs::File::create(&path).expect("created"), durable);
             let batches: Vec<Vec<u8>> =
                 (0..12u8).map(|index| vec![index; (1 << 20) + usize::from(index)]).chain([vec![7; 3]]).collect();
+            let len = batches.iter().map(Vec::len).sum::<usize>() as u64;
+            let mut progress = WriteProgress::new(path.clone());
+            let growing = progress.file(len);
+            let file = std::fs::File::create(&path).expect("created");
+            let mut writer = BatchWriter::start(file, durable, progress.report());
             let mut expected = sha2::Sha256::new();
             for batch in &batches {
                 expected.update(batch);
@@ -122,6 +139,7 @@ mod tests {
             let sha256 = writer.finish().await.expect("written (and synced if durable)");
             assert_eq!(sha256, Sha256(expected.finalize().into()), "durable: {durable}");
             assert_eq!(std::fs::read(&path).expect("read back"), batches.concat(), "durable: {durable}");
+            assert!(growing.wait_written(len).is_ok(), "every byte was reported written");
         }
     }
 
@@ -131,7 +149,9 @@ mod tests {
         let path = dir.path().join("weights");
         std::fs::write(&path, b"").expect("created");
         // Opened for reading only: every write fails.
-        let mut writer = BatchWriter::start(std::fs::File::open(&path).expect("opened"), true);
+        let mut progress = WriteProgress::new(path.clone());
+        let growing = progress.file(1 << 10);
+        let mut writer = BatchWriter::start(std::fs::File::open(&path).expect("opened"), true, progress.report());
         let mut failed = false;
         for _ in 0..(QUEUED_BATCHES + 2) {
             if writer.write(vec![1; 1 << 10]).await.is_err() {
@@ -141,5 +161,6 @@ mod tests {
         }
         // The failure is answered by a later write (once the writer stopped) or at the latest by the finish.
         assert!(failed || writer.finish().await.is_err());
+        assert!(growing.wait_written(1).is_err(), "a reader of the file is told it failed");
     }
 }

@@ -2,14 +2,15 @@
 //! regular file, inside the adapter root), its size is checked against the limit, its header is parsed and checked
 //! against the file's size, and only then are tensors read, one at a time, each exactly the bytes its header entry
 //! names. Nothing is read whole on trust: a file's declared sizes never make the engine allocate more than the file
-//! holds, and the file never holds more than `--max-adapter-bytes`.
+//! holds, and the file never holds more than `--max-adapter-bytes`. A pushed file can be read while it is being
+//! written ([`WeightsFile::open_growing`]): each read waits for its bytes.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 
 use candle_core::safetensors::Load;
 use candle_core::{Device, Tensor};
-use loragate_core::{AdapterSource, EngineError};
+use loragate_core::{AdapterSource, EngineError, GrowingFile};
 use safetensors::tensor::{Metadata, TensorInfo, TensorView};
 
 use super::WEIGHTS_FILE;
@@ -24,12 +25,26 @@ pub(super) struct WeightsFile {
     /// Where the tensors' bytes begin (after the 8-byte length and the header).
     data_start: u64,
     metadata: Metadata,
+    /// For a pushed file still being written: how much of it is.
+    growing: Option<GrowingFile>,
 }
 
 impl WeightsFile {
     /// Opens the weights file of `source` and checks its size and header, reading nothing past the header.
     pub(super) fn open(source: &AdapterSource, max_bytes: u64) -> Result<Self, EngineError> {
-        let (mut file, len) = source.open_file(WEIGHTS_FILE).map_err(|err| files(err.to_string()))?;
+        let (file, len) = source.open_file(WEIGHTS_FILE).map_err(|err| files(err.to_string()))?;
+        Self::checked(file, len, max_bytes, None)
+    }
+
+    /// Opens a pushed weights file while it is being written: as [`WeightsFile::open`], against the size its checked
+    /// header gives, each read waiting until its bytes are written (and failing if the push fails first).
+    pub(super) fn open_growing(growing: GrowingFile, max_bytes: u64) -> Result<Self, EngineError> {
+        let file = File::open(growing.path()).map_err(|err| files(format!("cannot open {WEIGHTS_FILE}: {err}")))?;
+        let len = growing.len();
+        Self::checked(file, len, max_bytes, Some(growing))
+    }
+
+    fn checked(mut file: File, len: u64, max_bytes: u64, growing: Option<GrowingFile>) -> Result<Self, EngineError> {
         if len > max_bytes {
             return Err(files(format!(
                 "{WEIGHTS_FILE} is {len} bytes, over the limit of {max_bytes} bytes (--max-adapter-bytes)"
@@ -38,6 +53,11 @@ impl WeightsFile {
         if len < 8 {
             return Err(malformed(format!("it has {len} bytes, fewer than a header length")));
         }
+        let written = |end: u64| match &growing {
+            Some(growing) => growing.wait_written(end).map_err(|err| files(format!("{WEIGHTS_FILE}: {err}"))),
+            None => Ok(()),
+        };
+        written(8)?;
         let mut length = [0u8; 8];
         file.read_exact(&mut length).map_err(|err| malformed(format!("cannot read its header length: {err}")))?;
         let header_len = u64::from_le_bytes(length);
@@ -46,6 +66,7 @@ impl WeightsFile {
                 "its header claims {header_len} bytes (the file has {len}, headers may have {MAX_HEADER_BYTES})"
             )));
         }
+        written(8 + header_len)?;
         let mut header = vec![0u8; header_len as usize];
         file.read_exact(&mut header).map_err(|err| malformed(format!("cannot read its header: {err}")))?;
         let metadata: Metadata = serde_json::from_slice(&header).map_err(|err| malformed(err.to_string()))?;
@@ -57,7 +78,7 @@ impl WeightsFile {
                 len - data_start
             )));
         }
-        Ok(Self { file, data_start, metadata })
+        Ok(Self { file, data_start, metadata, growing })
     }
 
     /// Every tensor's name and header entry (dtype, shape, offsets), in file order.
@@ -72,6 +93,11 @@ impl WeightsFile {
     /// Reads one tensor (an entry of [`WeightsFile::entries`]) onto the CPU, in its file dtype.
     pub(super) fn read(&mut self, name: &str, info: &TensorInfo) -> Result<Tensor, EngineError> {
         let (start, end) = info.data_offsets;
+        if let Some(growing) = &self.growing {
+            growing
+                .wait_written(self.data_start + end as u64)
+                .map_err(|err| files(format!("cannot read tensor {name}: {err}")))?;
+        }
         let mut bytes = vec![0u8; end - start];
         self.file
             .seek(SeekFrom::Start(self.data_start + start as u64))
