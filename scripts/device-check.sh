@@ -68,4 +68,6 @@ echo "exit status $? after $((SECONDS - started)) s" >>"$out/bench.txt"
 if [ -f "$out/servers.log" ] && [ "$(stat -c %s "$out/servers.log")" -gt 4000000 ]; then
     tail -c 4000000 "$out/servers.log" >"$out/servers.tail" && mv "$out/servers.tail" "$out/servers.log"
 fi
+# What the device tool shows of stdout: the tests' summary and the bench's last lines.
+grep -hE '^(test result|exit status)|FAILED|panicked' "$out/engine-tests.txt" 2>/dev/null | tail -n 12
 tail -n 40 "$out/bench.txt"
