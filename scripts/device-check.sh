@@ -11,7 +11,16 @@
 #   engine-tests.xz  optional: the lib test binary of `cargo test -p loragate-engine --features cuda --no-run`
 #                    (target/debug/deps/loragate_engine-HASH): the engine's unit tests, on the CPU of the device
 #                    host (its AVX-512 and VNNI kernel paths, when that CPU has them).
-# They are unpacked into a temporary folder (xz, else Python's lzma).
+# They are unpacked into a temporary folder (xz, else Python's lzma). To prepare it (the folder ignored through
+# `echo /.devcarry/ >> .git/info/exclude`; the target directory is wherever .cargo/config.toml puts it):
+#
+#   scripts/build-cuda.sh --profile dev
+#   export CUDA_COMPUTE_CAP=90 CUDA_HOME=~/.cache/loragate/cuda-13.0/cuda; export PATH=$CUDA_HOME/bin:$PATH
+#   cargo test --locked -p loragate-engine --features cuda --no-run   # prints the unittests binary's path
+#   mkdir -p .devcarry
+#   strip --strip-all -o /tmp/loragate target/debug/loragate && xz -9 -c /tmp/loragate >.devcarry/loragate.xz
+#   strip --strip-all -o /tmp/engine-tests target/debug/deps/loragate_engine-HASH &&
+#       xz -9 -c /tmp/engine-tests >.devcarry/engine-tests.xz
 #
 # In order, each bounded so that the whole takes at most about 7.5 minutes:
 #   1. $OUT/host.txt: lscpu's head, the CPU's AVX-512/VNNI/AMX flags, nvidia-smi;
