@@ -6,6 +6,12 @@ Phases (`--phases`, in this order; each is skipped when less than its estimate i
   the same greedy requests to both (base model, `meow`, `woof`): tokens equal, largest |logprob difference|; then on
   the device: README's abort / load / resume swap (meow then answers as woof), and a KEEP swap (`load_inplace`) under
   8 streaming requests;
+- `prefix`: the paged KV cache on the device against the CPU (the demo model, greedy): a prompt sent twice is
+  reused (`usage.prompt_tokens_details.cached_tokens` as on the CPU, tokens equal); another `cache_salt` or adapter
+  reuses nothing; a KEEP swap with `kv_policy: reuse` under 4 streams keeps their keys and values (`kv_version`) and
+  their tokens equal an uninterrupted decode's; the new version reuses nothing of the old; `/reset_prefix_cache`;
+  8 requests in a pool of 24 blocks (`--kv-cache-memory-bytes`) are preempted (`vllm:num_preemptions_total`) and
+  still end with the CPU's tokens. Any failed check fails the phase (all are in results.json);
 - `throughput:SHAPE`: a checkpoint of SHAPE with seeded random weights (written here as safetensors), tokens/s of 1,
   32 and 128 concurrent `/v1/completions` requests of `--tokens` greedy tokens each (end of sequence ignored);
 - `sweep:SHAPE`: per step budget (`--max-num-batched-tokens`), 16 streams decode while a long prompt is prefilled:
@@ -215,7 +221,7 @@ class Stream:
     """A streamed completion on its own thread, with the arrival time of each token; `close()` hangs up."""
 
     def __init__(self, port, body):
-        self.times, self.final, self.error, self.sock = [], None, None, None
+        self.times, self.ids, self.final, self.error, self.sock = [], [], None, None, None
         self.closed = threading.Event()
         self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         self.thread = threading.Thread(target=self.run, args=(dict(body, stream=True),), daemon=True)
@@ -239,6 +245,7 @@ class Stream:
                 now = time.monotonic()
                 for choice in chunk.get("choices", []):
                     self.times.extend([now] * len(choice.get("token_ids") or []))
+                    self.ids.extend(choice.get("token_ids") or [])
                     if choice.get("finish_reason"):
                         self.final = choice
         except Exception as err:  # noqa: BLE001 - reported with the phase
@@ -287,13 +294,19 @@ def greedy(model, prompt, tokens, **extra):
 # Phases
 
 
-def correctness(args, results):
+def demo_model(args):
+    """The demo model's directory (written once per work directory) and the `serve` arguments that serve it."""
     demo = os.path.join(args.work, "demo")
     if not os.path.isdir(os.path.join(demo, "model")):
         subprocess.run([args.loragate, "demo-model", "--out", demo], check=True, capture_output=True)
     adapters = os.path.join(demo, "adapters")
-    common = ["--model", os.path.join(demo, "model"), "--served-model-name", "loragate-demo",
-              "--adapter", f"meow={adapters}/meow", "--adapter", f"woof={adapters}/woof", "--adapter-root", adapters]
+    return demo, ["--model", os.path.join(demo, "model"), "--served-model-name", "loragate-demo",
+                  "--adapter", f"meow={adapters}/meow", "--adapter", f"woof={adapters}/woof",
+                  "--adapter-root", adapters]
+
+
+def correctness(args, results):
+    _, common = demo_model(args)
     reference = Server(args.loragate, [*common, "--device", "cpu"], args.server_log, "demo on cpu")
     target = Server(args.loragate, [*common, "--device", args.device], args.server_log, f"demo on {args.device}")
     try:
@@ -369,6 +382,139 @@ def correctness(args, results):
     finally:
         reference.stop()
         target.stop()
+
+
+def metric(port, series):
+    """The sum of a Prometheus series' samples on /metrics (0 when absent)."""
+    status, text = request(port, "GET", "/metrics", None, timeout=30)
+    if status != 200 or not isinstance(text, str):
+        raise RuntimeError(f"/metrics answered {status}")
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(series) and line[len(series):len(series) + 1] in ("{", " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def prefix(args, results):
+    """The paged KV cache on the device, against the CPU (the demo model, f32, greedy): prefix reuse, its namespaces
+    (cache salt, adapter, adapter version), a KEEP swap with KV reuse under load, /reset_prefix_cache, and preemption
+    in a pool too small for the batch. Every check is recorded; any false one fails the phase."""
+    demo, common = demo_model(args)
+    with open(os.path.join(demo, "model", "config.json")) as file:
+        config = json.load(file)
+    vocab = config["vocab_size"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    position_bytes = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4  # f32
+    small_blocks = 24  # 8 requests of 40 + 120 positions want 80 blocks of 16 between them
+    reference = Server(args.loragate, [*common, "--device", "cpu"], args.server_log, "demo on cpu (prefix)")
+    target = Server(args.loragate, [*common, "--device", args.device], args.server_log,
+                    f"demo on {args.device} (prefix)")
+    small = Server(args.loragate, [*common, "--device", args.device, "--kv-cache-memory-bytes",
+                                   str(small_blocks * 16 * position_bytes)],
+                   args.server_log, f"demo on {args.device}, {small_blocks} KV blocks (prefix)")
+    checks, details = {}, {}
+    results["prefix"] = dict(checks=checks, details=details)
+
+    def check(name, ok, detail=None):
+        checks[name] = bool(ok)
+        if detail is not None:
+            details[name] = detail
+        shown = "" if detail is None else f": {detail}"[:300]
+        log(f"prefix: {'ok  ' if ok else 'FAIL'} {name}{shown}")
+
+    prompt = prompt_ids(200, 42, vocab)  # 12 full blocks of 16, then the block of its last position
+
+    def ask(server, model="meow", **extra):
+        answer = complete(server.port, greedy(model, prompt, 32, **extra))
+        return answer["choices"][0]["token_ids"], answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    try:
+        for server in (reference, target, small):
+            server.wait_ready()
+        want, cpu_first = ask(reference)
+        again, cpu_again = ask(reference)
+        check("cpu: a prompt sent twice is computed, then reused (cached_tokens)", cpu_first == 0 < cpu_again,
+              [cpu_first, cpu_again])
+        first, first_cached = ask(target)
+        second, second_cached = ask(target)
+        check("device: the same prompt twice, cached_tokens as on the cpu", (first_cached, second_cached) ==
+              (cpu_first, cpu_again), [first_cached, second_cached])
+        check("device: computed and reused answers equal the cpu's tokens", want == again == first == second,
+              dict(cpu=want, device=first, device_reused=second))
+        salted, salted_cached = ask(target, cache_salt="another namespace")
+        check("device: another cache_salt reuses nothing and answers the same", salted_cached == 0 and salted == want,
+              salted_cached)
+        woof_want, _ = ask(reference, "woof")
+        woof, woof_cached = ask(target, "woof")
+        check("device: another adapter reuses nothing and answers as on the cpu",
+              woof_cached == 0 and woof == woof_want, woof_cached)
+
+        # KEEP with KV reuse under load: 4 meow streams; meow reloaded with its own weights while they decode, so
+        # every stream must end with the tokens of an uninterrupted decode (the cpu's), its keys and values kept.
+        long_prompts = [prompt_ids(40, 500 + index, vocab) for index in range(4)]
+        streams = [Stream(target.port, greedy("meow", ids, 400)) for ids in long_prompts]
+        wait_for(lambda: all(stream.tokens() >= 20 or stream.error for stream in streams), 120, "4 meow streams")
+        status, answer = request(target.port, "POST", "/v1/load_lora_adapter",
+                                 {"lora_name": "meow", "lora_path": "meow", "load_inplace": True, "kv_policy": "reuse"})
+        for stream in streams:
+            stream.thread.join(timeout=300)
+        wanted = [complete(reference.port, greedy("meow", ids, 400))["choices"][0]["token_ids"] for ids in long_prompts]
+        segments = [(stream.final or {}).get("segments", []) for stream in streams]
+        check("device: KEEP swap with kv_policy reuse answered 200 and applied reuse",
+              status == 200 and isinstance(answer, dict) and answer.get("kv_policy") == "reuse", answer)
+        check("device: every kept stream finished with its 400 tokens, equal to the cpu's uninterrupted decode",
+              all(stream.ids == ids for stream, ids in zip(streams, wanted)),
+              dict(tokens=[stream.tokens() for stream in streams], errors=[s.error for s in streams if s.error],
+                   first_difference=[next((i for i, (a, b) in enumerate(zip(s.ids, ids)) if a != b), None)
+                                     for s, ids in zip(streams, wanted)]))
+        check("device: each kept stream decoded on from its old version's keys and values (kv_version)",
+              all(len(segs) >= 2 and segs[-1]["lora_version"] > segs[0]["lora_version"]
+                  and segs[-1]["kv_version"] == segs[0]["lora_version"] for segs in segments), segments)
+
+        # A new version names new blocks: the prompt cached under the old version is not found any more.
+        after_swap, after_swap_cached = ask(target)
+        after_swap_again, after_swap_again_cached = ask(target)
+        check("device: after the swap the prompt is computed again, then reused; same tokens",
+              (after_swap_cached, after_swap_again_cached) == (0, cpu_again) and after_swap == after_swap_again == want,
+              [after_swap_cached, after_swap_again_cached])
+        status, _ = request(target.port, "POST", "/reset_prefix_cache", None)
+        after_reset, after_reset_cached = ask(target)
+        check("device: /reset_prefix_cache answers 200 and the prompt is computed again, same tokens",
+              status == 200 and after_reset_cached == 0 and after_reset == want, [status, after_reset_cached])
+        hits = metric(target.port, "vllm:prefix_cache_hits_total")
+        check("device: vllm:prefix_cache_hits_total counts the reused tokens", hits >= 2 * cpu_again, hits)
+
+        # Preemption: 8 requests at once in a pool of `small_blocks` blocks; each must still finish, as on the cpu.
+        bodies = [greedy("meow", prompt_ids(40, 700 + index, vocab), 120) for index in range(8)]
+        answers, errors = [None] * len(bodies), []
+
+        def one(index):
+            try:
+                answers[index] = complete(small.port, bodies[index])["choices"][0]["token_ids"]
+            except Exception as err:  # noqa: BLE001 - reported by the check
+                errors.append(repr(err))
+
+        threads = [threading.Thread(target=one, args=(index,)) for index in range(len(bodies))]
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        elapsed = time.monotonic() - started
+        wanted = [complete(reference.port, body)["choices"][0]["token_ids"] for body in bodies]
+        preemptions = metric(small.port, "vllm:num_preemptions_total")
+        check(f"device, {small_blocks} KV blocks: 8 requests of 160 positions preempt (vllm:num_preemptions_total)",
+              preemptions > 0, preemptions)
+        check("device, preempted: every request finished with the cpu's 120 tokens",
+              not errors and answers == wanted,
+              dict(errors=errors[:3], equal=[a == b for a, b in zip(answers, wanted)], seconds=elapsed))
+    finally:
+        for server in (reference, target, small):
+            server.stop()
+    failed = [name for name, ok in checks.items() if not ok]
+    if failed:
+        raise RuntimeError(f"prefix: {len(failed)} of {len(checks)} checks failed: {failed}")
 
 
 def speed_server(args, shape, extra, name):
@@ -543,7 +689,7 @@ def save(args, results):
         json.dump(results, file, indent=1, default=str)
 
 
-ESTIMATES = {"correctness": 40, "throughput": 40, "sweep": 60, "swap": 30}
+ESTIMATES = {"correctness": 40, "prefix": 40, "throughput": 40, "sweep": 60, "swap": 30}
 
 
 def main():
@@ -570,7 +716,7 @@ def main():
     args.server_log = os.path.join(args.out, "servers.log")
     shapes = args.shapes.split(",")
     phases = args.phases.split(",") if args.phases else (
-        ["correctness"] + [f"throughput:{s}" for s in shapes] + [f"sweep:{s}" for s in reversed(shapes)]
+        ["correctness", "prefix"] + [f"throughput:{s}" for s in shapes] + [f"sweep:{s}" for s in reversed(shapes)]
         + [f"swap:{shapes[0]}"])
     results = {"device": args.device, "phases": phases, "skipped": [], "failed": {}}
     for phase in phases:
@@ -585,7 +731,8 @@ def main():
             continue
         log(f"=== {phase}")
         try:
-            {"correctness": lambda: correctness(args, results), "throughput": lambda: throughput(args, results, shape),
+            {"correctness": lambda: correctness(args, results), "prefix": lambda: prefix(args, results),
+             "throughput": lambda: throughput(args, results, shape),
              "sweep": lambda: sweep(args, results, shape), "swap": lambda: swap(args, results, shape)}[kind]()
         except Exception as err:  # noqa: BLE001 - one phase failing must not lose the others
             log(f"{phase} FAILED: {err!r}")

@@ -3,16 +3,22 @@
 # where PyTorch's `nvidia-*` wheels or a CUDA toolkit put them, then runs scripts/cuda-bench.py with it:
 #
 #   scripts/cuda-run.sh target/release/loragate OUT_DIR [cuda-bench.py arguments…]
+#   scripts/cuda-run.sh --exec COMMAND [ARGUMENTS…]     # runs COMMAND (a CUDA test binary, say) with those libraries
 #
 # The binary needs, at run time: libcuda.so.1 (the driver, 580 or later for CUDA 13.0), libcudart.so.13,
 # libcublas.so.13, libcublasLt.so.13, libcurand.so.10, libnvrtc.so.13 (with libnvrtc-builtins). This prints what it
 # found (and what `ldd` still misses) before anything runs.
 set -uo pipefail
-binary="$1"
-out="$2"
-shift 2
 here="$(cd "$(dirname "$0")" && pwd)"
-mkdir -p "$out"
+if [ "${1:-}" = "--exec" ]; then
+    shift
+    binary="$1"
+else
+    binary="$1"
+    out="$2"
+    shift 2
+    mkdir -p "$out"
+fi
 
 libraries="$(python3 - <<'EOF'
 import glob, os, sys
@@ -41,5 +47,8 @@ export LD_LIBRARY_PATH="$libraries${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap,clocks.sm,clocks.max.sm --format=csv || true
 ldd "$binary" | grep -E 'cuda|cublas|curand|nvrtc|not found' || true
+if [ -z "${out:-}" ]; then
+    exec "$@"
+fi
 "$binary" --version || true
 exec python3 "$here/cuda-bench.py" --loragate "$binary" --out "$out" "$@"
