@@ -42,9 +42,24 @@ where
         .spawn(move || {
             // The receiver is gone after a timeout: the result is dropped here, on this thread.
             let _ = result.send(job());
+            return_freed_memory();
         })
         .map_err(DetachedError::Spawn)?;
     Ok(receiver)
+}
+
+/// Hands the pages of memory the allocator holds free back to the operating system, after a job's result was sent
+/// (off its caller's path). The jobs read adapters: their temporaries (tensors of tens of KiB, under glibc's mmap
+/// threshold) come from the heap of the thread's arena, where a block still in use above them (the adapter's weights)
+/// keeps the freed pages resident; `malloc_trim` releases free pages anywhere in every arena. Without it, a hundred
+/// pushes read as they arrived left a server up to 11 % larger. Does nothing on other C libraries.
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` only returns free memory to the system, under the allocator's own locks.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Waits at most `limit` for the result of a job [`spawn_detached`] started.
