@@ -110,11 +110,13 @@ impl Receiver {
         let file = std::fs::File::create(&path).map_err(|err| store_failed("creating a temporary file", err))?;
         let progress = WriteProgress::new(path);
         let writer = BatchWriter::start(file, store.is_durable(), progress.report());
+        // Room for a batch and the chunk that completes it (network chunks are a few KiB to a MiB): never grown.
+        let unwritten = writer.empty_batch(2 * WRITE_BATCH_BYTES);
         Ok(Self {
             store,
             temp,
             writer,
-            unwritten: Vec::new(),
+            unwritten,
             received: 0,
             header: HeaderState::Pending(Vec::with_capacity(8)),
             declared,
@@ -172,7 +174,7 @@ impl Receiver {
         }
         self.unwritten.extend_from_slice(chunk);
         if self.unwritten.len() >= WRITE_BATCH_BYTES {
-            let batch = std::mem::replace(&mut self.unwritten, Vec::with_capacity(WRITE_BATCH_BYTES + len));
+            let batch = std::mem::replace(&mut self.unwritten, self.writer.empty_batch(WRITE_BATCH_BYTES + len));
             self.hand_over(batch).await?;
         }
         Ok(())
