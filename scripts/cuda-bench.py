@@ -281,6 +281,17 @@ def wait_for(predicate, timeout, what):
     raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
 
 
+def run_concurrently(job, count):
+    """Runs job(0) … job(count - 1) each on a thread of its own, all at once; the seconds until the last ended."""
+    threads = [threading.Thread(target=job, args=(index,)) for index in range(count)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.monotonic() - started
+
+
 def prompt_ids(length, seed, vocab):
     rng = random.Random(seed)
     return [rng.randrange(3, vocab) for _ in range(length)]
@@ -495,13 +506,7 @@ def prefix(args, results):
             except Exception as err:  # noqa: BLE001 - reported by the check
                 errors.append(repr(err))
 
-        threads = [threading.Thread(target=one, args=(index,)) for index in range(len(bodies))]
-        started = time.monotonic()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        elapsed = time.monotonic() - started
+        elapsed = run_concurrently(one, len(bodies))
         wanted = [complete(reference.port, body)["choices"][0]["token_ids"] for body in bodies]
         preemptions = metric(small.port, "vllm:num_preemptions_total")
         check(f"device, {small_blocks} KV blocks: 8 requests of 160 positions preempt (vllm:num_preemptions_total)",
@@ -559,13 +564,7 @@ def throughput(args, results, shape):
                 except Exception as err:  # noqa: BLE001
                     errors.append(repr(err))
 
-            threads = [threading.Thread(target=one, args=(index,)) for index in range(concurrency)]
-            started = time.monotonic()
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            elapsed = time.monotonic() - started
+            elapsed = run_concurrently(one, concurrency)
             tokens = sum(answer["usage"]["completion_tokens"] for answer in answers if answer)
             figures[concurrency] = dict(seconds=elapsed, tokens=tokens, tokens_per_s=tokens / elapsed,
                                         errors=errors[:3])

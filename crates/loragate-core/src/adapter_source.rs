@@ -57,11 +57,16 @@ impl PreparedLoad {
     pub fn discard(&self) {
         drop(self.take());
     }
+
+    /// Whether what was prepared is still there to take.
+    fn is_pending(&self) -> bool {
+        self.0.lock().is_some()
+    }
 }
 
 impl std::fmt::Debug for PreparedLoad {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PreparedLoad").field("pending", &self.0.lock().is_some()).finish()
+        f.debug_struct("PreparedLoad").field("pending", &self.is_pending()).finish()
     }
 }
 
@@ -101,7 +106,7 @@ impl AdapterSource {
 
     /// Whether an engine's preparation of these weights is waiting to be taken.
     pub fn is_prepared(&self) -> bool {
-        self.prepared.as_ref().is_some_and(|prepared| prepared.0.lock().is_some())
+        self.prepared.as_ref().is_some_and(PreparedLoad::is_pending)
     }
 
     /// Whether these are pushed weights in the adapter store.

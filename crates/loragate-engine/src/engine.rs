@@ -283,16 +283,13 @@ impl Engine for CandleEngine {
         version: AdapterVersion,
         source: &AdapterSource,
     ) -> Result<(), EngineError> {
-        let prepared = source.take_prepared().and_then(|prepared| prepared.downcast::<PreparedWeights>().ok());
-        let weights = match prepared {
-            Some(prepared) => match wait_detached(prepared.0, self.adapter_load_timeout).await {
-                Ok(Ok(weights)) => Some(weights),
-                // The stored files are read instead: they give the same weights, or the error to answer.
-                Ok(Err(_)) | Err(_) => None,
-            },
+        let prepared = match source.take_prepared().and_then(|prepared| prepared.downcast::<PreparedWeights>().ok()) {
+            Some(prepared) => wait_detached(prepared.0, self.adapter_load_timeout).await.ok().and_then(Result::ok),
             None => None,
         };
-        let weights = match weights {
+        // Without prepared weights (none, or their reading failed) the files are read: they give the same weights, or
+        // the error to answer.
+        let weights = match prepared {
             Some(weights) => weights,
             None => self.read_adapter(source).await?,
         };

