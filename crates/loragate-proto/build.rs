@@ -16,6 +16,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         .codec_path("crate::codec::LoragateCodec")
+        // A push's chunks decode as `Bytes`, slices of the decode buffer, not a copy each: the receiver copies them
+        // into its write batches anyway, and the buffer, no longer shared, is reused for the next message.
+        .bytes(".loragate.v1.PushLoraAdapterRequest")
         .compile_fds(descriptors)?;
     Ok(())
 }

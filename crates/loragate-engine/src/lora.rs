@@ -6,6 +6,7 @@
 //! (candle-lora's `(base + BA)·s` is wrong). The scale is folded into `B` when the adapter is built.
 
 mod bank;
+mod factor;
 mod peft;
 
 #[cfg(test)]
@@ -97,7 +98,12 @@ pub(crate) struct LoraPair {
 impl LoraPair {
     /// From PEFT's `A` `(r, in)` and `B` `(out, r)` and the scale `s`.
     pub(crate) fn new(a: &Tensor, b: &Tensor, scale: f64) -> candle_core::Result<Self> {
-        Ok(Self { a_t: a.t()?.contiguous()?, b_t: (b * scale)?.t()?.contiguous()? })
+        Ok(Self::from_transposed(factor::scaled_transpose(a, 1.0)?, factor::scaled_transpose(b, scale)?))
+    }
+
+    /// From `Aᵀ` `(in, r)` and `(s·B)ᵀ` `(r, out)`, as [`factor::scaled_transpose`] makes them.
+    pub(crate) fn from_transposed(a_t: Tensor, b_t: Tensor) -> Self {
+        Self { a_t, b_t }
     }
 
     pub(crate) fn rank(&self) -> usize {
@@ -106,13 +112,7 @@ impl LoraPair {
 
     /// Whether every value of `Aᵀ` and `(s·B)ᵀ` is finite, as stored (in the pair's dtype).
     pub(crate) fn is_finite(&self) -> candle_core::Result<bool> {
-        for factor in [&self.a_t, &self.b_t] {
-            let values = factor.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-            if !values.iter().all(|value| value.is_finite()) {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        Ok(factor::all_finite(&self.a_t)? && factor::all_finite(&self.b_t)?)
     }
 
     /// The pair on `device` as `dtype`.

@@ -186,7 +186,7 @@ impl pb::lora_control_server::LoraControl for LoraControlService {
         while let Some(message) = parts.message().await? {
             match message.part {
                 Some(pb::push_lora_adapter_request::Part::Chunk(chunk)) => {
-                    upload.write(chunk).await.map_err(status_from_core)?;
+                    upload.write(&chunk).await.map_err(status_from_core)?;
                 }
                 Some(pb::push_lora_adapter_request::Part::Header(_)) => {
                     return Err(Status::invalid_argument("a push has one header, in its first message"));

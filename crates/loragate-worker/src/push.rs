@@ -49,7 +49,7 @@ impl PushService {
         let mut upload = self.coordinator.begin_versioned_push(&name, declared).await.map_err(core)?;
         while let Some(message) = parts.message().await? {
             match message.part {
-                Some(pb::push_lora_adapter_request::Part::Chunk(chunk)) => upload.write(chunk).await.map_err(core)?,
+                Some(pb::push_lora_adapter_request::Part::Chunk(chunk)) => upload.write(&chunk).await.map_err(core)?,
                 Some(pb::push_lora_adapter_request::Part::Header(_)) => {
                     return Err(WorkerError::invalid("header", "a push has one header, in its first message").into());
                 }

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use bytes::Bytes;
 use futures::Stream;
 use safetensors::Dtype;
 use safetensors::tensor::View;
@@ -37,7 +38,7 @@ pub(super) struct Body {
 }
 
 enum Source {
-    Memory(Vec<u8>),
+    Memory(Bytes),
     File(OpenedFile),
 }
 
@@ -81,7 +82,7 @@ impl Body {
                     config_json,
                     sha256: Some(hex(&Sha256::digest(&bytes))),
                     total_bytes: bytes.len() as u64,
-                    source: Source::Memory(bytes),
+                    source: Source::Memory(bytes.into()),
                 })
             }
             AdapterPayload::Directory(dir) => tokio::task::spawn_blocking(move || Self::from_directory(&dir))
@@ -115,9 +116,9 @@ impl Body {
         self,
         failure: ReadFailure,
         digest: StreamedDigest,
-    ) -> impl Stream<Item = Vec<u8>> + Send + 'static {
+    ) -> impl Stream<Item = Bytes> + Send + 'static {
         enum Next {
-            Memory(Vec<u8>, usize),
+            Memory(Bytes, usize),
             File(Box<FileReader>),
             Done,
         }
@@ -132,7 +133,7 @@ impl Body {
                 match next {
                     Next::Memory(bytes, offset) if offset < bytes.len() => {
                         let end = (offset + PUSH_CHUNK_BYTES).min(bytes.len());
-                        let chunk = bytes[offset..end].to_vec();
+                        let chunk = bytes.slice(offset..end);
                         Some((chunk, Next::Memory(bytes, end)))
                     }
                     Next::Memory(..) | Next::Done => None,
@@ -151,9 +152,9 @@ impl Body {
                             Ok((reader, Ok(Some(chunk)))) => {
                                 if let Some(sha256) = reader.digest() {
                                     *digest.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sha256);
-                                    return Some((chunk, Next::Done));
+                                    return Some((chunk.into(), Next::Done));
                                 }
-                                Some((chunk, Next::File(reader)))
+                                Some((chunk.into(), Next::File(reader)))
                             }
                             Ok((_, Err(error))) => fail(error),
                             Err(err) => fail(ClientError::Protocol(format!("reading the adapter panicked: {err}"))),

@@ -147,7 +147,7 @@ async fn chunks_with_a_change(
     }
     let failure = lock(&failure).take();
     let digest = lock(&digest).take();
-    (sent, failure, digest)
+    (sent.into_iter().map(Vec::from).collect(), failure, digest)
 }
 
 #[tokio::test]

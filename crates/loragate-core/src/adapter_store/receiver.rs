@@ -25,7 +25,7 @@ pub struct Receiver {
     temp: TempDir,
     /// Hashes and writes the weights file.
     writer: BatchWriter,
-    /// Received bytes not handed to the writer yet (at most [`WRITE_BATCH_BYTES`] and one chunk).
+    /// Received bytes not handed to the writer yet (fewer than [`WRITE_BATCH_BYTES`] between calls).
     unwritten: Vec<u8>,
     received: u64,
     header: HeaderState,
@@ -110,8 +110,7 @@ impl Receiver {
         let file = std::fs::File::create(&path).map_err(|err| store_failed("creating a temporary file", err))?;
         let progress = WriteProgress::new(path);
         let writer = BatchWriter::start(file, store.is_durable(), progress.report());
-        // Room for a batch and the chunk that completes it (network chunks are a few KiB to a MiB): never grown.
-        let unwritten = writer.empty_batch(2 * WRITE_BATCH_BYTES);
+        let unwritten = writer.empty_batch(WRITE_BATCH_BYTES);
         Ok(Self {
             store,
             temp,
@@ -141,10 +140,12 @@ impl Receiver {
 
     /// Takes the next bytes of `adapter_model.safetensors`. Refuses, at once: bytes past the limit, past the size
     /// the header or the push declared, and a header that is not a safetensors header of LoRA factors fitting the
-    /// model. After an error the receiver must be dropped (nothing of it is kept). A chunk given owned (a gRPC
-    /// message's bytes) of at least a batch's size goes to the writer without being copied.
-    pub async fn write(&mut self, owned: impl AsRef<[u8]> + Into<Vec<u8>>) -> Result<(), CoreError> {
-        let chunk = owned.as_ref();
+    /// model. After an error the receiver must be dropped (nothing of it is kept).
+    ///
+    /// The bytes are copied into the writer's batches, which it hands back to be filled again: a chunk is never kept
+    /// as it came. (A gRPC message's 1 MiB chunk, kept, was a fresh mapping per MiB, page-faulted in and unmapped
+    /// again, which cost more than the copy.)
+    pub async fn write(&mut self, chunk: &[u8]) -> Result<(), CoreError> {
         if chunk.is_empty() {
             return Ok(());
         }
@@ -167,15 +168,16 @@ impl Receiver {
             self.take_header_bytes(chunk)?;
         }
         self.received = received;
-        let len = chunk.len();
-        if self.unwritten.is_empty() && len >= WRITE_BATCH_BYTES {
-            // A large chunk goes to the writer as it is, not gathered into a batch.
-            return self.hand_over(owned.into()).await;
-        }
-        self.unwritten.extend_from_slice(chunk);
-        if self.unwritten.len() >= WRITE_BATCH_BYTES {
-            let batch = std::mem::replace(&mut self.unwritten, self.writer.empty_batch(WRITE_BATCH_BYTES + len));
-            self.hand_over(batch).await?;
+        let mut rest = chunk;
+        while !rest.is_empty() {
+            let take = (WRITE_BATCH_BYTES - self.unwritten.len()).min(rest.len());
+            let (now, later) = rest.split_at(take);
+            self.unwritten.extend_from_slice(now);
+            rest = later;
+            if self.unwritten.len() == WRITE_BATCH_BYTES {
+                let batch = std::mem::replace(&mut self.unwritten, self.writer.empty_batch(WRITE_BATCH_BYTES));
+                self.hand_over(batch).await?;
+            }
         }
         Ok(())
     }

@@ -33,7 +33,7 @@ impl PushUpload {
     }
 
     /// Takes the next bytes of `adapter_model.safetensors` (see [`Receiver::write`]).
-    pub async fn write(&mut self, chunk: impl AsRef<[u8]> + Into<Vec<u8>>) -> Result<(), CoreError> {
+    pub async fn write(&mut self, chunk: &[u8]) -> Result<(), CoreError> {
         let written = self.receiver.write(chunk).await;
         if let Err(err) = &written {
             tracing::warn!(adapter = %self.name, source = "push", reason = %err, "adapter push failed");

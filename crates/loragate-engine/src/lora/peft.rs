@@ -20,10 +20,12 @@ use std::collections::{HashMap, HashSet};
 use candle_core::{DType, Device, Tensor};
 use loragate_core::{AdapterLayout, AdapterSource, EngineError, GrowingFile};
 
-use super::{AdapterWeights, LoraPair, LoraTarget};
+use safetensors::tensor::TensorInfo;
+
+use super::{AdapterWeights, LoraPair, LoraTarget, factor};
 use crate::model::ModelConfig;
 use config::AdapterConfig;
-use weights_file::WeightsFile;
+use weights_file::{WeightsFile, tensor_of};
 
 /// The PEFT config file's name.
 pub(crate) const CONFIG_FILE: &str = "adapter_config.json";
@@ -92,21 +94,27 @@ fn read_weights(
     let mut in_file_order: Vec<_> = entries.into_iter().collect();
     in_file_order.sort_by_key(|(_, (_, info))| info.data_offsets.0);
     let mut layers: Vec<[Option<LoraPair>; 7]> = (0..model.num_layers).map(|_| Default::default()).collect();
-    // A factor read before its partner.
+    // A factor read (and transposed) before its partner.
     let mut halves: HashMap<(usize, LoraTarget), (Factor, Tensor)> = HashMap::new();
+    let mut bytes = Vec::new();
     for ((layer, target, factor), (name, info)) in in_file_order {
-        let tensor = file.read(&name, &info)?.to_dtype(DType::F32).map_err(|err| internal(&name, err))?;
+        file.read_into(&name, &info, &mut bytes)?;
+        let scale = match factor {
+            Factor::A => 1.0,
+            Factor::B => config.scale,
+        };
+        let transposed = transposed_factor(&name, &info, &bytes, scale)?;
         let Some((_, partner)) = halves.remove(&(layer, target)) else {
-            halves.insert((layer, target), (factor, tensor));
+            halves.insert((layer, target), (factor, transposed));
             continue;
         };
-        let (a, b) = match factor {
-            Factor::A => (tensor, partner),
-            Factor::B => (partner, tensor),
+        let (a_t, b_t) = match factor {
+            Factor::A => (transposed, partner),
+            Factor::B => (partner, transposed),
         };
         let path = target.module_path(layer);
-        let pair = LoraPair::new(&a, &b, config.scale)
-            .and_then(|pair| pair.to_device(&Device::Cpu, dtype))
+        let pair = LoraPair::from_transposed(a_t, b_t)
+            .to_device(&Device::Cpu, dtype)
             .map_err(|err| internal(&path, err))?;
         if !pair.is_finite().map_err(|err| internal(&path, err))? {
             return Err(EngineError::AdapterFiles(format!(
@@ -117,6 +125,22 @@ fn read_weights(
         layers[layer][target.index()] = Some(pair.to_device(device, dtype).map_err(|err| internal(&path, err))?);
     }
     Ok(AdapterWeights::new(layers))
+}
+
+/// The factor `bytes` hold (a 2-D tensor, as its header entry `info` describes it: [`check_entry`] checked that),
+/// transposed, scaled by `scale` and as f32, as a [`LoraPair`] stores it. f32 (what PEFT writes) is transposed
+/// straight from the file's bytes; other float dtypes are converted first.
+fn transposed_factor(name: &str, info: &TensorInfo, bytes: &[u8], scale: f64) -> Result<Tensor, EngineError> {
+    let &[rows, cols] = info.shape.as_slice() else {
+        return Err(incompatible(format!("{name} has shape {:?}, expected a matrix", info.shape)));
+    };
+    let transposed = if info.dtype == safetensors::Dtype::F32 {
+        factor::scaled_transpose_of_f32_bytes(bytes, rows, cols, scale)
+    } else {
+        let tensor = tensor_of(name, info, bytes)?;
+        tensor.to_dtype(DType::F32).and_then(|tensor| factor::scaled_transpose(&tensor, scale))
+    };
+    transposed.map_err(|err| internal(name, err))
 }
 
 /// Checks a pushed adapter's layout (its config and its tensors' names, dtypes and shapes, from the safetensors

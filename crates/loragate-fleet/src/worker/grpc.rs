@@ -178,7 +178,7 @@ impl WorkerClient for GrpcWorker {
 
 /// A chunk of pushed weights as a push's message.
 fn chunk_message(chunk: Vec<u8>) -> lg::PushLoraAdapterRequest {
-    lg::PushLoraAdapterRequest { part: Some(lg::push_lora_adapter_request::Part::Chunk(chunk)) }
+    lg::PushLoraAdapterRequest { part: Some(lg::push_lora_adapter_request::Part::Chunk(chunk.into())) }
 }
 
 /// Runs `call` for at most `timeout`; running out is `Unavailable`.

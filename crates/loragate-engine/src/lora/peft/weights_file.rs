@@ -90,24 +90,35 @@ impl WeightsFile {
             .collect()
     }
 
-    /// Reads one tensor (an entry of [`WeightsFile::entries`]) onto the CPU, in its file dtype.
-    pub(super) fn read(&mut self, name: &str, info: &TensorInfo) -> Result<Tensor, EngineError> {
+    /// Reads the bytes of one tensor (an entry of [`WeightsFile::entries`]) into `bytes`, replacing what it held
+    /// (one buffer serves every tensor of a file: no allocation, and no page of it faulted in, per tensor).
+    pub(super) fn read_into(&mut self, name: &str, info: &TensorInfo, bytes: &mut Vec<u8>) -> Result<(), EngineError> {
         let (start, end) = info.data_offsets;
         if let Some(growing) = &self.growing {
             growing
                 .wait_written(self.data_start + end as u64)
                 .map_err(|err| files(format!("cannot read tensor {name}: {err}")))?;
         }
-        let mut bytes = vec![0u8; end - start];
-        self.file
+        bytes.clear();
+        let want = (end - start) as u64;
+        let read = self
+            .file
             .seek(SeekFrom::Start(self.data_start + start as u64))
-            .and_then(|_| self.file.read_exact(&mut bytes))
+            .and_then(|_| (&mut self.file).take(want).read_to_end(bytes))
             .map_err(|err| files(format!("cannot read tensor {name}: {err}")))?;
-        TensorView::new(info.dtype, info.shape.clone(), &bytes)
-            .map_err(|err| malformed(format!("tensor {name}: {err}")))?
-            .load(&Device::Cpu)
-            .map_err(|err| files(format!("cannot read tensor {name}: {err}")))
+        if read as u64 != want {
+            return Err(files(format!("cannot read tensor {name}: the file ended {} bytes early", want - read as u64)));
+        }
+        Ok(())
     }
+}
+
+/// The tensor `bytes` hold, as `info` (its header entry) describes it, on the CPU in its file dtype.
+pub(super) fn tensor_of(name: &str, info: &TensorInfo, bytes: &[u8]) -> Result<Tensor, EngineError> {
+    TensorView::new(info.dtype, info.shape.clone(), bytes)
+        .map_err(|err| malformed(format!("tensor {name}: {err}")))?
+        .load(&Device::Cpu)
+        .map_err(|err| files(format!("cannot read tensor {name}: {err}")))
 }
 
 fn files(reason: String) -> EngineError {
