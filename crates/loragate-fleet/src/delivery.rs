@@ -131,8 +131,9 @@ impl PushedFiles {
 fn read_chunks(mut file: std::fs::File, chunks: &tokio::sync::mpsc::Sender<Vec<u8>>) {
     use std::io::Read;
     loop {
-        let mut chunk = vec![0u8; CHUNK_BYTES];
-        let len = match file.read(&mut chunk) {
+        // Read into the chunk's spare capacity: nothing zeroed first.
+        let mut chunk = Vec::with_capacity(CHUNK_BYTES);
+        let len = match (&mut file).take(CHUNK_BYTES as u64).read_to_end(&mut chunk) {
             Ok(0) => return,
             Ok(len) => len,
             Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -141,7 +142,7 @@ fn read_chunks(mut file: std::fs::File, chunks: &tokio::sync::mpsc::Sender<Vec<u
                 return;
             }
         };
-        chunk.truncate(len);
+        debug_assert_eq!(chunk.len(), len);
         if chunks.blocking_send(chunk).is_err() {
             return; // the delivery ended
         }
