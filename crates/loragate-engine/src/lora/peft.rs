@@ -19,7 +19,6 @@ use std::collections::{HashMap, HashSet};
 
 use candle_core::{DType, Device, Tensor};
 use loragate_core::{AdapterLayout, AdapterSource, EngineError, GrowingFile};
-
 use safetensors::tensor::TensorInfo;
 
 use super::{AdapterWeights, LoraPair, LoraTarget, factor};
@@ -135,6 +134,13 @@ fn transposed_factor(name: &str, info: &TensorInfo, bytes: &[u8], scale: f64) ->
         return Err(incompatible(format!("{name} has shape {:?}, expected a matrix", info.shape)));
     };
     let transposed = if info.dtype == safetensors::Dtype::F32 {
+        if bytes.len() != rows * cols * 4 {
+            return Err(EngineError::AdapterFiles(format!(
+                "{WEIGHTS_FILE} is not valid safetensors: tensor {name} has {} bytes for its shape {:?} of f32",
+                bytes.len(),
+                info.shape
+            )));
+        }
         factor::scaled_transpose_of_f32_bytes(bytes, rows, cols, scale)
     } else {
         let tensor = tensor_of(name, info, bytes)?;
