@@ -301,7 +301,9 @@ async fn a_push_whose_client_goes_away_midway_leaves_nothing() {
     use loragate_proto::v1::push_lora_adapter_request::Part;
     let first = [
         loragate_proto::v1::PushLoraAdapterRequest { part: Some(Part::Header(header)) },
-        loragate_proto::v1::PushLoraAdapterRequest { part: Some(Part::Chunk(weights[..weights.len() / 2].to_vec().into())) },
+        loragate_proto::v1::PushLoraAdapterRequest {
+            part: Some(Part::Chunk(weights[..weights.len() / 2].to_vec().into())),
+        },
     ];
     let messages = futures::stream::iter(first).chain(futures::stream::pending());
     let mut control = demo.control();

@@ -112,9 +112,8 @@ fn read_weights(
             Factor::B => (partner, transposed),
         };
         let path = target.module_path(layer);
-        let pair = LoraPair::from_transposed(a_t, b_t)
-            .to_device(&Device::Cpu, dtype)
-            .map_err(|err| internal(&path, err))?;
+        let pair =
+            LoraPair::from_transposed(a_t, b_t).to_device(&Device::Cpu, dtype).map_err(|err| internal(&path, err))?;
         if !pair.is_finite().map_err(|err| internal(&path, err))? {
             return Err(EngineError::AdapterFiles(format!(
                 "{path} holds NaN or infinite values (after scaling by {} as {dtype:?})",
