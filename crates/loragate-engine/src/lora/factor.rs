@@ -5,7 +5,8 @@
 //! which walks a multi-dimensional index per element, and another tenth copying every value out to check it. Both
 //! factors are f32 matrices on the CPU when an adapter is read, so both run here over the storage's slice: the
 //! transpose tile by tile (every tile's rows and columns stay in the L1 cache), the check without a copy. Anything
-//! else (another dtype, a device, a strided view) takes candle's path, which gives the same values.
+//! else (another dtype, a device, a strided view, a factor being trained, whose gradient only candle's ops carry)
+//! takes candle's path, which gives the same values.
 
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 
@@ -17,7 +18,10 @@ const TILE: usize = 16;
 /// `(matrix * scale)?.t()?.contiguous()` computes it (`scale == 1.0` copies the values unchanged).
 pub(super) fn scaled_transpose(matrix: &Tensor, scale: f64) -> candle_core::Result<Tensor> {
     let (rows, cols) = matrix.dims2()?;
-    let transposed = with_f32_values(matrix, |values| transpose(rows, cols, scale as f32, |at| values[at]));
+    // A factor being trained (the demo's, a `Var`) keeps candle's ops, which carry its gradient.
+    let transposed = (!matrix.track_op())
+        .then(|| with_f32_values(matrix, |values| transpose(rows, cols, scale as f32, |at| values[at])))
+        .flatten();
     match transposed {
         Some(values) => Tensor::from_vec(values, (cols, rows), &Device::Cpu),
         None if scale == 1.0 => matrix.t()?.contiguous(),
@@ -139,6 +143,20 @@ mod tests {
         let transposed = scaled_transpose(&half, 1.0).expect("the transpose");
         assert_eq!(transposed.dtype(), DType::F16);
         assert_eq!(transposed.to_vec2::<half::f16>().expect("values"), half.t().expect("t").to_vec2().expect("values"));
+    }
+
+    #[test]
+    fn a_factor_being_trained_keeps_its_gradient() {
+        // The demo trains its adapters through `LoraPair::new` on `Var`s: the transpose must stay on the graph.
+        let factor = candle_core::Var::from_tensor(&matrix(3, 5)).expect("a variable");
+        let transposed = scaled_transpose(factor.as_tensor(), 2.5).expect("the transpose");
+        let weights = Tensor::arange(0f32, 15.0, &Device::Cpu).and_then(|w| w.reshape((5, 3))).expect("weights");
+        let loss = (transposed * &weights).and_then(|weighted| weighted.sum_all()).expect("a loss");
+        let gradients = loss.backward().expect("backward");
+        let gradient = gradients.get(factor.as_tensor()).expect("a gradient for the factor");
+        // d loss / d factor[r][c] = 2.5 · weights[c][r].
+        let expected = (weights.t().expect("t") * 2.5).and_then(|g| g.to_vec2::<f32>()).expect("expected");
+        assert_eq!(gradient.to_vec2::<f32>().expect("values"), expected);
     }
 
     #[test]
