@@ -130,3 +130,33 @@ fn adapter_weights(factors: &[Vec<(Var, Var)>], scale: f64) -> candle_core::Resu
         .collect::<candle_core::Result<Vec<_>>>()?;
     Ok(Arc::new(AdapterWeights::new(layers)))
 }
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+    use crate::demo::vocab::{EOS, VOCAB_SIZE};
+    use crate::test_support::{tiny_config, tiny_model};
+
+    /// The demo's adapters are generated once and cached: a change that cut the training off its gradient (the
+    /// factors' transpose did once) would only show in a fresh clone, where every adapter comes out untrained. A few
+    /// steps on a tiny model show it at once: every `B` starts at zero, and only a gradient moves it.
+    #[test]
+    fn a_few_steps_of_training_move_every_factor() {
+        let mut config = tiny_config(vec![EOS]);
+        config.vocab_size = VOCAB_SIZE;
+        let model = tiny_model(config);
+        let plan = TrainingPlan { rank: 2, alpha: 4.0, steps: 3, rows: 2, sequence_len: 24, learning_rate: 1e-2 };
+        let mut rng = StdRng::seed_from_u64(3);
+        let trained = train_adapters(&model, &["meow", "woof"], &plan, &mut rng).expect("trained");
+        for (adapter, noise) in trained.iter().zip(["meow", "woof"]) {
+            for (layer, pairs) in adapter.factors.iter().enumerate() {
+                for (target, (_, b)) in LoraTarget::ALL.iter().zip(pairs) {
+                    let largest = b.abs().and_then(|b| b.max_all()).and_then(|m| m.to_scalar::<f32>()).expect("max");
+                    assert!(largest > 0.0, "{noise}: layer {layer}'s {} B never moved from zero", target.module_name());
+                }
+            }
+        }
+    }
+}
