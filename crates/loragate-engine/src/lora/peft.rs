@@ -286,3 +286,50 @@ fn incompatible(reason: impl Into<String>) -> EngineError {
 fn internal(what: &str, err: candle_core::Error) -> EngineError {
     EngineError::Internal(format!("preparing {what}: {err}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{peft_tensors, tiny_config, write_peft};
+
+    /// f32 factors are transposed straight from the file's bytes, other float dtypes after a conversion: the same
+    /// values stored as F16, BF16, F64 or F32 give the same pairs, bit for bit.
+    #[test]
+    fn every_float_dtype_of_a_file_gives_the_same_pairs() {
+        let model = tiny_config(vec![0]);
+        let targets = [LoraTarget::Q, LoraTarget::Down];
+        // Random factors rounded to multiples of 1/64 within ±2: exact in every dtype below.
+        let exact: HashMap<String, Tensor> = peft_tensors(&model, 2, &targets, 5)
+            .into_iter()
+            .map(|(name, tensor)| {
+                let rounded = ((tensor * 64.0).and_then(|t| t.round()).and_then(|t| t.clamp(-128.0, 128.0)))
+                    .and_then(|t| t / 64.0)
+                    .expect("rounded");
+                (name, rounded)
+            })
+            .collect();
+        let config = serde_json::json!({ "r": 2, "lora_alpha": 4, "target_modules": ["q_proj", "down_proj"] });
+        let limits = AdapterLimits { max_rank: 8, max_bytes: 1 << 20 };
+        let root = tempfile::tempdir().expect("a temporary directory");
+        let load = |dtype: DType| {
+            let dir = root.path().join(format!("{dtype:?}"));
+            let tensors = exact.iter().map(|(name, t)| (name.clone(), t.to_dtype(dtype).expect("cast"))).collect();
+            write_peft(&dir, &config, &tensors);
+            load_peft_adapter(&AdapterSource::trusted(dir), &model, &Device::Cpu, DType::F32, limits).expect("loads")
+        };
+        let values = |weights: &AdapterWeights| -> Vec<Vec<Vec<f32>>> {
+            (0..model.num_layers)
+                .flat_map(|layer| targets.map(|target| (layer, target)))
+                .flat_map(|(layer, target)| {
+                    let pair = weights.pair(layer, target).expect("an adapted target");
+                    [pair.a_t.to_vec2::<f32>().expect("Aᵀ"), pair.b_t.to_vec2::<f32>().expect("(s·B)ᵀ")]
+                })
+                .collect()
+        };
+        let from_f32 = values(&load(DType::F32));
+        assert!(from_f32.iter().flatten().flatten().any(|&value| value != 0.0), "nonzero factors");
+        for dtype in [DType::F16, DType::BF16, DType::F64] {
+            assert_eq!(values(&load(dtype)), from_f32, "{dtype:?} against F32");
+        }
+    }
+}
