@@ -19,7 +19,7 @@ use crate::config::EngineConfig;
 use crate::detached::{DetachedError, run_detached, spawn_detached, wait_detached};
 use crate::error::EngineLoadError;
 use crate::gguf::{GgufFile, ModelFormat};
-use crate::lora::{AdapterLimits, AdapterWeights, check_peft_layout, load_peft_adapter, load_pushed_adapter};
+use crate::lora::{AdapterLimits, AdapterReader, AdapterWeights, check_peft_layout};
 use crate::model::{BLOCK_SIZE, BlockPool, Llama, ModelConfig, kv_cache_error};
 use crate::scheduler::{StepThread, Submission, outbox};
 use crate::tokenizer::Tokenizer;
@@ -196,18 +196,26 @@ pub fn read_model_info(path: &Path, max_context_length: Option<u32>) -> Result<M
 }
 
 /// A pushed adapter's weights being read as the push arrives ([`Engine::prepare_pushed_adapter`]): the result of
-/// [`load_pushed_adapter`] on its thread, which [`Engine::load_adapter`] takes instead of reading the stored files.
+/// [`AdapterReader::read_pushed`] on its thread, which [`Engine::load_adapter`] takes instead of reading the stored files.
 /// Dropped untaken (the push failed, or was installed elsewhere), the weights are dropped on that thread.
 struct PreparedWeights(tokio::sync::oneshot::Receiver<Result<AdapterWeights, EngineError>>);
 
 impl CandleEngine {
+    /// What reading an adapter for this engine needs, to move onto the thread that reads it.
+    fn adapter_reader(&self) -> AdapterReader {
+        AdapterReader {
+            model: Arc::clone(&self.model_config),
+            device: self.device.clone(),
+            dtype: self.dtype,
+            limits: self.adapter_limits,
+        }
+    }
+
     /// Reads and validates the adapter at `source` on a detached thread: a read that hangs fails at the timeout and
     /// holds up neither other loads nor shutdown.
     async fn read_adapter(&self, source: &AdapterSource) -> Result<AdapterWeights, EngineError> {
-        let source = source.clone();
-        let (model, device, dtype) = (Arc::clone(&self.model_config), self.device.clone(), self.dtype);
-        let limits = self.adapter_limits;
-        let load = move || load_peft_adapter(&source, &model, &device, dtype, limits);
+        let (source, reader) = (source.clone(), self.adapter_reader());
+        let load = move || reader.read(&source);
         match run_detached("loragate-adapter-load", self.adapter_load_timeout, load).await {
             Ok(loaded) => loaded,
             Err(DetachedError::TimedOut(limit)) => Err(EngineError::AdapterFiles(format!(
@@ -264,10 +272,8 @@ impl Engine for CandleEngine {
 
     /// Reads a pushed adapter as it arrives, on a thread of its own (see [`PreparedWeights`]).
     fn prepare_pushed_adapter(&self, layout: &AdapterLayout, file: GrowingFile) -> Option<PreparedLoad> {
-        let config = layout.config.clone();
-        let (model, device, dtype) = (Arc::clone(&self.model_config), self.device.clone(), self.dtype);
-        let limits = self.adapter_limits;
-        let read = move || load_pushed_adapter(config, file, &model, &device, dtype, limits);
+        let (config, reader) = (layout.config.clone(), self.adapter_reader());
+        let read = move || reader.read_pushed(config, file);
         match spawn_detached("loragate-adapter-prepare", read) {
             Ok(weights) => Some(PreparedLoad::new(Box::new(PreparedWeights(weights)))),
             Err(err) => {

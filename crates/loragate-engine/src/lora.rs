@@ -18,7 +18,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::model::ModelConfig;
 
 pub(crate) use bank::{LoraBank, LoraBatch};
-pub(crate) use peft::{AdapterLimits, check_peft_layout, load_peft_adapter, load_pushed_adapter};
+pub(crate) use peft::{AdapterLimits, AdapterReader, check_peft_layout};
 
 /// A projection LoRA can adapt, by its Hugging Face module name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -119,7 +119,7 @@ pub fn write_random_adapter(model: &Path, out: &Path, adapter: &RandomAdapter) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lora::{AdapterLimits, load_peft_adapter};
+    use crate::lora::{AdapterLimits, AdapterReader};
     use crate::test_support::{TempDir, tiny_config, tiny_weights};
     use loragate_core::AdapterSource;
 
@@ -144,11 +144,13 @@ mod tests {
             write_random_adapter(&model_dir, &out, &RandomAdapter { seed, ..RandomAdapter::default() }).expect("write");
             out
         };
-        let limits = AdapterLimits { max_rank: 64, max_bytes: 1 << 30 };
-        let load = |path: &Path| {
-            load_peft_adapter(&AdapterSource::trusted(path), &config, &Device::Cpu, candle_core::DType::F32, limits)
-                .expect("a valid PEFT adapter")
+        let reader = AdapterReader {
+            model: std::sync::Arc::new(config.clone()),
+            device: Device::Cpu,
+            dtype: candle_core::DType::F32,
+            limits: AdapterLimits { max_rank: 64, max_bytes: 1 << 30 },
         };
+        let load = |path: &Path| reader.read(&AdapterSource::trusted(path)).expect("a valid PEFT adapter");
         let (first, again, other) = (write("first", 1), write("again", 1), write("other", 2));
         let weights = load(&first);
         for target in LoraTarget::ALL {

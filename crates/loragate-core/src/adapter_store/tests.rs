@@ -423,9 +423,12 @@ async fn releases_are_forgotten_once_no_collection_needs_them() {
     assert!(store.inner.holds.lock().released.is_empty(), "no collection runs: nothing to remember");
 }
 
-/// A preparation that reads the growing file whole on a thread of its own, as an engine reading tensors as they
-/// arrive would: its result (the bytes it read, or why it could not) arrives on the channel it returns.
-fn reading_preparation() -> (Preparation, std::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>) {
+/// A receiver of a push into `store` whose preparation reads the growing file whole on a thread of its own, as an
+/// engine reading tensors as they arrive would: its result (the bytes it read, or why it could not) arrives on the
+/// channel returned beside it.
+async fn receiver_read_as_it_arrives(
+    store: &AdapterStore,
+) -> (Receiver, std::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>) {
     let (results, read) = std::sync::mpsc::channel();
     let results = parking_lot::Mutex::new(results);
     let preparation: Preparation = Arc::new(move |layout: &AdapterLayout, file: GrowingFile| {
@@ -437,15 +440,15 @@ fn reading_preparation() -> (Preparation, std::sync::mpsc::Receiver<std::io::Res
         });
         Some(PreparedLoad::new(Box::new("prepared")))
     });
-    (preparation, read)
+    let receiver = store.receive(header("", None), accept_all()).await.expect("starts").prepared_by(preparation);
+    (receiver, read)
 }
 
 #[tokio::test]
 async fn a_preparation_reads_the_file_as_it_arrives_and_travels_with_the_stored_version() {
     let (_dir, store) = new_store(64 << 20);
     let file = large_file();
-    let (preparation, read) = reading_preparation();
-    let mut receiver = store.receive(header("", None), accept_all()).await.expect("starts").prepared_by(preparation);
+    let (mut receiver, read) = receiver_read_as_it_arrives(&store).await;
     for part in file.chunks(100_000) {
         receiver.write(part).await.expect("written");
     }
@@ -465,8 +468,7 @@ async fn a_preparation_reads_the_file_as_it_arrives_and_travels_with_the_stored_
 async fn a_preparation_is_discarded_with_its_stored_version_and_fails_with_a_push_dropped_midway() {
     let (_dir, store) = new_store(64 << 20);
     let file = large_file();
-    let (preparation, _read) = reading_preparation();
-    let mut receiver = store.receive(header("", None), accept_all()).await.expect("starts").prepared_by(preparation);
+    let (mut receiver, _read) = receiver_read_as_it_arrives(&store).await;
     receiver.write(&file[..]).await.expect("written");
     let stored = receiver.finish().await.expect("stored");
     let kept_elsewhere = stored.source.clone();
@@ -474,8 +476,7 @@ async fn a_preparation_is_discarded_with_its_stored_version_and_fails_with_a_pus
     drop(stored);
     assert!(!kept_elsewhere.is_prepared(), "a clone of the source holds nothing once the stored version is gone");
 
-    let (preparation, read) = reading_preparation();
-    let mut receiver = store.receive(header("", None), accept_all()).await.expect("starts").prepared_by(preparation);
+    let (mut receiver, read) = receiver_read_as_it_arrives(&store).await;
     receiver.write(&file[..file.len() / 2]).await.expect("first half");
     drop(receiver);
     let outcome = tokio::task::spawn_blocking(move || read.recv().expect("the reading ended")).await.expect("joined");

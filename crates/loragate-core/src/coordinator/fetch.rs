@@ -174,8 +174,7 @@ impl Coordinator {
         let config_chunks = fetcher.fetch(&replica, name, version, CONFIG_FILE).await.map_err(|err| err.to_string())?;
         let config_json = read_small(config_chunks, MAX_CONFIG_BYTES).await?;
         let header = PushHeader::parse(config_json, &sha256.to_hex(), source.bytes).map_err(|err| err.to_string())?;
-        let receiver = store.receive(header, self.layout_check()).await.map_err(|err| err.to_string())?;
-        let mut receiver = receiver.prepared_by(self.preparation());
+        let mut receiver = self.receive_into(store, header).await.map_err(|err| err.to_string())?;
         let mut chunks = fetcher.fetch(&replica, name, version, WEIGHTS_FILE).await.map_err(|err| err.to_string())?;
         while let Some(chunk) = chunks.next().await {
             let chunk = chunk.map_err(|err| err.to_string())?;

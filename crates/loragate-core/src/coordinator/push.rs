@@ -89,22 +89,21 @@ impl Coordinator {
         let Some(store) = &self.inner.config.adapter_store else {
             return Err(CoreError::invalid(Field::LoraName, "this server takes no pushed adapters"));
         };
-        let receiver = store.receive(header, self.layout_check()).await?.prepared_by(self.preparation());
+        let receiver = self.receive_into(store, header).await?;
         Ok(PushUpload { name: name.clone(), receiver, began: Instant::now() })
     }
 
-    /// The engine's check of an adapter's layout, for the adapter store's receiver (a push, or a version fetched from
-    /// another replica).
-    pub(super) fn layout_check(&self) -> LayoutCheck {
+    /// Starts receiving weights declared by `header` into `store` (a push, or a version fetched from another replica),
+    /// with the engine checking their layout once their header arrives ([`crate::Engine::check_adapter_layout`]) and
+    /// reading them as they arrive ([`crate::Engine::prepare_pushed_adapter`]).
+    pub(super) async fn receive_into(&self, store: &AdapterStore, header: PushHeader) -> Result<Receiver, CoreError> {
         let engine = self.inner.engine.clone();
-        Arc::new(move |layout: &AdapterLayout| engine.check_adapter_layout(layout).map_err(CoreError::from))
-    }
-
-    /// The engine's reading of a push's weights while they arrive ([`crate::Engine::prepare_pushed_adapter`]), for the
-    /// adapter store's receiver.
-    pub(super) fn preparation(&self) -> Preparation {
+        let check: LayoutCheck =
+            Arc::new(move |layout: &AdapterLayout| engine.check_adapter_layout(layout).map_err(CoreError::from));
         let engine = self.inner.engine.clone();
-        Arc::new(move |layout: &AdapterLayout, file: GrowingFile| engine.prepare_pushed_adapter(layout, file))
+        let preparation: Preparation =
+            Arc::new(move |layout: &AdapterLayout, file: GrowingFile| engine.prepare_pushed_adapter(layout, file));
+        Ok(store.receive(header, check).await?.prepared_by(preparation))
     }
 
     /// Ends a push: checks the whole file and its SHA-256, moves it into the store and installs it as

@@ -10,12 +10,13 @@
 //!
 //! Order of work: config, then the weights file's header, then every tensor's name, dtype and shape from the header;
 //! only then are tensors read, one at a time, in the file's order (so that a pushed file is read as it arrives:
-//! [`load_pushed_adapter`]).
+//! [`AdapterReader::read_pushed`]).
 
 mod config;
 mod weights_file;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use loragate_core::{AdapterLayout, AdapterSource, EngineError, GrowingFile};
@@ -40,89 +41,88 @@ pub(crate) struct AdapterLimits {
     pub(crate) max_bytes: u64,
 }
 
-/// Reads and validates the adapter of `source` for `model`, returning its weights on `device` as `dtype`. Blocking
-/// (file reads, tensor conversion): call it off the async runtime.
-pub(crate) fn load_peft_adapter(
-    source: &AdapterSource,
-    model: &ModelConfig,
-    device: &Device,
-    dtype: DType,
-    limits: AdapterLimits,
-) -> Result<AdapterWeights, EngineError> {
-    let config = AdapterConfig::read(source, limits.max_rank, dtype)?;
-    let file = WeightsFile::open(source, limits.max_bytes)?;
-    read_weights(&config, file, model, device, dtype)
+/// What reading an adapter needs: the model it must fit, the device and dtype its weights go to, and the engine's
+/// limits. Cheap to clone onto the thread that reads.
+#[derive(Clone, Debug)]
+pub(crate) struct AdapterReader {
+    pub(crate) model: Arc<ModelConfig>,
+    pub(crate) device: Device,
+    pub(crate) dtype: DType,
+    pub(crate) limits: AdapterLimits,
 }
 
-/// Reads and validates a pushed adapter while its weights file is still being written (`file` grows as the push
-/// arrives), as [`load_peft_adapter`] would read the stored version once complete: its config is the push's own
-/// (`config`, the layout's, which the store writes as `adapter_config.json`). Blocking, and waiting on the push: call
-/// it off the async runtime.
-pub(crate) fn load_pushed_adapter(
-    config: serde_json::Map<String, serde_json::Value>,
-    file: GrowingFile,
-    model: &ModelConfig,
-    device: &Device,
-    dtype: DType,
-    limits: AdapterLimits,
-) -> Result<AdapterWeights, EngineError> {
-    let config = AdapterConfig::from_json(config, limits.max_rank, dtype)?;
-    let file = WeightsFile::open_growing(file, limits.max_bytes)?;
-    read_weights(&config, file, model, device, dtype)
-}
-
-/// Checks every entry of `file` against `config` and `model`, then reads the tensors in the file's order, building
-/// each target's pair once both its factors are read.
-fn read_weights(
-    config: &AdapterConfig,
-    mut file: WeightsFile,
-    model: &ModelConfig,
-    device: &Device,
-    dtype: DType,
-) -> Result<AdapterWeights, EngineError> {
-    // Every entry is checked against the config and the model before any tensor is read.
-    let mut entries = HashMap::new();
-    for (name, info) in file.entries() {
-        let key = check_entry(&name, &info.dtype.to_string(), &info.shape, config, model)?;
-        if entries.insert(key, (name.clone(), info)).is_some() {
-            return Err(EngineError::AdapterFiles(format!("{name} appears twice (with and without `.default`)")));
-        }
+impl AdapterReader {
+    /// Reads and validates the adapter of `source`, returning its weights on the reader's device as its dtype.
+    /// Blocking (file reads, tensor conversion): call it off the async runtime.
+    pub(crate) fn read(&self, source: &AdapterSource) -> Result<AdapterWeights, EngineError> {
+        let config = AdapterConfig::read(source, self.limits.max_rank, self.dtype)?;
+        let file = WeightsFile::open(source, self.limits.max_bytes)?;
+        self.read_weights(&config, file)
     }
-    check_complete(|key| entries.contains_key(&key), config, model)?;
 
-    let mut in_file_order: Vec<_> = entries.into_iter().collect();
-    in_file_order.sort_by_key(|(_, (_, info))| info.data_offsets.0);
-    let mut layers: Vec<[Option<LoraPair>; 7]> = (0..model.num_layers).map(|_| Default::default()).collect();
-    // A factor read (and transposed) before its partner.
-    let mut halves: HashMap<(usize, LoraTarget), (Factor, Tensor)> = HashMap::new();
-    let mut bytes = Vec::new();
-    for ((layer, target, factor), (name, info)) in in_file_order {
-        file.read_into(&name, &info, &mut bytes)?;
-        let scale = match factor {
-            Factor::A => 1.0,
-            Factor::B => config.scale,
-        };
-        let transposed = transposed_factor(&name, &info, &bytes, scale)?;
-        let Some((_, partner)) = halves.remove(&(layer, target)) else {
-            halves.insert((layer, target), (factor, transposed));
-            continue;
-        };
-        let (a_t, b_t) = match factor {
-            Factor::A => (transposed, partner),
-            Factor::B => (partner, transposed),
-        };
-        let path = target.module_path(layer);
-        let pair =
-            LoraPair::from_transposed(a_t, b_t).to_device(&Device::Cpu, dtype).map_err(|err| internal(&path, err))?;
-        if !pair.is_finite().map_err(|err| internal(&path, err))? {
-            return Err(EngineError::AdapterFiles(format!(
-                "{path} holds NaN or infinite values (after scaling by {} as {dtype:?})",
-                config.scale
-            )));
-        }
-        layers[layer][target.index()] = Some(pair.to_device(device, dtype).map_err(|err| internal(&path, err))?);
+    /// Reads and validates a pushed adapter while its weights file is still being written (`file` grows as the push
+    /// arrives), as [`AdapterReader::read`] would read the stored version once complete: its config is the push's own
+    /// (`config`, the layout's, which the store writes as `adapter_config.json`). Blocking, and waiting on the push:
+    /// call it off the async runtime.
+    pub(crate) fn read_pushed(
+        &self,
+        config: serde_json::Map<String, serde_json::Value>,
+        file: GrowingFile,
+    ) -> Result<AdapterWeights, EngineError> {
+        let config = AdapterConfig::from_json(config, self.limits.max_rank, self.dtype)?;
+        let file = WeightsFile::open_growing(file, self.limits.max_bytes)?;
+        self.read_weights(&config, file)
     }
-    Ok(AdapterWeights::new(layers))
+
+    /// Checks every entry of `file` against `config` and the model, then reads the tensors in the file's order,
+    /// building each target's pair once both its factors are read.
+    fn read_weights(&self, config: &AdapterConfig, mut file: WeightsFile) -> Result<AdapterWeights, EngineError> {
+        let (model, device, dtype) = (&*self.model, &self.device, self.dtype);
+        // Every entry is checked against the config and the model before any tensor is read.
+        let mut entries = HashMap::new();
+        for (name, info) in file.entries() {
+            let key = check_entry(&name, &info.dtype.to_string(), &info.shape, config, model)?;
+            if entries.insert(key, (name.clone(), info)).is_some() {
+                return Err(EngineError::AdapterFiles(format!("{name} appears twice (with and without `.default`)")));
+            }
+        }
+        check_complete(|key| entries.contains_key(&key), config, model)?;
+
+        let mut in_file_order: Vec<_> = entries.into_iter().collect();
+        in_file_order.sort_by_key(|(_, (_, info))| info.data_offsets.0);
+        let mut layers: Vec<[Option<LoraPair>; 7]> = (0..model.num_layers).map(|_| Default::default()).collect();
+        // A factor read (and transposed) before its partner.
+        let mut halves: HashMap<(usize, LoraTarget), (Factor, Tensor)> = HashMap::new();
+        let mut bytes = Vec::new();
+        for ((layer, target, factor), (name, info)) in in_file_order {
+            file.read_into(&name, &info, &mut bytes)?;
+            let scale = match factor {
+                Factor::A => 1.0,
+                Factor::B => config.scale,
+            };
+            let transposed = transposed_factor(&name, &info, &bytes, scale)?;
+            let Some((_, partner)) = halves.remove(&(layer, target)) else {
+                halves.insert((layer, target), (factor, transposed));
+                continue;
+            };
+            let (a_t, b_t) = match factor {
+                Factor::A => (transposed, partner),
+                Factor::B => (partner, transposed),
+            };
+            let path = target.module_path(layer);
+            let pair = LoraPair::from_transposed(a_t, b_t)
+                .to_device(&Device::Cpu, dtype)
+                .map_err(|err| internal(&path, err))?;
+            if !pair.is_finite().map_err(|err| internal(&path, err))? {
+                return Err(EngineError::AdapterFiles(format!(
+                    "{path} holds NaN or infinite values (after scaling by {} as {dtype:?})",
+                    config.scale
+                )));
+            }
+            layers[layer][target.index()] = Some(pair.to_device(device, dtype).map_err(|err| internal(&path, err))?);
+        }
+        Ok(AdapterWeights::new(layers))
+    }
 }
 
 /// The factor `bytes` hold (a 2-D tensor, as its header entry `info` describes it: [`check_entry`] checked that),
@@ -149,7 +149,7 @@ fn transposed_factor(name: &str, info: &TensorInfo, bytes: &[u8], scale: f64) ->
 }
 
 /// Checks a pushed adapter's layout (its config and its tensors' names, dtypes and shapes, from the safetensors
-/// header) as [`load_peft_adapter`] checks the files before reading any tensor.
+/// header) as [`AdapterReader::read`] checks the files before reading any tensor.
 pub(crate) fn check_peft_layout(
     layout: &AdapterLayout,
     model: &ModelConfig,
@@ -309,13 +309,18 @@ mod tests {
             })
             .collect();
         let config = serde_json::json!({ "r": 2, "lora_alpha": 4, "target_modules": ["q_proj", "down_proj"] });
-        let limits = AdapterLimits { max_rank: 8, max_bytes: 1 << 20 };
+        let reader = AdapterReader {
+            model: Arc::new(model.clone()),
+            device: Device::Cpu,
+            dtype: DType::F32,
+            limits: AdapterLimits { max_rank: 8, max_bytes: 1 << 20 },
+        };
         let root = tempfile::tempdir().expect("a temporary directory");
         let load = |dtype: DType| {
             let dir = root.path().join(format!("{dtype:?}"));
             let tensors = exact.iter().map(|(name, t)| (name.clone(), t.to_dtype(dtype).expect("cast"))).collect();
             write_peft(&dir, &config, &tensors);
-            load_peft_adapter(&AdapterSource::trusted(dir), &model, &Device::Cpu, DType::F32, limits).expect("loads")
+            reader.read(&AdapterSource::trusted(dir)).expect("loads")
         };
         let values = |weights: &AdapterWeights| -> Vec<Vec<Vec<f32>>> {
             (0..model.num_layers)
