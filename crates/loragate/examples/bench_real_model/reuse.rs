@@ -1,8 +1,9 @@
 //! The KV-reuse scenes of issue 33 on the real model (token-id prompts, greedy unless said, end of sequence
 //! ignored):
-//! - **multi-turn** (loragate and llama.cpp, the latter with its slot prompt cache on): 4 conversations at once, 8
+//! - **multi-turn** (loragate and llama.cpp, the latter with its slot prompt cache on; with `--vllm`, also a loragate
+//!   and a real vLLM with its prefix cache on the same float32 directory, see `vllm`): 4 conversations at once, 8
 //!   turns each, every turn resending the whole conversation plus 120 new tokens and asking 32; the total time of
-//!   each (goal: loragate's ≤ llama.cpp's);
+//!   each (goal: loragate's ≤ each peer's);
 //! - **grpo** (loragate): 16 separate concurrent requests with one 1,200-token prompt (temperature 1, seeds 0–15),
 //!   against one `n=16` request on another 1,200-token prompt (goal: ≤ 1.25×), and the prefix cache's hits;
 //! - **continuation** (loragate): 32 requests decode, an ABORT-mode pause with no weight change and a resume, and
@@ -19,7 +20,7 @@ use super::Server;
 use super::scenes::Target;
 use super::streams::{Progress, prompt_ids, secs};
 
-const CONVERSATIONS: usize = 4;
+pub(crate) const CONVERSATIONS: usize = 4;
 const TURNS: usize = 8;
 const TURN_TOKENS: usize = 120;
 const REPLY_TOKENS: u32 = 32;
@@ -40,16 +41,20 @@ const SMOLLM2_POSITION_BYTES: u64 = 46_080;
 pub(crate) const CONVERSATION_CONTEXT: usize = TURNS * (TURN_TOKENS + REPLY_TOKENS as usize) + 256;
 
 /// One turn on `server`: `history` (token ids) completed greedily by [`REPLY_TOKENS`] tokens, whose ids it returns.
-/// loragate through `/v1/completions` (its choices carry `token_ids`); llama.cpp through its own `/completion`, with
-/// its slot prompt cache on and the generated ids returned (`return_tokens`).
+/// loragate through `/v1/completions` (its choices carry `token_ids`), vLLM the same with the server's extra fields
+/// (`return_token_ids`); llama.cpp through its own `/completion`, with its slot prompt cache on and the generated ids
+/// returned (`return_tokens`).
 async fn turn(client: &reqwest::Client, server: &Server, history: &[u32]) -> Vec<u32> {
     let (path, body) = if server.name == "llama.cpp" {
         let body = json!({"prompt": history, "n_predict": REPLY_TOKENS, "temperature": 0.0, "ignore_eos": true,
                           "cache_prompt": true, "return_tokens": true});
         ("/completion", body)
     } else {
-        let body = json!({"model": server.model, "prompt": history, "max_tokens": REPLY_TOKENS, "temperature": 0.0,
-                          "ignore_eos": true});
+        let mut body = json!({"model": server.model, "prompt": history, "max_tokens": REPLY_TOKENS,
+                              "temperature": 0.0, "ignore_eos": true});
+        if let (Some(body), Some(extra)) = (body.as_object_mut(), server.extra.as_object()) {
+            body.extend(extra.clone());
+        }
         ("/v1/completions", body)
     };
     let response = client.post(format!("{}{path}", server.base_url)).json(&body).send().await.expect("request sent");
@@ -96,23 +101,25 @@ pub(crate) async fn multi_turn(client: &reqwest::Client, server: &Server) -> Mul
     MultiTurn { total: started.elapsed(), turns }
 }
 
-/// Prints the multi-turn figures of both servers: the totals, then each turn's median over the conversations.
-pub(crate) fn print_multi_turn(loragate: &MultiTurn, llama_cpp: &MultiTurn) {
+/// Prints the multi-turn figures of loragate and its peer (`peer` names it and its cache, `model` the weights both
+/// served): the totals, then each turn's median over the conversations.
+pub(crate) fn print_multi_turn(loragate: &MultiTurn, theirs: &MultiTurn, peer: &str, model: &str) {
     println!(
-        "\nmulti-turn: {CONVERSATIONS} conversations × {TURNS} turns (+{TURN_TOKENS} tokens, {REPLY_TOKENS} asked \
-         each): loragate {}, llama.cpp (slot prompt cache) {}: {:.2}× (goal ≤ 1.00×)",
+        "\nmulti-turn on {model}: {CONVERSATIONS} conversations × {TURNS} turns (+{TURN_TOKENS} tokens, \
+         {REPLY_TOKENS} asked each): loragate {}, {peer} {}: {:.2}× (goal ≤ 1.00×)",
         secs(loragate.total),
-        secs(llama_cpp.total),
-        loragate.total.as_secs_f64() / llama_cpp.total.as_secs_f64()
+        secs(theirs.total),
+        loragate.total.as_secs_f64() / theirs.total.as_secs_f64()
     );
     let median = |times: &[Duration]| {
         let mut times = times.to_vec();
         times.sort_unstable();
         times[times.len() / 2]
     };
-    println!("| turn | prompt tokens | loragate (median of {CONVERSATIONS}) | llama.cpp |");
+    let peer_name = peer.split(" (").next().unwrap_or(peer);
+    println!("| turn | prompt tokens | loragate (median of {CONVERSATIONS}) | {peer_name} |");
     println!("| --- | --- | --- | --- |");
-    for (turn, (ours, theirs)) in loragate.turns.iter().zip(&llama_cpp.turns).enumerate() {
+    for (turn, (ours, theirs)) in loragate.turns.iter().zip(&theirs.turns).enumerate() {
         let prompt = (turn + 1) * TURN_TOKENS + turn * REPLY_TOKENS as usize;
         println!("| {} | {prompt} | {} | {} |", turn + 1, secs(median(ours)), secs(median(theirs)));
     }
