@@ -22,6 +22,9 @@ mod scenes;
 mod streams;
 #[path = "bench_real_model/vllm.rs"]
 mod vllm;
+/// Starting and stopping a real vLLM, shared with the opt-in interop test.
+#[path = "../tests/support/vllm_server.rs"]
+mod vllm_server;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -298,7 +301,7 @@ async fn multi_turn_against_vllm(args: &Args, client: &reqwest::Client, vllm: &P
         reuse::multi_turn(client, &loragate).await
     };
     let theirs = {
-        let vllm = vllm::Vllm::start(vllm, &dir, scratch.path().join("vllm.log")).await;
+        let vllm = vllm::Vllm::start(vllm, &dir, &scratch.path().join("vllm.log")).await;
         reuse::multi_turn(client, &vllm.server).await
     };
     reuse::print_multi_turn(&ours, &theirs, "vLLM (prefix cache)", "the float32 directory");

@@ -21,6 +21,10 @@ mod vllm_interop;
 #[path = "support/spawned.rs"]
 mod spawned;
 
+/// Starting and stopping a real vLLM, shared with `bench_real_model` (`use crate::vllm_server`).
+#[path = "support/vllm_server.rs"]
+mod vllm_server;
+
 /// Every `.rs` file beside this one is declared above as a module, so that it runs (with `autotests = false`, a file
 /// not declared here would never be compiled).
 #[test]

